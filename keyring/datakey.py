@@ -1,0 +1,67 @@
+"""``DataKey``: an unwrapped DEK, usable only through seal/open.
+
+The raw key bytes never leave this object: there is no accessor, ``repr`` shows only
+the key id and owner, and pickling or copying raises, so a DEK cannot travel into a
+log line, a task queue or a core dump of a serialized object by accident.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from keyshred.errors import InvalidInput
+from keyshred.keyring import _primitives as prim
+from keyshred.keyring.envelope import Place, header_for, open_with, seal_with
+
+__all__ = ["DataKey"]
+
+
+class DataKey:
+    """One subject's scope key, unwrapped, in memory."""
+
+    __slots__ = ("_aead", "_derive_key", "header", "key_id", "scope", "subject_ref")
+
+    def __init__(self, key_id: bytes, subject_ref: str, scope: str, raw: bytes) -> None:
+        if len(raw) != prim.KEY_BYTES:
+            raise InvalidInput("a DEK is 32 bytes")
+        self.key_id = key_id
+        self.subject_ref = subject_ref
+        self.scope = scope
+        self.header = header_for(key_id)
+        self._aead = prim.new_aead(raw)
+        # Sub-keys (deterministic tokens, keyed lookups) come from a derivation key,
+        # so the DEK itself is only ever used for AES-GCM.
+        self._derive_key = prim.hmac_sha256(raw, b"keyshred/dek-derive")
+
+    def seal(self, plaintext: bytes, place: Place) -> bytes:
+        """Encrypt ``plaintext`` bound to ``place`` (which must be this key's owner)."""
+        if place.subject_ref != self.subject_ref or place.scope != self.scope:
+            raise InvalidInput("the place does not belong to this key's subject and scope")
+        return seal_with(self._aead, self.header, plaintext, place)
+
+    def open(self, ciphertext: bytes, place: Place) -> bytes:
+        """Decrypt; ``IntegrityError`` unless sealed by this key for exactly ``place``."""
+        return open_with(self._aead, self.header, ciphertext, place)
+
+    def derive(self, label: bytes) -> bytes:
+        """A 32-byte sub-key for ``label``; destroyed with the DEK."""
+        return prim.hmac_sha256(self._derive_key, b"keyshred/derive\x00" + label)
+
+    def _seal_with_nonce(self, plaintext: bytes, place: Place, nonce: bytes) -> bytes:
+        """Deterministic sealing for test vectors only."""
+        return seal_with(self._aead, self.header, plaintext, place, nonce)
+
+    def __repr__(self) -> str:
+        return (
+            f"DataKey(key_id={self.key_id.hex()!r}, subject_ref={self.subject_ref!r}, "
+            f"scope={self.scope!r})"
+        )
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a DataKey cannot be pickled or copied")
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError("a DataKey cannot be pickled or copied")
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        raise TypeError("a DataKey cannot be pickled or copied")

@@ -1,0 +1,125 @@
+"""The envelope: AES-256-GCM ciphertexts with a versioned header, bound to their place.
+
+Format version 1 (all integers big-endian)::
+
+    offset  size  field
+    0       2     magic  b"KS"
+    2       1     format version (1)
+    3       1     algorithm id (1 = AES-256-GCM, 96-bit random nonce, 128-bit tag)
+    4       16    key id of the DEK that sealed it
+    20      12    nonce
+    32      n+16  ciphertext || tag
+
+The associated data is ``b"keyshred/envelope\\x00" || header[0:20] || place``, where
+``place`` is the length-prefixed encoding of (subject_ref, scope, table, record id,
+column). A ciphertext copied to another row, column, scope or subject therefore fails
+authentication exactly like a flipped byte, and every such failure is the same opaque
+``IntegrityError``: callers learn that it failed, not why.
+
+The key id is readable without any key so the keyring can decide that a ciphertext's
+key was destroyed (``SubjectErased``) before it attempts any decryption.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from keyshred.errors import IntegrityError, InvalidInput
+from keyshred.keyring import _primitives as prim
+
+__all__ = [
+    "ALG_AES256GCM",
+    "FORMAT_VERSION",
+    "HEADER_BYTES",
+    "KEY_ID_BYTES",
+    "OVERHEAD_BYTES",
+    "Place",
+    "key_id_of",
+    "open_with",
+    "seal_with",
+]
+
+MAGIC = b"KS"
+FORMAT_VERSION = 1
+ALG_AES256GCM = 1
+KEY_ID_BYTES = 16
+HEADER_BYTES = 4 + KEY_ID_BYTES  # magic, version, alg, key id
+_PREFIX = MAGIC + bytes((FORMAT_VERSION, ALG_AES256GCM))
+_BODY_START = HEADER_BYTES + prim.NONCE_BYTES
+OVERHEAD_BYTES = _BODY_START + prim.TAG_BYTES
+_AAD_DOMAIN = b"keyshred/envelope\x00"
+_LEN = struct.Struct(">I")
+
+
+def _encode_fields(*parts: str) -> bytes:
+    out = bytearray()
+    for part in parts:
+        raw = part.encode("utf-8")
+        out += _LEN.pack(len(raw))
+        out += raw
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a ciphertext belongs. Every field is bound into the associated data.
+
+    Only pseudonymous values belong here (a subject_ref, never a subject id); record
+    ids are keyshred's own random ids.
+    """
+
+    subject_ref: str
+    scope: str
+    table: str
+    record_id: str
+    column: str
+    encoded: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "encoded",
+            _encode_fields(self.subject_ref, self.scope, self.table, self.record_id, self.column),
+        )
+
+
+def header_for(key_id: bytes) -> bytes:
+    """The 20-byte header for ``key_id``; DEK objects compute it once."""
+    if len(key_id) != KEY_ID_BYTES:
+        raise InvalidInput("a key id is 16 bytes")
+    return _PREFIX + key_id
+
+
+def key_id_of(ciphertext: bytes | memoryview) -> bytes:
+    """Read the key id from a ciphertext header without any key.
+
+    Raises ``IntegrityError`` for anything that is not a well-formed version-1
+    envelope (wrong magic, unknown version or algorithm, too short).
+    """
+    if len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:4]) != _PREFIX:
+        raise IntegrityError()
+    return bytes(ciphertext[4:HEADER_BYTES])
+
+
+def seal_with(
+    aead: prim.AESGCM, header: bytes, plaintext: bytes, place: Place, nonce: bytes | None = None
+) -> bytes:
+    """Seal ``plaintext`` for ``place``. ``nonce`` is only for test vectors."""
+    if nonce is None:
+        nonce = prim.random_nonce()
+    body = aead.encrypt(nonce, plaintext, _AAD_DOMAIN + header + place.encoded)
+    return header + nonce + body
+
+
+def open_with(aead: prim.AESGCM, header: bytes, ciphertext: bytes, place: Place) -> bytes:
+    """Open a ciphertext whose header the caller already matched to ``aead``'s key."""
+    if len(ciphertext) < OVERHEAD_BYTES or not ciphertext.startswith(header):
+        raise IntegrityError()
+    view = memoryview(ciphertext)
+    try:
+        return aead.decrypt(
+            view[HEADER_BYTES:_BODY_START], view[_BODY_START:], _AAD_DOMAIN + header + place.encoded
+        )
+    except prim.InvalidTag:
+        raise IntegrityError() from None

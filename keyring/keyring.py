@@ -1,0 +1,375 @@
+"""``Keyring``: the DEK lifecycle on top of a key store and a KEK provider.
+
+- one random DEK per (tenant, subject_ref, scope), random 16-byte key id, created on
+  first use and wrapped by the current KEK epoch;
+- unwrap through a bounded, TTL'd cache, with batch unwrap for bulk reads;
+- ``rotate_kek`` re-wraps every stored DEK (and system secret) under a new epoch
+  without touching any data; ``destroy_kek_epochs_before`` then retires old epochs;
+- ``destroy`` crypto-erases a subject (or one scope): wrapped DEKs deleted and a
+  tombstone written in one transaction, caches evicted, then verified;
+- system secrets (the subject-ref HMAC key, the receipt signing key) are wrapped
+  like DEKs and re-wrapped on rotation.
+
+Opening a ciphertext reads its key id first; a key id with a tombstone raises
+``SubjectErased`` before any decryption is attempted.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import NoReturn
+
+from keyshred.errors import (
+    IntegrityError,
+    InvalidInput,
+    KekEpochDestroyed,
+    KeyNotFound,
+    KeyshredError,
+    SubjectErased,
+)
+from keyshred.keyring import _primitives as prim
+from keyshred.keyring.cache import KeyCache
+from keyshred.keyring.datakey import DataKey
+from keyshred.keyring.envelope import KEY_ID_BYTES, Place, key_id_of
+from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey
+from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, Tombstone
+
+__all__ = ["DestroyResult", "Keyring", "RotationResult", "Signer", "verify_signature"]
+
+_REF_KEY = "subject-ref-key"
+_SIGNING_KEY = "receipt-signing-key"
+_REF_DOMAIN = b"keyshred/subject-ref\x00"
+_REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
+_LEN = struct.Struct(">I")
+_ROTATE_PAGE = 1000
+
+
+def _dek_context(record_key_id: bytes, tenant: str, subject_ref: str, scope: str) -> Context:
+    return {
+        "keyshred:kind": "dek",
+        "keyshred:key_id": record_key_id.hex(),
+        "keyshred:tenant": tenant,
+        "keyshred:subject_ref": subject_ref,
+        "keyshred:scope": scope,
+    }
+
+
+def _secret_context(name: str) -> Context:
+    return {"keyshred:kind": "system-secret", "keyshred:name": name}
+
+
+def _check_name(kind: str, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise InvalidInput(f"{kind} must be a non-empty string of at most 256 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class DestroyResult:
+    """What ``destroy`` did; all fields are safe to log and to put in a receipt."""
+
+    tombstone: Tombstone
+    keys_destroyed: int
+    cache_entries_evicted: int
+    verified: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RotationResult:
+    new_epoch: int
+    keys_rewrapped: int
+    secrets_rewrapped: int
+
+
+class Signer:
+    """Ed25519 signatures by the keyring's receipt key; the private half stays here."""
+
+    __slots__ = ("_key", "public_key")
+
+    def __init__(self, raw_private: bytes) -> None:
+        self._key = prim.ed25519_private_from_bytes(raw_private)
+        self.public_key = prim.ed25519_public_bytes(self._key.public_key())
+
+    def sign(self, message: bytes) -> bytes:
+        return prim.ed25519_sign(self._key, message)
+
+    def __repr__(self) -> str:
+        return f"Signer(public_key={base64.b64encode(self.public_key).decode()!r})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a Signer cannot be pickled")
+
+
+def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> None:
+    """Raise ``IntegrityError`` unless ``signature`` is valid for ``message``."""
+    try:
+        prim.ed25519_verify(prim.ed25519_public_from_bytes(public_key), signature, message)
+    except (prim.InvalidSignature, ValueError):
+        raise IntegrityError("signature does not verify") from None
+
+
+class Keyring:
+    """Per-subject DEKs wrapped by a KEK provider and kept in a key store."""
+
+    def __init__(
+        self,
+        store: KeyStore,
+        kek: KekProvider,
+        *,
+        tenant: str = "default",
+        cache_max_entries: int = 10_000,
+        cache_ttl_seconds: float = 300.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        _check_name("tenant", tenant)
+        self.store = store
+        self.kek = kek
+        self.tenant = tenant
+        self.cache = KeyCache(cache_max_entries, cache_ttl_seconds)
+        self._clock = clock
+        self._create_lock = threading.Lock()
+        self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
+        self._signer: Signer | None = None
+
+    # -- system secrets ------------------------------------------------------------
+
+    def _system_secret(self, name: str, make: Callable[[], bytes]) -> bytes:
+        record = self.store.get_secret(name)
+        if record is None:
+            wrapped = self.kek.wrap(make(), _secret_context(name))
+            record = self.store.put_secret(
+                SecretRecord(name, self.kek.name, wrapped.epoch, wrapped.blob)
+            )
+        return self.kek.unwrap(WrappedKey(record.kek_epoch, record.wrapped), _secret_context(name))
+
+    def signer(self) -> Signer:
+        """The receipt signing key (created on first use)."""
+        if self._signer is None:
+            raw = self._system_secret(
+                _SIGNING_KEY, lambda: prim.ed25519_private_bytes(prim.ed25519_generate())
+            )
+            self._signer = Signer(raw)
+        return self._signer
+
+    # -- subject refs --------------------------------------------------------------
+
+    def subject_ref(self, subject_id: str, tenant: str | None = None) -> str:
+        """``HMAC-SHA256(ref_key, tenant || subject_id)``, base32, 26 characters."""
+        tenant = self.tenant if tenant is None else tenant
+        _check_name("tenant", tenant)
+        if not isinstance(subject_id, str) or not subject_id:
+            raise InvalidInput("a subject id must be a non-empty string")
+        t, s = tenant.encode("utf-8"), subject_id.encode("utf-8")
+        mac = prim.hmac_sha256(self._ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
+        return base64.b32encode(mac).decode("ascii").lower()[:_REF_CHARS]
+
+    # -- DEKs ----------------------------------------------------------------------
+
+    def _unwrap_record(self, record: KeyRecord) -> DataKey:
+        context = _dek_context(record.key_id, record.tenant, record.subject_ref, record.scope)
+        try:
+            raw = self.kek.unwrap(WrappedKey(record.kek_epoch, record.wrapped), context)
+        except KekEpochDestroyed:
+            # The DEK survives only under a destroyed epoch: crypto-erased as well.
+            raise SubjectErased(
+                f"key {record.key_id.hex()} is wrapped by destroyed KEK epoch {record.kek_epoch}"
+            ) from None
+        key = DataKey(record.key_id, record.subject_ref, record.scope, raw)
+        self.cache.put(key)
+        return key
+
+    def data_key(self, subject_ref: str, scope: str, *, create: bool = True) -> DataKey:
+        """The live DEK of (subject_ref, scope); created on first use unless told not to."""
+        cached = self.cache.get_owner(subject_ref, scope)
+        if cached is not None:
+            return cached
+        record = self.store.find(subject_ref, scope)
+        if record is None:
+            if not create:
+                raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
+            _check_name("scope", scope)
+            record = self._create(subject_ref, scope)
+        return self._unwrap_record(record)
+
+    def _create(self, subject_ref: str, scope: str) -> KeyRecord:
+        with self._create_lock:
+            existing = self.store.find(subject_ref, scope)
+            if existing is not None:
+                return existing
+            key_id = prim.random_bytes(KEY_ID_BYTES)
+            raw = prim.random_key()
+            wrapped = self.kek.wrap(raw, _dek_context(key_id, self.tenant, subject_ref, scope))
+            return self.store.insert(
+                KeyRecord(
+                    key_id,
+                    self.tenant,
+                    subject_ref,
+                    scope,
+                    self.kek.name,
+                    wrapped.epoch,
+                    wrapped.blob,
+                    self._clock(),
+                )
+            )
+
+    def data_key_by_id(self, key_id: bytes) -> DataKey:
+        """The DEK with this id; ``SubjectErased`` if it was destroyed."""
+        cached = self.cache.get(key_id)
+        if cached is not None:
+            return cached
+        record = self.store.get(key_id)
+        if record is None:
+            self._raise_missing(key_id)
+        return self._unwrap_record(record)
+
+    def data_keys_by_id(self, key_ids: Iterable[bytes]) -> dict[bytes, DataKey]:
+        """Batch unwrap: one KEK round trip (per provider batch) for every cache miss."""
+        wanted = list(dict.fromkeys(key_ids))
+        out: dict[bytes, DataKey] = {}
+        missing = []
+        for key_id in wanted:
+            key = self.cache.get(key_id)
+            if key is None:
+                missing.append(key_id)
+            else:
+                out[key_id] = key
+        if not missing:
+            return out
+        records = self.store.get_many(missing)
+        for key_id in missing:
+            if key_id not in records:
+                self._raise_missing(key_id)
+        ordered = [records[k] for k in missing]
+        items = [
+            (
+                WrappedKey(r.kek_epoch, r.wrapped),
+                _dek_context(r.key_id, r.tenant, r.subject_ref, r.scope),
+            )
+            for r in ordered
+        ]
+        try:
+            raws = self.kek.unwrap_many(items)
+        except KekEpochDestroyed:
+            raise SubjectErased("a key is wrapped by a destroyed KEK epoch") from None
+        for record, raw in zip(ordered, raws, strict=True):
+            key = DataKey(record.key_id, record.subject_ref, record.scope, raw)
+            self.cache.put(key)
+            out[record.key_id] = key
+        return out
+
+    def _raise_missing(self, key_id: bytes) -> NoReturn:
+        tombstone = self.store.tombstone_for(key_id)
+        if tombstone is not None:
+            raise SubjectErased(
+                f"key {key_id.hex()} of subject_ref {tombstone.subject_ref} was destroyed "
+                f"at {tombstone.erased_at.isoformat()}"
+            )
+        raise KeyNotFound(f"no key with id {key_id.hex()}")
+
+    # -- sealing -------------------------------------------------------------------
+
+    def seal(self, plaintext: bytes, place: Place) -> bytes:
+        """Encrypt under the live DEK of ``place``'s subject and scope."""
+        return self.data_key(place.subject_ref, place.scope).seal(plaintext, place)
+
+    def open(self, ciphertext: bytes, place: Place) -> bytes:
+        """Decrypt. The key id is read first: a destroyed key raises ``SubjectErased``
+        without any decryption; anything malformed or moved raises ``IntegrityError``."""
+        key = self.data_key_by_id(key_id_of(ciphertext))
+        return key.open(ciphertext, place)
+
+    # -- KEK rotation --------------------------------------------------------------
+
+    def rotate_kek(self) -> RotationResult:
+        """Create a new KEK epoch and re-wrap every DEK and system secret under it."""
+        epoch = self.kek.rotate()
+        keys, secrets = self.rewrap_to_current()
+        return RotationResult(epoch, keys, secrets)
+
+    def rewrap_to_current(self) -> tuple[int, int]:
+        """Re-wrap whatever is still under an older epoch (resumable after a crash)."""
+        epoch = self.kek.current_epoch()
+        keys = 0
+        while True:
+            page = self.store.older_than(epoch, _ROTATE_PAGE)
+            if not page:
+                break
+            items = [
+                (
+                    WrappedKey(r.kek_epoch, r.wrapped),
+                    _dek_context(r.key_id, r.tenant, r.subject_ref, r.scope),
+                )
+                for r in page
+            ]
+            rewrapped = self.kek.rewrap_many(items)
+            self.store.update_wrapped(
+                [(r.key_id, w.epoch, w.blob) for r, w in zip(page, rewrapped, strict=True)]
+            )
+            keys += len(page)
+        secrets = 0
+        for record in self.store.secrets():
+            if record.kek_epoch < epoch:
+                (wrapped,) = self.kek.rewrap_many(
+                    [(WrappedKey(record.kek_epoch, record.wrapped), _secret_context(record.name))]
+                )
+                self.store.put_secret(
+                    SecretRecord(record.name, self.kek.name, wrapped.epoch, wrapped.blob),
+                    replace=True,
+                )
+                secrets += 1
+        return keys, secrets
+
+    def destroy_kek_epochs_before(self, epoch: int) -> list[DestroyedEpoch]:
+        """Destroy KEK epochs older than ``epoch`` after checking nothing live needs them."""
+        if self.store.older_than(epoch, 1) or any(
+            s.kek_epoch < epoch for s in self.store.secrets()
+        ):
+            raise KeyshredError(
+                f"keys are still wrapped by epochs before {epoch}; run rotate/rewrap first"
+            )
+        destroyed = self.kek.destroy_epochs_before(epoch)
+        self.cache.clear()
+        return destroyed
+
+    # -- crypto-erasure ------------------------------------------------------------
+
+    def destroy(self, subject_ref: str, scope: str | None = None) -> DestroyResult:
+        """Crypto-erase a subject (every scope) or one scope; idempotent.
+
+        The wrapped DEKs are deleted and the tombstone written in one transaction,
+        every cache entry is evicted, and the result is verified: each destroyed key
+        id must now raise ``SubjectErased``.
+        """
+        records = self.store.for_subject(subject_ref, scope)
+        tombstone = Tombstone(
+            tombstone_id=uuid.uuid4().hex,
+            subject_ref=subject_ref,
+            scope=scope,
+            key_ids=tuple(sorted(r.key_id for r in records)),
+            erased_at=self._clock(),
+        )
+        deleted = self.store.destroy(tombstone.key_ids, tombstone) if records else 0
+        evicted = self.cache.evict(tombstone.key_ids) + self.cache.evict_subject(subject_ref, scope)
+        self._verify_destroyed(tombstone.key_ids)
+        return DestroyResult(tombstone, deleted, evicted, verified=True)
+
+    def _verify_destroyed(self, key_ids: Sequence[bytes]) -> None:
+        for key_id in key_ids:
+            try:
+                self.data_key_by_id(key_id)
+            except SubjectErased:
+                continue
+            raise KeyshredError(f"key {key_id.hex()} still unwraps after destroy")
+
+    def close(self) -> None:
+        self.cache.clear()
+        self.kek.close()
+        self.store.close()
+
+    def __repr__(self) -> str:
+        return f"Keyring(tenant={self.tenant!r}, kek={self.kek!r}, store={self.store!r})"

@@ -1,0 +1,431 @@
+"""The key store: wrapped DEKs, tombstones and wrapped system secrets.
+
+``KeyStore`` is the interface; ``SQLiteKeyStore`` is the embedded profile's
+implementation (the PostgreSQL one arrives with the distributed profile). The store
+only ever holds *wrapped* key material and pseudonymous names: a key id, a
+subject_ref, a scope, the KEK epoch. It never sees a subject id or a plaintext DEK.
+
+SQLite specifics that matter for erasure:
+
+- ``secure_delete=ON`` overwrites deleted rows with zeros in the database file;
+- after a destroy the WAL is checkpointed and truncated, so the wrapped DEK's bytes
+  are in neither the database nor its ``-wal`` file (tests scan both).
+
+Destroying keys and writing their tombstone happen in one transaction, so a crash can
+never leave a key deleted without the tombstone that lets restores replay it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from keyshred.errors import KeyshredError
+
+__all__ = ["KeyRecord", "KeyStore", "SQLiteKeyStore", "SecretRecord", "Tombstone"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """One wrapped DEK: the only form in which a DEK is ever stored."""
+
+    key_id: bytes
+    tenant: str
+    subject_ref: str
+    scope: str
+    kek_provider: str
+    kek_epoch: int
+    wrapped: bytes
+    created_at: datetime
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyRecord(key_id={self.key_id.hex()!r}, subject_ref={self.subject_ref!r}, "
+            f"scope={self.scope!r}, kek={self.kek_provider}:{self.kek_epoch})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRecord:
+    """A wrapped system secret (subject-ref key, receipt signing key, ...)."""
+
+    name: str
+    kek_provider: str
+    kek_epoch: int
+    wrapped: bytes
+
+    def __repr__(self) -> str:
+        return f"SecretRecord(name={self.name!r}, kek={self.kek_provider}:{self.kek_epoch})"
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """Proof that keys were destroyed: replayed against every restored key store."""
+
+    tombstone_id: str
+    subject_ref: str
+    scope: str | None
+    key_ids: tuple[bytes, ...]
+    erased_at: datetime
+
+    def __repr__(self) -> str:
+        return (
+            f"Tombstone(id={self.tombstone_id!r}, subject_ref={self.subject_ref!r}, "
+            f"scope={self.scope!r}, keys={len(self.key_ids)}, erased_at={self.erased_at})"
+        )
+
+
+class KeyStore(ABC):
+    """Persistence for wrapped DEKs, tombstones and wrapped system secrets."""
+
+    @abstractmethod
+    def get(self, key_id: bytes) -> KeyRecord | None: ...
+
+    @abstractmethod
+    def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]: ...
+
+    @abstractmethod
+    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
+        """The live DEK of (subject_ref, scope), if any."""
+
+    @abstractmethod
+    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]: ...
+
+    @abstractmethod
+    def insert(self, record: KeyRecord) -> KeyRecord:
+        """Insert, or return the record another writer inserted first for the same
+        (subject_ref, scope): exactly one live DEK per pair, even across processes."""
+
+    @abstractmethod
+    def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
+        """Up to ``limit`` records wrapped by an epoch below ``epoch``."""
+
+    @abstractmethod
+    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
+        """Replace (key_id, epoch, wrapped) after a re-wrap."""
+
+    @abstractmethod
+    def destroy(self, key_ids: Sequence[bytes], tombstone: Tombstone) -> int:
+        """Delete the keys and record the tombstone atomically; returns keys deleted."""
+
+    @abstractmethod
+    def tombstone_for(self, key_id: bytes) -> Tombstone | None: ...
+
+    @abstractmethod
+    def tombstones(self, since: datetime | None = None) -> list[Tombstone]: ...
+
+    @abstractmethod
+    def get_secret(self, name: str) -> SecretRecord | None: ...
+
+    @abstractmethod
+    def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
+        """Store a secret; without ``replace`` an existing one wins and is returned."""
+
+    @abstractmethod
+    def secrets(self) -> list[SecretRecord]: ...
+
+    @abstractmethod
+    def counts(self) -> dict[str, int]:
+        """Row counts for status output (keys, tombstones, secrets)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release resources."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dek (
+    key_id       BLOB PRIMARY KEY,
+    tenant       TEXT NOT NULL,
+    subject_ref  TEXT NOT NULL,
+    scope        TEXT NOT NULL,
+    kek_provider TEXT NOT NULL,
+    kek_epoch    INTEGER NOT NULL,
+    wrapped      BLOB NOT NULL,
+    created_at   TEXT NOT NULL,
+    UNIQUE (subject_ref, scope)
+);
+CREATE INDEX IF NOT EXISTS dek_epoch ON dek (kek_epoch);
+CREATE TABLE IF NOT EXISTS tombstone (
+    tombstone_id TEXT PRIMARY KEY,
+    subject_ref  TEXT NOT NULL,
+    scope        TEXT,
+    erased_at    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tombstone_time ON tombstone (erased_at);
+CREATE TABLE IF NOT EXISTS tombstone_key (
+    key_id       BLOB PRIMARY KEY,
+    tombstone_id TEXT NOT NULL REFERENCES tombstone (tombstone_id)
+);
+CREATE TABLE IF NOT EXISTS secret (
+    name         TEXT PRIMARY KEY,
+    kek_provider TEXT NOT NULL,
+    kek_epoch    INTEGER NOT NULL,
+    wrapped      BLOB NOT NULL
+);
+"""
+
+_DEK_COLUMNS = "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at"
+
+
+def _ts(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _record(row: tuple[Any, ...]) -> KeyRecord:
+    key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created = row
+    return KeyRecord(
+        bytes(key_id),
+        str(tenant),
+        str(subject_ref),
+        str(scope),
+        str(provider),
+        int(epoch),
+        bytes(wrapped),
+        datetime.fromisoformat(str(created)),
+    )
+
+
+class SQLiteKeyStore(KeyStore):
+    """The embedded profile's key store: one SQLite file, mode 0600."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._path.exists():
+            os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o600))
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(
+                self._path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA secure_delete=ON")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError:
+            raise KeyshredError(f"the key store at {self._path} cannot be opened") from None
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # -- transactions --------------------------------------------------------------
+
+    def _tx(self) -> _Tx:
+        return _Tx(self._db, self._lock)
+
+    def _query(self, sql: str, args: Iterable[object] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    # -- keys ----------------------------------------------------------------------
+
+    def get(self, key_id: bytes) -> KeyRecord | None:
+        rows = self._query(f"SELECT {_DEK_COLUMNS} FROM dek WHERE key_id = ?", (key_id,))  # noqa: S608
+        return _record(rows[0]) if rows else None
+
+    def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]:
+        out: dict[bytes, KeyRecord] = {}
+        for start in range(0, len(key_ids), 500):
+            part = list(key_ids[start : start + 500])
+            marks = ",".join("?" * len(part))
+            for row in self._query(
+                f"SELECT {_DEK_COLUMNS} FROM dek WHERE key_id IN ({marks})",  # noqa: S608
+                part,
+            ):
+                rec = _record(row)
+                out[rec.key_id] = rec
+        return out
+
+    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
+        rows = self._query(
+            f"SELECT {_DEK_COLUMNS} FROM dek WHERE subject_ref = ? AND scope = ?",  # noqa: S608
+            (subject_ref, scope),
+        )
+        return _record(rows[0]) if rows else None
+
+    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
+        if scope is None:
+            rows = self._query(
+                f"SELECT {_DEK_COLUMNS} FROM dek WHERE subject_ref = ?",  # noqa: S608
+                (subject_ref,),
+            )
+        else:
+            rows = self._query(
+                f"SELECT {_DEK_COLUMNS} FROM dek WHERE subject_ref = ? AND scope = ?",  # noqa: S608
+                (subject_ref, scope),
+            )
+        return [_record(r) for r in rows]
+
+    def insert(self, record: KeyRecord) -> KeyRecord:
+        with self._tx() as db:
+            db.execute(
+                f"INSERT OR IGNORE INTO dek ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",  # noqa: S608
+                (
+                    record.key_id,
+                    record.tenant,
+                    record.subject_ref,
+                    record.scope,
+                    record.kek_provider,
+                    record.kek_epoch,
+                    record.wrapped,
+                    _ts(record.created_at),
+                ),
+            )
+        existing = self.find(record.subject_ref, record.scope)
+        if existing is None:  # pragma: no cover - only if destroyed in between
+            raise KeyshredError("the key was destroyed while it was being created")
+        return existing
+
+    def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
+        rows = self._query(
+            f"SELECT {_DEK_COLUMNS} FROM dek WHERE kek_epoch < ? LIMIT ?",  # noqa: S608
+            (epoch, limit),
+        )
+        return [_record(r) for r in rows]
+
+    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE dek SET kek_epoch = ?, wrapped = ? WHERE key_id = ?",
+                [(epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
+            )
+
+    def destroy(self, key_ids: Sequence[bytes], tombstone: Tombstone) -> int:
+        with self._tx() as db:
+            deleted = 0
+            for key_id in key_ids:
+                deleted += db.execute("DELETE FROM dek WHERE key_id = ?", (key_id,)).rowcount
+            db.execute(
+                "INSERT OR IGNORE INTO tombstone VALUES (?,?,?,?)",
+                (
+                    tombstone.tombstone_id,
+                    tombstone.subject_ref,
+                    tombstone.scope,
+                    _ts(tombstone.erased_at),
+                ),
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO tombstone_key VALUES (?,?)",
+                [(k, tombstone.tombstone_id) for k in tombstone.key_ids],
+            )
+        self._scrub_wal()
+        return deleted
+
+    def _scrub_wal(self) -> None:
+        """Checkpoint and truncate the WAL so deleted rows leave no copy in it.
+
+        A concurrent reader can make the checkpoint partial; retry briefly. If it
+        still cannot complete, the wrapped keys stay in the WAL until the next
+        checkpoint, and remain useless once their KEK epoch is destroyed.
+        """
+        for _ in range(50):
+            with self._lock:
+                busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return
+            time.sleep(0.01)
+
+    # -- tombstones ----------------------------------------------------------------
+
+    def _tombstone(self, row: tuple[Any, ...]) -> Tombstone:
+        tid, subject_ref, scope, erased = row
+        keys = self._query(
+            "SELECT key_id FROM tombstone_key WHERE tombstone_id = ? ORDER BY key_id", (tid,)
+        )
+        return Tombstone(
+            str(tid),
+            str(subject_ref),
+            None if scope is None else str(scope),
+            tuple(bytes(k[0]) for k in keys),
+            datetime.fromisoformat(str(erased)),
+        )
+
+    def tombstone_for(self, key_id: bytes) -> Tombstone | None:
+        rows = self._query(
+            "SELECT t.tombstone_id, t.subject_ref, t.scope, t.erased_at FROM tombstone t "
+            "JOIN tombstone_key k ON k.tombstone_id = t.tombstone_id WHERE k.key_id = ?",
+            (key_id,),
+        )
+        return self._tombstone(rows[0]) if rows else None
+
+    def tombstones(self, since: datetime | None = None) -> list[Tombstone]:
+        if since is None:
+            rows = self._query("SELECT * FROM tombstone ORDER BY erased_at, tombstone_id")
+        else:
+            rows = self._query(
+                "SELECT * FROM tombstone WHERE erased_at > ? ORDER BY erased_at, tombstone_id",
+                (_ts(since),),
+            )
+        return [self._tombstone(r) for r in rows]
+
+    # -- secrets -------------------------------------------------------------------
+
+    def get_secret(self, name: str) -> SecretRecord | None:
+        rows = self._query("SELECT * FROM secret WHERE name = ?", (name,))
+        if not rows:
+            return None
+        n, provider, epoch, wrapped = rows[0]
+        return SecretRecord(str(n), str(provider), int(epoch), bytes(wrapped))
+
+    def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
+        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+        with self._tx() as db:
+            db.execute(
+                f"{verb} INTO secret VALUES (?,?,?,?)",
+                (record.name, record.kek_provider, record.kek_epoch, record.wrapped),
+            )
+        stored = self.get_secret(record.name)
+        assert stored is not None  # noqa: S101 - just written in a committed transaction
+        return stored
+
+    def secrets(self) -> list[SecretRecord]:
+        return [
+            SecretRecord(str(n), str(p), int(e), bytes(w))
+            for n, p, e, w in self._query("SELECT * FROM secret ORDER BY name")
+        ]
+
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for table in ("dek", "tombstone", "secret"):
+            (n,) = self._query(f"SELECT COUNT(*) FROM {table}")[0]  # noqa: S608
+            out[table] = int(n)
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __repr__(self) -> str:
+        return f"SQLiteKeyStore(path={str(self._path)!r})"
+
+
+class _Tx:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` under the store's lock (rollback on error)."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+        self._db = db
+        self._lock = lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        finally:
+            self._lock.release()

@@ -1,0 +1,57 @@
+"""Build the backends a ``Config`` names (KEK provider, key store)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from keyshred.config import Config
+from keyshred.errors import ConfigError
+from keyshred.keyring.kek import KekProvider
+from keyshred.keyring.kek.local import LocalKek
+from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore
+
+__all__ = ["KEYS_DIR", "make_kek", "make_keystore"]
+
+KEYS_DIR = "keys"
+LOCAL_KEK_FILE = "kek.local.json"
+KEYSTORE_FILE = "keystore.db"
+
+
+def make_kek(config: Config, root: Path, *, create: bool) -> KekProvider:
+    settings = config.kek
+    if settings.provider == "local":
+        return LocalKek(root / KEYS_DIR / LOCAL_KEK_FILE, create=create)
+    if settings.provider == "vault":
+        from keyshred.keyring.kek.vault import VaultKek
+
+        token = os.environ.get("KEYSHRED_VAULT_TOKEN") or os.environ.get("VAULT_TOKEN")
+        if not token:
+            raise ConfigError("the vault KEK provider needs KEYSHRED_VAULT_TOKEN or VAULT_TOKEN")
+        v = settings.vault
+        return VaultKek(
+            v.url,
+            token,
+            mount=v.mount,
+            key_name=v.key,
+            namespace=v.namespace,
+            verify=v.verify,
+            timeout=v.timeout_seconds,
+            batch_size=v.batch_size,
+            workers=v.workers,
+        )
+    from keyshred.keyring.kek.aws import AwsKmsKek
+
+    a = settings.aws
+    return AwsKmsKek(
+        alias_prefix=a.alias_prefix,
+        region=a.region,
+        endpoint_url=a.endpoint_url,
+        pending_window_days=a.pending_window_days,
+        workers=a.workers,
+    )
+
+
+def make_keystore(config: Config, root: Path) -> KeyStore:
+    del config  # the embedded key store is the only one so far
+    return SQLiteKeyStore(root / KEYS_DIR / KEYSTORE_FILE)

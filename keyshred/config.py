@@ -1,0 +1,142 @@
+"""Configuration: ``keyshred.toml`` in the data folder, overridden by environment.
+
+Environment variables ``KEYSHRED_<SECTION>__<FIELD>`` (double underscore between
+levels) override the file, e.g. ``KEYSHRED_KEK__PROVIDER=vault`` or
+``KEYSHRED_KEK__VAULT__URL=http://127.0.0.1:8200``. Secrets are never written to the
+file: the Vault token comes from ``KEYSHRED_VAULT_TOKEN`` or ``VAULT_TOKEN``, AWS
+credentials from boto3's usual chain.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from keyshred.errors import ConfigError
+
+__all__ = [
+    "CONFIG_FILE",
+    "AwsSettings",
+    "Config",
+    "KekSettings",
+    "KeyringSettings",
+    "VaultSettings",
+    "load_config",
+    "save_config",
+]
+
+CONFIG_FILE = "keyshred.toml"
+ENV_PREFIX = "KEYSHRED_"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VaultSettings(_Model):
+    url: str = "http://127.0.0.1:8200"
+    mount: str = "transit"
+    key: str = "keyshred-kek"
+    namespace: str | None = None
+    verify: bool | str = True
+    timeout_seconds: float = 10.0
+    batch_size: int = Field(200, ge=1, le=10_000)
+    workers: int = Field(4, ge=1, le=64)
+
+
+class AwsSettings(_Model):
+    region: str | None = None
+    endpoint_url: str | None = None
+    alias_prefix: str = "alias/keyshred/kek"
+    pending_window_days: int = Field(7, ge=7, le=30)
+    workers: int = Field(8, ge=1, le=64)
+
+
+class KekSettings(_Model):
+    provider: Literal["local", "vault", "aws"] = "local"
+    vault: VaultSettings = VaultSettings()
+    aws: AwsSettings = AwsSettings()
+
+
+class KeyringSettings(_Model):
+    cache_max_entries: int = Field(10_000, ge=0)
+    cache_ttl_seconds: float = Field(300.0, gt=0)
+
+
+class Config(_Model):
+    """Every setting keyshred reads; the README lists them."""
+
+    profile: Literal["embedded", "distributed"] = "embedded"
+    tenant: str = Field("default", min_length=1, max_length=256)
+    kek: KekSettings = KekSettings()
+    keyring: KeyringSettings = KeyringSettings()
+
+
+def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    known = set(Config.model_fields)
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if path[0] not in known:  # e.g. KEYSHRED_VAULT_TOKEN, a secret, not a setting
+            continue
+        node = doc
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                break
+            node = child
+        else:
+            node[path[-1]] = value
+    return doc
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
+    """Read ``<path>/keyshred.toml`` (missing file: defaults), then the environment."""
+    file = Path(path) / CONFIG_FILE
+    doc: dict[str, Any] = {}
+    if file.exists():
+        try:
+            doc = tomllib.loads(file.read_text("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file} is not valid TOML: {exc}") from None
+    doc = _apply_env(doc, os.environ if env is None else env)
+    try:
+        return Config.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _toml_table(prefix: str, doc: Mapping[str, Any], out: list[str]) -> None:
+    scalars = {k: v for k, v in doc.items() if not isinstance(v, Mapping) and v is not None}
+    tables = {k: v for k, v in doc.items() if isinstance(v, Mapping)}
+    if prefix and scalars:
+        out.append(f"\n[{prefix}]")
+    out.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+    for name, table in tables.items():
+        _toml_table(f"{prefix}.{name}" if prefix else name, table, out)
+
+
+def save_config(path: str | os.PathLike[str], config: Config) -> Path:
+    """Write ``<path>/keyshred.toml`` (only settings, never secrets)."""
+    out = ["# keyshred configuration; every setting is listed in the README."]
+    _toml_table("", config.model_dump(mode="json"), out)
+    file = Path(path) / CONFIG_FILE
+    file.write_text("\n".join(out) + "\n", "utf-8")
+    return file

@@ -1,0 +1,88 @@
+"""The keyshred error tree.
+
+Every error keyshred raises on purpose is a ``KeyshredError``; callers catch that one
+class (or a branch of it) and never see a backend's own exception type::
+
+    KeyshredError
+    ├── ConfigError                 bad or missing configuration, unknown profile/backend
+    ├── MissingExtraError           an optional backend's package is not installed
+    │                               (also an ImportError; names the extra to install)
+    ├── InvalidInput                a caller passed something malformed (also a ValueError)
+    ├── IntegrityError              a ciphertext, file or signature failed authentication:
+    │                               unknown format, truncated, flipped, or moved elsewhere.
+    │                               Deliberately opaque: it never says which check failed
+    ├── SubjectErased               the subject's key was destroyed; nothing is decrypted
+    ├── KeyNotFound                 no key of that id/subject/scope exists (never erased)
+    └── KekError                    the KEK provider failed
+        ├── KekUnavailable          the provider cannot be reached (server down, auth)
+        └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
+
+Messages carry ids that are safe to log (key ids, subject_refs, epochs) and never a
+subject id, plaintext or key material; exceptions raised while handling secret data
+are raised ``from None`` so the chain cannot leak it either.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "IntegrityError",
+    "InvalidInput",
+    "KekEpochDestroyed",
+    "KekError",
+    "KekUnavailable",
+    "KeyNotFound",
+    "KeyshredError",
+    "MissingExtraError",
+    "SubjectErased",
+]
+
+
+class KeyshredError(Exception):
+    """Base class of every error keyshred raises on purpose."""
+
+
+class ConfigError(KeyshredError):
+    """The configuration is missing, malformed or names an unknown backend."""
+
+
+class MissingExtraError(KeyshredError, ImportError):
+    """An optional backend needs a package that is not installed."""
+
+    def __init__(self, extra: str, package: str) -> None:
+        super().__init__(
+            f"this feature needs the {package!r} package: pip install 'keyshred[{extra}]'"
+        )
+        self.extra = extra
+        self.package = package
+
+
+class InvalidInput(KeyshredError, ValueError):
+    """The caller passed a malformed argument; nothing was changed."""
+
+
+class IntegrityError(KeyshredError):
+    """Authentication failed: the data was not produced by keyshred for this place."""
+
+    def __init__(self, message: str = "ciphertext failed authentication") -> None:
+        super().__init__(message)
+
+
+class SubjectErased(KeyshredError):
+    """The key needed for this data was destroyed by an erasure."""
+
+
+class KeyNotFound(KeyshredError):
+    """No key exists for that id, subject or scope."""
+
+
+class KekError(KeyshredError):
+    """The key-encryption-key provider failed."""
+
+
+class KekUnavailable(KekError):
+    """The KEK provider cannot be reached or refused our credentials."""
+
+
+class KekEpochDestroyed(KekError):
+    """The KEK epoch that wrapped this key has been destroyed."""
