@@ -72,6 +72,15 @@ class KeyCache:
             if self._by_owner.get(owner) == key_id:
                 del self._by_owner[owner]
 
+    def purge_expired(self) -> int:
+        """Drop expired entries now, so their key material does not linger in memory."""
+        with self._lock:
+            now = self._clock()
+            doomed = [kid for kid, (_, expires) in self._by_id.items() if expires <= now]
+            for kid in doomed:
+                self._drop(kid)
+            return len(doomed)
+
     def evict(self, key_ids: Iterable[bytes]) -> int:
         with self._lock:
             n = 0

@@ -11,7 +11,14 @@ from typing import NoReturn
 
 from keyshred.errors import InvalidInput
 from keyshred.keyring import _primitives as prim
-from keyshred.keyring.envelope import Place, header_for, open_with, seal_with
+from keyshred.keyring.envelope import (
+    Place,
+    aad_prefix_for,
+    header_for,
+    open_with,
+    seal_into_buffer,
+    seal_with,
+)
 
 __all__ = ["DataKey"]
 
@@ -19,7 +26,7 @@ __all__ = ["DataKey"]
 class DataKey:
     """One subject's scope key, unwrapped, in memory."""
 
-    __slots__ = ("_aead", "_derive_key", "header", "key_id", "scope", "subject_ref")
+    __slots__ = ("_aad", "_aead", "_derive_key", "header", "key_id", "scope", "subject_ref")
 
     def __init__(self, key_id: bytes, subject_ref: str, scope: str, raw: bytes) -> None:
         if len(raw) != prim.KEY_BYTES:
@@ -28,6 +35,7 @@ class DataKey:
         self.subject_ref = subject_ref
         self.scope = scope
         self.header = header_for(key_id)
+        self._aad = aad_prefix_for(self.header)
         self._aead = prim.new_aead(raw)
         # Sub-keys (deterministic tokens, keyed lookups) come from a derivation key,
         # so the DEK itself is only ever used for AES-GCM.
@@ -37,11 +45,17 @@ class DataKey:
         """Encrypt ``plaintext`` bound to ``place`` (which must be this key's owner)."""
         if place.subject_ref != self.subject_ref or place.scope != self.scope:
             raise InvalidInput("the place does not belong to this key's subject and scope")
-        return seal_with(self._aead, self.header, plaintext, place)
+        return seal_with(self._aead, self.header, self._aad, plaintext, place)
 
-    def open(self, ciphertext: bytes, place: Place) -> bytes:
+    def seal_buffer(self, plaintext: bytes, place: Place) -> bytearray:
+        """Like ``seal`` but into a ``bytearray``, saving a copy of large payloads."""
+        if place.subject_ref != self.subject_ref or place.scope != self.scope:
+            raise InvalidInput("the place does not belong to this key's subject and scope")
+        return seal_into_buffer(self._aead, self.header, self._aad, plaintext, place)
+
+    def open(self, ciphertext: bytes | bytearray | memoryview, place: Place) -> bytes:
         """Decrypt; ``IntegrityError`` unless sealed by this key for exactly ``place``."""
-        return open_with(self._aead, self.header, ciphertext, place)
+        return open_with(self._aead, self.header, self._aad, ciphertext, place)
 
     def derive(self, label: bytes) -> bytes:
         """A 32-byte sub-key for ``label``; destroyed with the DEK."""
@@ -49,7 +63,7 @@ class DataKey:
 
     def _seal_with_nonce(self, plaintext: bytes, place: Place, nonce: bytes) -> bytes:
         """Deterministic sealing for test vectors only."""
-        return seal_with(self._aead, self.header, plaintext, place, nonce)
+        return seal_with(self._aead, self.header, self._aad, plaintext, place, nonce=nonce)
 
     def __repr__(self) -> str:
         return (

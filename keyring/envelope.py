@@ -35,8 +35,10 @@ __all__ = [
     "KEY_ID_BYTES",
     "OVERHEAD_BYTES",
     "Place",
+    "aad_prefix_for",
     "key_id_of",
     "open_with",
+    "seal_into_buffer",
     "seal_with",
 ]
 
@@ -50,6 +52,7 @@ _BODY_START = HEADER_BYTES + prim.NONCE_BYTES
 OVERHEAD_BYTES = _BODY_START + prim.TAG_BYTES
 _AAD_DOMAIN = b"keyshred/envelope\x00"
 _LEN = struct.Struct(">I")
+_SLICE_LIMIT = 16 * 1024
 
 
 def _encode_fields(*parts: str) -> bytes:
@@ -91,7 +94,12 @@ def header_for(key_id: bytes) -> bytes:
     return _PREFIX + key_id
 
 
-def key_id_of(ciphertext: bytes | memoryview) -> bytes:
+def aad_prefix_for(header: bytes) -> bytes:
+    """The fixed start of the associated data for one key (domain + header)."""
+    return _AAD_DOMAIN + header
+
+
+def key_id_of(ciphertext: bytes | bytearray | memoryview) -> bytes:
     """Read the key id from a ciphertext header without any key.
 
     Raises ``IntegrityError`` for anything that is not a well-formed version-1
@@ -103,23 +111,55 @@ def key_id_of(ciphertext: bytes | memoryview) -> bytes:
 
 
 def seal_with(
-    aead: prim.AESGCM, header: bytes, plaintext: bytes, place: Place, nonce: bytes | None = None
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    plaintext: bytes,
+    place: Place,
+    *,
+    nonce: bytes | None = None,
 ) -> bytes:
     """Seal ``plaintext`` for ``place``. ``nonce`` is only for test vectors."""
     if nonce is None:
         nonce = prim.random_nonce()
-    body = aead.encrypt(nonce, plaintext, _AAD_DOMAIN + header + place.encoded)
-    return header + nonce + body
+    return header + nonce + aead.encrypt(nonce, plaintext, aad_prefix + place.encoded)
 
 
-def open_with(aead: prim.AESGCM, header: bytes, ciphertext: bytes, place: Place) -> bytes:
+def seal_into_buffer(
+    aead: prim.AESGCM, header: bytes, aad_prefix: bytes, plaintext: bytes, place: Place
+) -> bytearray:
+    """Seal into one freshly allocated buffer: no copy of the ciphertext afterwards.
+
+    For large payloads the concatenation in ``seal_with`` costs a full extra pass
+    over the data; here AES-GCM writes straight behind the header.
+    """
+    nonce = prim.random_nonce()
+    buf = bytearray(_BODY_START + len(plaintext) + prim.TAG_BYTES)
+    buf[:HEADER_BYTES] = header
+    buf[HEADER_BYTES:_BODY_START] = nonce
+    aead.encrypt_into(nonce, plaintext, aad_prefix + place.encoded, memoryview(buf)[_BODY_START:])
+    return buf
+
+
+def open_with(
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    ciphertext: bytes | bytearray | memoryview,
+    place: Place,
+) -> bytes:
     """Open a ciphertext whose header the caller already matched to ``aead``'s key."""
-    if len(ciphertext) < OVERHEAD_BYTES or not ciphertext.startswith(header):
+    if type(ciphertext) is bytes:  # the common case, checked without a copy
+        if len(ciphertext) < OVERHEAD_BYTES or not ciphertext.startswith(header):
+            raise IntegrityError()
+    elif len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:HEADER_BYTES]) != header:
         raise IntegrityError()
-    view = memoryview(ciphertext)
+    aad = aad_prefix + place.encoded
     try:
-        return aead.decrypt(
-            view[HEADER_BYTES:_BODY_START], view[_BODY_START:], _AAD_DOMAIN + header + place.encoded
-        )
+        if len(ciphertext) <= _SLICE_LIMIT:
+            # Small records: slicing copies a few hundred bytes, cheaper than views.
+            return aead.decrypt(ciphertext[HEADER_BYTES:_BODY_START], ciphertext[_BODY_START:], aad)
+        view = memoryview(ciphertext)
+        return aead.decrypt(view[HEADER_BYTES:_BODY_START], view[_BODY_START:], aad)
     except prim.InvalidTag:
         raise IntegrityError() from None

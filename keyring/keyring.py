@@ -277,7 +277,7 @@ class Keyring:
         """Encrypt under the live DEK of ``place``'s subject and scope."""
         return self.data_key(place.subject_ref, place.scope).seal(plaintext, place)
 
-    def open(self, ciphertext: bytes, place: Place) -> bytes:
+    def open(self, ciphertext: bytes | bytearray | memoryview, place: Place) -> bytes:
         """Decrypt. The key id is read first: a destroyed key raises ``SubjectErased``
         without any decryption; anything malformed or moved raises ``IntegrityError``."""
         key = self.data_key_by_id(key_id_of(ciphertext))

@@ -30,7 +30,6 @@ keys_app = typer.Typer(no_args_is_help=True, help="KEK epochs and key-store main
 app.add_typer(keys_app, name="keys")
 
 out = Console()
-err = Console(stderr=True)
 
 PathOpt = Annotated[
     Path,
@@ -163,7 +162,8 @@ def main() -> None:
     try:
         app()
     except KeyshredError as exc:
-        err.print(f"keyshred: error: {exc}", markup=False, highlight=False)
+        message = " ".join(str(exc).split())  # exactly one line, whatever the message
+        sys.stderr.write(f"keyshred: error: {message}\n")
         sys.exit(2)
 
 

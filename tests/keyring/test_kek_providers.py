@@ -1,0 +1,142 @@
+"""The KEK provider contract, run against local, OpenBao Transit and moto's KMS."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from keyshred.errors import ConfigError, IntegrityError, KekEpochDestroyed
+from keyshred.keyring.kek import KekProvider, WrappedKey
+
+CTX = {"keyshred:key_id": "00ff", "keyshred:subject_ref": "abc", "keyshred:scope": "default"}
+
+
+def test_wrap_unwrap_roundtrip(kek: KekProvider) -> None:
+    dek = os.urandom(32)
+    wrapped = kek.wrap(dek, CTX)
+    assert wrapped.epoch == kek.current_epoch()
+    assert dek not in wrapped.blob
+    assert kek.unwrap(wrapped, CTX) == dek
+
+
+def test_context_is_bound(kek: KekProvider) -> None:
+    wrapped = kek.wrap(os.urandom(32), CTX)
+    with pytest.raises(IntegrityError):
+        kek.unwrap(wrapped, {**CTX, "keyshred:subject_ref": "abd"})
+
+
+def test_tampered_blob_raises_integrity_error(kek: KekProvider) -> None:
+    wrapped = kek.wrap(os.urandom(32), CTX)
+    blob = bytearray(wrapped.blob)
+    blob[len(blob) // 2 + 3] ^= 0x01
+    with pytest.raises(IntegrityError):
+        kek.unwrap(WrappedKey(wrapped.epoch, bytes(blob)), CTX)
+
+
+def test_batch_roundtrip_spans_several_server_batches(kek: KekProvider) -> None:
+    deks = [os.urandom(32) for _ in range(150)]
+    contexts = [{**CTX, "keyshred:key_id": f"{i:04x}"} for i in range(len(deks))]
+    wrapped = kek.wrap_many(list(zip(deks, contexts, strict=True)))
+    assert len(wrapped) == len(deks)
+    assert kek.unwrap_many(list(zip(wrapped, contexts, strict=True))) == deks
+
+
+def test_batch_unwrap_is_all_or_nothing(kek: KekProvider) -> None:
+    wrapped = kek.wrap_many([(os.urandom(32), CTX) for _ in range(3)])
+    items = [(w, CTX) for w in wrapped]
+    items[1] = (items[1][0], {**CTX, "keyshred:scope": "other"})
+    with pytest.raises(IntegrityError):
+        kek.unwrap_many(items)
+
+
+def test_rotate_then_destroy_old_epochs(kek: KekProvider, kek_factory: object) -> None:
+    first = kek.current_epoch()
+    dek_old = os.urandom(32)
+    old = kek.wrap(dek_old, CTX)
+    new_epoch = kek.rotate()
+    assert new_epoch == first + 1 == kek.current_epoch()
+    dek_new = os.urandom(32)
+    new = kek.wrap(dek_new, CTX)
+    assert new.epoch == new_epoch
+    assert kek.unwrap(old, CTX) == dek_old  # old epochs keep unwrapping until destroyed
+    rewrapped = kek.rewrap_many([(old, CTX)])[0]
+    assert rewrapped.epoch == new_epoch
+
+    destroyed = kek.destroy_epochs_before(new_epoch)
+    assert [d.epoch for d in destroyed] == [first]
+    with pytest.raises(KekEpochDestroyed):
+        kek.unwrap(old, CTX)
+    assert kek.unwrap(new, CTX) == dek_new
+    assert kek.unwrap(rewrapped, CTX) == dek_old
+    assert [e.epoch for e in kek.epochs()] == [new_epoch]
+    # Idempotent, and a second provider instance (another process) agrees.
+    assert kek.destroy_epochs_before(new_epoch) == []
+    other = kek_factory()  # type: ignore[operator]
+    with pytest.raises(KekEpochDestroyed):
+        other.unwrap(old, CTX)
+    assert other.unwrap(new, CTX) == dek_new
+
+
+def test_destroy_needs_a_live_epoch(kek: KekProvider) -> None:
+    with pytest.raises(ConfigError):
+        kek.destroy_epochs_before(kek.current_epoch() + 5)
+
+
+def test_repr_holds_no_secret(kek: KekProvider) -> None:
+    wrapped = kek.wrap(os.urandom(32), CTX)
+    assert wrapped.blob.hex() not in repr(wrapped)
+    assert "token" not in repr(kek).lower()
+
+
+def test_unreachable_servers_raise_kek_unavailable(tmp_path: object) -> None:
+    from keyshred.errors import KekUnavailable
+    from keyshred.keyring.kek.aws import AwsKmsKek
+    from keyshred.keyring.kek.vault import VaultKek
+    from tests.servers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(KekUnavailable):
+        VaultKek(dead, "token", timeout=2)
+    with pytest.raises(KekUnavailable):
+        AwsKmsKek(endpoint_url=dead, region="us-east-1")
+
+
+def test_vault_wrong_token_is_unavailable_not_integrity(openbao: object) -> None:
+    from keyshred.errors import KekUnavailable
+    from keyshred.keyring.kek.vault import VaultKek
+
+    with pytest.raises(KekUnavailable):
+        VaultKek(openbao.url, "wrong-token")  # type: ignore[attr-defined]
+
+
+def test_vault_destroy_trims_key_material_on_the_server(openbao: object) -> None:
+    import hvac
+
+    from keyshred.keyring.kek.vault import VaultKek
+
+    kek = VaultKek(openbao.url, openbao.token, key_name="trim-check")  # type: ignore[attr-defined]
+    kek.rotate()
+    kek.rotate()
+    kek.destroy_epochs_before(3)
+    client = hvac.Client(url=openbao.url, token=openbao.token)  # type: ignore[attr-defined]
+    data = client.secrets.transit.read_key("trim-check")["data"]
+    assert data["min_available_version"] == 3
+    assert sorted(data["keys"]) == ["3"]
+
+
+def test_aws_destroy_disables_and_schedules_deletion(moto: object) -> None:
+    import boto3
+
+    from keyshred.keyring.kek.aws import AwsKmsKek
+
+    url = moto.url  # type: ignore[attr-defined]
+    kek = AwsKmsKek(alias_prefix="alias/keyshred-test/sched", region="us-east-1", endpoint_url=url)
+    client = boto3.client("kms", region_name="us-east-1", endpoint_url=url)
+    aliases = {a["AliasName"]: a["TargetKeyId"] for a in client.list_aliases()["Aliases"]}
+    first = aliases["alias/keyshred-test/sched/epoch-000001"]
+    kek.rotate()
+    (destroyed,) = kek.destroy_epochs_before(2)
+    meta = client.describe_key(KeyId=first)["KeyMetadata"]
+    assert meta["KeyState"] == "PendingDeletion"
+    assert destroyed.effective_at > meta["CreationDate"]
