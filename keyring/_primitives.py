@@ -27,6 +27,7 @@ __all__ = [
     "TAG_BYTES",
     "InvalidSignature",
     "InvalidTag",
+    "constant_time_equal",
     "ed25519_generate",
     "ed25519_private_bytes",
     "ed25519_private_from_bytes",
@@ -66,6 +67,10 @@ def new_aead(key: bytes) -> AESGCM:
 
 def hmac_sha256(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def constant_time_equal(a: bytes, b: bytes) -> bool:
+    return hmac.compare_digest(a, b)
 
 
 def ed25519_generate() -> Ed25519PrivateKey:

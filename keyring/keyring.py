@@ -48,6 +48,7 @@ _REF_DOMAIN = b"keyshred/subject-ref\x00"
 _REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
 _LEN = struct.Struct(">I")
 _ROTATE_PAGE = 1000
+_REF_CACHE = 10_000
 
 
 def _dek_context(record_key_id: bytes, tenant: str, subject_ref: str, scope: str) -> Context:
@@ -135,6 +136,7 @@ class Keyring:
         self._create_lock = threading.Lock()
         self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
         self._signer: Signer | None = None
+        self._refs: dict[tuple[str, str], str] = {}
 
     # -- system secrets ------------------------------------------------------------
 
@@ -164,9 +166,17 @@ class Keyring:
         _check_name("tenant", tenant)
         if not isinstance(subject_id, str) or not subject_id:
             raise InvalidInput("a subject id must be a non-empty string")
+        cached = self._refs.get((tenant, subject_id))
+        if cached is not None:
+            return cached
         t, s = tenant.encode("utf-8"), subject_id.encode("utf-8")
         mac = prim.hmac_sha256(self._ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
-        return base64.b32encode(mac).decode("ascii").lower()[:_REF_CHARS]
+        # 20 bytes encode to 32 base32 characters, of which the first 26 are kept.
+        ref = base64.b32encode(mac[:20]).decode("ascii").lower()[:_REF_CHARS]
+        if len(self._refs) >= _REF_CACHE:
+            self._refs.clear()
+        self._refs[(tenant, subject_id)] = ref
+        return ref
 
     # -- DEKs ----------------------------------------------------------------------
 

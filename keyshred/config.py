@@ -10,12 +10,14 @@ credentials from boto3's usual chain.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from keyshred.errors import ConfigError
 
@@ -25,12 +27,15 @@ __all__ = [
     "Config",
     "KekSettings",
     "KeyringSettings",
+    "ScopeSettings",
+    "StorageSettings",
     "VaultSettings",
     "load_config",
     "save_config",
 ]
 
 CONFIG_FILE = "keyshred.toml"
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
 ENV_PREFIX = "KEYSHRED_"
 
 
@@ -68,6 +73,38 @@ class KeyringSettings(_Model):
     cache_ttl_seconds: float = Field(300.0, gt=0)
 
 
+Basis = Literal["consent", "contract", "legitimate_interest", "legal_obligation"]
+
+
+class ScopeSettings(_Model):
+    """A scope: one purpose, its data categories, its lawful basis and retention.
+
+    Only the ``consent`` basis needs a consent record before a write; the others
+    (contract, legitimate interest, legal obligation) are recorded and enforced by
+    retention alone. ``retain_until`` of every write is the minimum of the purpose
+    end, the consent end, now + ``max_retention_days`` and now + ``legal_max_days``.
+    """
+
+    purpose: str = Field(min_length=1, max_length=128)
+    categories: list[str] = Field(default_factory=lambda: ["general"], min_length=1)
+    basis: Basis = "consent"
+    max_retention_days: int | None = Field(None, ge=1)
+    purpose_end: datetime | None = None
+    legal_max_days: int | None = Field(None, ge=1)
+
+
+DEFAULT_SCOPE = ScopeSettings(purpose="default", categories=["general"], basis="contract")
+
+
+class StorageSettings(_Model):
+    catalog_url: str | None = None
+    max_value_bytes: int = Field(1024 * 1024, ge=1)
+    flush_records: int = Field(1000, ge=1)
+    durability: Literal["fsync", "flush"] = "fsync"
+    max_open_partitions: int = Field(256, ge=1)
+    default_max_retention_days: int = Field(3650, ge=1)
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -75,6 +112,16 @@ class Config(_Model):
     tenant: str = Field("default", min_length=1, max_length=256)
     kek: KekSettings = KekSettings()
     keyring: KeyringSettings = KeyringSettings()
+    storage: StorageSettings = StorageSettings()
+    scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, value: dict[str, ScopeSettings]) -> dict[str, ScopeSettings]:
+        for name in value:
+            if not name or name.startswith("~") or len(name) > 128:
+                raise ValueError("scope names are 1-128 characters, not starting with '~'")
+        return {"default": DEFAULT_SCOPE, **value}
 
 
 def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -115,6 +162,8 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -130,7 +179,8 @@ def _toml_table(prefix: str, doc: Mapping[str, Any], out: list[str]) -> None:
         out.append(f"\n[{prefix}]")
     out.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
     for name, table in tables.items():
-        _toml_table(f"{prefix}.{name}" if prefix else name, table, out)
+        key = name if _BARE.fullmatch(name) else _toml_value(name)
+        _toml_table(f"{prefix}.{key}" if prefix else key, table, out)
 
 
 def save_config(path: str | os.PathLike[str], config: Config) -> Path:

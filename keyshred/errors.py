@@ -8,11 +8,18 @@ class (or a branch of it) and never see a backend's own exception type::
     ├── MissingExtraError           an optional backend's package is not installed
     │                               (also an ImportError; names the extra to install)
     ├── InvalidInput                a caller passed something malformed (also a ValueError)
+    │   ├── UnknownScope            the scope is not declared in the configuration
+    │   └── ValueTooLarge           a value exceeds ``storage.max_value_bytes``
     ├── IntegrityError              a ciphertext, file or signature failed authentication:
     │                               unknown format, truncated, flipped, or moved elsewhere.
     │                               Deliberately opaque: it never says which check failed
     ├── SubjectErased               the subject's key was destroyed; nothing is decrypted
     ├── KeyNotFound                 no key of that id/subject/scope exists (never erased)
+    ├── NotFound                    no memory (or other record) under that name
+    ├── ConsentRequired             no active consent covers this purpose and category
+    ├── SubjectSuppressed           the subject is suppressed or erased: nothing is read
+    │   └── StaleEpoch              or written; a job carrying an older deletion epoch
+    │                               is refused with StaleEpoch
     └── KekError                    the KEK provider failed
         ├── KekUnavailable          the provider cannot be reached (server down, auth)
         └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "ConsentRequired",
     "IntegrityError",
     "InvalidInput",
     "KekEpochDestroyed",
@@ -34,7 +42,12 @@ __all__ = [
     "KeyNotFound",
     "KeyshredError",
     "MissingExtraError",
+    "NotFound",
+    "StaleEpoch",
     "SubjectErased",
+    "SubjectSuppressed",
+    "UnknownScope",
+    "ValueTooLarge",
 ]
 
 
@@ -86,3 +99,27 @@ class KekUnavailable(KekError):
 
 class KekEpochDestroyed(KekError):
     """The KEK epoch that wrapped this key has been destroyed."""
+
+
+class UnknownScope(InvalidInput):
+    """The scope is not declared (``[scopes]`` in the configuration)."""
+
+
+class ValueTooLarge(InvalidInput):
+    """A value is larger than ``storage.max_value_bytes``."""
+
+
+class NotFound(KeyshredError):
+    """No memory (or other record) exists under that name."""
+
+
+class ConsentRequired(KeyshredError):
+    """No active consent covers this subject, purpose, category and action."""
+
+
+class SubjectSuppressed(KeyshredError):
+    """The subject is suppressed or erased; reads and writes are refused."""
+
+
+class StaleEpoch(SubjectSuppressed):
+    """The operation carries a deletion epoch older than the subject's current one."""

@@ -1,7 +1,8 @@
 """``Keyshred``: the one object an application opens.
 
-Today it holds the keyring (per-subject keys, crypto-erasure); the memory store,
-vectors, erasure coordinator, vault and backups attach here as they are built.
+It holds the keyring (per-subject keys, crypto-erasure), the catalog (assets,
+consent, the subject guard) and the memory store; vectors, the erasure coordinator,
+the vault and backups attach here as they are built.
 """
 
 from __future__ import annotations
@@ -15,17 +16,48 @@ from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.errors import ConfigError
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.keyring import Keyring
+from keyshred.storage.catalog import Catalog, sqlite_url
+from keyshred.storage.consent import ConsentApi
+from keyshred.storage.memories import MemoryStore
+from keyshred.storage.policy import Policy
 
 __all__ = ["Keyshred"]
+
+CATALOG_DIR = "catalog"
+CATALOG_FILE = "catalog.db"
 
 
 class Keyshred:
     """An open keyshred data folder."""
 
-    def __init__(self, path: Path, config: Config, keyring: Keyring) -> None:
+    def __init__(
+        self,
+        path: Path,
+        config: Config,
+        keyring: Keyring,
+        catalog: Catalog,
+        *,
+        encrypt: bool = True,
+    ) -> None:
         self.path = path
         self.config = config
         self.keyring = keyring
+        self.catalog = catalog
+        self.policy = Policy(config.scopes, config.storage.default_max_retention_days)
+        settings = config.storage
+        self.memories = MemoryStore(
+            path,
+            catalog,
+            keyring,
+            self.policy,
+            self.subject_ref,
+            max_value_bytes=settings.max_value_bytes,
+            flush_records=settings.flush_records,
+            fsync=settings.durability == "fsync",
+            max_open_partitions=settings.max_open_partitions,
+            encrypt=encrypt,
+        )
+        self.consent = ConsentApi(catalog, self.policy, self.subject_ref)
 
     @classmethod
     def init(
@@ -66,15 +98,30 @@ class Keyshred:
             cache_max_entries=config.keyring.cache_max_entries,
             cache_ttl_seconds=config.keyring.cache_ttl_seconds,
         )
-        return cls(root, config, keyring)
+        url = config.storage.catalog_url or sqlite_url(root / CATALOG_DIR / CATALOG_FILE)
+        try:
+            catalog = Catalog(url)
+        except BaseException:
+            keyring.close()
+            raise
+        return cls(root, config, keyring, catalog)
 
     def subject_ref(self, subject: SubjectLike) -> str:
         """The pseudonymous reference that stands for ``subject`` everywhere."""
         s: Subject = as_subject(subject, self.config.tenant)
         return self.keyring.subject_ref(s.id, s.tenant)
 
+    def deletion_epoch(self, subject: SubjectLike) -> int:
+        """The subject's current deletion epoch; jobs carry it into their writes
+        (``epoch=``) so that a write planned before an erasure is refused after it."""
+        return self.catalog.check_guard(self.subject_ref(subject))
+
     def close(self) -> None:
-        self.keyring.close()
+        try:
+            self.memories.close()
+        finally:
+            self.catalog.close()
+            self.keyring.close()
 
     def __enter__(self) -> Keyshred:
         return self

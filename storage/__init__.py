@@ -1,6 +1,31 @@
-"""``keyshred.storage``: the catalog, memory and vector partitions, checkpoints.
+"""``keyshred.storage``: the catalog, consent, policy and the memory store.
 
-Not built yet: the catalog (asset index, consent, subject guard), the encrypted
-Parquet memory partitions, the LanceDB vector partitions and checkpoints arrive with
-issue #3 and the issues after it. Nothing in this package is usable today.
+- ``catalog``: asset index, provenance, consent records, the subject guard
+  (SQLAlchemy Core on SQLite or PostgreSQL);
+- ``policy``: declared scopes, purposes, categories and retention;
+- ``memories``: the memory store (``ks.memories``), over per-subject ``partition``s
+  of PME-encrypted Parquet segments and an encrypted append log (``applog``);
+- ``pme``: Parquet Modular Encryption with the keyring as its KMS.
+
+Vector partitions and checkpoints are not built yet (issues #4 and #8).
 """
+
+from __future__ import annotations
+
+from keyshred.storage.catalog import AssetRow, Catalog, ConsentRecord, GuardState
+from keyshred.storage.consent import ConsentApi
+from keyshred.storage.memories import Memory, MemoryStore, PutItem
+from keyshred.storage.policy import Policy, ScopeRule
+
+__all__ = [
+    "AssetRow",
+    "Catalog",
+    "ConsentApi",
+    "ConsentRecord",
+    "GuardState",
+    "Memory",
+    "MemoryStore",
+    "Policy",
+    "PutItem",
+    "ScopeRule",
+]

@@ -1,0 +1,494 @@
+"""The memory store: per-subject, encrypted, consent-checked, catalogued memories.
+
+Every call follows the data path of DESIGN.md: the subject guard first (a suppressed
+or erased subject fails before any key is touched), then consent and retention for
+writes, then the subject's partition. Namespaces and keys are personal data: they are
+stored only encrypted, and found through a keyed hash under the subject's index key.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from keyshred.errors import ConsentRequired, InvalidInput, NotFound, ValueTooLarge
+from keyshred.keyring.keyring import Keyring
+from keyshred.storage.catalog import AssetRow, Catalog
+from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
+from keyshred.storage.pme import PmeCrypto
+from keyshred.storage.policy import Policy
+from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
+
+__all__ = ["Memory", "MemoryStore", "PutItem"]
+
+MEMORY_KIND = "memory"
+_MAX_NAMESPACE_DEPTH = 32
+_MAX_LABEL = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """A memory as returned to its caller. Its repr shows ids only."""
+
+    memory_id: str
+    namespace: tuple[str, ...]
+    key: str
+    value: Any
+    scope: str
+    purpose: str
+    category: str
+    created_at: datetime
+    updated_at: datetime
+    retain_until: datetime
+    sources: tuple[str, ...]
+    mentions: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"Memory(memory_id={self.memory_id!r}, scope={self.scope!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class PutItem:
+    """One write of a batch (``put_many``)."""
+
+    namespace: Sequence[str]
+    key: str
+    value: Any
+    scope: str = "default"
+    purpose: str | None = None
+    category: str | None = None
+    sources: Sequence[str] = ()
+    mentions: Sequence[str] = ()
+
+
+def _memory(row: MemoryRow) -> Memory:
+    return Memory(
+        row.memory_id,
+        row.namespace,
+        row.key,
+        json.loads(row.value),
+        row.scope,
+        row.purpose,
+        row.category,
+        from_us(row.created_us),
+        from_us(row.updated_us),
+        from_us(row.retain_us),
+        row.sources,
+        row.mentions,
+    )
+
+
+def _namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
+    if isinstance(namespace, str):
+        namespace = (namespace,)
+    try:
+        ns = tuple(namespace)
+    except TypeError:
+        raise InvalidInput("a namespace is a tuple of strings") from None
+    if not ns or len(ns) > _MAX_NAMESPACE_DEPTH:
+        raise InvalidInput(f"a namespace has 1 to {_MAX_NAMESPACE_DEPTH} labels")
+    for label in ns:
+        if not isinstance(label, str) or not label or len(label) > _MAX_LABEL:
+            raise InvalidInput(f"namespace labels are non-empty strings of at most {_MAX_LABEL}")
+    return ns
+
+
+def _prefix(namespace: Sequence[str] | str) -> tuple[str, ...]:
+    if isinstance(namespace, str):
+        namespace = (namespace,)
+    ns = tuple(namespace)
+    if any(not isinstance(label, str) for label in ns):
+        raise InvalidInput("namespace labels are strings")
+    return ns
+
+
+def _key(key: str) -> str:
+    if not isinstance(key, str) or not key or len(key) > _MAX_LABEL:
+        raise InvalidInput(f"a key is a non-empty string of at most {_MAX_LABEL} characters")
+    return key
+
+
+def _reject_nan(value: str) -> Any:
+    raise ValueError(value)
+
+
+class MemoryStore:
+    """``ks.memories``: put, get, search, update, delete."""
+
+    def __init__(
+        self,
+        root: Path,
+        catalog: Catalog,
+        keyring: Keyring,
+        policy: Policy,
+        subject_ref: Callable[[Any], str],
+        *,
+        max_value_bytes: int = 1024 * 1024,
+        flush_records: int = 1000,
+        fsync: bool = True,
+        max_open_partitions: int = 256,
+        encrypt: bool = True,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._root = root / "memories"
+        self._catalog = catalog
+        self._keyring = keyring
+        self._policy = policy
+        self._ref = subject_ref
+        self._max_value = max_value_bytes
+        self._flush_records = flush_records
+        self._fsync = fsync
+        self._max_open = max_open_partitions
+        self._clock = clock
+        self._sealer: Sealer = KeyringSealer(keyring) if encrypt else PlaintextSealer()
+        self.pme: PmeCrypto | None = PmeCrypto(keyring) if encrypt else None
+        self._partitions: OrderedDict[str, Partition] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- partitions ----------------------------------------------------------------
+
+    def partition_path(self, subject_ref: str) -> Path:
+        return self._root / f"subject={subject_ref}"
+
+    def _partition(self, subject_ref: str) -> Partition:
+        with self._lock:
+            part = self._partitions.get(subject_ref)
+            if part is None:
+                part = Partition(
+                    self.partition_path(subject_ref),
+                    subject_ref,
+                    self._keyring,
+                    self._sealer,
+                    self.pme,
+                    fsync=self._fsync,
+                )
+                self._partitions[subject_ref] = part
+                while len(self._partitions) > self._max_open:
+                    _, old = self._partitions.popitem(last=False)
+                    old.close()
+            else:
+                self._partitions.move_to_end(subject_ref)
+            return part
+
+    def evict(self, subject_ref: str) -> None:
+        """Forget a subject's decrypted rows and cached keys in this process."""
+        with self._lock:
+            part = self._partitions.pop(subject_ref, None)
+        if part is not None:
+            part.close()
+        if self.pme is not None:
+            self.pme.forget()
+
+    # -- validation ----------------------------------------------------------------
+
+    def _encode(self, value: Any) -> bytes:
+        try:
+            raw = json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError):
+            raise InvalidInput(
+                "a memory value must be JSON (dict, list, str, number, bool, None)"
+            ) from None
+        if len(raw) > self._max_value:
+            raise ValueTooLarge(
+                f"the value is {len(raw)} bytes; storage.max_value_bytes is {self._max_value}"
+            )
+        return raw
+
+    # -- writes --------------------------------------------------------------------
+
+    def put(
+        self,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        *,
+        scope: str = "default",
+        purpose: str | None = None,
+        category: str | None = None,
+        sources: Sequence[str] = (),
+        mentions: Iterable[Any] = (),
+        epoch: int | None = None,
+    ) -> Memory:
+        """Create or replace the memory at (namespace, key) of ``subject``."""
+        item = PutItem(namespace, key, value, scope, purpose, category, sources, tuple(mentions))
+        return self.put_many(subject, [item], epoch=epoch)[0]
+
+    def put_many(
+        self, subject: Any, items: Sequence[PutItem], *, epoch: int | None = None
+    ) -> list[Memory]:
+        """Write a batch for one subject: one log append, one fsync, one catalog
+        transaction. All-or-nothing: a bad item fails the batch before anything is
+        written."""
+        ref = self._ref(subject)
+        current_epoch = self._catalog.check_guard(ref, epoch)
+        now = self._clock()
+        now_us = to_us(now)
+        prepared = []
+        consent_ends: dict[tuple[str, str], datetime | None] = {}
+        for item in items:
+            ns, k = _namespace(item.namespace), _key(item.key)
+            raw = self._encode(item.value)
+            rule, purpose, category = self._policy.resolve(item.scope, item.purpose, item.category)
+            if rule.needs_consent:
+                if (purpose, category) not in consent_ends:
+                    consent = self._catalog.active_consent(ref, purpose, category, "store", now)
+                    if consent is None:
+                        raise ConsentRequired(
+                            f"no active consent of subject_ref {ref} for purpose {purpose!r}, "
+                            f"category {category!r}"
+                        )
+                    consent_ends[(purpose, category)] = consent.end_at
+                consent_end = consent_ends[(purpose, category)]
+            else:
+                consent_end = None
+            mention_refs = tuple(sorted({self._ref(m) for m in item.mentions}))
+            for source in item.sources:
+                if not isinstance(source, str) or not source:
+                    raise InvalidInput("sources are asset ids")
+            retain = to_us(self._policy.retain_until(rule, now, consent_end))
+            prepared.append((ns, k, raw, rule.name, purpose, category, retain, mention_refs, item))
+        if not prepared:
+            return []
+
+        part = self._partition(ref)
+        with part.flocked():
+            rows: list[MemoryRow] = []
+            replaced = False
+            seen: dict[str, MemoryRow] = {}
+            for ns, k, raw, scope, purpose, category, retain, mention_refs, item in prepared:
+                lookup = part.lookup(ns, k)
+                old = seen.get(lookup) or part.rows.get(lookup)
+                replaced = replaced or old is not None
+                row = MemoryRow(
+                    memory_id=old.memory_id if old else uuid.uuid4().hex,
+                    namespace=ns,
+                    key=k,
+                    value=raw,
+                    scope=scope,
+                    purpose=purpose,
+                    category=category,
+                    created_us=old.created_us if old else now_us,
+                    updated_us=now_us,
+                    retain_us=retain,
+                    lookup=lookup,
+                    sources=tuple(item.sources),
+                    mentions=mention_refs,
+                )
+                seen[lookup] = row
+                rows.append(row)
+            rows = list({r.lookup: r for r in rows}.values())  # last write of a key wins
+            previous = {r.lookup: part.rows.get(r.lookup) for r in rows}
+            part.append_puts(rows)
+            try:
+                self._catalog.register(
+                    [self._asset(ref, r) for r in rows],
+                    expected_epoch=current_epoch,
+                    replace=replaced,
+                )
+            except BaseException:
+                self._undo(part, rows, previous)
+                raise
+            if part.log_records >= self._flush_records:
+                part.flush()
+        return [_memory(r) for r in rows]
+
+    def _undo(
+        self, part: Partition, rows: list[MemoryRow], previous: Mapping[str, MemoryRow | None]
+    ) -> None:
+        """The catalog refused (e.g. the subject was suppressed meanwhile): take the
+        logged writes back so the partition matches the catalog again."""
+        try:
+            restore = [p for p in previous.values() if p is not None]
+            fresh = [r for r in rows if previous.get(r.lookup) is None]
+            for r in fresh:
+                part.append_delete(r)
+            if restore:
+                part.append_puts(restore)
+        except Exception:  # noqa: BLE001,S110 - the original error matters more
+            pass
+
+    def _asset(self, ref: str, row: MemoryRow) -> AssetRow:
+        return AssetRow(
+            asset_id=row.memory_id,
+            subject_ref=ref,
+            scope=row.scope,
+            kind=MEMORY_KIND,
+            storage_system="parquet",
+            storage_key=f"memories/subject={ref}",
+            purpose=row.purpose,
+            category=row.category,
+            created_at=from_us(row.created_us),
+            retain_until=from_us(row.retain_us),
+            lookup=row.lookup,
+            sources=row.sources,
+            mentions=row.mentions,
+        )
+
+    def update(
+        self,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        *,
+        epoch: int | None = None,
+    ) -> Memory:
+        """Replace the value of an existing memory (``NotFound`` if there is none);
+        scope, purpose, category and provenance stay as they are."""
+        existing = self._row(subject, namespace, key)
+        if existing is None:
+            raise NotFound("no memory at that namespace and key")
+        return self.put(
+            subject,
+            existing.namespace,
+            existing.key,
+            value,
+            scope=existing.scope,
+            purpose=existing.purpose,
+            category=existing.category,
+            sources=existing.sources,
+            mentions=(),
+            epoch=epoch,
+        )
+
+    def delete(self, subject: Any, namespace: Sequence[str] | str, key: str) -> bool:
+        """Delete one memory physically: the log records and segment rows holding it
+        are rewritten away before this returns. False if there was nothing."""
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        ns, k = _namespace(namespace), _key(key)
+        part = self._partition(ref)
+        with part.flocked():
+            row = part.rows.get(part.lookup(ns, k))
+            if row is None:
+                return False
+            part.append_delete(row)
+            part.flush()
+        self._catalog.delete([row.memory_id])
+        return True
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _row(self, subject: Any, namespace: Sequence[str] | str, key: str) -> MemoryRow | None:
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        ns, k = _namespace(namespace), _key(key)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return part.rows.get(part.lookup(ns, k))
+
+    def get(self, subject: Any, namespace: Sequence[str] | str, key: str) -> Memory | None:
+        row = self._row(subject, namespace, key)
+        return None if row is None else _memory(row)
+
+    def search(
+        self,
+        subject: Any,
+        namespace_prefix: Sequence[str] | str = (),
+        *,
+        filter: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+        purpose: str | None = None,
+        category: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[Memory]:
+        """Memories under a namespace prefix, newest first, with metadata filters
+        (scope, purpose, category) and value filters (``{"field": value}`` or
+        ``{"field": {"$gt": 3}}``), applied before limit/offset."""
+        if limit < 0 or offset < 0:
+            raise InvalidInput("limit and offset are non-negative")
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        prefix = _prefix(namespace_prefix)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        n = len(prefix)
+        hits = []
+        for row in list(part.rows.values()):
+            if row.namespace[:n] != prefix:
+                continue
+            if scope is not None and row.scope != scope:
+                continue
+            if purpose is not None and row.purpose != purpose:
+                continue
+            if category is not None and row.category != category:
+                continue
+            hits.append(row)
+        hits.sort(key=lambda r: (r.updated_us, r.memory_id), reverse=True)
+        if filter:
+            out = []
+            for row in hits:
+                value = json.loads(row.value)
+                if _matches(value, filter):
+                    out.append(_memory(row))
+            return out[offset : offset + limit]
+        return [_memory(r) for r in hits[offset : offset + limit]]
+
+    def count(self, subject: Any) -> int:
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return len(part.rows)
+
+    # -- maintenance ---------------------------------------------------------------
+
+    def flush(self, subject: Any = None) -> None:
+        """Move logged writes into Parquet segments (one subject, or every open one)."""
+        if subject is None:
+            with self._lock:
+                parts = list(self._partitions.values())
+        else:
+            parts = [self._partition(self._ref(subject))]
+        for part in parts:
+            with part.flocked():
+                part.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            parts = list(self._partitions.values())
+            self._partitions.clear()
+        for part in parts:
+            if part.loaded:
+                with part.flocked():
+                    part.flush()
+            part.close()
+
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "$eq": lambda a, b: bool(a == b),
+    "$ne": lambda a, b: bool(a != b),
+    "$gt": lambda a, b: bool(a > b),
+    "$gte": lambda a, b: bool(a >= b),
+    "$lt": lambda a, b: bool(a < b),
+    "$lte": lambda a, b: bool(a <= b),
+}
+
+
+def _matches(value: Any, filter: Mapping[str, Any]) -> bool:
+    if not isinstance(value, dict):
+        return False
+    for field_name, expected in filter.items():
+        actual = value.get(field_name)
+        if isinstance(expected, Mapping):
+            for op, operand in expected.items():
+                fn = _OPS.get(op)
+                if fn is None:
+                    raise InvalidInput(f"unknown filter operator {op!r}")
+                try:
+                    if not fn(actual, operand):
+                        return False
+                except TypeError:
+                    return False
+        elif actual != expected:
+            return False
+    return True

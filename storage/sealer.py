@@ -1,0 +1,48 @@
+"""How storage encrypts small records: through the keyring, or (benchmarks only) not.
+
+``KeyringSealer`` seals with the subject's scope DEK through the envelope.
+``PlaintextSealer`` exists so benchmarks can run *the same engine* with encryption
+off and print what encryption costs; nothing in the public API selects it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from keyshred.keyring.envelope import Place
+from keyshred.keyring.keyring import Keyring
+
+__all__ = ["KeyringSealer", "PlaintextSealer", "Sealer"]
+
+
+class Sealer(Protocol):
+    encrypted: bool
+
+    def seal(self, plaintext: bytes, place: Place) -> bytes: ...
+
+    def open(self, ciphertext: bytes, place: Place) -> bytes: ...
+
+
+class KeyringSealer:
+    encrypted = True
+
+    def __init__(self, keyring: Keyring) -> None:
+        self._keyring = keyring
+
+    def seal(self, plaintext: bytes, place: Place) -> bytes:
+        return self._keyring.seal(plaintext, place)
+
+    def open(self, ciphertext: bytes, place: Place) -> bytes:
+        return self._keyring.open(ciphertext, place)
+
+
+class PlaintextSealer:
+    encrypted = False
+
+    def seal(self, plaintext: bytes, place: Place) -> bytes:
+        del place
+        return plaintext
+
+    def open(self, ciphertext: bytes, place: Place) -> bytes:
+        del place
+        return ciphertext
