@@ -290,7 +290,11 @@ class Keyring:
     def open(self, ciphertext: bytes | bytearray | memoryview, place: Place) -> bytes:
         """Decrypt. The key id is read first: a destroyed key raises ``SubjectErased``
         without any decryption; anything malformed or moved raises ``IntegrityError``."""
-        key = self.data_key_by_id(key_id_of(ciphertext))
+        try:
+            key = self.data_key_by_id(key_id_of(ciphertext))
+        except KeyNotFound:
+            # A key id we never issued: corrupted or forged, not merely missing.
+            raise IntegrityError() from None
         return key.open(ciphertext, place)
 
     # -- KEK rotation --------------------------------------------------------------

@@ -116,9 +116,10 @@ class Keyshred:
         (``epoch=``) so that a write planned before an erasure is refused after it."""
         return self.catalog.check_guard(self.subject_ref(subject))
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
+        """Close; ``flush=False`` leaves logged writes in their logs (still durable)."""
         try:
-            self.memories.close()
+            self.memories.close(flush=flush)
         finally:
             self.catalog.close()
             self.keyring.close()

@@ -277,6 +277,10 @@ class Catalog:
             "delete_mentions": asset_mentions.delete().where(
                 asset_mentions.c.asset_id == sa.bindparam("asset_id")
             ),
+            "asset_ids": sa.select(assets.c.asset_id).where(
+                assets.c.subject_ref == sa.bindparam("subject_ref"),
+                assets.c.kind == sa.bindparam("kind"),
+            ),
             "consents_for": sa.select(consents).where(
                 consents.c.subject_ref == sa.bindparam("subject_ref"),
                 consents.c.purpose == sa.bindparam("purpose"),
@@ -572,6 +576,11 @@ class Catalog:
             where = sa.and_(where, assets.c.status == status)
         with self._read() as conn:
             return self._rows(conn, where)
+
+    def asset_ids(self, subject_ref: str, kind: str) -> set[str]:
+        with self._hot(write=False) as cur:
+            cur.execute(self._sql["asset_ids"], {"subject_ref": subject_ref, "kind": kind})
+            return {row[0] for row in cur.fetchall()}
 
     def asset(self, asset_id: str) -> AssetRow | None:
         with self._read() as conn:

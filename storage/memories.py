@@ -168,6 +168,7 @@ class MemoryStore:
                     self._sealer,
                     self.pme,
                     fsync=self._fsync,
+                    expected_ids=self._expected_ids,
                 )
                 self._partitions[subject_ref] = part
                 while len(self._partitions) > self._max_open:
@@ -176,6 +177,9 @@ class MemoryStore:
             else:
                 self._partitions.move_to_end(subject_ref)
             return part
+
+    def _expected_ids(self, subject_ref: str) -> set[str]:
+        return self._catalog.asset_ids(subject_ref, MEMORY_KIND)
 
     def evict(self, subject_ref: str) -> None:
         """Forget a subject's decrypted rows and cached keys in this process."""
@@ -372,7 +376,7 @@ class MemoryStore:
                 return False
             part.append_delete(row)
             part.flush()
-        self._catalog.delete([row.memory_id])
+            self._catalog.delete([row.memory_id])
         return True
 
     # -- reads ---------------------------------------------------------------------
@@ -453,12 +457,14 @@ class MemoryStore:
             with part.flocked():
                 part.flush()
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
+        """Close every partition, first moving logged writes into segments unless
+        ``flush=False`` (the logs are durable either way)."""
         with self._lock:
             parts = list(self._partitions.values())
             self._partitions.clear()
         for part in parts:
-            if part.loaded:
+            if flush and part.loaded:
                 with part.flocked():
                     part.flush()
             part.close()

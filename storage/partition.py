@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -167,8 +167,10 @@ class Partition:
         pme: PmeCrypto | None,
         *,
         fsync: bool = True,
+        expected_ids: Callable[[str], set[str]] | None = None,
     ) -> None:
         self.root = root
+        self._expected_ids = expected_ids
         self.subject_ref = subject_ref
         self._keyring = keyring
         self._sealer = sealer
@@ -254,6 +256,20 @@ class Partition:
                 gc.enable()
 
     def _load_files(self) -> None:
+        # What the catalog says must be here, read before the files: every write
+        # lands in the log before its asset is registered, both under our flock.
+        expected = None if self._expected_ids is None else self._expected_ids(self.subject_ref)
+        self._read_files()
+        if expected is not None:
+            missing = expected - {r.memory_id for r in self.rows.values()}
+            if missing:
+                self.loaded = False
+                raise IntegrityError(
+                    f"partition {self.subject_ref} lacks {len(missing)} memories the catalog "
+                    "holds (a truncated or replaced file)"
+                )
+
+    def _read_files(self) -> None:
         self.rows = {}
         self._dirty = set()
         if self._log is not None:

@@ -1,0 +1,105 @@
+"""The catalog on SQLite and PostgreSQL: assets, provenance, guard, consent."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from keyshred.errors import StaleEpoch, SubjectSuppressed
+from keyshred.storage.catalog import ACTIVE, SUPPRESSED, AssetRow, Catalog
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def asset(asset_id: str, ref: str = "ref-a", **kw: object) -> AssetRow:
+    values: dict[str, object] = {
+        "asset_id": asset_id,
+        "subject_ref": ref,
+        "scope": "default",
+        "kind": "memory",
+        "storage_system": "parquet",
+        "storage_key": f"memories/subject={ref}",
+        "purpose": "default",
+        "category": "general",
+        "created_at": NOW,
+        "retain_until": NOW + timedelta(days=30),
+    }
+    values.update(kw)
+    return AssetRow(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def cat(catalog_url: str) -> Catalog:
+    c = Catalog(catalog_url)
+    yield c  # type: ignore[misc]
+    c.close()
+
+
+def test_assets_with_provenance_and_mentions(cat: Catalog) -> None:
+    cat.register([asset("m1"), asset("m2"), asset("x1", ref="ref-b")])
+    cat.register(
+        [asset("sum", ref="ref-b", kind="summary", sources=("m1", "x1"), mentions=("ref-c",))]
+    )
+    got = cat.asset("sum")
+    assert got is not None
+    assert got.sources == ("m1", "x1") and got.mentions == ("ref-c",)
+    assert got.created_at == NOW and got.retain_until == NOW + timedelta(days=30)
+    assert [a.asset_id for a in cat.derived_from(["m1"])] == ["sum"]
+    assert [a.asset_id for a in cat.mentioning("ref-c")] == ["sum"]
+    assert sorted(a.asset_id for a in cat.assets("ref-a")) == ["m1", "m2"]
+    assert cat.count("ref-b") == 2 and cat.count(kind="summary") == 1
+    # Replacing keeps one row and rewrites its provenance.
+    cat.register([asset("sum", ref="ref-b", kind="summary", sources=("m2",))])
+    assert cat.asset("sum").sources == ("m2",)  # type: ignore[union-attr]
+    assert cat.derived_from(["m1"]) == []
+    assert cat.delete(["sum", "m1"]) == 2
+    assert cat.asset("sum") is None and cat.mentioning("ref-c") == []
+
+
+def test_guard_refuses_after_suppression(cat: Catalog) -> None:
+    assert cat.guard("ref-a").status == ACTIVE and cat.check_guard("ref-a") == 0
+    cat.register([asset("m1")], expected_epoch=0)
+    epoch = cat.suppress("ref-a")
+    assert epoch == 1 and cat.guard("ref-a").status == SUPPRESSED
+    with pytest.raises(SubjectSuppressed):
+        cat.check_guard("ref-a")
+    with pytest.raises(SubjectSuppressed):
+        cat.register([asset("m2")])
+    assert cat.asset("m2") is None
+    # Re-admitted (a returning subject): the epoch stays, older jobs stay refused.
+    cat.set_guard("ref-a", ACTIVE)
+    with pytest.raises(StaleEpoch):
+        cat.register([asset("m3")], expected_epoch=0)
+    cat.register([asset("m3")], expected_epoch=1)
+    assert cat.asset("m3") is not None
+
+
+def test_a_batch_for_two_subjects_is_all_or_nothing(cat: Catalog) -> None:
+    cat.suppress("ref-b")
+    with pytest.raises(SubjectSuppressed):
+        cat.register([asset("a"), asset("b", ref="ref-b")])
+    assert cat.asset("a") is None
+
+
+def test_consent_history_and_windows(cat: Catalog) -> None:
+    first = cat.grant_consent(
+        "ref-a", "support", "health", start_at=NOW, end_at=NOW + timedelta(days=10)
+    )
+    assert cat.active_consent("ref-a", "support", "health", "store", NOW + timedelta(days=1))
+    assert (
+        cat.active_consent("ref-a", "support", "health", "store", NOW - timedelta(days=1)) is None
+    )
+    assert (
+        cat.active_consent("ref-a", "support", "health", "store", NOW + timedelta(days=11)) is None
+    )
+    assert cat.active_consent("ref-a", "support", "health", "train", NOW) is None
+    assert cat.revoke_consent("ref-a", "support", "health") == 1
+    assert (
+        cat.active_consent("ref-a", "support", "health", "store", NOW + timedelta(days=1)) is None
+    )
+    cat.grant_consent("ref-a", "support", "health", policy_version="2")
+    history = cat.consents("ref-a")
+    assert [c.status for c in history] == ["revoked", "active"]
+    assert history[0].consent_id == first.consent_id and history[0].revoked_at is not None
+    assert [c.policy_version for c in history] == ["1", "2"]
