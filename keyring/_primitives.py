@@ -66,7 +66,7 @@ def new_aead(key: bytes) -> AESGCM:
 
 
 def hmac_sha256(key: bytes, message: bytes) -> bytes:
-    return hmac.new(key, message, hashlib.sha256).digest()
+    return hmac.digest(key, message, hashlib.sha256)
 
 
 def constant_time_equal(a: bytes, b: bytes) -> bool:

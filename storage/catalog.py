@@ -42,6 +42,7 @@ __all__ = [
     "sqlite_url",
 ]
 
+_MISSING = object()
 ACTIVE = "active"
 SUPPRESSED = "suppressed"
 ERASED = "erased"
@@ -66,7 +67,6 @@ assets = sa.Table(
     sa.Column("producer", sa.String(128), nullable=True),
     sa.Column("producer_version", sa.String(64), nullable=True),
     sa.Index("ks_assets_subject", "subject_ref", "scope", "kind"),
-    sa.Index("ks_assets_lookup", "subject_ref", "lookup"),
     sa.Index("ks_assets_retain", "retain_until"),
 )
 
@@ -172,8 +172,8 @@ class AssetRow:
             "storage_key": self.storage_key,
             "purpose": self.purpose,
             "category": self.category,
-            "created_at": _utc(self.created_at),
-            "retain_until": _utc(self.retain_until),
+            "created_at": self.created_at,
+            "retain_until": self.retain_until,
             "status": self.status,
             "lookup": self.lookup,
             "producer": self.producer,
@@ -293,11 +293,13 @@ class Catalog:
         for name, stmt in statements.items():
             compiled = stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": False})
             text = str(compiled)
-            if self.dialect == "sqlite":
+            if self.dialect == "sqlite" and name != "insert_asset":
                 # sqlite3 takes :name parameters with a dict, like psycopg's %(name)s.
                 for key in compiled.positiontup or ():
                     text = text.replace("?", f":{key}", 1)
             out[name] = text
+        # The bulk insert binds positionally on SQLite (cheaper per row than a dict).
+        self._asset_columns = [c.name for c in assets.columns]
         # Constant binds (status = 'active') compile as parameters; give their values.
         self._constants = {
             k: v.value
@@ -472,9 +474,23 @@ class Catalog:
                 for name in ("delete_sources", "delete_mentions", "delete_asset"):
                     cur.executemany(sql[name], ids)
             values = [r.values() for r in rows]
+            to_db = _sqlite_time if self.dialect == "sqlite" else _utc
+            converted: dict[Any, Any] = {}  # a batch shares a handful of timestamps
+            for row in values:
+                for name in ("created_at", "retain_until"):
+                    t = row[name]
+                    db = converted.get(t, _MISSING)
+                    if db is _MISSING:
+                        db = converted[t] = to_db(t)
+                    row[name] = db
+            params: list[Any] = values
             if self.dialect == "sqlite":
-                values = [{k: _sqlite_time(v) for k, v in row.items()} for row in values]
-            cur.executemany(sql["insert_asset"], values)
+                names = self._asset_columns
+                params = [tuple(row[n] for n in names) for row in values]
+            if len(params) == 1:
+                cur.execute(sql["insert_asset"], params[0])
+            else:
+                cur.executemany(sql["insert_asset"], params)
             sources = [{"asset_id": r.asset_id, "source_id": s} for r in rows for s in r.sources]
             if sources:
                 cur.executemany(sql["insert_source"], sources)

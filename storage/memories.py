@@ -8,9 +8,10 @@ stored only encrypted, and found through a keyed hash under the subject's index 
 
 from __future__ import annotations
 
+import heapq
 import json
+import os
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,29 +30,57 @@ from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
 __all__ = ["Memory", "MemoryStore", "PutItem"]
 
 MEMORY_KIND = "memory"
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # one encoder, reused
 _MAX_NAMESPACE_DEPTH = 32
 _MAX_LABEL = 512
 
 
-@dataclass(frozen=True, slots=True)
 class Memory:
-    """A memory as returned to its caller. Its repr shows ids only."""
+    """A memory as returned to its caller; read-only. Its repr shows ids only.
 
-    memory_id: str
-    namespace: tuple[str, ...]
-    key: str
-    value: Any
-    scope: str
-    purpose: str
-    category: str
-    created_at: datetime
-    updated_at: datetime
-    retain_until: datetime
-    sources: tuple[str, ...]
-    mentions: tuple[str, ...]
+    ``value`` and the timestamps are decoded on first access: a batch write returns
+    its memories without paying for JSON parsing nobody asked for.
+    """
+
+    __slots__ = ("_row", "_value")
+
+    def __init__(self, row: MemoryRow) -> None:
+        self._row = row
+        self._value: Any = _UNSET
+
+    memory_id = property(lambda self: self._row.memory_id)
+    namespace = property(lambda self: self._row.namespace)
+    key = property(lambda self: self._row.key)
+    scope = property(lambda self: self._row.scope)
+    purpose = property(lambda self: self._row.purpose)
+    category = property(lambda self: self._row.category)
+    sources = property(lambda self: self._row.sources)
+    mentions = property(lambda self: self._row.mentions)
+
+    @property
+    def value(self) -> Any:
+        """The JSON value (a fresh copy per Memory object)."""
+        if self._value is _UNSET:
+            self._value = json.loads(self._row.value)
+        return self._value
+
+    @property
+    def created_at(self) -> datetime:
+        return from_us(self._row.created_us)
+
+    @property
+    def updated_at(self) -> datetime:
+        return from_us(self._row.updated_us)
+
+    @property
+    def retain_until(self) -> datetime:
+        return from_us(self._row.retain_us)
 
     def __repr__(self) -> str:
-        return f"Memory(memory_id={self.memory_id!r}, scope={self.scope!r})"
+        return f"Memory(memory_id={self._row.memory_id!r}, scope={self._row.scope!r})"
+
+
+_UNSET = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,21 +97,12 @@ class PutItem:
     mentions: Sequence[str] = ()
 
 
+def _newest_first(row: MemoryRow) -> tuple[int, str]:
+    return (row.updated_us, row.memory_id)
+
+
 def _memory(row: MemoryRow) -> Memory:
-    return Memory(
-        row.memory_id,
-        row.namespace,
-        row.key,
-        json.loads(row.value),
-        row.scope,
-        row.purpose,
-        row.category,
-        from_us(row.created_us),
-        from_us(row.updated_us),
-        from_us(row.retain_us),
-        row.sources,
-        row.mentions,
-    )
+    return Memory(row)
 
 
 def _namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
@@ -194,7 +214,7 @@ class MemoryStore:
 
     def _encode(self, value: Any) -> bytes:
         try:
-            raw = json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+            raw = _JSON.encode(value).encode("utf-8")
         except (TypeError, ValueError):
             raise InvalidInput(
                 "a memory value must be JSON (dict, list, str, number, bool, None)"
@@ -236,29 +256,23 @@ class MemoryStore:
         now = self._clock()
         now_us = to_us(now)
         prepared = []
-        consent_ends: dict[tuple[str, str], datetime | None] = {}
+        # (scope, purpose, category) -> (scope name, purpose, category, retain_until):
+        # a batch usually has one, so policy and consent are looked up once.
+        targets: dict[tuple[str, str | None, str | None], tuple[str, str, str, int]] = {}
         for item in items:
             ns, k = _namespace(item.namespace), _key(item.key)
             raw = self._encode(item.value)
-            rule, purpose, category = self._policy.resolve(item.scope, item.purpose, item.category)
-            if rule.needs_consent:
-                if (purpose, category) not in consent_ends:
-                    consent = self._catalog.active_consent(ref, purpose, category, "store", now)
-                    if consent is None:
-                        raise ConsentRequired(
-                            f"no active consent of subject_ref {ref} for purpose {purpose!r}, "
-                            f"category {category!r}"
-                        )
-                    consent_ends[(purpose, category)] = consent.end_at
-                consent_end = consent_ends[(purpose, category)]
-            else:
-                consent_end = None
-            mention_refs = tuple(sorted({self._ref(m) for m in item.mentions}))
+            target = targets.get((item.scope, item.purpose, item.category))
+            if target is None:
+                target = self._target(ref, item, now)
+                targets[(item.scope, item.purpose, item.category)] = target
+            mention_refs = (
+                tuple(sorted({self._ref(m) for m in item.mentions})) if item.mentions else ()
+            )
             for source in item.sources:
                 if not isinstance(source, str) or not source:
                     raise InvalidInput("sources are asset ids")
-            retain = to_us(self._policy.retain_until(rule, now, consent_end))
-            prepared.append((ns, k, raw, rule.name, purpose, category, retain, mention_refs, item))
+            prepared.append((ns, k, raw, *target, mention_refs, item))
         if not prepared:
             return []
 
@@ -272,7 +286,7 @@ class MemoryStore:
                 old = seen.get(lookup) or part.rows.get(lookup)
                 replaced = replaced or old is not None
                 row = MemoryRow(
-                    memory_id=old.memory_id if old else uuid.uuid4().hex,
+                    memory_id=old.memory_id if old else os.urandom(16).hex(),
                     namespace=ns,
                     key=k,
                     value=raw,
@@ -291,9 +305,10 @@ class MemoryStore:
             rows = list({r.lookup: r for r in rows}.values())  # last write of a key wins
             previous = {r.lookup: part.rows.get(r.lookup) for r in rows}
             part.append_puts(rows)
+            times: dict[int, datetime] = {}
             try:
                 self._catalog.register(
-                    [self._asset(ref, r) for r in rows],
+                    [self._asset(ref, r, times) for r in rows],
                     expected_epoch=current_epoch,
                     replace=replaced,
                 )
@@ -303,6 +318,21 @@ class MemoryStore:
             if part.log_records >= self._flush_records:
                 part.flush()
         return [_memory(r) for r in rows]
+
+    def _target(self, ref: str, item: PutItem, now: datetime) -> tuple[str, str, str, int]:
+        """Resolve scope, purpose and category, check consent, compute retention."""
+        rule, purpose, category = self._policy.resolve(item.scope, item.purpose, item.category)
+        consent_end = None
+        if rule.needs_consent:
+            consent = self._catalog.active_consent(ref, purpose, category, "store", now)
+            if consent is None:
+                raise ConsentRequired(
+                    f"no active consent of subject_ref {ref} for purpose {purpose!r}, "
+                    f"category {category!r}"
+                )
+            consent_end = consent.end_at
+        retain = to_us(self._policy.retain_until(rule, now, consent_end))
+        return rule.name, purpose, category, retain
 
     def _undo(
         self, part: Partition, rows: list[MemoryRow], previous: Mapping[str, MemoryRow | None]
@@ -319,7 +349,13 @@ class MemoryStore:
         except Exception:  # noqa: BLE001,S110 - the original error matters more
             pass
 
-    def _asset(self, ref: str, row: MemoryRow) -> AssetRow:
+    def _asset(self, ref: str, row: MemoryRow, times: dict[int, datetime]) -> AssetRow:
+        created = times.get(row.created_us)
+        if created is None:
+            created = times[row.created_us] = from_us(row.created_us)
+        retain = times.get(row.retain_us)
+        if retain is None:
+            retain = times[row.retain_us] = from_us(row.retain_us)
         return AssetRow(
             asset_id=row.memory_id,
             subject_ref=ref,
@@ -329,8 +365,8 @@ class MemoryStore:
             storage_key=f"memories/subject={ref}",
             purpose=row.purpose,
             category=row.category,
-            created_at=from_us(row.created_us),
-            retain_until=from_us(row.retain_us),
+            created_at=created,
+            retain_until=retain,
             lookup=row.lookup,
             sources=row.sources,
             mentions=row.mentions,
@@ -427,15 +463,18 @@ class MemoryStore:
             if category is not None and row.category != category:
                 continue
             hits.append(row)
-        hits.sort(key=lambda r: (r.updated_us, r.memory_id), reverse=True)
+        newest = _newest_first
         if filter:
+            hits.sort(key=newest, reverse=True)
             out = []
             for row in hits:
                 value = json.loads(row.value)
                 if _matches(value, filter):
                     out.append(_memory(row))
             return out[offset : offset + limit]
-        return [_memory(r) for r in hits[offset : offset + limit]]
+        # Only the first offset + limit are wanted: a bounded heap, not a full sort.
+        top = heapq.nlargest(offset + limit, hits, key=newest)
+        return [_memory(r) for r in top[offset:]]
 
     def count(self, subject: Any) -> int:
         ref = self._ref(subject)

@@ -94,44 +94,72 @@ class MemoryRow:
     def __repr__(self) -> str:
         return f"MemoryRow(memory_id={self.memory_id!r}, scope={self.scope!r})"
 
-    def to_record(self) -> bytes:
-        return json.dumps(
-            {
-                "op": "put",
-                "id": self.memory_id,
-                "ns": list(self.namespace),
-                "k": self.key,
-                "v": self.value.decode("utf-8"),
-                "sc": self.scope,
-                "pu": self.purpose,
-                "ca": self.category,
-                "c": self.created_us,
-                "u": self.updated_us,
-                "r": self.retain_us,
-                "l": self.lookup,
-                "s": list(self.sources),
-                "m": list(self.mentions),
-            },
-            separators=(",", ":"),
-        ).encode("utf-8")
 
-    @staticmethod
-    def from_record(doc: dict[str, Any]) -> MemoryRow:
-        return MemoryRow(
-            memory_id=doc["id"],
-            namespace=tuple(doc["ns"]),
-            key=doc["k"],
-            value=doc["v"].encode("utf-8"),
-            scope=doc["sc"],
-            purpose=doc["pu"],
-            category=doc["ca"],
-            created_us=int(doc["c"]),
-            updated_us=int(doc["u"]),
-            retain_us=int(doc["r"]),
-            lookup=doc["l"],
-            sources=tuple(doc["s"]),
-            mentions=tuple(doc["m"]),
+def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
+    """One log payload for a batch of puts of one scope: a JSON header line with
+    every row's fields and its value's length, then the values back to back (they
+    are JSON already; re-escaping them inside the header would cost a second pass).
+    """
+    header = [
+        [
+            r.memory_id,
+            list(r.namespace),
+            r.key,
+            r.scope,
+            r.purpose,
+            r.category,
+            r.created_us,
+            r.updated_us,
+            r.retain_us,
+            r.lookup,
+            list(r.sources),
+            list(r.mentions),
+            len(r.value),
+        ]
+        for r in rows
+    ]
+    head = json.dumps({"op": "put", "rows": header}, separators=(",", ":")).encode("utf-8")
+    return b"".join([head, b"\n", *(r.value for r in rows)])
+
+
+def encode_delete(row: MemoryRow) -> bytes:
+    return json.dumps({"op": "del", "l": row.lookup}).encode("utf-8") + b"\n"
+
+
+def decode_record(payload: bytes) -> tuple[str, list[Any]]:
+    """``("put", rows)`` or ``("del", [lookup])``; ValueError/KeyError if malformed."""
+    head, _, body = payload.partition(b"\n")
+    doc = json.loads(head)
+    if doc["op"] == "del":
+        return "del", [str(doc["l"])]
+    if doc["op"] != "put":
+        raise ValueError("unknown log operation")
+    rows, pos = [], 0
+    for mid, ns, key, scope, pur, cat, c, u, r, lookup, src, men, vlen in doc["rows"]:
+        value = body[pos : pos + vlen]
+        if len(value) != vlen:
+            raise ValueError("truncated value")
+        pos += vlen
+        rows.append(
+            MemoryRow(
+                str(mid),
+                tuple(ns),
+                str(key),
+                value,
+                str(scope),
+                str(pur),
+                str(cat),
+                int(c),
+                int(u),
+                int(r),
+                str(lookup),
+                tuple(src),
+                tuple(men),
+            )
         )
+    if pos != len(body):
+        raise ValueError("trailing bytes")
+    return "put", rows
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -185,6 +213,8 @@ class Partition:
         self._lookup_key: bytes | None = None
         self._manifest_stat: tuple[int, int] | None = None
         self._lock_fd: int | None = None
+        self._pending = 0
+        self._ns_cache: dict[tuple[str, ...], bytes] = {}
         self.loaded = False
 
     # -- files and locks -----------------------------------------------------------
@@ -240,7 +270,16 @@ class Partition:
                 self._lookup_key = index.derive(b"memory-lookup")
             else:
                 self._lookup_key = b"\x00" * 32
-        return prim.hmac_sha256(self._lookup_key, _encode_lookup(namespace, key)).hex()[:32]
+        namespace = tuple(namespace)
+        ns = self._ns_cache.get(namespace)
+        if ns is None:
+            ns = _encode_lookup(namespace, "")[:-4]  # the namespace part, then the key
+            if len(self._ns_cache) > 4096:
+                self._ns_cache.clear()
+            self._ns_cache[namespace] = ns
+        raw = key.encode("utf-8")
+        message = ns + len(raw).to_bytes(4, "big") + raw
+        return prim.hmac_sha256(self._lookup_key, message).hex()[:32]
 
     # -- loading -------------------------------------------------------------------
 
@@ -271,6 +310,7 @@ class Partition:
 
     def _read_files(self) -> None:
         self.rows = {}
+        self._pending = 0
         self._dirty = set()
         if self._log is not None:
             self._log.close()
@@ -396,16 +436,15 @@ class Partition:
     def _apply_log(self, log: AppendLog, start: int, seq: int) -> None:
         for scope, payload in log.read(start, seq):
             try:
-                doc = json.loads(payload)
-                if doc["op"] == "put":
-                    row = MemoryRow.from_record(doc)
-                    if row.scope != scope:
-                        raise ValueError
-                    self.rows[row.lookup] = row
-                elif doc["op"] == "del":
-                    self.rows.pop(doc["l"], None)
+                op, items = decode_record(payload)
+                if op == "put":
+                    for row in items:
+                        if row.scope != scope:
+                            raise ValueError("row of another scope")
+                        self.rows[row.lookup] = row
+                    self._pending += len(items)
                 else:
-                    raise ValueError
+                    self.rows.pop(items[0], None)
             except (ValueError, KeyError, TypeError):
                 raise IntegrityError(f"log {log.path.name} holds a malformed record") from None
             self._dirty.add(scope)
@@ -422,7 +461,11 @@ class Partition:
 
     def append_puts(self, rows: Sequence[MemoryRow]) -> None:
         assert self._log is not None  # noqa: S101 - loaded under flocked()
-        self._log.append([(r.scope, r.to_record()) for r in rows])
+        by_scope: dict[str, list[MemoryRow]] = {}
+        for r in rows:
+            by_scope.setdefault(r.scope, []).append(r)
+        self._log.append([(scope, encode_puts(part)) for scope, part in by_scope.items()])
+        self._pending += len(rows)
         for r in rows:
             old = self.rows.get(r.lookup)
             if old is not None and old.scope != r.scope:
@@ -432,14 +475,14 @@ class Partition:
 
     def append_delete(self, row: MemoryRow) -> None:
         assert self._log is not None  # noqa: S101
-        record = json.dumps({"op": "del", "l": row.lookup, "id": row.memory_id}).encode()
-        self._log.append([(row.scope, record)])
+        self._log.append([(row.scope, encode_delete(row))])
         self.rows.pop(row.lookup, None)
         self._dirty.add(row.scope)
 
     @property
     def log_records(self) -> int:
-        return 0 if self._log is None else self._log.next_seq
+        """Rows written to the log since the last flush."""
+        return self._pending
 
     def flush(self) -> None:
         """Rewrite the changed scopes' segments, commit a new manifest, drop the log."""
@@ -471,6 +514,7 @@ class Partition:
         assert self._log is not None  # noqa: S101
         self._log.close()
         self._gen, self._segments, self._dirty = gen, segments, set()
+        self._pending = 0
         self._cleanup()
         self._log = AppendLog(
             self.root / f"log-{gen + 1:08d}.ksl",
