@@ -21,7 +21,10 @@ $(VENV)/.installed-core: $(VENV)/.created pyproject.toml
 	$(PIP) install -e .
 	touch $@
 
+# The embedding model needs PyTorch; the CPU build is pinned first so that pip does not
+# pick a multi-GB CUDA build (on this machine kind the 2.13.0 CPU wheel is on local disk).
 $(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
+	$(PIP) install 'torch==2.13.0'
 	$(PIP) install -e '.[dev]'
 	touch $@ $(VENV)/.installed-core
 
@@ -49,7 +52,7 @@ pytest: $(VENV)/.installed-dev
 test: lint typecheck pytest
 
 bench: $(VENV)/.installed-dev
-	$(PY) benchmarks/bench_envelope.py
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache build *.egg-info

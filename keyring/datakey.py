@@ -7,14 +7,17 @@ log line, a task queue or a core dump of a serialized object by accident.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NoReturn
 
 from keyshred.errors import InvalidInput
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.envelope import (
     Place,
+    PlaceTemplate,
     aad_prefix_for,
     header_for,
+    open_rows_into,
     open_with,
     seal_into_buffer,
     seal_with,
@@ -56,6 +59,36 @@ class DataKey:
     def open(self, ciphertext: bytes | bytearray | memoryview, place: Place) -> bytes:
         """Decrypt; ``IntegrityError`` unless sealed by this key for exactly ``place``."""
         return open_with(self._aead, self.header, self._aad, ciphertext, place)
+
+    def open_encoded(self, ciphertext: bytes, place_encoded: bytes) -> bytes:
+        """``open`` with a pre-encoded place (``PlaceTemplate.encoded``), for bulk reads."""
+        return open_with(self._aead, self.header, self._aad, ciphertext, place_encoded)
+
+    def open_rows_into(
+        self,
+        data: bytes,
+        *,
+        starts: Sequence[int],
+        template: PlaceTemplate,
+        record_ids: Sequence[str],
+        out: memoryview,
+        out_rows: Sequence[int],
+        width: int,
+    ) -> None:
+        """Bulk ``open`` of equally sized ciphertexts into rows of ``out``
+        (see ``envelope.open_rows_into``)."""
+        open_rows_into(
+            self._aead,
+            self.header,
+            self._aad,
+            data,
+            starts=starts,
+            template=template,
+            record_ids=record_ids,
+            out=out,
+            out_rows=out_rows,
+            width=width,
+        )
 
     def derive(self, label: bytes) -> bytes:
         """A 32-byte sub-key for ``label``; destroyed with the DEK."""

@@ -30,6 +30,7 @@ __all__ = [
     "ScopeSettings",
     "StorageSettings",
     "VaultSettings",
+    "VectorSettings",
     "load_config",
     "save_config",
 ]
@@ -105,6 +106,13 @@ class StorageSettings(_Model):
     default_max_retention_days: int = Field(3650, ge=1)
 
 
+class VectorSettings(_Model):
+    uri: str | None = None
+    cache_max_vectors: int = Field(500_000, ge=0)
+    compact_every: int = Field(32, ge=1)
+    model: Literal["all-MiniLM-L6-v2"] = "all-MiniLM-L6-v2"
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -113,6 +121,7 @@ class Config(_Model):
     kek: KekSettings = KekSettings()
     keyring: KeyringSettings = KeyringSettings()
     storage: StorageSettings = StorageSettings()
+    vectors: VectorSettings = VectorSettings()
     scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
 
     @field_validator("scopes")

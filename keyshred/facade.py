@@ -8,8 +8,10 @@ the vault and backups attach here as they are built.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from keyshred._backends import KEYS_DIR, make_kek, make_keystore
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
@@ -18,12 +20,15 @@ from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.consent import ConsentApi
+from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
 from keyshred.storage.memories import MemoryStore
 from keyshred.storage.policy import Policy
+from keyshred.storage.vectors import VectorIndex
 
 __all__ = ["Keyshred"]
 
 CATALOG_DIR = "catalog"
+VECTORS_DIR = "vectors"
 CATALOG_FILE = "catalog.db"
 
 
@@ -37,7 +42,7 @@ class Keyshred:
         keyring: Keyring,
         catalog: Catalog,
         *,
-        encrypt: bool = True,
+        embeddings: Any = None,
     ) -> None:
         self.path = path
         self.config = config
@@ -45,6 +50,16 @@ class Keyshred:
         self.catalog = catalog
         self.policy = Policy(config.scopes, config.storage.default_max_retention_days)
         settings = config.storage
+        vec = config.vectors
+        self.vectors = VectorIndex(
+            vec.uri or str(path / VECTORS_DIR),
+            keyring,
+            cache_max_vectors=vec.cache_max_vectors,
+            compact_every=vec.compact_every,
+        )
+        embedder: Callable[[], Embedder] = (
+            MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
+        )
         self.memories = MemoryStore(
             path,
             catalog,
@@ -55,7 +70,8 @@ class Keyshred:
             flush_records=settings.flush_records,
             fsync=settings.durability == "fsync",
             max_open_partitions=settings.max_open_partitions,
-            encrypt=encrypt,
+            vectors=self.vectors,
+            embedder=embedder,
         )
         self.consent = ConsentApi(catalog, self.policy, self.subject_ref)
 
@@ -66,30 +82,43 @@ class Keyshred:
         config: Config | None = None,
         *,
         exist_ok: bool = False,
+        embeddings: Any = None,
     ) -> Keyshred:
-        """Create a data folder: configuration, key folder (0700), KEK, key store."""
+        """Create a data folder: configuration, key folder (0700), KEK, key store.
+
+        ``embeddings`` is the embedding function for indexed memories: a callable on
+        a list of texts, a LangChain ``Embeddings``, or ``None`` for the bundled
+        all-MiniLM-L6-v2 (``keyshred[embeddings]``), loaded on first use."""
         root = Path(path)
         if (root / CONFIG_FILE).exists():
             if not exist_ok:
                 raise ConfigError(f"{root} is already a keyshred folder")
-            return cls.open(root, config)
+            return cls.open(root, config, embeddings=embeddings)
         config = config or Config()
         root.mkdir(parents=True, exist_ok=True)
         (root / KEYS_DIR).mkdir(mode=0o700, exist_ok=True)
-        ks = cls._assemble(root, config, create=True)
+        ks = cls._assemble(root, config, create=True, embeddings=embeddings)
         save_config(root, config)
         return ks
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], config: Config | None = None) -> Keyshred:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: Config | None = None,
+        *,
+        embeddings: Any = None,
+    ) -> Keyshred:
         """Open an existing data folder (``ConfigError`` if it is not one)."""
         root = Path(path)
         if not (root / CONFIG_FILE).exists():
             raise ConfigError(f"{root} is not a keyshred folder; run 'keyshred init {root}'")
-        return cls._assemble(root, config or load_config(root), create=False)
+        return cls._assemble(root, config or load_config(root), create=False, embeddings=embeddings)
 
     @classmethod
-    def _assemble(cls, root: Path, config: Config, *, create: bool) -> Keyshred:
+    def _assemble(
+        cls, root: Path, config: Config, *, create: bool, embeddings: Any = None
+    ) -> Keyshred:
         kek = make_kek(config, root, create=create)
         keyring = Keyring(
             make_keystore(config, root),
@@ -104,7 +133,7 @@ class Keyshred:
         except BaseException:
             keyring.close()
             raise
-        return cls(root, config, keyring, catalog)
+        return cls(root, config, keyring, catalog, embeddings=embeddings)
 
     def subject_ref(self, subject: SubjectLike) -> str:
         """The pseudonymous reference that stands for ``subject`` everywhere."""

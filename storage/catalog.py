@@ -459,20 +459,25 @@ class Catalog:
         *,
         expected_epoch: int | None = None,
         replace: bool = True,
+        remove: Sequence[str] = (),
     ) -> None:
-        """Insert (or, with ``replace``, replace) assets, re-checking every subject's
-        guard in the same write transaction: nothing is written if any subject is
-        suppressed or the epoch is stale."""
-        if not rows:
+        """Insert (or, with ``replace``, replace) assets and delete ``remove``,
+        re-checking every subject's guard in the same write transaction: nothing is
+        written if any subject is suppressed or the epoch is stale."""
+        if not rows and not remove:
             return
         sql = self._sql
         with self._hot(write=True) as cur:
             for subject_ref in {r.subject_ref for r in rows}:
                 self._enforce(subject_ref, self._guard_row(cur, subject_ref, True), expected_epoch)
-            if replace:
-                ids = [{"asset_id": r.asset_id} for r in rows]
+            if replace or remove:
+                ids = [
+                    {"asset_id": a} for a in dict.fromkeys([*remove, *(r.asset_id for r in rows)])
+                ]
                 for name in ("delete_sources", "delete_mentions", "delete_asset"):
                     cur.executemany(sql[name], ids)
+            if not rows:
+                return
             values = [r.values() for r in rows]
             to_db = _sqlite_time if self.dialect == "sqlite" else _utc
             converted: dict[Any, Any] = {}  # a batch shares a handful of timestamps

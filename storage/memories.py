@@ -8,6 +8,7 @@ stored only encrypted, and found through a keyed hash under the subject's index 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -19,17 +20,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from keyshred.errors import ConsentRequired, InvalidInput, NotFound, ValueTooLarge
+from keyshred.errors import (
+    ConsentRequired,
+    InvalidInput,
+    KeyshredError,
+    NotFound,
+    ValueTooLarge,
+)
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import AssetRow, Catalog
+from keyshred.storage.embeddings import Embedder
 from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
 from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
+from keyshred.storage.vectors import VectorIndex, VectorItem
 
-__all__ = ["Memory", "MemoryStore", "PutItem"]
+__all__ = ["Memory", "MemoryStore", "PutItem", "text_at"]
 
 MEMORY_KIND = "memory"
+VECTOR_KIND = "vector"
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # one encoder, reused
 _MAX_NAMESPACE_DEPTH = 32
 _MAX_LABEL = 512
@@ -42,11 +52,12 @@ class Memory:
     its memories without paying for JSON parsing nobody asked for.
     """
 
-    __slots__ = ("_row", "_value")
+    __slots__ = ("_row", "_value", "score")
 
-    def __init__(self, row: MemoryRow) -> None:
+    def __init__(self, row: MemoryRow, score: float | None = None) -> None:
         self._row = row
         self._value: Any = _UNSET
+        self.score = score  # cosine similarity, for semantic search results
 
     memory_id = property(lambda self: self._row.memory_id)
     namespace = property(lambda self: self._row.namespace)
@@ -56,6 +67,7 @@ class Memory:
     category = property(lambda self: self._row.category)
     sources = property(lambda self: self._row.sources)
     mentions = property(lambda self: self._row.mentions)
+    index = property(lambda self: self._row.index)
 
     @property
     def value(self) -> Any:
@@ -95,6 +107,7 @@ class PutItem:
     category: str | None = None
     sources: Sequence[str] = ()
     mentions: Sequence[str] = ()
+    index: bool | Sequence[str] | None = None
 
 
 def _newest_first(row: MemoryRow) -> tuple[int, str]:
@@ -155,9 +168,14 @@ class MemoryStore:
         fsync: bool = True,
         max_open_partitions: int = 256,
         encrypt: bool = True,
+        vectors: VectorIndex | None = None,
+        embedder: Callable[[], Embedder] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._root = root / "memories"
+        self.vectors = vectors
+        self._embedder_factory = embedder
+        self._embedder: Embedder | None = None
         self._catalog = catalog
         self._keyring = keyring
         self._policy = policy
@@ -202,13 +220,31 @@ class MemoryStore:
         return self._catalog.asset_ids(subject_ref, MEMORY_KIND)
 
     def evict(self, subject_ref: str) -> None:
-        """Forget a subject's decrypted rows and cached keys in this process."""
+        """Forget a subject's decrypted rows, vectors and cached keys in this process."""
         with self._lock:
             part = self._partitions.pop(subject_ref, None)
         if part is not None:
             part.close()
+        if self.vectors is not None:
+            self.vectors.evict(subject_ref)
         if self.pme is not None:
             self.pme.forget()
+
+    # -- embeddings ----------------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedding function (the default model is loaded on first use)."""
+        if self._embedder is None:
+            if self._embedder_factory is None:
+                raise KeyshredError("this store has no embedding function")
+            self._embedder = self._embedder_factory()
+        return self._embedder
+
+    def _vector_store(self) -> VectorIndex:
+        if self.vectors is None:
+            raise KeyshredError("this store has no vector index")
+        return self.vectors
 
     # -- validation ----------------------------------------------------------------
 
@@ -239,10 +275,18 @@ class MemoryStore:
         category: str | None = None,
         sources: Sequence[str] = (),
         mentions: Iterable[Any] = (),
+        index: bool | Sequence[str] | None = None,
         epoch: int | None = None,
     ) -> Memory:
-        """Create or replace the memory at (namespace, key) of ``subject``."""
-        item = PutItem(namespace, key, value, scope, purpose, category, sources, tuple(mentions))
+        """Create or replace the memory at (namespace, key) of ``subject``.
+
+        ``index`` embeds the value for semantic search: ``True`` the whole value,
+        a list of JSON paths (``"text"``, ``"a.b"``, ``"$"``) those fields, ``False``
+        nothing (removing earlier vectors); ``None`` keeps what an existing memory had.
+        """
+        item = PutItem(
+            namespace, key, value, scope, purpose, category, sources, tuple(mentions), index
+        )
         return self.put_many(subject, [item], epoch=epoch)[0]
 
     def put_many(
@@ -277,14 +321,25 @@ class MemoryStore:
             return []
 
         part = self._partition(ref)
+        # Embedding is slow: do it before taking the partition lock. The fields of an
+        # existing memory (index=None) are read now; a concurrent change of them is
+        # caught under the lock below and embedded there.
+        part.ensure_loaded()
+        fields = [self._fields(part, ns, k, item) for ns, k, _, *_, item in prepared]
+        vectors = self._embed_rows(prepared, fields)
         with part.flocked():
             rows: list[MemoryRow] = []
             replaced = False
             seen: dict[str, MemoryRow] = {}
-            for ns, k, raw, scope, purpose, category, retain, mention_refs, item in prepared:
+            for n, (ns, k, raw, scope, purpose, category, retain, mention_refs, item) in enumerate(
+                prepared
+            ):
                 lookup = part.lookup(ns, k)
                 old = seen.get(lookup) or part.rows.get(lookup)
                 replaced = replaced or old is not None
+                if item.index is None and old is not None and old.index != fields[n]:
+                    fields[n] = old.index
+                    vectors[n] = self._embed_one(raw, old.index)
                 row = MemoryRow(
                     memory_id=old.memory_id if old else os.urandom(16).hex(),
                     namespace=ns,
@@ -299,25 +354,112 @@ class MemoryStore:
                     lookup=lookup,
                     sources=tuple(item.sources),
                     mentions=mention_refs,
+                    index=fields[n],
                 )
                 seen[lookup] = row
                 rows.append(row)
-            rows = list({r.lookup: r for r in rows}.values())  # last write of a key wins
+            last = {r.lookup: i for i, r in enumerate(rows)}  # last write of a key wins
+            vectors = [vectors[i] for i in last.values()]
+            rows = [rows[i] for i in last.values()]
             previous = {r.lookup: part.rows.get(r.lookup) for r in rows}
+            stale = [
+                f"{p.memory_id}/{i}"
+                for p in previous.values()
+                if p is not None
+                for i in range(len(p.index))
+            ]
+            vec_items = [
+                VectorItem(r.memory_id, i, f, r.scope, now_us, vecs[i])
+                for r, vecs in zip(rows, vectors, strict=True)
+                for i, f in enumerate(r.index)
+            ]
             part.append_puts(rows)
             times: dict[int, datetime] = {}
             try:
+                if vec_items or stale:
+                    self._vector_store().upsert(
+                        ref, vec_items, replace=[p.memory_id for p in previous.values() if p]
+                    )
+                assets = [self._asset(ref, r, times) for r in rows]
+                assets += [
+                    self._vector_asset(ref, r, i, times) for r in rows for i in range(len(r.index))
+                ]
                 self._catalog.register(
-                    [self._asset(ref, r, times) for r in rows],
+                    assets,
                     expected_epoch=current_epoch,
-                    replace=replaced,
+                    replace=replaced or bool(vec_items),
+                    remove=stale,
                 )
             except BaseException:
                 self._undo(part, rows, previous)
+                fresh = {r.memory_id for r in rows if previous.get(r.lookup) is None}
+                if vec_items and self.vectors is not None:
+                    with contextlib.suppress(Exception):  # the original error matters
+                        self.vectors.delete(ref, fresh)
                 raise
             if part.log_records >= self._flush_records:
                 part.flush()
         return [_memory(r) for r in rows]
+
+    # -- indexing ------------------------------------------------------------------
+
+    def _fields(
+        self, part: Partition, ns: tuple[str, ...], key: str, item: PutItem
+    ) -> tuple[str, ...]:
+        if item.index is None:
+            old = part.rows.get(part.lookup(ns, key))
+            return old.index if old is not None else ()
+        if item.index is False:
+            return ()
+        if item.index is True:
+            return ("$",)
+        if isinstance(item.index, str):
+            return (item.index,)
+        paths = tuple(dict.fromkeys(item.index))
+        if not all(isinstance(p, str) and p for p in paths):
+            raise InvalidInput("index paths are non-empty strings")
+        return paths
+
+    def _embed_rows(
+        self, prepared: Sequence[tuple[Any, ...]], fields: Sequence[tuple[str, ...]]
+    ) -> list[list[Any]]:
+        """One embedding call for every field of every item of the batch."""
+        texts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        for (_, _, raw, *_), paths in zip(prepared, fields, strict=True):
+            start = len(texts)
+            value = json.loads(raw) if paths else None
+            texts += [text_at(value, p) for p in paths]
+            spans.append((start, len(texts)))
+        if not texts:
+            return [[] for _ in prepared]
+        matrix = self.embedder.embed(texts)
+        return [[matrix[i] for i in range(a, b)] for a, b in spans]
+
+    def _embed_one(self, raw: bytes, paths: tuple[str, ...]) -> list[Any]:
+        if not paths:
+            return []
+        value = json.loads(raw)
+        matrix = self.embedder.embed([text_at(value, p) for p in paths])
+        return [matrix[i] for i in range(len(paths))]
+
+    def _vector_asset(
+        self, ref: str, row: MemoryRow, n: int, times: dict[int, datetime]
+    ) -> AssetRow:
+        base = self._asset(ref, row, times)
+        return AssetRow(
+            asset_id=f"{row.memory_id}/{n}",
+            subject_ref=ref,
+            scope=row.scope,
+            kind=VECTOR_KIND,
+            storage_system="lancedb",
+            storage_key=f"vectors/{ref}.lance",
+            purpose=row.purpose,
+            category=row.category,
+            created_at=base.created_at,
+            retain_until=base.retain_until,
+            sources=(row.memory_id,),
+        )
 
     def _target(self, ref: str, item: PutItem, now: datetime) -> tuple[str, str, str, int]:
         """Resolve scope, purpose and category, check consent, compute retention."""
@@ -412,7 +554,10 @@ class MemoryStore:
                 return False
             part.append_delete(row)
             part.flush()
-            self._catalog.delete([row.memory_id])
+            if row.index and self.vectors is not None:
+                self.vectors.delete(ref, [row.memory_id])
+            vec_ids = [f"{row.memory_id}/{i}" for i in range(len(row.index))]
+            self._catalog.delete([row.memory_id, *vec_ids])
         return True
 
     # -- reads ---------------------------------------------------------------------
@@ -434,6 +579,7 @@ class MemoryStore:
         subject: Any,
         namespace_prefix: Sequence[str] | str = (),
         *,
+        query: str | None = None,
         filter: Mapping[str, Any] | None = None,
         scope: str | None = None,
         purpose: str | None = None,
@@ -441,9 +587,11 @@ class MemoryStore:
         limit: int = 10,
         offset: int = 0,
     ) -> list[Memory]:
-        """Memories under a namespace prefix, newest first, with metadata filters
-        (scope, purpose, category) and value filters (``{"field": value}`` or
-        ``{"field": {"$gt": 3}}``), applied before limit/offset."""
+        """Memories under a namespace prefix, with metadata filters (scope, purpose,
+        category) and value filters (``{"field": value}`` or ``{"field": {"$gt": 3}}``)
+        applied first. Without ``query``: newest first. With ``query``: ranked by
+        cosine similarity inside this subject's own vectors (only indexed memories
+        match), each result carrying its ``score``."""
         if limit < 0 or offset < 0:
             raise InvalidInput("limit and offset are non-negative")
         ref = self._ref(subject)
@@ -462,19 +610,58 @@ class MemoryStore:
                 continue
             if category is not None and row.category != category:
                 continue
+            if filter and not _matches(json.loads(row.value), filter):
+                continue
             hits.append(row)
-        newest = _newest_first
-        if filter:
-            hits.sort(key=newest, reverse=True)
-            out = []
-            for row in hits:
-                value = json.loads(row.value)
-                if _matches(value, filter):
-                    out.append(_memory(row))
-            return out[offset : offset + limit]
+        if query is not None:
+            return self._semantic(ref, part, hits, query, limit=limit, offset=offset)
         # Only the first offset + limit are wanted: a bounded heap, not a full sort.
-        top = heapq.nlargest(offset + limit, hits, key=newest)
+        top = heapq.nlargest(offset + limit, hits, key=_newest_first)
         return [_memory(r) for r in top[offset:]]
+
+    def _semantic(
+        self,
+        ref: str,
+        part: Partition,
+        candidates: list[MemoryRow],
+        query: str,
+        *,
+        limit: int,
+        offset: int,
+    ) -> list[Memory]:
+        if not isinstance(query, str):
+            raise InvalidInput("a query is a string")
+        vectors = self._vector_store()
+        indexed = {r.memory_id: r for r in candidates if r.index}
+        if not indexed or limit == 0:
+            return []
+        self._repair(ref, part, indexed, vectors)
+        q = self.embedder.embed_query(query)
+        ranked = vectors.search(ref, q, offset + limit, allowed=set(indexed))
+        return [Memory(indexed[mid], score) for mid, score in ranked[offset:]]
+
+    def _repair(
+        self, ref: str, part: Partition, indexed: dict[str, MemoryRow], vectors: VectorIndex
+    ) -> None:
+        """Embed indexed memories whose vectors are missing (a crash between the log
+        append and the vector write, or a failed write that was rolled back)."""
+        missing = [r for mid, r in indexed.items() if mid not in vectors.memory_ids(ref)]
+        if not missing:
+            return
+        with part.flocked():
+            now_us = to_us(self._clock())
+            items = [
+                VectorItem(r.memory_id, i, f, r.scope, now_us, vec)
+                for r in missing
+                for i, (f, vec) in enumerate(
+                    zip(r.index, self._embed_one(r.value, r.index), strict=True)
+                )
+            ]
+            vectors.upsert(ref, items, replace=[r.memory_id for r in missing])
+            times: dict[int, datetime] = {}
+            self._catalog.register(
+                [self._vector_asset(ref, r, i, times) for r in missing for i in range(len(r.index))]
+            )
 
     def count(self, subject: Any) -> int:
         ref = self._ref(subject)
@@ -507,6 +694,24 @@ class MemoryStore:
                 with part.flocked():
                     part.flush()
             part.close()
+
+
+def text_at(value: Any, path: str) -> str:
+    """The text embedded for ``path`` of a JSON value: ``$`` is the whole value, a
+    dotted path walks objects (``a.b``) and list indexes (``a.0``). Strings are
+    embedded as they are, anything else as canonical JSON; a missing path gives ""."""
+    node = value
+    if path not in ("$", ""):
+        for part in path.removeprefix("$.").split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return ""
+    if isinstance(node, str):
+        return node
+    return json.dumps(node, sort_keys=True, ensure_ascii=False)
 
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {

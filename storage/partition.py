@@ -64,6 +64,7 @@ SCHEMA = pa.schema(
         ("lookup", pa.string()),
         ("sources", pa.list_(pa.string())),
         ("mentions", pa.list_(pa.string())),
+        ("index_fields", pa.list_(pa.string())),
         ("namespace", pa.string()),
         ("key", pa.string()),
         ("value", pa.binary()),
@@ -90,6 +91,7 @@ class MemoryRow:
     lookup: str
     sources: tuple[str, ...] = ()
     mentions: tuple[str, ...] = ()
+    index: tuple[str, ...] = ()  # the JSON paths embedded into vectors
 
     def __repr__(self) -> str:
         return f"MemoryRow(memory_id={self.memory_id!r}, scope={self.scope!r})"
@@ -114,6 +116,7 @@ def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
             r.lookup,
             list(r.sources),
             list(r.mentions),
+            list(r.index),
             len(r.value),
         ]
         for r in rows
@@ -135,7 +138,7 @@ def decode_record(payload: bytes) -> tuple[str, list[Any]]:
     if doc["op"] != "put":
         raise ValueError("unknown log operation")
     rows, pos = [], 0
-    for mid, ns, key, scope, pur, cat, c, u, r, lookup, src, men, vlen in doc["rows"]:
+    for mid, ns, key, scope, pur, cat, c, u, r, lookup, src, men, idx, vlen in doc["rows"]:
         value = body[pos : pos + vlen]
         if len(value) != vlen:
             raise ValueError("truncated value")
@@ -155,6 +158,7 @@ def decode_record(payload: bytes) -> tuple[str, list[Any]]:
                 str(lookup),
                 tuple(src),
                 tuple(men),
+                tuple(idx),
             )
         )
     if pos != len(body):
@@ -412,8 +416,9 @@ class Partition:
                     lk,
                     tuple(src or ()),
                     tuple(men or ()),
+                    tuple(idx or ()),
                 )
-                for mid, ns, key, value, pur, cat, c, u, r, lk, src, men in zip(
+                for mid, ns, key, value, pur, cat, c, u, r, lk, src, men, idx in zip(
                     cols["memory_id"],
                     cols["namespace"],
                     cols["key"],
@@ -426,6 +431,7 @@ class Partition:
                     cols["lookup"],
                     cols["sources"],
                     cols["mentions"],
+                    cols["index_fields"],
                     strict=True,
                 )
             ]
@@ -549,6 +555,7 @@ class Partition:
             "lookup": [r.lookup for r in rows],
             "sources": [list(r.sources) for r in rows],
             "mentions": [list(r.mentions) for r in rows],
+            "index_fields": [list(r.index) for r in rows],
             "namespace": [json.dumps(list(r.namespace)) for r in rows],
             "key": [r.key for r in rows],
             "value": [r.value for r in rows],

@@ -1,0 +1,433 @@
+"""Per-subject vector partitions in LanceDB, every vector sealed with its scope DEK.
+
+One LanceDB dataset per subject: ``vectors/<subject_ref>.lance`` under the data
+folder (``uri`` may be an ``s3://`` prefix; LanceDB takes ``storage_options``).
+Columns: ``vec_id`` (memory id + field number), ``memory_id``, ``scope``, ``field``
+(the JSON path that was embedded), ``updated_us`` in plaintext; ``vec`` is the
+envelope ciphertext of the float32 vector, bound to (subject_ref, scope, "vectors",
+vec_id, "embedding"), so a vector moved to another row or subject fails to decrypt.
+
+Search decrypts one subject's partition into a bounded in-memory cache (an erasure
+target: ``evict`` drops it) and ranks by cosine similarity with NumPy, restricted to
+the memory ids the caller allows (filters first, then ranking). No other subject's
+vectors are ever loaded for a search: isolation is the layout, not a filter.
+
+Every write is one LanceDB version; versions are compacted every ``compact_every``
+writes, and a delete compacts at once and removes the old versions, so a deleted
+vector's ciphertext is in no file afterwards.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from keyshred.errors import IntegrityError, KeyshredError
+from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
+from keyshred.keyring.keyring import Keyring
+
+__all__ = ["VEC_SCHEMA", "VectorIndex", "VectorItem"]
+
+VEC_SCHEMA = pa.schema(
+    [
+        ("vec_id", pa.string()),
+        ("memory_id", pa.string()),
+        ("scope", pa.string()),
+        ("field", pa.string()),
+        ("updated_us", pa.int64()),
+        ("vec", pa.binary()),
+    ]
+)
+_TABLE = "vectors"
+_COLUMN = "embedding"
+
+
+@dataclass(frozen=True, slots=True)
+class VectorItem:
+    memory_id: str
+    field_no: int
+    field: str
+    scope: str
+    updated_us: int
+    vector: np.ndarray[Any, Any]
+
+    @property
+    def vec_id(self) -> str:
+        return f"{self.memory_id}/{self.field_no}"
+
+    def __repr__(self) -> str:
+        return f"VectorItem(vec_id={self.vec_id!r}, scope={self.scope!r})"
+
+
+class _Cached:
+    """One subject's decrypted vectors: rows of ``matrix`` match ``vec_ids``."""
+
+    __slots__ = ("fields", "matrix", "memory_ids", "vec_ids")
+
+    def __init__(
+        self, vec_ids: list[str], memory_ids: list[str], fields: list[str], matrix: Any
+    ) -> None:
+        self.vec_ids = vec_ids
+        self.memory_ids = memory_ids
+        self.fields = fields
+        self.matrix = matrix
+
+    def remove(self, memory_ids: set[str]) -> None:
+        keep = [i for i, m in enumerate(self.memory_ids) if m not in memory_ids]
+        if len(keep) == len(self.memory_ids):
+            return
+        self.vec_ids = [self.vec_ids[i] for i in keep]
+        self.memory_ids = [self.memory_ids[i] for i in keep]
+        self.fields = [self.fields[i] for i in keep]
+        self.matrix = self.matrix[keep]
+
+    def add(self, items: Sequence[VectorItem]) -> None:
+        if not items:
+            return
+        self.vec_ids += [it.vec_id for it in items]
+        self.memory_ids += [it.memory_id for it in items]
+        self.fields += [it.field for it in items]
+        new = np.stack([it.vector for it in items]).astype(np.float32)
+        self.matrix = new if self.matrix.shape[0] == 0 else np.vstack([self.matrix, new])
+
+
+class VectorIndex:
+    """Sealed vectors, one LanceDB dataset per subject."""
+
+    def __init__(
+        self,
+        uri: str,
+        keyring: Keyring,
+        *,
+        encrypt: bool = True,
+        cache_max_vectors: int = 500_000,
+        compact_every: int = 32,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self._uri = uri
+        self._keyring = keyring
+        self._encrypt = encrypt
+        self._cache_max = cache_max_vectors
+        self._compact_every = max(1, compact_every)
+        self._storage_options = storage_options
+        self._db: Any = None
+        self._lock = threading.RLock()
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self._writes: dict[str, int] = {}
+
+    # -- LanceDB plumbing ----------------------------------------------------------
+
+    def _connect(self) -> Any:
+        if self._db is None:
+            import lancedb  # imported on first use: it is slow to import
+
+            self._db = lancedb.connect(self._uri, storage_options=self._storage_options)
+        return self._db
+
+    def _names(self) -> set[str]:
+        db = self._connect()
+        listed = db.list_tables()
+        names = getattr(listed, "tables", listed)
+        return set(names)
+
+    def _table(self, ref: str, *, create: bool) -> Any:
+        db = self._connect()
+        try:
+            return db.open_table(ref)
+        except (ValueError, FileNotFoundError, OSError):
+            if not create:
+                return None
+        return db.create_table(ref, schema=VEC_SCHEMA, exist_ok=True)
+
+    def exists(self, ref: str) -> bool:
+        return self._table(ref, create=False) is not None
+
+    # -- sealing -------------------------------------------------------------------
+
+    def _seal(self, ref: str, item: VectorItem) -> bytes:
+        raw = np.ascontiguousarray(item.vector, dtype=np.float32).tobytes()
+        if not self._encrypt:
+            return raw
+        return self._keyring.seal(raw, Place(ref, item.scope, _TABLE, item.vec_id, _COLUMN))
+
+    def _open_all(self, ref: str, table: pa.Table) -> _Cached:
+        vec_ids = table.column("vec_id").to_pylist()
+        memory_ids = table.column("memory_id").to_pylist()
+        scopes = table.column("scope").to_pylist()
+        fields = table.column("field").to_pylist()
+        n = len(vec_ids)
+        if n == 0:
+            return _Cached([], [], [], np.zeros((0, 0), dtype=np.float32))
+        # The ciphertexts sit end to end in each Arrow chunk's data buffer; they are
+        # decrypted straight into the rows of one matrix, chunk by chunk, with no
+        # per-row bytes objects and no copy of the whole column.
+        overhead = OVERHEAD_BYTES if self._encrypt else 0
+        matrix: np.ndarray[Any, Any] | None = None
+        out: memoryview | None = None
+        width = 0
+        row = 0
+        templates: dict[str, PlaceTemplate] = {}
+        for chunk in table.column("vec").chunks:
+            m = len(chunk)
+            if m == 0:
+                continue
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)[
+                chunk.offset : chunk.offset + m + 1
+            ]
+            sizes = np.diff(offsets)
+            if matrix is None:
+                width = int(sizes[0]) - overhead
+                if width <= 0 or width % 4:
+                    raise IntegrityError(f"vector partition {ref} holds malformed vectors")
+                matrix = np.empty((n, width // 4), dtype=np.float32)
+                out = memoryview(matrix.data).cast("B")
+            if (sizes != width + overhead).any():
+                raise IntegrityError(f"vector partition {ref} holds vectors of mixed size")
+            data = chunk.buffers()[2].to_pybytes()
+            starts = (offsets[:-1] - offsets[0]).tolist() if offsets[0] else offsets[:-1].tolist()
+            if offsets[0]:
+                data = data[int(offsets[0]) :]
+            rows = list(range(row, row + m))
+            if not self._encrypt:
+                flat = np.frombuffer(data, dtype=np.uint8)
+                for i, a in zip(rows, starts, strict=True):
+                    matrix[i] = flat[a : a + width].view(np.float32)
+            else:
+                self._open_chunk(
+                    ref,
+                    data,
+                    starts=starts,
+                    rows=rows,
+                    scopes=scopes,
+                    vec_ids=vec_ids,
+                    out=out,
+                    width=width,
+                    templates=templates,
+                )
+            row += m
+        assert matrix is not None  # noqa: S101 - n > 0 means at least one row
+        return _Cached(vec_ids, memory_ids, fields, matrix)
+
+    def _open_chunk(
+        self,
+        ref: str,
+        data: bytes,
+        *,
+        starts: list[int],
+        rows: list[int],
+        scopes: list[str],
+        vec_ids: list[str],
+        out: Any,
+        width: int,
+        templates: dict[str, PlaceTemplate],
+    ) -> None:
+        # Rows are grouped by (key id, scope), read without slicing every row: a
+        # partition normally has one key per scope, often just one.
+        flat = np.frombuffer(data, dtype=np.uint8)
+        key_ids = flat[np.asarray(starts)[:, None] + np.arange(4, 20)]
+        chunk_scopes = [scopes[r] for r in rows]
+        groups: dict[tuple[bytes, str], list[int]] = {}
+        if (key_ids == key_ids[0]).all() and len(set(chunk_scopes)) == 1:
+            groups[(key_ids[0].tobytes(), chunk_scopes[0])] = list(range(len(rows)))
+        else:
+            for j, scope in enumerate(chunk_scopes):
+                groups.setdefault((key_ids[j].tobytes(), scope), []).append(j)
+        for (key_id, scope), members in groups.items():
+            key = self._keyring.data_key_by_id(key_id)
+            if key.subject_ref != ref or key.scope != scope:
+                raise IntegrityError(f"vector partition {ref} holds another owner's row")
+            template = templates.get(scope)
+            if template is None:
+                template = templates[scope] = PlaceTemplate(ref, scope, _TABLE, _COLUMN)
+            key.open_rows_into(
+                data,
+                starts=[starts[j] for j in members],
+                template=template,
+                record_ids=[vec_ids[rows[j]] for j in members],
+                out=out,
+                out_rows=[rows[j] for j in members],
+                width=width,
+            )
+
+    # -- cache ---------------------------------------------------------------------
+
+    def _cached(self, ref: str) -> _Cached | None:
+        with self._lock:
+            entry = self._cache.get(ref)
+            if entry is not None:
+                self._cache.move_to_end(ref)
+                return entry
+        table = self._table(ref, create=False)
+        if table is None:
+            entry = _Cached([], [], [], np.zeros((0, 0), dtype=np.float32))
+        else:
+            # Loading makes tens of thousands of small objects at once; the cyclic
+            # GC would walk the whole heap for nothing (they hold no cycles).
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                try:
+                    arrow = table.to_arrow()
+                except (OSError, ValueError) as exc:
+                    raise IntegrityError(
+                        f"vector partition {ref} failed to read ({type(exc).__name__})"
+                    ) from None
+                entry = self._open_all(ref, arrow)
+            finally:
+                if enabled:
+                    gc.enable()
+        with self._lock:
+            self._cache[ref] = entry
+            total = sum(len(c.vec_ids) for c in self._cache.values())
+            while total > self._cache_max and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                total -= len(old.vec_ids)
+        return entry
+
+    def evict(self, ref: str | None = None) -> None:
+        """Forget decrypted vectors (one subject, or all)."""
+        with self._lock:
+            if ref is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(ref, None)
+
+    # -- writes --------------------------------------------------------------------
+
+    def upsert(self, ref: str, items: Sequence[VectorItem], replace: Iterable[str] = ()) -> None:
+        """Replace every vector of the ``replace`` memory ids, then add ``items``."""
+        replace = set(replace) | {it.memory_id for it in items}
+        with self._lock:
+            table = self._table(ref, create=bool(items))
+            if table is None:
+                return
+            if replace and self._has_rows(table):
+                table.delete(_in("memory_id", replace))
+            if items:
+                rows = pa.table(
+                    {
+                        "vec_id": [it.vec_id for it in items],
+                        "memory_id": [it.memory_id for it in items],
+                        "scope": [it.scope for it in items],
+                        "field": [it.field for it in items],
+                        "updated_us": [it.updated_us for it in items],
+                        "vec": [self._seal(ref, it) for it in items],
+                    },
+                    schema=VEC_SCHEMA,
+                )
+                table.add(rows)
+            entry = self._cache.get(ref)
+            if entry is not None:
+                entry.remove(replace)
+                entry.add(items)
+            self._writes[ref] = self._writes.get(ref, 0) + 1
+            if self._writes[ref] >= self._compact_every:
+                self._compact(table)
+                self._writes[ref] = 0
+
+    @staticmethod
+    def _has_rows(table: Any) -> bool:
+        return bool(table.count_rows())
+
+    def _compact(self, table: Any) -> None:
+        with warnings.catch_warnings():
+            # cleanup_older_than=0 warns about concurrent readers of old versions;
+            # keyshred holds the partition's lock while it writes.
+            warnings.simplefilter("ignore", UserWarning)
+            table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+
+    def delete(self, ref: str, memory_ids: Iterable[str]) -> int:
+        """Delete the vectors of these memories physically (old versions removed)."""
+        ids = set(memory_ids)
+        if not ids:
+            return 0
+        with self._lock:
+            table = self._table(ref, create=False)
+            if table is None:
+                return 0
+            before = table.count_rows()
+            table.delete(_in("memory_id", ids))
+            removed = int(before - table.count_rows())
+            self._compact(table)
+            entry = self._cache.get(ref)
+            if entry is not None:
+                entry.remove(ids)
+            return removed
+
+    def drop(self, ref: str) -> bool:
+        """Remove the subject's whole dataset (erasure)."""
+        with self._lock:
+            self._cache.pop(ref, None)
+            self._writes.pop(ref, None)
+            if ref not in self._names():
+                return False
+            self._connect().drop_table(ref)
+            return True
+
+    # -- reads ---------------------------------------------------------------------
+
+    def memory_ids(self, ref: str) -> set[str]:
+        entry = self._cached(ref)
+        return set(entry.memory_ids) if entry else set()
+
+    def fields_of(self, ref: str, memory_id: str) -> list[str]:
+        entry = self._cached(ref)
+        if entry is None:
+            return []
+        return [f for m, f in zip(entry.memory_ids, entry.fields, strict=True) if m == memory_id]
+
+    def count(self, ref: str) -> int:
+        entry = self._cached(ref)
+        return len(entry.vec_ids) if entry else 0
+
+    def search(
+        self,
+        ref: str,
+        query: np.ndarray[Any, Any],
+        k: int,
+        allowed: set[str] | None = None,
+    ) -> list[tuple[str, float]]:
+        """Top ``k`` memory ids by cosine similarity (a memory scores its best field)."""
+        entry = self._cached(ref)
+        if entry is None or not entry.vec_ids or k <= 0:
+            return []
+        if entry.matrix.shape[1] != query.shape[0]:
+            raise KeyshredError(
+                f"query has {query.shape[0]} dimensions, the index {entry.matrix.shape[1]}"
+            )
+        scores = entry.matrix @ query.astype(np.float32)
+        if allowed is not None:
+            mask = np.fromiter(
+                (m in allowed for m in entry.memory_ids), bool, len(entry.memory_ids)
+            )
+            scores = np.where(mask, scores, -np.inf)
+        n = scores.shape[0]
+        take = min(n, k * 4)
+        while True:
+            top = np.argpartition(-scores, take - 1)[:take] if take < n else np.arange(n)
+            top = top[np.argsort(-scores[top], kind="stable")]
+            best: dict[str, float] = {}
+            for i in top:
+                score = float(scores[i])
+                if score == -np.inf:
+                    break
+                best.setdefault(entry.memory_ids[i], score)
+                if len(best) == k:
+                    break
+            if len(best) == k or take >= n:
+                return list(best.items())
+            take = min(n, take * 4)
+
+
+def _in(column: str, values: Iterable[str]) -> str:
+    quoted = ",".join("'" + v.replace("'", "''") + "'" for v in sorted(values))
+    return f"{column} IN ({quoted})"

