@@ -537,7 +537,10 @@ class Partition:
         key_id = ""
         mac_key = b"\x00" * 32
         if self._pme is not None:
-            dek = self._keyring.data_key(self.subject_ref, scope)
+            # Never create a key here: rows reach a flush only after a put created
+            # their scope key. If it is gone the subject was crypto-erased, and
+            # writing the rows under a fresh key would bring them back.
+            dek = self._keyring.data_key(self.subject_ref, scope, create=False)
             key_id = dek.key_id.hex()
             mac_key = dek.derive(_MAC_LABEL)
             kwargs["encryption_properties"] = self._pme.encryption(dek.key_id, ENCRYPTED_COLUMNS)

@@ -251,3 +251,19 @@ def test_values_are_json_text_in_namespace_order(ks: Keyshred) -> None:
     value = {"b": 1, "a": [True, False, None], "ü": "ß"}
     ks.memories.put("alice", NS, "k", value)
     assert json.dumps(ks.memories.get("alice", NS, "k").value) == json.dumps(value)  # type: ignore[union-attr]
+
+
+def test_reads_create_no_keys_and_destroyed_keys_are_never_replaced(ks: Keyshred) -> None:
+    ref = ks.subject_ref("nobody")
+    assert ks.memories.get("nobody", NS, "k") is None
+    assert ks.memories.search("nobody", NS) == []
+    assert ks.keyring.store.for_subject(ref) == []
+    # Crypto-erase a subject whose partition is loaded with unflushed rows: closing
+    # must not write those rows out under a fresh key.
+    ks.memories.put("alice", NS, "k", {"secret": "x"})
+    alice = ks.subject_ref("alice")
+    ks.keyring.destroy(alice)
+    ks.memories.close()
+    assert [r.scope for r in ks.keyring.store.for_subject(alice)] == []
+    part = ks.memories.partition_path(alice)
+    assert not list(part.glob("seg-*.parquet"))
