@@ -201,6 +201,8 @@ class Keyring:
         record = self.store.find(subject_ref, scope)
         if record is None:
             if not create:
+                if self.store.is_tombstoned(subject_ref, scope):
+                    raise SubjectErased(f"the keys of subject_ref {subject_ref} were destroyed")
                 raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
             _check_name("scope", scope)
             record = self._create(subject_ref, scope)

@@ -123,6 +123,10 @@ class KeyStore(ABC):
     def tombstones(self, since: datetime | None = None) -> list[Tombstone]: ...
 
     @abstractmethod
+    def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
+        """Whether keys of (subject_ref, scope) were destroyed (subject-wide or scope)."""
+
+    @abstractmethod
     def get_secret(self, name: str) -> SecretRecord | None: ...
 
     @abstractmethod
@@ -366,6 +370,14 @@ class SQLiteKeyStore(KeyStore):
                 (_ts(since),),
             )
         return [self._tombstone(r) for r in rows]
+
+    def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
+        rows = self._query(
+            "SELECT 1 FROM tombstone WHERE subject_ref = ? AND (scope IS NULL OR scope = ?) "
+            "LIMIT 1",
+            (subject_ref, scope),
+        )
+        return bool(rows)
 
     # -- secrets -------------------------------------------------------------------
 

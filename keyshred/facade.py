@@ -8,16 +8,19 @@ the vault and backups attach here as they are built.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from keyshred._backends import KEYS_DIR, make_kek, make_keystore
+from keyshred.audit import AuditLog
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
+from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.keyring import Keyring
+from keyshred.metrics import Metrics
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.consent import ConsentApi
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
@@ -74,6 +77,40 @@ class Keyshred:
             embedder=embedder,
         )
         self.consent = ConsentApi(catalog, self.policy, self.subject_ref)
+        self.metrics = Metrics()
+        self.audit = AuditLog(catalog)
+        self.derived = DerivedApi(self)
+        self.erasure = ErasureCoordinator(self)
+
+    def erase(
+        self,
+        subject: SubjectLike,
+        scope: str | None = None,
+        *,
+        requested_by: str,
+        reason: str,
+        request_id: str | None = None,
+        probes: Sequence[str] = (),
+    ) -> ErasureRequest:
+        """Erase a subject (or one scope of it) and return the request.
+
+        Suppression comes first: from the moment this call reaches the catalog, every
+        read and write of the subject fails. Then keys are destroyed, partitions
+        dropped, derived assets rebuilt, external processors called, everything
+        verified and a signed receipt stored (``ks.erasure.receipt(request_id)``).
+        Idempotent by ``request_id``; ``ks.erasure.resume`` continues a request that
+        stopped (a crash, a failed step, a released legal hold). ``probes`` are
+        synthetic strings that verification must not find anywhere afterwards.
+        """
+        req = self.erasure.request(
+            self.subject_ref(subject),
+            scope,
+            requested_by=requested_by,
+            reason=reason,
+            request_id=request_id,
+            probes=probes,
+        )
+        return self.erasure.run(req.request_id)
 
     @classmethod
     def init(

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from keyshred.errors import IntegrityError
+from keyshred.errors import IntegrityError, SubjectErased
 from keyshred.keyring.envelope import Place
 from keyshred.storage.sealer import Sealer
 
@@ -57,9 +57,12 @@ class AppendLog:
     def _place(self, scope: str, seq: int) -> Place:
         return Place(self._subject_ref, scope, "memlog", f"{self.number}:{seq}", "record")
 
-    def read(self, start: int = 0, start_seq: int = 0) -> Iterator[tuple[str, bytes]]:
+    def read(
+        self, start: int = 0, start_seq: int = 0, *, skip_erased: bool = False
+    ) -> Iterator[tuple[str, bytes | None]]:
         """Yield (scope, payload) of complete records from byte ``start``; stops at
-        a torn tail. Updates ``offset`` and ``next_seq`` as it goes."""
+        a torn tail. Updates ``offset`` and ``next_seq`` as it goes. With
+        ``skip_erased`` a record whose key was destroyed yields ``(scope, None)``."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -79,7 +82,13 @@ class AppendLog:
             if rseq != seq:
                 raise IntegrityError(f"log {self.path.name} is out of sequence at byte {pos}")
             payload = bytes(body[_SCOPE.size + slen + _SEQ.size :])
-            yield scope, self._sealer.open(payload, self._place(scope, rseq))
+            try:
+                opened: bytes | None = self._sealer.open(payload, self._place(scope, rseq))
+            except SubjectErased:
+                if not skip_erased:
+                    raise
+                opened = None
+            yield scope, opened
             pos, seq = end, seq + 1
             self.offset, self.next_seq = pos, seq
 
@@ -99,6 +108,9 @@ class AppendLog:
         """Seal and append records; durable when this returns."""
         self.open_for_append()
         assert self._fd is not None  # noqa: S101 - set by open_for_append
+        # Other processes may have appended since (the caller caught up with them
+        # under the partition lock): write after the last complete record we know.
+        os.lseek(self._fd, self.offset, os.SEEK_SET)
         out = bytearray()
         seq = self.next_seq
         for scope, payload in records:

@@ -109,7 +109,63 @@ subject_guard = sa.Table(
     sa.Column("subject_ref", sa.String(64), primary_key=True),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("deletion_epoch", sa.Integer, nullable=False),
+    sa.Column("suppressed_scopes", sa.Text, nullable=False, server_default="[]"),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+# -- tables of the erasure coordinator and the audit log (keyshred.erasure, .audit) --
+
+deletion_requests = sa.Table(
+    "ks_deletion_requests",
+    metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=True),
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("requested_by", sa.String(128), nullable=False),
+    sa.Column("reason", sa.String(256), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("doc", sa.Text, nullable=False),  # JSON: steps done, per-store details
+    sa.Column("receipt", sa.Text, nullable=True),
+    sa.Index("ks_deletion_requests_subject", "subject_ref"),
+)
+
+audit_events = sa.Table(
+    "ks_audit",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("event", sa.String(64), nullable=False),
+    sa.Column("subject_ref", sa.String(64), nullable=True),
+    sa.Column("request_id", sa.String(64), nullable=True),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+)
+
+audit_anchor = sa.Table(
+    "ks_audit_anchor",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("pruned_through", sa.Integer, nullable=False),
+    sa.Column("last_hash", sa.String(64), nullable=False),
+    sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+legal_holds = sa.Table(
+    "ks_legal_holds",
+    metadata,
+    sa.Column("hold_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=True),
+    sa.Column("reason", sa.String(256), nullable=False),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("placed_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("released_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ks_legal_holds_subject", "subject_ref"),
 )
 
 
@@ -120,6 +176,11 @@ def _utc(value: datetime | str | None) -> datetime | None:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utc(value: datetime | str | None) -> datetime | None:
+    """Public alias of the driver-value normalizer (for keyshred.erasure/.audit)."""
+    return _utc(value)
 
 
 def _sqlite_time(value: Any) -> Any:
@@ -137,8 +198,21 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class GuardState:
+    """A subject's guard: its status, deletion epoch and suppressed scopes."""
+
     status: str
     epoch: int
+    scopes: frozenset[str] = frozenset()
+
+
+_OPEN = GuardState(ACTIVE, 0)
+
+
+def _guard_state(row: Any) -> GuardState:
+    if row is None:
+        return _OPEN
+    scopes = frozenset(json.loads(row[2])) if row[2] and row[2] != "[]" else frozenset()
+    return GuardState(row[0], int(row[1]), scopes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +327,11 @@ class Catalog:
     # connection. Cold paths use SQLAlchemy connections as usual.
 
     def _compile_hot_statements(self) -> dict[str, str]:
-        guard = sa.select(subject_guard.c.status, subject_guard.c.deletion_epoch).where(
-            subject_guard.c.subject_ref == sa.bindparam("subject_ref")
-        )
+        guard = sa.select(
+            subject_guard.c.status,
+            subject_guard.c.deletion_epoch,
+            subject_guard.c.suppressed_scopes,
+        ).where(subject_guard.c.subject_ref == sa.bindparam("subject_ref"))
         statements: dict[str, Any] = {
             "guard": guard,
             "guard_lock": guard.with_for_update(read=True)
@@ -277,7 +353,7 @@ class Catalog:
             "delete_mentions": asset_mentions.delete().where(
                 asset_mentions.c.asset_id == sa.bindparam("asset_id")
             ),
-            "asset_ids": sa.select(assets.c.asset_id).where(
+            "asset_ids": sa.select(assets.c.asset_id, assets.c.scope).where(
                 assets.c.subject_ref == sa.bindparam("subject_ref"),
                 assets.c.kind == sa.bindparam("kind"),
             ),
@@ -349,8 +425,7 @@ class Catalog:
 
     def _guard_row(self, cur: Any, subject_ref: str, lock: bool) -> GuardState:
         cur.execute(self._sql["guard_lock" if lock else "guard"], {"subject_ref": subject_ref})
-        row = cur.fetchone()
-        return GuardState(ACTIVE, 0) if row is None else GuardState(row[0], int(row[1]))
+        return _guard_state(cur.fetchone())
 
     def _sqlite_setup(self, url: str) -> None:
         path = self.engine.url.database
@@ -385,19 +460,24 @@ class Catalog:
         with self.engine.connect().execution_options(ks_write=True) as conn, conn.begin():
             yield conn
 
+    def transaction(self) -> Any:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite) as a context manager."""
+        return self._write()
+
     @contextmanager
     def _read(self) -> Iterator[Connection]:
         with self.engine.connect() as conn, conn.begin():
             yield conn
 
     def _lock_guard(self, conn: Connection, subject_ref: str) -> GuardState:
-        query = sa.select(subject_guard.c.status, subject_guard.c.deletion_epoch).where(
-            subject_guard.c.subject_ref == subject_ref
-        )
+        query = sa.select(
+            subject_guard.c.status,
+            subject_guard.c.deletion_epoch,
+            subject_guard.c.suppressed_scopes,
+        ).where(subject_guard.c.subject_ref == subject_ref)
         if self.dialect == "postgresql":
-            query = query.with_for_update(read=True)
-        row = conn.execute(query).first()
-        return GuardState(ACTIVE, 0) if row is None else GuardState(row[0], int(row[1]))
+            query = query.with_for_update()
+        return _guard_state(conn.execute(query).first())
 
     # -- the subject guard ---------------------------------------------------------
 
@@ -406,9 +486,16 @@ class Catalog:
             return self._guard_row(cur, subject_ref, lock=False)
 
     @staticmethod
-    def _enforce(subject_ref: str, state: GuardState, expected_epoch: int | None) -> int:
+    def enforce(
+        subject_ref: str,
+        state: GuardState,
+        expected_epoch: int | None,
+        scope: str | None = None,
+    ) -> int:
         if state.status != ACTIVE:
             raise SubjectSuppressed(f"subject_ref {subject_ref} is {state.status}")
+        if scope is not None and scope in state.scopes:
+            raise SubjectSuppressed(f"scope {scope!r} of subject_ref {subject_ref} is suppressed")
         if expected_epoch is not None and expected_epoch < state.epoch:
             raise StaleEpoch(
                 f"subject_ref {subject_ref} is at deletion epoch {state.epoch}; "
@@ -416,40 +503,64 @@ class Catalog:
             )
         return state.epoch
 
-    def check_guard(self, subject_ref: str, expected_epoch: int | None = None) -> int:
+    def check_guard(
+        self, subject_ref: str, expected_epoch: int | None = None, scope: str | None = None
+    ) -> int:
         """Raise ``SubjectSuppressed``/``StaleEpoch`` or return the current epoch."""
-        return self._enforce(subject_ref, self.guard(subject_ref), expected_epoch)
+        return self.enforce(subject_ref, self.guard(subject_ref), expected_epoch, scope)
 
-    def suppress(self, subject_ref: str, status: str = SUPPRESSED) -> int:
-        """Mark the subject suppressed and bump its deletion epoch (one transaction)."""
+    def suppress(self, subject_ref: str, scope: str | None = None) -> int:
+        """Suppress the subject (or one scope of it) and bump its deletion epoch, in
+        one transaction; returns the new epoch."""
         now = datetime.now(UTC)
         with self._write() as conn:
             state = self._lock_guard(conn, subject_ref)
-            epoch = state.epoch + 1
-            self._upsert_guard(conn, subject_ref, status, epoch, now)
-        return epoch
+            if scope is None:
+                status, scopes = SUPPRESSED, state.scopes
+            else:
+                status, scopes = state.status, state.scopes | {scope}
+            self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
+        return state.epoch + 1
 
     def set_guard(self, subject_ref: str, status: str) -> None:
-        """Change the guard status, keeping the epoch (``active`` re-admits writes)."""
+        """Change the subject-wide status, keeping the epoch (``active`` re-admits)."""
         now = datetime.now(UTC)
         with self._write() as conn:
             state = self._lock_guard(conn, subject_ref)
-            self._upsert_guard(conn, subject_ref, status, state.epoch, now)
+            self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
+
+    def release_scope(self, subject_ref: str, scope: str) -> None:
+        """Lift a scope's suppression (after its erasure): new writes get a new key."""
+        now = datetime.now(UTC)
+        with self._write() as conn:
+            state = self._lock_guard(conn, subject_ref)
+            self._upsert_guard(
+                conn, subject_ref, state.status, state.epoch, now, scopes=state.scopes - {scope}
+            )
 
     def _upsert_guard(
-        self, conn: Connection, subject_ref: str, status: str, epoch: int, now: datetime
+        self,
+        conn: Connection,
+        subject_ref: str,
+        status: str,
+        epoch: int,
+        now: datetime,
+        *,
+        scopes: frozenset[str] = frozenset(),
     ) -> None:
+        values = {
+            "status": status,
+            "deletion_epoch": epoch,
+            "updated_at": now,
+            "suppressed_scopes": json.dumps(sorted(scopes)),
+        }
         updated = conn.execute(
             subject_guard.update()
             .where(subject_guard.c.subject_ref == subject_ref)
-            .values(status=status, deletion_epoch=epoch, updated_at=now)
+            .values(**values)
         ).rowcount
         if not updated:
-            conn.execute(
-                subject_guard.insert().values(
-                    subject_ref=subject_ref, status=status, deletion_epoch=epoch, updated_at=now
-                )
-            )
+            conn.execute(subject_guard.insert().values(subject_ref=subject_ref, **values))
 
     # -- assets --------------------------------------------------------------------
 
@@ -468,8 +579,9 @@ class Catalog:
             return
         sql = self._sql
         with self._hot(write=True) as cur:
-            for subject_ref in {r.subject_ref for r in rows}:
-                self._enforce(subject_ref, self._guard_row(cur, subject_ref, True), expected_epoch)
+            states = {ref: self._guard_row(cur, ref, True) for ref in {r.subject_ref for r in rows}}
+            for ref, scope in {(r.subject_ref, r.scope) for r in rows}:
+                self.enforce(ref, states[ref], expected_epoch, scope)
             if replace or remove:
                 ids = [
                     {"asset_id": a} for a in dict.fromkeys([*remove, *(r.asset_id for r in rows)])
@@ -598,10 +710,11 @@ class Catalog:
         with self._read() as conn:
             return self._rows(conn, where)
 
-    def asset_ids(self, subject_ref: str, kind: str) -> set[str]:
+    def asset_ids(self, subject_ref: str, kind: str) -> dict[str, str]:
+        """Asset id -> scope of a subject's assets of one kind."""
         with self._hot(write=False) as cur:
             cur.execute(self._sql["asset_ids"], {"subject_ref": subject_ref, "kind": kind})
-            return {row[0] for row in cur.fetchall()}
+            return {row[0]: row[1] for row in cur.fetchall()}
 
     def asset(self, asset_id: str) -> AssetRow | None:
         with self._read() as conn:

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +27,7 @@ from keyshred.errors import (
     KeyshredError,
     NotFound,
     SubjectErased,
+    SubjectSuppressed,
     ValueTooLarge,
 )
 from keyshred.keyring.keyring import Keyring
@@ -225,7 +226,11 @@ class MemoryStore:
             return part
 
     def _expected_ids(self, subject_ref: str) -> set[str]:
-        return self._catalog.asset_ids(subject_ref, MEMORY_KIND)
+        """Memories the catalog holds for the subject, except those of suppressed
+        scopes (an erasure in progress removes them from files first)."""
+        hidden = self._catalog.guard(subject_ref).scopes
+        ids = self._catalog.asset_ids(subject_ref, MEMORY_KIND)
+        return {a for a, scope in ids.items() if scope not in hidden}
 
     def evict(self, subject_ref: str) -> None:
         """Forget a subject's decrypted rows, vectors and cached keys in this process."""
@@ -304,27 +309,47 @@ class MemoryStore:
         transaction. All-or-nothing: a bad item fails the batch before anything is
         written."""
         ref = self._ref(subject)
-        current_epoch = self._catalog.check_guard(ref, epoch)
+        return self._put_rows(ref, items, epoch=epoch)
+
+    def _put_rows(
+        self,
+        ref: str,
+        items: Sequence[PutItem],
+        *,
+        epoch: int | None = None,
+        mention_refs: Sequence[tuple[str, ...]] | None = None,
+    ) -> list[Memory]:
+        """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
+        mentions as refs already (rebuilding derived assets)."""
+        guard = self._catalog.guard(ref)
+        current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
         now_us = to_us(now)
         prepared = []
         # (scope, purpose, category) -> (scope name, purpose, category, retain_until):
         # a batch usually has one, so policy and consent are looked up once.
         targets: dict[tuple[str, str | None, str | None], tuple[str, str, str, int]] = {}
-        for item in items:
+        for n_item, item in enumerate(items):
             ns, k = _namespace(item.namespace), _key(item.key)
             raw = self._encode(item.value)
             target = targets.get((item.scope, item.purpose, item.category))
             if target is None:
                 target = self._target(ref, item, now)
+                if target[0] in guard.scopes:
+                    raise SubjectSuppressed(
+                        f"scope {target[0]!r} of subject_ref {ref} is suppressed"
+                    )
                 targets[(item.scope, item.purpose, item.category)] = target
-            mention_refs = (
-                tuple(sorted({self._ref(m) for m in item.mentions})) if item.mentions else ()
-            )
+            if mention_refs is not None:
+                mentioned = tuple(sorted(set(mention_refs[n_item])))
+            else:
+                mentioned = (
+                    tuple(sorted({self._ref(m) for m in item.mentions})) if item.mentions else ()
+                )
             for source in item.sources:
                 if not isinstance(source, str) or not source:
                     raise InvalidInput("sources are asset ids")
-            prepared.append((ns, k, raw, *target, mention_refs, item))
+            prepared.append((ns, k, raw, *target, mentioned, item))
         if not prepared:
             return []
 
@@ -336,10 +361,14 @@ class MemoryStore:
         fields = [self._fields(part, ns, k, item) for ns, k, _, *_, item in prepared]
         vectors = self._embed_rows(prepared, fields)
         with part.flocked():
+            # Again under the lock: the erasure coordinator destroys keys and drops
+            # partitions under this lock, after suppressing. A writer that gets here
+            # after a suppression stops before touching (or creating) any key.
+            self._catalog.enforce(ref, self._catalog.guard(ref), epoch)
             rows: list[MemoryRow] = []
             replaced = False
             seen: dict[str, MemoryRow] = {}
-            for n, (ns, k, raw, scope, purpose, category, retain, mention_refs, item) in enumerate(
+            for n, (ns, k, raw, scope, purpose, category, retain, mentioned, item) in enumerate(
                 prepared
             ):
                 lookup = part.lookup(ns, k)
@@ -361,7 +390,7 @@ class MemoryStore:
                     retain_us=retain,
                     lookup=lookup,
                     sources=tuple(item.sources),
-                    mentions=mention_refs,
+                    mentions=mentioned,
                     index=fields[n],
                 )
                 seen[lookup] = row
@@ -415,7 +444,12 @@ class MemoryStore:
         self, part: Partition, ns: tuple[str, ...], key: str, item: PutItem
     ) -> tuple[str, ...]:
         if item.index is None:
-            old = part.rows.get(part.lookup(ns, key))
+            if not part.rows:
+                return ()
+            try:  # before the partition lock: never create a key here
+                old = part.rows.get(part.lookup(ns, key, create=False))
+            except (KeyNotFound, SubjectErased):
+                return ()
             return old.index if old is not None else ()
         if item.index is False:
             return ()
@@ -572,13 +606,17 @@ class MemoryStore:
 
     def _row(self, subject: Any, namespace: Sequence[str] | str, key: str) -> MemoryRow | None:
         ref = self._ref(subject)
-        self._catalog.check_guard(ref)
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
         ns, k = _namespace(namespace), _key(key)
         part = self._partition(ref)
         part.ensure_loaded()
         if not part.rows:  # no lookup key is created just to read nothing
             return None
-        return part.rows.get(part.lookup(ns, k))
+        row = part.rows.get(part.lookup(ns, k))
+        if row is not None and row.scope in guard.scopes:
+            raise SubjectSuppressed(f"scope {row.scope!r} of subject_ref {ref} is suppressed")
+        return row
 
     def get(self, subject: Any, namespace: Sequence[str] | str, key: str) -> Memory | None:
         row = self._row(subject, namespace, key)
@@ -605,14 +643,16 @@ class MemoryStore:
         if limit < 0 or offset < 0:
             raise InvalidInput("limit and offset are non-negative")
         ref = self._ref(subject)
-        self._catalog.check_guard(ref)
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
         prefix = _prefix(namespace_prefix)
         part = self._partition(ref)
         part.ensure_loaded()
         n = len(prefix)
+        hidden = guard.scopes  # suppressed scopes: invisible, as if already erased
         hits = []
         for row in list(part.rows.values()):
-            if row.namespace[:n] != prefix:
+            if row.namespace[:n] != prefix or row.scope in hidden:
                 continue
             if scope is not None and row.scope != scope:
                 continue
@@ -679,6 +719,82 @@ class MemoryStore:
         part = self._partition(ref)
         part.ensure_loaded()
         return len(part.rows)
+
+    # -- by subject_ref: the erasure coordinator's entry points ------------------
+
+    def rows_by_id(self, ref: str, memory_ids: Iterable[str]) -> dict[str, MemoryRow]:
+        """Rows of ``ref`` by memory id (no guard check: the coordinator decides)."""
+        wanted = set(memory_ids)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return {r.memory_id: r for r in part.rows.values() if r.memory_id in wanted}
+
+    def memory(self, row: MemoryRow) -> Memory:
+        return Memory(row)
+
+    def delete_by_id(self, ref: str, memory_id: str) -> bool:
+        """Physically delete one memory (and its vectors and assets) by id."""
+        part = self._partition(ref)
+        with part.flocked():
+            row = next((r for r in part.rows.values() if r.memory_id == memory_id), None)
+            if row is None:
+                return False
+            part.append_delete(row)
+            part.flush()
+            if row.index and self.vectors is not None:
+                self.vectors.delete(ref, [row.memory_id])
+            vec_ids = [f"{row.memory_id}/{i}" for i in range(len(row.index))]
+            self._catalog.delete([row.memory_id, *vec_ids])
+        return True
+
+    def rebuild(
+        self,
+        ref: str,
+        row: MemoryRow,
+        value: Any,
+        *,
+        sources: Sequence[str],
+        mentions: Sequence[str],
+    ) -> Memory:
+        """Replace a derived memory's value and provenance (erasure rebuild)."""
+        item = PutItem(
+            row.namespace,
+            row.key,
+            value,
+            row.scope,
+            row.purpose,
+            row.category,
+            tuple(sources),
+            (),
+            None,
+        )
+        return self._put_rows(ref, [item], mention_refs=[tuple(mentions)])[0]
+
+    @contextlib.contextmanager
+    def locked(self, ref: str) -> Iterator[None]:
+        """Hold the subject's partition lock (without loading it)."""
+        part = self._partition(ref)
+        with part.flocked(refresh=False):
+            yield
+
+    def drop_subject(self, ref: str) -> int:
+        """Remove the subject's whole partition folder; returns files removed."""
+        with self._lock:
+            part = self._partitions.pop(ref, None)
+        if part is None:
+            part = Partition(self.partition_path(ref), ref, self._keyring, self._sealer, self.pme)
+        n = part.drop()
+        if self.pme is not None:
+            self.pme.forget()
+        return n
+
+    def drop_scope(self, ref: str, scope: str) -> int:
+        """Remove one scope's rows and files from the subject's partition."""
+        part = self._partition(ref)
+        n = part.drop_scope(scope)
+        if self.pme is not None:
+            self.pme.forget()
+        return n
 
     # -- maintenance ---------------------------------------------------------------
 

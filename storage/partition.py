@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshred.errors import IntegrityError, KeyshredError
+from keyshred.errors import IntegrityError, KeyshredError, SubjectErased
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.applog import AppendLog
@@ -218,24 +218,28 @@ class Partition:
         self._manifest_stat: tuple[int, int] | None = None
         self._lock_fd: int | None = None
         self._pending = 0
+        self._erased_scopes: set[str] = set()
         self._ns_cache: dict[tuple[str, ...], bytes] = {}
         self.loaded = False
 
     # -- files and locks -----------------------------------------------------------
 
     @contextlib.contextmanager
-    def flocked(self) -> Iterator[None]:
-        """Serialize writers across processes (and threads) on this partition."""
+    def flocked(self, *, refresh: bool = True) -> Iterator[None]:
+        """Serialize writers across processes (and threads) on this partition;
+        ``refresh`` first catches up with what other processes wrote."""
         with self.lock:
             if self._lock_fd is None:
                 self.root.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
-                self._refresh()
+                if refresh:
+                    self._refresh()
                 yield
             finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                if self._lock_fd is not None:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _manifest_path(self) -> Path:
         return self.root / "MANIFEST"
@@ -266,11 +270,12 @@ class Partition:
 
     # -- lookup hashes -------------------------------------------------------------
 
-    def lookup(self, namespace: Sequence[str], key: str) -> str:
-        """Keyed hash of (namespace, key) under the subject's index key."""
+    def lookup(self, namespace: Sequence[str], key: str, *, create: bool = True) -> str:
+        """Keyed hash of (namespace, key) under the subject's index key (created on
+        first use unless ``create=False``: then ``KeyNotFound``/``SubjectErased``)."""
         if self._lookup_key is None:
             if self._sealer.encrypted:
-                index = self._keyring.data_key(self.subject_ref, INDEX_SCOPE)
+                index = self._keyring.data_key(self.subject_ref, INDEX_SCOPE, create=create)
                 self._lookup_key = index.derive(b"memory-lookup")
             else:
                 self._lookup_key = b"\x00" * 32
@@ -313,6 +318,7 @@ class Partition:
                 )
 
     def _read_files(self) -> None:
+        self._erased_scopes = set()
         self.rows = {}
         self._pending = 0
         self._dirty = set()
@@ -322,7 +328,15 @@ class Partition:
         self._gen = int(manifest.get("gen", 0))
         self._segments = dict(manifest.get("segments", {}))
         for scope, seg in sorted(self._segments.items()):
-            for row in self._read_segment(self.root / seg["file"], scope):
+            try:
+                rows = self._read_segment(self.root / seg["file"], scope)
+            except SubjectErased:
+                # The scope was crypto-erased (a scope erasure in progress): its rows
+                # are gone; the next flush drops the segment from the manifest.
+                self._erased_scopes.add(scope)
+                self._dirty.add(scope)
+                continue
+            for row in rows:
                 self.rows[row.lookup] = row
         self._cleanup()
         self._log = AppendLog(
@@ -440,7 +454,11 @@ class Partition:
         return out
 
     def _apply_log(self, log: AppendLog, start: int, seq: int) -> None:
-        for scope, payload in log.read(start, seq):
+        for scope, payload in log.read(start, seq, skip_erased=True):
+            if payload is None:  # sealed under a destroyed scope key: erased
+                self._erased_scopes.add(scope)
+                self._dirty.add(scope)
+                continue
             try:
                 op, items = decode_record(payload)
                 if op == "put":
@@ -585,11 +603,17 @@ class Partition:
     # -- erasure -------------------------------------------------------------------
 
     def drop(self) -> int:
-        """Delete the whole partition folder; returns files removed."""
+        """Delete the whole partition folder, holding its lock (writers in other
+        processes wait, then find the subject suppressed); returns files removed."""
         with self.lock:
+            if not self.root.exists():
+                self._close_files()
+                self.rows, self.loaded = {}, False
+                return 0
+            with self.flocked(refresh=False):
+                n = sum(1 for p in self.root.rglob("*") if p.is_file())
+                shutil.rmtree(self.root, ignore_errors=True)
             self._close_files()
-            n = sum(1 for p in self.root.rglob("*") if p.is_file()) if self.root.exists() else 0
-            shutil.rmtree(self.root, ignore_errors=True)
             self.rows = {}
             self.loaded = False
             self._lookup_key = None

@@ -363,6 +363,19 @@ class VectorIndex:
                 entry.remove(ids)
             return removed
 
+    def delete_scope(self, ref: str, scope: str) -> int:
+        """Delete every vector of one scope physically."""
+        with self._lock:
+            table = self._table(ref, create=False)
+            if table is None:
+                return 0
+            before = table.count_rows()
+            table.delete(_in("scope", {scope}))
+            removed = int(before - table.count_rows())
+            self._compact(table)
+            self._cache.pop(ref, None)
+            return removed
+
     def drop(self, ref: str) -> bool:
         """Remove the subject's whole dataset (erasure)."""
         with self._lock:

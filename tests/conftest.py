@@ -1,8 +1,12 @@
-"""Shared fixtures: data folders, and the real servers (started once per session)."""
+"""Shared fixtures: data folders, the real servers (started once per session), and
+``catalog_url``, which runs a test on SQLite and on the real PostgreSQL: the server
+this machine kind runs on 127.0.0.1:5432 (database ``test``, trust auth; ``make
+test`` checks it), one fresh schema per test through ``search_path``."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +31,31 @@ def openbao() -> Iterator[Server]:
 def moto() -> Iterator[Server]:
     with moto_server() as server:
         yield server
+
+
+PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
+BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'catalog.db'}"
+        return
+    psycopg = pytest.importorskip("psycopg")
+    schema = f"ks_{uuid.uuid4().hex[:12]}"
+    try:
+        conn = psycopg.connect(PG_DSN, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is not reachable: {exc}")
+    conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield (
+            f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+        )
+    finally:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        conn.close()
 
 
 @pytest.fixture

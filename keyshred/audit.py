@@ -1,0 +1,169 @@
+"""The audit log: append-only, hash-chained events that hold metadata only.
+
+Each event stores ``hash = SHA-256(prev_hash || canonical JSON of the event)``;
+``verify`` recomputes the chain and raises ``IntegrityError`` naming the first event
+that was edited, removed or reordered. Events carry subject_refs, request ids, asset
+counts, states, timings: never a subject id, a value or key material (``record``
+refuses values that are not plain metadata types).
+
+Retention: ``prune(before)`` deletes old events and records an anchor (the hash of
+the last pruned event) so the remaining chain still verifies from its first event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from keyshred.errors import IntegrityError, InvalidInput
+from keyshred.storage.catalog import Catalog, audit_anchor, audit_events, utc
+
+__all__ = ["AuditEvent", "AuditLog"]
+
+GENESIS = "0" * 64
+_SAFE = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    seq: int
+    at: datetime
+    event: str
+    subject_ref: str | None
+    request_id: str | None
+    data: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+def _canonical(at: datetime, event: str, ref: str | None, rid: str | None, data: str) -> bytes:
+    doc = [at.astimezone(UTC).isoformat(timespec="microseconds"), event, ref, rid, data]
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _check_metadata(data: Mapping[str, Any]) -> None:
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            _check_metadata(value)
+        elif isinstance(value, list | tuple):
+            if not all(isinstance(v, _SAFE) for v in value):
+                raise InvalidInput(f"audit field {key!r} holds a non-metadata value")
+        elif not isinstance(value, _SAFE):
+            raise InvalidInput(f"audit field {key!r} holds a non-metadata value")
+
+
+class AuditLog:
+    """Hash-chained events in the catalog database."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._engine = catalog.engine
+        self._catalog = catalog
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        event: str,
+        *,
+        subject_ref: str | None = None,
+        request_id: str | None = None,
+        **data: Any,
+    ) -> AuditEvent:
+        _check_metadata(data)
+        body = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        with self._lock, self._catalog.transaction() as conn:
+            last = conn.execute(
+                sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
+            ).scalar()
+            if last is None:
+                last = conn.execute(sa.select(audit_anchor.c.last_hash)).scalar() or GENESIS
+            at = datetime.now(UTC)
+            digest = hashlib.sha256(
+                last.encode() + _canonical(at, event, subject_ref, request_id, body)
+            ).hexdigest()
+            seq = conn.execute(
+                audit_events.insert().values(
+                    at=at,
+                    event=event,
+                    subject_ref=subject_ref,
+                    request_id=request_id,
+                    data=body,
+                    prev_hash=last,
+                    hash=digest,
+                )
+            ).inserted_primary_key[0]
+        return AuditEvent(int(seq), at, event, subject_ref, request_id, data, last, digest)
+
+    def events(
+        self, *, subject_ref: str | None = None, request_id: str | None = None
+    ) -> list[AuditEvent]:
+        query = sa.select(audit_events).order_by(audit_events.c.seq)
+        if subject_ref is not None:
+            query = query.where(audit_events.c.subject_ref == subject_ref)
+        if request_id is not None:
+            query = query.where(audit_events.c.request_id == request_id)
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            AuditEvent(
+                r.seq,
+                utc(r.at),  # type: ignore[arg-type]
+                r.event,
+                r.subject_ref,
+                r.request_id,
+                json.loads(r.data),
+                r.prev_hash,
+                r.hash,
+            )
+            for r in rows
+        ]
+
+    def verify(self) -> int:
+        """Recompute the chain; returns the number of events checked."""
+        with self._engine.connect() as conn:
+            anchor = conn.execute(sa.select(audit_anchor)).first()
+            rows = conn.execute(sa.select(audit_events).order_by(audit_events.c.seq)).all()
+        expected = anchor.last_hash if anchor is not None else GENESIS
+        previous_seq = anchor.pruned_through if anchor is not None else 0
+        for r in rows:
+            if r.seq <= previous_seq:
+                raise IntegrityError(f"audit event {r.seq} is out of order")
+            if r.prev_hash != expected:
+                raise IntegrityError(f"audit chain broken at event {r.seq} (removed or reordered)")
+            digest = hashlib.sha256(
+                r.prev_hash.encode()
+                + _canonical(utc(r.at), r.event, r.subject_ref, r.request_id, r.data)  # type: ignore[arg-type]
+            ).hexdigest()
+            if digest != r.hash:
+                raise IntegrityError(f"audit event {r.seq} was edited")
+            expected, previous_seq = r.hash, r.seq
+        return len(rows)
+
+    def prune(self, before: datetime) -> int:
+        """Delete events older than ``before`` (audit retention), keeping an anchor."""
+        with self._lock, self._catalog.transaction() as conn:
+            doomed = conn.execute(
+                sa.select(audit_events.c.seq, audit_events.c.hash)
+                .where(audit_events.c.at < before)
+                .order_by(audit_events.c.seq.desc())
+                .limit(1)
+            ).first()
+            if doomed is None:
+                return 0
+            n = conn.execute(audit_events.delete().where(audit_events.c.seq <= doomed.seq)).rowcount
+            conn.execute(audit_anchor.delete())
+            conn.execute(
+                audit_anchor.insert().values(
+                    id=1,
+                    pruned_through=doomed.seq,
+                    last_hash=doomed.hash,
+                    pruned_at=datetime.now(UTC),
+                )
+            )
+            return int(n)

@@ -1,0 +1,894 @@
+"""The erasure coordinator: a persisted, resumable state machine per request.
+
+States: ``requested → authorized → suppressed → propagating → verifying →
+completed``, plus ``rejected``, ``legal_hold`` (an active hold blocks the request and
+says so), ``retryable_failure`` (a step failed; ``resume`` continues) and
+``manual_review`` (verification failed, or too many attempts).
+
+Steps, each idempotent and recorded before the next starts, so a crash at any point
+resumes where it stopped and nothing becomes readable again:
+
+1. ``suppress``      guard + deletion epoch bump in one transaction; caches evicted
+2. ``closure``       the subject's assets and, by reverse provenance and mentions,
+                     every derived asset built from them (recorded, then acted on)
+3. ``destroy_keys``  the scope DEKs: from here every copy is unreadable
+4. ``drop_memories`` / ``drop_vectors``  partitions and datasets removed
+5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
+6. ``derived``       each derived asset rebuilt from its remaining sources with the
+                     pinned producer version, or dropped when it cannot be
+7. ``external``      vendor deletion hooks: acknowledgement or ``deletion_not_verifiable``
+8. ``tombstone``     the key store's tombstone (key ids, subject_ref, time) confirmed
+9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance or
+                     mention left, probes not found by key or semantic search
+10. ``receipt``      signed, stored; the subject stays ``erased`` until re-admitted
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import sqlalchemy as sa
+
+from keyshred.audit import AuditLog
+from keyshred.errors import (
+    InvalidInput,
+    KeyNotFound,
+    KeyshredError,
+    NotFound,
+    SubjectErased,
+    SubjectSuppressed,
+)
+from keyshred.receipts import (
+    BackupCoverage,
+    Check,
+    DerivedAction,
+    ExternalCall,
+    Receipt,
+    StoreAction,
+    load_receipt,
+    sign_receipt,
+)
+from keyshred.storage.catalog import (
+    ACTIVE,
+    AssetRow,
+    Catalog,
+    deletion_requests,
+    legal_holds,
+    utc,
+)
+
+if TYPE_CHECKING:
+    from keyshred.facade import Keyshred
+    from keyshred.storage.memories import Memory
+
+__all__ = [
+    "STEPS",
+    "DerivedApi",
+    "ErasureCoordinator",
+    "ErasureRequest",
+    "ExternalAnswer",
+    "ExternalProcessor",
+    "Hold",
+    "VerificationFailed",
+]
+
+REQUESTED, AUTHORIZED, SUPPRESSED = "requested", "authorized", "suppressed"
+PROPAGATING, VERIFYING, COMPLETED = "propagating", "verifying", "completed"
+REJECTED, LEGAL_HOLD = "rejected", "legal_hold"
+RETRYABLE, MANUAL_REVIEW = "retryable_failure", "manual_review"
+ERASED = "erased"
+
+STEPS = (
+    "suppress",
+    "closure",
+    "destroy_keys",
+    "drop_memories",
+    "drop_vectors",
+    "catalog",
+    "derived",
+    "external",
+    "tombstone",
+    "verify",
+    "receipt",
+)
+_STATE_AFTER = {
+    "suppress": SUPPRESSED,
+    "closure": SUPPRESSED,
+    "destroy_keys": PROPAGATING,
+    "drop_memories": PROPAGATING,
+    "drop_vectors": PROPAGATING,
+    "catalog": PROPAGATING,
+    "derived": PROPAGATING,
+    "external": PROPAGATING,
+    "tombstone": VERIFYING,
+    "verify": VERIFYING,
+    "receipt": COMPLETED,
+}
+_SAFE_TEXT = re.compile(r"[A-Za-z0-9 ._:@/+()#,-]{1,128}")
+MAX_ATTEMPTS = 5
+
+
+class VerificationFailed(KeyshredError):
+    """A verification probe found something of the subject after erasure."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalAnswer:
+    """A vendor's answer: ``verified`` only if it confirmed the deletion."""
+
+    verified: bool
+    detail: str = ""
+
+
+class ExternalProcessor(Protocol):
+    """A processor holding the subject's data elsewhere (a model provider's stored
+    responses, a hosted memory product). ``delete`` asks it to delete; it must not
+    claim a deletion it cannot verify."""
+
+    name: str
+
+    def delete(self, subject_ref: str, scope: str | None) -> ExternalAnswer: ...
+
+
+@dataclass(slots=True)
+class ErasureRequest:
+    request_id: str
+    subject_ref: str
+    scope: str | None
+    state: str
+    requested_by: str
+    reason: str
+    created_at: datetime
+    updated_at: datetime
+    attempts: int
+    doc: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps_done(self) -> list[str]:
+        return list(self.doc.get("done", []))
+
+    @property
+    def error(self) -> str | None:
+        value = self.doc.get("error")
+        return None if value is None else str(value)
+
+    def __repr__(self) -> str:
+        return (
+            f"ErasureRequest(request_id={self.request_id!r}, subject_ref={self.subject_ref!r}, "
+            f"scope={self.scope!r}, state={self.state!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    hold_id: str
+    subject_ref: str
+    scope: str | None
+    reason: str
+    owner: str
+    placed_at: datetime
+    released_at: datetime | None
+
+
+def _safe(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not _SAFE_TEXT.fullmatch(value):
+        raise InvalidInput(
+            f"{kind} is 1-128 characters of letters, digits and ._:@/+()#,- "
+            "(it lands in receipts and audit events: no personal data)"
+        )
+    return value
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat()
+
+
+class DerivedApi:
+    """``ks.derived``: assets derived from other assets, with how to rebuild them."""
+
+    def __init__(self, ks: Keyshred) -> None:
+        self._ks = ks
+        self._rebuilders: dict[tuple[str, str], Callable[[list[Memory]], Any]] = {}
+
+    def register_producer(
+        self, producer: str, version: str, rebuild: Callable[[list[Memory]], Any]
+    ) -> None:
+        """How ``producer`` at ``version`` rebuilds its output from the remaining
+        source memories; returning ``None`` drops the derived asset instead."""
+        self._rebuilders[(_safe("producer", producer), _safe("producer version", version))] = (
+            rebuild
+        )
+
+    def rebuilder(self, producer: str | None, version: str | None) -> Callable[..., Any] | None:
+        if producer is None or version is None:
+            return None
+        return self._rebuilders.get((producer, version))
+
+    def register(
+        self,
+        kind: str,
+        *,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        produced_from: Sequence[str],
+        producer: str,
+        producer_version: str,
+        rebuild: Callable[[list[Memory]], Any] | None = None,
+        mentions: Iterable[Any] = (),
+        scope: str = "default",
+        index: bool | Sequence[str] | None = None,
+    ) -> Memory:
+        """Store a derived asset (a summary, a fact, an edge) as a memory of
+        ``subject`` with its provenance; erasing any source subject rebuilds it."""
+        _safe("kind", kind)
+        if rebuild is not None:
+            self.register_producer(producer, producer_version, rebuild)
+        memory = self._ks.memories.put(
+            subject,
+            namespace,
+            key,
+            value,
+            scope=scope,
+            sources=list(produced_from),
+            mentions=mentions,
+            index=index,
+        )
+        ref = self._ks.subject_ref(subject)
+        with self._ks.catalog.transaction() as conn:
+            from keyshred.storage.catalog import assets
+
+            conn.execute(
+                assets.update()
+                .where(assets.c.asset_id == memory.memory_id)
+                .values(
+                    kind=f"derived:{kind}",
+                    producer=_safe("producer", producer),
+                    producer_version=_safe("producer version", producer_version),
+                )
+            )
+        self._ks.audit.record(
+            "derived.registered",
+            subject_ref=ref,
+            asset_id=memory.memory_id,
+            kind=kind,
+            producer=producer,
+            producer_version=producer_version,
+            sources=len(produced_from),
+        )
+        return memory
+
+
+class ErasureCoordinator:
+    """``ks.erasure``: requests, resumption, status, receipts, holds, processors."""
+
+    def __init__(
+        self,
+        ks: Keyshred,
+        *,
+        on_step: Callable[[str, ErasureRequest], None] | None = None,
+    ) -> None:
+        self._ks = ks
+        self._catalog: Catalog = ks.catalog
+        self._audit: AuditLog = ks.audit
+        self._processors: list[ExternalProcessor] = []
+        self.on_step = on_step
+        self._lock = threading.Lock()
+
+    # -- persistence ---------------------------------------------------------------
+
+    def _load(self, request_id: str) -> ErasureRequest:
+        with self._catalog.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(deletion_requests).where(deletion_requests.c.request_id == request_id)
+            ).first()
+        if row is None:
+            raise NotFound(f"no erasure request {request_id}")
+        return ErasureRequest(
+            row.request_id,
+            row.subject_ref,
+            row.scope,
+            row.state,
+            row.requested_by,
+            row.reason,
+            utc(row.created_at),  # type: ignore[arg-type]
+            utc(row.updated_at),  # type: ignore[arg-type]
+            row.attempts,
+            json.loads(row.doc),
+        )
+
+    def _save(self, req: ErasureRequest, receipt: str | None = None) -> None:
+        req.updated_at = _now()
+        values: dict[str, Any] = {
+            "state": req.state,
+            "updated_at": req.updated_at,
+            "attempts": req.attempts,
+            "doc": json.dumps(req.doc, sort_keys=True),
+        }
+        if receipt is not None:
+            values["receipt"] = receipt
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                deletion_requests.update()
+                .where(deletion_requests.c.request_id == req.request_id)
+                .values(**values)
+            )
+
+    def _set_state(self, req: ErasureRequest, state: str, **data: Any) -> None:
+        if req.state != state:
+            req.state = state
+            self._save(req)
+            self._audit.record(
+                "erasure.state",
+                subject_ref=req.subject_ref,
+                request_id=req.request_id,
+                state=state,
+                **data,
+            )
+            self._ks.metrics.state(state)
+
+    # -- the API -------------------------------------------------------------------
+
+    def request(
+        self,
+        subject_ref: str,
+        scope: str | None,
+        *,
+        requested_by: str,
+        reason: str,
+        request_id: str | None = None,
+        probes: Sequence[str] = (),
+    ) -> ErasureRequest:
+        """Record a request (idempotent by ``request_id``) without running it."""
+        request_id = request_id or uuid.uuid4().hex
+        _safe("request id", request_id)
+        if scope is not None:
+            self._ks.policy.scope(scope)
+        try:
+            existing = self._load(request_id)
+        except NotFound:
+            pass
+        else:
+            if existing.subject_ref != subject_ref or existing.scope != scope:
+                raise InvalidInput(f"request {request_id} exists for another subject or scope")
+            return existing
+        now = _now()
+        doc: dict[str, Any] = {"done": [], "details": {}}
+        if probes:
+            # Probe strings are test input chosen by the operator (synthetic), kept
+            # only until verification has used them.
+            doc["probes"] = list(probes)
+        valid = bool(_SAFE_TEXT.fullmatch(requested_by or "")) and bool(
+            _SAFE_TEXT.fullmatch(reason or "")
+        )
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                deletion_requests.insert().values(
+                    request_id=request_id,
+                    subject_ref=subject_ref,
+                    scope=scope,
+                    state=REQUESTED,
+                    requested_by=requested_by if valid else "invalid",
+                    reason=reason if valid else "invalid",
+                    created_at=now,
+                    updated_at=now,
+                    attempts=0,
+                    doc=json.dumps(doc),
+                    receipt=None,
+                )
+            )
+        self._audit.record(
+            "erasure.requested",
+            subject_ref=subject_ref,
+            request_id=request_id,
+            scope=scope,
+            requested_by=requested_by if valid else "invalid",
+        )
+        self._ks.metrics.state(REQUESTED)
+        req = self._load(request_id)
+        if not valid:
+            self._set_state(req, REJECTED, why="requested_by and reason must be plain metadata")
+        return req
+
+    def status(self, request_id: str) -> ErasureRequest:
+        return self._load(request_id)
+
+    def resume(self, request_id: str) -> ErasureRequest:
+        return self.run(request_id)
+
+    def requests(self, subject_ref: str | None = None) -> list[ErasureRequest]:
+        query = sa.select(deletion_requests.c.request_id).order_by(deletion_requests.c.created_at)
+        if subject_ref is not None:
+            query = query.where(deletion_requests.c.subject_ref == subject_ref)
+        with self._catalog.engine.connect() as conn:
+            ids = list(conn.execute(query).scalars())
+        return [self._load(i) for i in ids]
+
+    def receipt(self, request_id: str) -> Receipt | None:
+        with self._catalog.engine.connect() as conn:
+            text = conn.execute(
+                sa.select(deletion_requests.c.receipt).where(
+                    deletion_requests.c.request_id == request_id
+                )
+            ).scalar()
+        return None if text is None else load_receipt(text)
+
+    def register_processor(self, processor: ExternalProcessor) -> None:
+        _safe("processor name", processor.name)
+        self._processors.append(processor)
+
+    # -- legal holds ---------------------------------------------------------------
+
+    def place_hold(
+        self, subject_ref: str, *, reason: str, owner: str, scope: str | None = None
+    ) -> Hold:
+        hold = Hold(
+            uuid.uuid4().hex,
+            subject_ref,
+            scope,
+            _safe("reason", reason),
+            _safe("owner", owner),
+            _now(),
+            None,
+        )
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                legal_holds.insert().values(
+                    hold_id=hold.hold_id,
+                    subject_ref=subject_ref,
+                    scope=scope,
+                    reason=hold.reason,
+                    owner=hold.owner,
+                    placed_at=hold.placed_at,
+                    released_at=None,
+                )
+            )
+        self._audit.record(
+            "hold.placed", subject_ref=subject_ref, hold_id=hold.hold_id, scope=scope, owner=owner
+        )
+        return hold
+
+    def release_hold(self, hold_id: str) -> None:
+        with self._catalog.transaction() as conn:
+            n = conn.execute(
+                legal_holds.update()
+                .where(legal_holds.c.hold_id == hold_id, legal_holds.c.released_at.is_(None))
+                .values(released_at=_now())
+            ).rowcount
+        if not n:
+            raise NotFound(f"no active hold {hold_id}")
+        self._audit.record("hold.released", hold_id=hold_id)
+
+    def holds(self, subject_ref: str, scope: str | None = None) -> list[Hold]:
+        """Active holds covering the subject (or the scope)."""
+        with self._catalog.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(legal_holds).where(
+                    legal_holds.c.subject_ref == subject_ref,
+                    legal_holds.c.released_at.is_(None),
+                )
+            ).all()
+        return [
+            Hold(r.hold_id, r.subject_ref, r.scope, r.reason, r.owner, utc(r.placed_at), None)  # type: ignore[arg-type]
+            for r in rows
+            if r.scope is None or scope is None or r.scope == scope
+        ]
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self, request_id: str) -> ErasureRequest:
+        """Run (or resume) a request until it completes, waits on a hold, or fails."""
+        with self._lock:
+            req = self._load(request_id)
+            if req.state in (COMPLETED, REJECTED):
+                return req
+            if req.state == MANUAL_REVIEW:
+                return req
+            if req.state == REQUESTED:
+                self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
+            if "destroy_keys" not in req.steps_done:
+                holds = self.holds(req.subject_ref, req.scope)
+                if holds:
+                    req.doc["held"] = True
+                    self._set_state(req, LEGAL_HOLD, holds=[h.hold_id for h in holds])
+                    return req
+            req.attempts += 1
+            if req.attempts > MAX_ATTEMPTS:
+                self._set_state(req, MANUAL_REVIEW, why="too many attempts")
+                return req
+            self._save(req)
+            for step in STEPS:
+                if step in req.steps_done:
+                    continue
+                try:
+                    details = getattr(self, f"_step_{step}")(req)
+                except VerificationFailed as exc:
+                    req.doc["error"] = str(exc)
+                    self._set_state(req, MANUAL_REVIEW, step=step)
+                    return req
+                except (KeyshredError, OSError, sa.exc.SQLAlchemyError) as exc:
+                    req.doc["error"] = f"{step}: {type(exc).__name__}"
+                    self._ks.metrics.failure(step)
+                    self._set_state(req, RETRYABLE, step=step, error=type(exc).__name__)
+                    return req
+                req.doc["details"][step] = details
+                req.doc["done"].append(step)
+                req.doc.pop("error", None)
+                self._save(req)
+                self._set_state(req, _STATE_AFTER[step], step=step)
+                if self.on_step is not None:
+                    self.on_step(step, req)
+            return req
+
+    # -- steps ---------------------------------------------------------------------
+
+    def _step_suppress(self, req: ErasureRequest) -> dict[str, Any]:
+        epoch = self._catalog.suppress(req.subject_ref, req.scope)
+        self._ks.memories.evict(req.subject_ref)
+        at = _now()
+        self._ks.metrics.online_latency((at - req.created_at).total_seconds())
+        return {"epoch": epoch, "at": _iso(at)}
+
+    def _subject_assets(self, req: ErasureRequest) -> list[AssetRow]:
+        return self._catalog.assets(req.subject_ref, scope=req.scope)
+
+    def _step_closure(self, req: ErasureRequest) -> dict[str, Any]:
+        own = self._subject_assets(req)
+        own_ids = {a.asset_id for a in own}
+        closure: list[str] = []
+        seen = set(own_ids)
+        frontier = set(own_ids)
+        mentioning = [] if req.scope is not None else self._catalog.mentioning(req.subject_ref)
+        level = [a for a in mentioning if a.asset_id not in seen]
+        while frontier or level:
+            derived = self._catalog.derived_from(frontier) if frontier else []
+            nxt = [a for a in [*level, *derived] if a.asset_id not in seen]
+            level = []
+            frontier = set()
+            for a in nxt:
+                if a.asset_id in seen or a.kind == "vector":
+                    continue
+                seen.add(a.asset_id)
+                closure.append(a.asset_id)
+                frontier.add(a.asset_id)
+        counts: dict[str, int] = {}
+        for a in own:
+            counts[a.kind] = counts.get(a.kind, 0) + 1
+        return {"own": sorted(own_ids), "own_counts": counts, "closure": closure}
+
+    def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
+        # Under the partition lock: a writer that passed its guard check before the
+        # suppression finishes first; every later one sees the suppression.
+        with self._ks.memories.locked(req.subject_ref):
+            result = self._ks.keyring.destroy(req.subject_ref, req.scope)
+        self._ks.vectors.evict(req.subject_ref)
+        if self._ks.memories.pme is not None:
+            self._ks.memories.pme.forget()
+        at = _now()
+        tombstone = result.tombstone
+        if not tombstone.key_ids:
+            # Resumed after the keys were already destroyed: take the tombstone's.
+            previous = [
+                t
+                for t in self._ks.keyring.store.tombstones()
+                if t.subject_ref == req.subject_ref and t.scope == req.scope
+            ]
+            if previous:
+                tombstone = previous[-1]
+                at = tombstone.erased_at
+        return {
+            "key_ids": [k.hex() for k in tombstone.key_ids],
+            "tombstone_id": tombstone.tombstone_id if tombstone.key_ids else None,
+            "at": _iso(at),
+            "cache_evicted": result.cache_entries_evicted,
+        }
+
+    def _step_drop_memories(self, req: ErasureRequest) -> dict[str, Any]:
+        if req.scope is None:
+            n = self._ks.memories.drop_subject(req.subject_ref)
+        else:
+            n = self._ks.memories.drop_scope(req.subject_ref, req.scope)
+        return {"count": n, "at": _iso(_now())}
+
+    def _step_drop_vectors(self, req: ErasureRequest) -> dict[str, Any]:
+        if req.scope is None:
+            n = 1 if self._ks.vectors.drop(req.subject_ref) else 0
+        else:
+            n = self._ks.vectors.delete_scope(req.subject_ref, req.scope)
+        return {"count": n, "at": _iso(_now())}
+
+    def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
+        ids = [a.asset_id for a in self._subject_assets(req)]
+        n = self._catalog.delete(ids)
+        consents = 0
+        if req.scope is None:
+            consents = self._catalog.delete_consents(req.subject_ref)
+        return {"assets": n, "consents": consents, "at": _iso(_now())}
+
+    def _step_derived(self, req: ErasureRequest) -> dict[str, Any]:
+        erased = set(req.doc["details"]["closure"]["own"])
+        done: list[dict[str, Any]] = list(req.doc.get("derived_done", []))
+        handled = {d["asset_id"] for d in done}
+        for asset_id in req.doc["details"]["closure"]["closure"]:
+            if asset_id in handled:
+                continue
+            asset = self._catalog.asset(asset_id)
+            if asset is None:
+                continue  # already gone (dropped earlier, or erased with its owner)
+            action = self._rebuild_one(req, asset, erased)
+            if action is not None:
+                done.append(action)
+                req.doc["derived_done"] = done
+                self._save(req)
+            erased.add(asset_id) if action and action["action"] == "dropped" else None
+        return {"actions": done}
+
+    def _rebuild_one(
+        self, req: ErasureRequest, asset: AssetRow, erased: set[str]
+    ) -> dict[str, Any] | None:
+        owner = asset.subject_ref
+        if owner == req.subject_ref and req.scope is None:
+            return None
+        try:
+            self._catalog.check_guard(owner)
+        except SubjectSuppressed:
+            return None  # its owner is being erased too; that erasure takes it
+        derived = self._ks.derived
+        remaining = [s for s in asset.sources if s not in erased]
+        mentions = [m for m in asset.mentions if m != req.subject_ref or req.scope is not None]
+        rebuild = derived.rebuilder(asset.producer, asset.producer_version)
+        rows = self._ks.memories.rows_by_id(owner, [asset.asset_id])
+        row = rows.get(asset.asset_id)
+        if row is None:
+            return None
+        at = _iso(_now())
+        base = {
+            "asset_id": asset.asset_id,
+            "kind": asset.kind,
+            "owner_subject_ref": owner,
+            "producer": asset.producer,
+            "producer_version": asset.producer_version,
+            "at": at,
+        }
+        value = None
+        if rebuild is not None and remaining:
+            sources = self._source_memories(remaining)
+            value = rebuild(sources)
+        if value is None:
+            self._ks.memories.delete_by_id(owner, asset.asset_id)
+            return {**base, "action": "dropped"}
+        self._ks.memories.rebuild(owner, row, value, sources=remaining, mentions=mentions)
+        with self._catalog.transaction() as conn:
+            from keyshred.storage.catalog import assets
+
+            conn.execute(
+                assets.update()
+                .where(assets.c.asset_id == asset.asset_id)
+                .values(
+                    kind=asset.kind,
+                    producer=asset.producer,
+                    producer_version=asset.producer_version,
+                )
+            )
+        return {**base, "action": "rebuilt"}
+
+    def _source_memories(self, ids: Sequence[str]) -> list[Memory]:
+        by_owner: dict[str, list[str]] = {}
+        for asset_id in ids:
+            a = self._catalog.asset(asset_id)
+            if a is not None:
+                by_owner.setdefault(a.subject_ref, []).append(asset_id)
+        out: list[Memory] = []
+        for owner, owned in by_owner.items():
+            try:
+                self._catalog.check_guard(owner)
+            except SubjectSuppressed:
+                continue
+            rows = self._ks.memories.rows_by_id(owner, owned)
+            out += [self._ks.memories.memory(rows[i]) for i in owned if i in rows]
+        return out
+
+    def _step_external(self, req: ErasureRequest) -> dict[str, Any]:
+        calls = list(req.doc.get("external_done", []))
+        answered = {c["processor"] for c in calls}
+        for processor in self._processors:
+            if processor.name in answered:
+                continue
+            answer = processor.delete(req.subject_ref, req.scope)
+            calls.append(
+                {
+                    "processor": processor.name,
+                    "status": "acknowledged" if answer.verified else "deletion_not_verifiable",
+                    "detail": answer.detail[:256],
+                    "at": _iso(_now()),
+                }
+            )
+            req.doc["external_done"] = calls
+            self._save(req)
+            self._audit.record(
+                "erasure.external",
+                subject_ref=req.subject_ref,
+                request_id=req.request_id,
+                processor=processor.name,
+                verified=answer.verified,
+            )
+        return {"calls": calls}
+
+    def _step_tombstone(self, req: ErasureRequest) -> dict[str, Any]:
+        keys = req.doc["details"]["destroy_keys"]
+        store = self._ks.keyring.store
+        for key_hex in keys["key_ids"]:
+            if store.tombstone_for(bytes.fromhex(key_hex)) is None:
+                raise KeyshredError(f"no tombstone for key {key_hex}")
+        return {"tombstone_id": keys["tombstone_id"], "keys": len(keys["key_ids"])}
+
+    def _step_verify(self, req: ErasureRequest) -> dict[str, Any]:
+        checks: list[dict[str, Any]] = []
+
+        def check(name: str, passed: bool, detail: str) -> None:
+            checks.append({"name": name, "passed": passed, "detail": detail})
+
+        keys = req.doc["details"]["destroy_keys"]["key_ids"]
+        unwrapped = []
+        for key_hex in keys:
+            try:
+                self._ks.keyring.data_key_by_id(bytes.fromhex(key_hex))
+                unwrapped.append(key_hex)
+            except (SubjectErased, KeyNotFound):
+                pass
+        check("keys fail to unwrap", not unwrapped, f"{len(keys)} keys raise SubjectErased")
+
+        path = self._ks.memories.partition_path(req.subject_ref)
+        if req.scope is None:
+            left = [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
+            check("memory partition removed", not left, f"{len(left)} files left")
+            gone = not self._ks.vectors.exists(req.subject_ref)
+            check("vector partition removed", gone, "dataset absent" if gone else "still there")
+        else:
+            manifest = path / "MANIFEST"
+            scopes = json.loads(manifest.read_text())["segments"] if manifest.exists() else {}
+            check("scope segment removed", req.scope not in scopes, f"scopes left: {len(scopes)}")
+
+        own = self._subject_assets(req)
+        check("catalog holds no asset", not own, f"{len(own)} assets left")
+        erased = set(req.doc["details"]["closure"]["own"])
+        still = [a.asset_id for a in self._catalog.derived_from(erased)]
+        check("no provenance points at erased assets", not still, f"{len(still)} assets")
+        if req.scope is None:
+            mentions = self._catalog.mentioning(req.subject_ref)
+            check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")
+
+        probes = [p for p in req.doc.get("probes", []) if p]
+        if probes:
+            hits = self._probe_hits(req, probes)
+            check("probes found nowhere (key and semantic search)", not hits, f"{hits} hits")
+        req.doc.pop("probes", None)  # used; not kept with the request
+        failed = [c["name"] for c in checks if not c["passed"]]
+        if failed:
+            raise VerificationFailed("verification failed: " + ", ".join(failed))
+        return {"checks": checks}
+
+    def _probe_hits(self, req: ErasureRequest, probes: Sequence[str]) -> int:
+        """Search every remaining subject that shared derived assets with the erased
+        one, by value and by meaning, for the probe strings."""
+        owners = set()
+        for action in req.doc.get("derived_done", []):
+            owners.add(action["owner_subject_ref"])
+        owners.discard(req.subject_ref)
+        hits = 0
+        memories = self._ks.memories
+        for owner in owners:
+            try:
+                self._catalog.check_guard(owner)
+            except SubjectSuppressed:
+                continue
+            part_rows = memories.rows_by_id(owner, [])  # loads the partition
+            del part_rows
+            part = memories._partition(owner)
+            values = [r.value for r in part.rows.values()]
+            hits += sum(1 for v in values for p in probes if p.encode() in v)
+            indexed = [r for r in part.rows.values() if r.index]
+            if indexed and memories.vectors is not None and memories.vectors.count(owner):
+                for probe in probes:
+                    q = memories.embedder.embed_query(probe)
+                    for mid, _ in memories.vectors.search(owner, q, 5):
+                        row = next((r for r in indexed if r.memory_id == mid), None)
+                        if row is not None and any(p.encode() in row.value for p in probes):
+                            hits += 1
+        return hits
+
+    def _step_receipt(self, req: ErasureRequest) -> dict[str, Any]:
+        d = req.doc["details"]
+        keys = d["destroy_keys"]
+        completed = _now()
+        stores = [
+            StoreAction(
+                store="keyring", action="keys-destroyed", count=len(keys["key_ids"]), at=keys["at"]
+            ),
+            StoreAction(
+                store="memories",
+                action="partition-dropped" if req.scope is None else "scope-dropped",
+                count=d["drop_memories"]["count"],
+                at=d["drop_memories"]["at"],
+            ),
+            StoreAction(
+                store="vectors",
+                action="dataset-dropped" if req.scope is None else "scope-deleted",
+                count=d["drop_vectors"]["count"],
+                at=d["drop_vectors"]["at"],
+            ),
+            StoreAction(
+                store="catalog",
+                action="assets-deleted",
+                count=d["catalog"]["assets"],
+                at=d["catalog"]["at"],
+            ),
+        ]
+        for kind, n in sorted(d["closure"]["own_counts"].items()):
+            stores.append(
+                StoreAction(
+                    store="catalog", action=f"{kind}-assets", count=n, at=d["catalog"]["at"]
+                )
+            )
+        receipt = Receipt(
+            request_id=req.request_id,
+            subject_ref=req.subject_ref,
+            scope=req.scope,
+            requested_by=req.requested_by,
+            reason=req.reason,
+            requested_at=req.created_at,
+            suppressed_at=d["suppress"]["at"],
+            keys_destroyed_at=keys["at"],
+            online_erased_at=keys["at"],
+            completed_at=completed,
+            key_ids=keys["key_ids"],
+            tombstone_id=keys["tombstone_id"],
+            stores=stores,
+            derived=[DerivedAction(**a) for a in d["derived"]["actions"]],
+            external=[ExternalCall(**c) for c in d["external"]["calls"]],
+            verification=[Check(**c) for c in d["verify"]["checks"]],
+            backups=BackupCoverage(
+                covered=False,
+                backup_final_date=None,
+                note="backups are not covered yet: keyshred takes no backups of its own "
+                "(issue #7); any copy made outside keyshred holds only ciphertext whose "
+                "keys are destroyed, unless it also copied the key store and a live "
+                "KEK epoch",
+            ),
+            legal_hold_history=bool(req.doc.get("held")),
+        )
+        signed = sign_receipt(receipt, self._ks.keyring.signer())
+        if req.scope is None:
+            self._catalog.set_guard(req.subject_ref, ERASED)
+        else:
+            self._catalog.release_scope(req.subject_ref, req.scope)
+        self._save(req, receipt=signed.to_json())
+        self._ks.metrics.completion_latency((completed - req.created_at).total_seconds())
+        self._audit.record(
+            "erasure.completed",
+            subject_ref=req.subject_ref,
+            request_id=req.request_id,
+            keys=len(keys["key_ids"]),
+            derived=len(d["derived"]["actions"]),
+        )
+        return {"at": _iso(completed)}
+
+    # -- re-admission --------------------------------------------------------------
+
+    def readmit(self, subject_ref: str) -> None:
+        """Let an erased subject return (new keys; old data stays erased; jobs that
+        carry an epoch from before the erasure stay refused)."""
+        self._catalog.set_guard(subject_ref, ACTIVE)
+        self._audit.record("subject.readmitted", subject_ref=subject_ref)

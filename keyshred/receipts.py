@@ -1,0 +1,141 @@
+"""Erasure receipts: what was done, when, and what backups still hold — signed.
+
+A receipt names the subject only by subject_ref. It is a pydantic model serialized
+as JSON; the signature is Ed25519 over the canonical JSON of every other field
+(sorted keys, no whitespace), made with the keyring's receipt key. ``verify`` needs
+nothing but the receipt (and, to pin trust, the expected public key): it runs
+offline, e.g. ``keyshred receipt verify FILE --public-key KEY``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from keyshred.errors import IntegrityError
+from keyshred.keyring.keyring import Signer, verify_signature
+
+__all__ = [
+    "BackupCoverage",
+    "Check",
+    "DerivedAction",
+    "ExternalCall",
+    "Receipt",
+    "Signature",
+    "StoreAction",
+    "load_receipt",
+    "sign_receipt",
+    "verify_receipt",
+]
+
+FORMAT = "keyshred-receipt/1"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreAction(_Model):
+    store: str  # "keyring", "memories", "vectors", "catalog", ...
+    action: str  # "keys-destroyed", "partition-dropped", ...
+    count: int
+    at: datetime
+
+
+class DerivedAction(_Model):
+    asset_id: str
+    kind: str
+    owner_subject_ref: str
+    action: Literal["rebuilt", "dropped"]
+    producer: str | None = None
+    producer_version: str | None = None
+    at: datetime
+
+
+class ExternalCall(_Model):
+    processor: str
+    status: Literal["acknowledged", "deletion_not_verifiable"]
+    detail: str
+    at: datetime
+
+
+class Check(_Model):
+    name: str
+    passed: bool
+    detail: str
+
+
+class BackupCoverage(_Model):
+    covered: bool
+    backup_final_date: datetime | None
+    note: str
+
+
+class Signature(_Model):
+    algorithm: Literal["Ed25519"] = "Ed25519"
+    public_key: str  # base64
+    value: str  # base64
+
+
+class Receipt(_Model):
+    format: Literal["keyshred-receipt/1"] = "keyshred-receipt/1"
+    request_id: str
+    subject_ref: str
+    scope: str | None
+    requested_by: str
+    reason: str
+    requested_at: datetime
+    suppressed_at: datetime
+    keys_destroyed_at: datetime
+    online_erased_at: datetime
+    completed_at: datetime
+    key_ids: list[str]
+    tombstone_id: str | None
+    stores: list[StoreAction]
+    derived: list[DerivedAction]
+    external: list[ExternalCall]
+    verification: list[Check]
+    backups: BackupCoverage
+    legal_hold_history: bool = False
+    signature: Signature | None = None
+
+    def canonical(self) -> bytes:
+        body = self.model_dump(mode="json", exclude={"signature"})
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def sign_receipt(receipt: Receipt, signer: Signer) -> Receipt:
+    signature = Signature(
+        public_key=base64.b64encode(signer.public_key).decode("ascii"),
+        value=base64.b64encode(signer.sign(receipt.canonical())).decode("ascii"),
+    )
+    return receipt.model_copy(update={"signature": signature})
+
+
+def verify_receipt(receipt: Receipt, public_key: bytes | None = None) -> None:
+    """Raise ``IntegrityError`` unless the receipt is intact and signed (by
+    ``public_key`` when given, which is how a verifier pins trust)."""
+    if receipt.signature is None:
+        raise IntegrityError("the receipt is not signed")
+    try:
+        key = base64.b64decode(receipt.signature.public_key, validate=True)
+        value = base64.b64decode(receipt.signature.value, validate=True)
+    except ValueError:
+        raise IntegrityError("the receipt's signature is malformed") from None
+    if public_key is not None and key != public_key:
+        raise IntegrityError("the receipt was signed by another key")
+    verify_signature(key, value, receipt.canonical())
+
+
+def load_receipt(text: str) -> Receipt:
+    try:
+        return Receipt.model_validate_json(text)
+    except ValidationError:
+        raise IntegrityError("not a keyshred receipt (or it was altered)") from None

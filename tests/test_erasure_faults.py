@@ -1,0 +1,133 @@
+"""Erasure under faults: SIGKILL after every step, and writers racing the erasure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.erasure import STEPS
+from keyshred.errors import StaleEpoch, SubjectErased, SubjectSuppressed
+from keyshred.receipts import verify_receipt
+from tests.storage.conftest import make_config
+from tests.storage.test_vectors import bag_of_words
+
+WORKER = Path(__file__).with_name("erasure_worker.py")
+VICTIM = "victim@example.org"
+PROBE = b"zqprobe-7d41"
+
+
+def populate(data: Path) -> None:
+    with Keyshred.init(data, make_config(None, flush_records=4), embeddings=bag_of_words) as ks:
+        for i in range(10):
+            ks.memories.put(VICTIM, ("m",), f"k{i}", f"{PROBE.decode()} {i}", index=True)
+        src = ks.memories.put("bob", ("m",), "b", "bob likes chess", index=True)
+        victim_src = ks.memories.get(VICTIM, ("m",), "k0")
+        assert victim_src is not None
+        ks.derived.register(
+            "summary",
+            subject="bob",
+            namespace=("s",),
+            key="summary",
+            value=f"{PROBE.decode()} and chess",
+            produced_from=[victim_src.memory_id, src.memory_id],
+            producer="concat",
+            producer_version="1",
+        )
+
+
+def victim_unreadable(ks: Keyshred) -> None:
+    for call in (
+        lambda: ks.memories.get(VICTIM, ("m",), "k1"),
+        lambda: ks.memories.search(VICTIM, ("m",)),
+        lambda: ks.memories.put(VICTIM, ("m",), "new", 1),
+    ):
+        with pytest.raises((SubjectSuppressed, SubjectErased)):
+            call()
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    populate(data)
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "erase", str(data), "req-fault", step],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+        req = ks.erasure.status("req-fault")
+        assert step in req.steps_done
+        victim_unreadable(ks)  # at every moment after suppressed
+        done = ks.erasure.resume("req-fault")
+        assert done.state == "completed", done.error
+        receipt = ks.erasure.receipt("req-fault")
+        assert receipt is not None
+        verify_receipt(receipt)
+        assert receipt.key_ids and all(c.passed for c in receipt.verification)
+        assert {s.store for s in receipt.stores} >= {"keyring", "memories", "vectors", "catalog"}
+        victim_unreadable(ks)
+        assert ks.memories.get("bob", ("m",), "b") is not None
+    for path in (p for p in data.rglob("*") if p.is_file()):
+        assert PROBE not in path.read_bytes(), path
+
+
+def test_writers_racing_the_erasure(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    populate(data)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "write", str(data)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:  # both are writing before the erasure starts
+        assert p.stdout is not None and p.stdout.readline().startswith("ACK")
+    ks = Keyshred.open(data, make_config(None), embeddings=bag_of_words)
+    ref = ks.subject_ref(VICTIM)
+    epoch = ks.deletion_epoch(VICTIM)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def writer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                ks.memories.put(VICTIM, ("thread",), f"t{n}-{i}", i, epoch=epoch)
+            except (SubjectSuppressed, StaleEpoch):
+                return
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    req = ks.erase(VICTIM, requested_by="dpo", reason="race")
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert not errors, errors
+    assert req.state == "completed", req.error
+    for out, err in outs:
+        assert "REFUSED after" in out, err[-2000:]
+    victim_unreadable(ks)
+    # Nothing of the subject was registered after its suppression, by anyone.
+    assert ks.catalog.assets(ref) == []
+    assert ks.catalog.count(ref) == 0
+    assert not ks.memories.partition_path(ref).exists() or not [
+        p for p in ks.memories.partition_path(ref).rglob("*.parquet")
+    ]
+    ks.close()
