@@ -28,6 +28,10 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(no_args_is_help=True, help="KEK epochs and key-store maintenance.")
 app.add_typer(keys_app, name="keys")
+receipt_app = typer.Typer(no_args_is_help=True, help="Erasure receipts.")
+app.add_typer(receipt_app, name="receipt")
+audit_app = typer.Typer(no_args_is_help=True, help="The hash-chained audit log.")
+app.add_typer(audit_app, name="audit")
 
 out = Console()
 
@@ -155,6 +159,140 @@ def keys_destroy_epochs(
         as_json,
         f"destroyed epochs {[d.epoch for d in gone]}",
     )
+
+
+def _request_json(req: Any) -> dict[str, Any]:
+    return {
+        "request_id": req.request_id,
+        "subject_ref": req.subject_ref,
+        "scope": req.scope,
+        "state": req.state,
+        "steps_done": req.steps_done,
+        "attempts": req.attempts,
+        "error": req.error,
+    }
+
+
+@app.command()
+def erase(  # noqa: PLR0917 - typer maps every parameter to an option
+    subject: Annotated[str, typer.Argument(help="The subject id (never printed back).")],
+    requested_by: Annotated[str, typer.Option("--requested-by", help="Who asked.")],
+    reason: Annotated[str, typer.Option(help="Why, as a short code (e.g. gdpr-art17).")],
+    scope: Annotated[str | None, typer.Option(help="Erase only this scope.")] = None,
+    request_id: Annotated[str | None, typer.Option("--request-id")] = None,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Erase a subject (or one scope): suppress, destroy keys, drop, rebuild, verify."""
+    with Keyshred.open(path) as ks:
+        req = ks.erase(
+            subject, scope, requested_by=requested_by, reason=reason, request_id=request_id
+        )
+    data = _request_json(req)
+    _emit(
+        data,
+        as_json,
+        f"request {req.request_id}: {req.state}" + (f" ({req.error})" if req.error else ""),
+    )
+    if req.state not in ("completed", "legal_hold"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    request_id: Annotated[str, typer.Argument()],
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Show an erasure request's state and the steps it has done."""
+    with Keyshred.open(path) as ks:
+        req = ks.erasure.status(request_id)
+    data = _request_json(req)
+    _emit(data, as_json, f"{req.request_id}: {req.state}; done: {', '.join(req.steps_done)}")
+
+
+@app.command()
+def resume(
+    request_id: Annotated[str, typer.Argument()],
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue a request that stopped (a crash, a failed step, a released hold)."""
+    with Keyshred.open(path) as ks:
+        req = ks.erasure.resume(request_id)
+    _emit(_request_json(req), as_json, f"request {req.request_id}: {req.state}")
+    if req.state not in ("completed", "legal_hold"):
+        raise typer.Exit(1)
+
+
+@receipt_app.command("show")
+def receipt_show(
+    request_id: Annotated[str, typer.Argument()],
+    path: PathOpt = Path("."),
+) -> None:
+    """Print the signed receipt of a completed request (JSON)."""
+    with Keyshred.open(path) as ks:
+        receipt = ks.erasure.receipt(request_id)
+    if receipt is None:
+        raise KeyshredError(f"request {request_id} has no receipt yet")
+    typer.echo(receipt.to_json())
+
+
+@receipt_app.command("verify")
+def receipt_verify(
+    file: Annotated[Path, typer.Argument(help="A receipt JSON file.")],
+    public_key: Annotated[
+        str | None, typer.Option("--public-key", help="Expected signer (base64).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Verify a receipt offline: intact, and signed (by --public-key when given)."""
+    import base64
+
+    from keyshred.receipts import load_receipt, verify_receipt
+
+    try:
+        text = file.read_text("utf-8")
+    except OSError:
+        raise KeyshredError(f"cannot read {file}") from None
+    receipt = load_receipt(text)
+    key = None
+    if public_key is not None:
+        try:
+            key = base64.b64decode(public_key, validate=True)
+        except ValueError:
+            raise KeyshredError("--public-key is not base64") from None
+    verify_receipt(receipt, key)
+    _emit(
+        {"valid": True, "request_id": receipt.request_id, "subject_ref": receipt.subject_ref},
+        as_json,
+        f"receipt {receipt.request_id} is valid",
+    )
+
+
+@audit_app.command("verify")
+def audit_verify(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Check the audit log's hash chain: edits, removals and reorders are found."""
+    with Keyshred.open(path) as ks:
+        n = ks.audit.verify()
+    _emit({"valid": True, "events": n}, as_json, f"audit chain intact ({n} events)")
+
+
+@app.command()
+def metrics(path: PathOpt = Path(".")) -> None:
+    """Print this process's metrics in Prometheus text format."""
+    with Keyshred.open(path) as ks:
+        typer.echo(ks.metrics.render(), nl=False)
+
+
+@keys_app.command("public-key")
+def keys_public_key(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """The receipt signing key's public half (base64), to pin in verifiers."""
+    import base64
+
+    with Keyshred.open(path) as ks:
+        key = base64.b64encode(ks.keyring.signer().public_key).decode()
+    _emit({"public_key": key}, as_json, key)
 
 
 def main() -> None:

@@ -77,3 +77,50 @@ def test_server_down_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "cannot reach" in proc.stderr
+
+
+def test_erasure_commands(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    run("init", str(data))
+    code = (
+        "import sys; from keyshred import Keyshred\n"
+        "with Keyshred.open(sys.argv[1]) as ks:\n"
+        "    ks.memories.put('cli-subject@example.org', ('m',), 'k', {'v': 'x'})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(data)], check=True)
+    out = run(
+        "erase",
+        "cli-subject@example.org",
+        "--requested-by",
+        "dpo",
+        "--reason",
+        "gdpr-art17",
+        "--request-id",
+        "r1",
+        "--path",
+        str(data),
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["state"] == "completed" and "cli-subject" not in out.stdout
+    status = json.loads(run("status", "r1", "--path", str(data), "--json").stdout)
+    assert status["state"] == "completed" and "receipt" in status["steps_done"]
+    assert json.loads(run("resume", "r1", "--path", str(data), "--json").stdout)["state"] == (
+        "completed"
+    )
+    receipt = run("receipt", "show", "r1", "--path", str(data))
+    assert receipt.returncode == 0
+    file = tmp_path / "receipt.json"
+    file.write_text(receipt.stdout)
+    key = json.loads(run("keys", "public-key", "--path", str(data), "--json").stdout)
+    ok = run("receipt", "verify", str(file), "--public-key", key["public_key"], "--json")
+    assert json.loads(ok.stdout)["valid"] is True
+    file.write_text(receipt.stdout.replace('"completed_at": "', '"completed_at": "1'))
+    bad = run("receipt", "verify", str(file))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    audit = json.loads(run("audit", "verify", "--path", str(data), "--json").stdout)
+    assert audit["valid"] is True and audit["events"] > 5
+    assert "keyshred_erasure_requests_total" in run("metrics", "--path", str(data)).stdout
+    unknown = run("status", "nope", "--path", str(data))
+    assert unknown.returncode == 2 and unknown.stderr.startswith("keyshred: error:")
