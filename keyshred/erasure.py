@@ -9,9 +9,9 @@ Steps, each idempotent and recorded before the next starts, so a crash at any po
 resumes where it stopped and nothing becomes readable again:
 
 1. ``suppress``      guard + deletion epoch bump in one transaction; caches evicted
-2. ``closure``       the subject's assets and, by reverse provenance and mentions,
+2. ``destroy_keys``  the scope DEKs: from here every copy is unreadable
+3. ``closure``       the subject's assets and, by reverse provenance and mentions,
                      every derived asset built from them (recorded, then acted on)
-3. ``destroy_keys``  the scope DEKs: from here every copy is unreadable
 4. ``drop_memories`` / ``drop_vectors``  partitions and datasets removed
 5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
 6. ``derived``       each derived asset rebuilt from its remaining sources with the
@@ -87,8 +87,8 @@ ERASED = "erased"
 
 STEPS = (
     "suppress",
-    "closure",
     "destroy_keys",
+    "closure",
     "drop_memories",
     "drop_vectors",
     "catalog",
@@ -100,8 +100,8 @@ STEPS = (
 )
 _STATE_AFTER = {
     "suppress": SUPPRESSED,
-    "closure": SUPPRESSED,
     "destroy_keys": PROPAGATING,
+    "closure": PROPAGATING,
     "drop_memories": PROPAGATING,
     "drop_vectors": PROPAGATING,
     "catalog": PROPAGATING,
@@ -541,17 +541,21 @@ class ErasureCoordinator:
         self._ks.metrics.online_latency((at - req.created_at).total_seconds())
         return {"epoch": epoch, "at": _iso(at)}
 
-    def _subject_assets(self, req: ErasureRequest) -> list[AssetRow]:
-        return self._catalog.assets(req.subject_ref, scope=req.scope)
+    def _subject_assets(self, req: ErasureRequest) -> dict[str, str]:
+        """Asset id -> kind of the subject's (scope's) assets."""
+        return self._catalog.asset_kinds(req.subject_ref, req.scope)
 
     def _step_closure(self, req: ErasureRequest) -> dict[str, Any]:
         own = self._subject_assets(req)
-        own_ids = {a.asset_id for a in own}
+        own_ids = set(own)
         closure: list[str] = []
         seen = set(own_ids)
-        frontier = set(own_ids)
+        frontier: set[str] = set()
         mentioning = [] if req.scope is not None else self._catalog.mentioning(req.subject_ref)
-        level = [a for a in mentioning if a.asset_id not in seen]
+        # First level by one join on the subject; further levels (derived from
+        # derived) by the few ids found.
+        first = self._catalog.derived_from_subject(req.subject_ref, req.scope)
+        level = [a for a in [*mentioning, *first] if a.asset_id not in seen]
         while frontier or level:
             derived = self._catalog.derived_from(frontier) if frontier else []
             nxt = [a for a in [*level, *derived] if a.asset_id not in seen]
@@ -564,8 +568,8 @@ class ErasureCoordinator:
                 closure.append(a.asset_id)
                 frontier.add(a.asset_id)
         counts: dict[str, int] = {}
-        for a in own:
-            counts[a.kind] = counts.get(a.kind, 0) + 1
+        for kind in own.values():
+            counts[kind] = counts.get(kind, 0) + 1
         return {"own": sorted(own_ids), "own_counts": counts, "closure": closure}
 
     def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
@@ -610,8 +614,7 @@ class ErasureCoordinator:
         return {"count": n, "at": _iso(_now())}
 
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
-        ids = [a.asset_id for a in self._subject_assets(req)]
-        n = self._catalog.delete(ids)
+        n = self._catalog.delete_subject_assets(req.subject_ref, scope=req.scope)
         consents = 0
         if req.scope is None:
             consents = self._catalog.delete_consents(req.subject_ref)
@@ -763,9 +766,9 @@ class ErasureCoordinator:
 
         own = self._subject_assets(req)
         check("catalog holds no asset", not own, f"{len(own)} assets left")
-        erased = set(req.doc["details"]["closure"]["own"])
-        still = [a.asset_id for a in self._catalog.derived_from(erased)]
-        check("no provenance points at erased assets", not still, f"{len(still)} assets")
+        erased = req.doc["details"]["closure"]["own"]
+        still = self._catalog.any_source_in(erased)
+        check("no provenance points at erased assets", not still, f"{still} edges")
         if req.scope is None:
             mentions = self._catalog.mentioning(req.subject_ref)
             check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")

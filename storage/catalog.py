@@ -644,11 +644,32 @@ class Catalog:
         with self._write() as conn:
             return self._delete_ids(conn, asset_ids)
 
-    def delete_subject_assets(
-        self, subject_ref: str, scope: str | None = None, kind: str | None = None
-    ) -> int:
-        ids = [a.asset_id for a in self.assets(subject_ref, scope=scope, kind=kind)]
-        return self.delete(ids)
+    def _subject_filter(self, subject_ref: str, scope: str | None) -> Any:
+        where = assets.c.subject_ref == subject_ref
+        return where if scope is None else sa.and_(where, assets.c.scope == scope)
+
+    def asset_kinds(self, subject_ref: str, scope: str | None = None) -> dict[str, str]:
+        """Asset id -> kind of every asset of the subject (or one of its scopes)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(assets.c.asset_id, assets.c.kind).where(
+                    self._subject_filter(subject_ref, scope)
+                )
+            ).all()
+        return {r[0]: r[1] for r in rows}
+
+    def delete_subject_assets(self, subject_ref: str, scope: str | None = None) -> int:
+        """Delete every asset of the subject (or scope) and its provenance edges in
+        three statements, however many assets there are."""
+        own = sa.select(assets.c.asset_id).where(self._subject_filter(subject_ref, scope))
+        with self._write() as conn:
+            conn.execute(asset_sources.delete().where(asset_sources.c.asset_id.in_(own)))
+            conn.execute(asset_mentions.delete().where(asset_mentions.c.asset_id.in_(own)))
+            return int(
+                conn.execute(
+                    assets.delete().where(self._subject_filter(subject_ref, scope))
+                ).rowcount
+            )
 
     def _rows(self, conn: Connection, where: Any) -> list[AssetRow]:
         rows = conn.execute(sa.select(assets).where(where)).all()
@@ -744,6 +765,34 @@ class Catalog:
                     ).scalars()
                 )
             return self._rows(conn, assets.c.asset_id.in_(sorted(found))) if found else []
+
+    def derived_from_subject(self, subject_ref: str, scope: str | None = None) -> list[AssetRow]:
+        """Assets of other subjects (or scopes) whose provenance names any asset of
+        this subject (scope): one join, however many assets the subject has."""
+        own = sa.select(assets.c.asset_id).where(self._subject_filter(subject_ref, scope))
+        with self._read() as conn:
+            ids = set(
+                conn.execute(
+                    sa.select(asset_sources.c.asset_id).where(asset_sources.c.source_id.in_(own))
+                ).scalars()
+            )
+            own_ids = set(conn.execute(own).scalars())
+            ids -= own_ids
+            return self._rows(conn, assets.c.asset_id.in_(sorted(ids))) if ids else []
+
+    def any_source_in(self, source_ids: Sequence[str]) -> int:
+        """How many provenance edges still name one of ``source_ids``."""
+        n = 0
+        with self._read() as conn:
+            for chunk in _chunks(list(source_ids), 900):
+                n += int(
+                    conn.execute(
+                        sa.select(sa.func.count())
+                        .select_from(asset_sources)
+                        .where(asset_sources.c.source_id.in_(chunk))
+                    ).scalar_one()
+                )
+        return n
 
     def mentioning(self, subject_ref: str) -> list[AssetRow]:
         with self._read() as conn:
