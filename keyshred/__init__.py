@@ -9,6 +9,7 @@ from __future__ import annotations
 from keyshred.config import Config
 from keyshred.errors import (
     ConfigError,
+    ConsentRequired,
     IntegrityError,
     InvalidInput,
     KekEpochDestroyed,
@@ -17,7 +18,12 @@ from keyshred.errors import (
     KeyNotFound,
     KeyshredError,
     MissingExtraError,
+    NotFound,
+    StaleEpoch,
     SubjectErased,
+    SubjectSuppressed,
+    UnknownScope,
+    ValueTooLarge,
 )
 from keyshred.facade import Keyshred
 from keyshred.ids import Subject
@@ -25,6 +31,7 @@ from keyshred.ids import Subject
 __all__ = [
     "Config",
     "ConfigError",
+    "ConsentRequired",
     "IntegrityError",
     "InvalidInput",
     "KekEpochDestroyed",
@@ -34,8 +41,13 @@ __all__ = [
     "Keyshred",
     "KeyshredError",
     "MissingExtraError",
+    "NotFound",
+    "StaleEpoch",
     "Subject",
     "SubjectErased",
+    "SubjectSuppressed",
+    "UnknownScope",
+    "ValueTooLarge",
 ]
 
 __version__ = "0.1.0"
