@@ -17,7 +17,7 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -62,7 +62,8 @@ def _check_metadata(data: Mapping[str, Any]) -> None:
 class AuditLog:
     """Hash-chained events in the catalog database."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, *, retention_days: int = 2190) -> None:
+        self.retention_days = retention_days
         self._engine = catalog.engine
         self._catalog = catalog
         self._lock = threading.Lock()
@@ -144,6 +145,11 @@ class AuditLog:
                 raise IntegrityError(f"audit event {r.seq} was edited")
             expected, previous_seq = r.hash, r.seq
         return len(rows)
+
+    def apply_retention(self, now: datetime | None = None) -> int:
+        """Prune events older than ``audit.retention_days``."""
+        now = now or datetime.now(UTC)
+        return self.prune(now - timedelta(days=self.retention_days))
 
     def prune(self, before: datetime) -> int:
         """Delete events older than ``before`` (audit retention), keeping an anchor."""

@@ -278,6 +278,17 @@ def audit_verify(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
     _emit({"valid": True, "events": n}, as_json, f"audit chain intact ({n} events)")
 
 
+@audit_app.command("prune")
+def audit_prune(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Delete audit events older than audit.retention_days (the chain stays verifiable)."""
+    with Keyshred.open(path) as ks:
+        n = ks.audit.apply_retention()
+        days = ks.audit.retention_days
+    _emit(
+        {"pruned": n, "retention_days": days}, as_json, f"pruned {n} events older than {days} days"
+    )
+
+
 @app.command()
 def metrics(path: PathOpt = Path(".")) -> None:
     """Print this process's metrics in Prometheus text format."""

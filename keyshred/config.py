@@ -23,6 +23,7 @@ from keyshred.errors import ConfigError
 
 __all__ = [
     "CONFIG_FILE",
+    "AuditSettings",
     "AwsSettings",
     "Config",
     "KekSettings",
@@ -113,6 +114,10 @@ class VectorSettings(_Model):
     model: Literal["all-MiniLM-L6-v2"] = "all-MiniLM-L6-v2"
 
 
+class AuditSettings(_Model):
+    retention_days: int = Field(2190, ge=1)  # six years, a common record-keeping period
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -122,6 +127,7 @@ class Config(_Model):
     keyring: KeyringSettings = KeyringSettings()
     storage: StorageSettings = StorageSettings()
     vectors: VectorSettings = VectorSettings()
+    audit: AuditSettings = AuditSettings()
     scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
 
     @field_validator("scopes")

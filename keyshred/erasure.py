@@ -505,6 +505,8 @@ class ErasureCoordinator:
                     self._set_state(req, LEGAL_HOLD, holds=[h.hold_id for h in holds])
                     return req
             req.attempts += 1
+            if req.attempts > 1:
+                self._ks.metrics.retry()
             if req.attempts > MAX_ATTEMPTS:
                 self._set_state(req, MANUAL_REVIEW, why="too many attempts")
                 return req

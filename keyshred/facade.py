@@ -78,7 +78,8 @@ class Keyshred:
         )
         self.consent = ConsentApi(catalog, self.policy, self.subject_ref)
         self.metrics = Metrics()
-        self.audit = AuditLog(catalog)
+        catalog.on_stale = self.metrics.stale_job
+        self.audit = AuditLog(catalog, retention_days=config.audit.retention_days)
         self.derived = DerivedApi(self)
         self.erasure = ErasureCoordinator(self)
 

@@ -27,6 +27,11 @@ class Metrics:
             ["step"],
             registry=self.registry,
         )
+        self._retries = Counter(
+            "keyshred_erasure_retries",
+            "Erasure runs that resumed a request which had stopped before",
+            registry=self.registry,
+        )
         self._stale = Counter(
             "keyshred_stale_jobs_skipped",
             "Writes refused because they carried an older deletion epoch",
@@ -50,6 +55,9 @@ class Metrics:
 
     def failure(self, step: str) -> None:
         self._failures.labels(step=step).inc()
+
+    def retry(self) -> None:
+        self._retries.inc()
 
     def stale_job(self) -> None:
         self._stale.inc()

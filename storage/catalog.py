@@ -19,7 +19,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -313,6 +313,7 @@ class Catalog:
                 metadata.create_all(self.engine)
             except sa.exc.OperationalError:
                 raise ConfigError("the catalog database cannot be reached") from None
+        self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
         self._local = threading.local()
         self._raw: list[Any] = []
         self._raw_lock = threading.Lock()
@@ -485,18 +486,22 @@ class Catalog:
         with self._hot(write=False) as cur:
             return self._guard_row(cur, subject_ref, lock=False)
 
-    @staticmethod
     def enforce(
+        self,
         subject_ref: str,
         state: GuardState,
         expected_epoch: int | None,
         scope: str | None = None,
     ) -> int:
+        """Raise ``SubjectSuppressed``/``StaleEpoch`` for ``state``, or return the epoch."""
+        on_stale = self.on_stale
         if state.status != ACTIVE:
             raise SubjectSuppressed(f"subject_ref {subject_ref} is {state.status}")
         if scope is not None and scope in state.scopes:
             raise SubjectSuppressed(f"scope {scope!r} of subject_ref {subject_ref} is suppressed")
         if expected_epoch is not None and expected_epoch < state.epoch:
+            if on_stale is not None:
+                on_stale()
             raise StaleEpoch(
                 f"subject_ref {subject_ref} is at deletion epoch {state.epoch}; "
                 f"this operation carries epoch {expected_epoch}"

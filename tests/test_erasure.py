@@ -12,7 +12,13 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.erasure import ExternalAnswer
-from keyshred.errors import IntegrityError, NotFound, SubjectErased, SubjectSuppressed
+from keyshred.errors import (
+    IntegrityError,
+    NotFound,
+    StaleEpoch,
+    SubjectErased,
+    SubjectSuppressed,
+)
 from keyshred.keyring.envelope import Place
 from keyshred.receipts import load_receipt, verify_receipt
 from tests.storage.conftest import make_config
@@ -252,6 +258,7 @@ def test_audit_retention_keeps_the_chain_verifiable(ks: Keyshred) -> None:
         ks.audit.record("test.event", n=10 + i)
     assert ks.audit.prune(before=cut) == 5
     assert ks.audit.verify() == 3
+    assert ks.audit.apply_retention() == 0  # nothing is six years old
     with pytest.raises(Exception, match="non-metadata"):
         ks.audit.record("test.event", blob=b"raw bytes")  # type: ignore[arg-type]
 
@@ -264,6 +271,12 @@ def test_metrics_carry_no_identifiers(ks: Keyshred) -> None:
     assert "keyshred_erasure_online_seconds_count 1.0" in text
     assert "keyshred_erasure_completion_seconds_count 1.0" in text
     assert ks.subject_ref("jim") not in text and "jim" not in text
+    epoch = ks.deletion_epoch("kat")
+    ks.catalog.suppress(ks.subject_ref("kat"))
+    ks.catalog.set_guard(ks.subject_ref("kat"), "active")
+    with pytest.raises(StaleEpoch):
+        ks.memories.put("kat", NS, "k", 1, epoch=epoch)
+    assert "keyshred_stale_jobs_skipped_total 1.0" in ks.metrics.render()
 
 
 def test_bad_requests_are_rejected(ks: Keyshred) -> None:
