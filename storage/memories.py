@@ -113,6 +113,11 @@ class PutItem:
     index: bool | Sequence[str] | None = None
 
 
+def _vector_ids(row: MemoryRow) -> list[str]:
+    """Asset ids of a memory's vectors (one per embedded field)."""
+    return [f"{row.memory_id}/{i}" for i in range(len(row.index))]
+
+
 def _new_id(now_us: int) -> str:
     """A 32-hex-digit asset id: 7 bytes of time, then 9 random bytes. Time-ordered
     ids keep catalog B-tree inserts sequential (a quarter cheaper than random ids)."""
@@ -399,12 +404,7 @@ class MemoryStore:
             vectors = [vectors[i] for i in last.values()]
             rows = [rows[i] for i in last.values()]
             previous = {r.lookup: part.rows.get(r.lookup) for r in rows}
-            stale = [
-                f"{p.memory_id}/{i}"
-                for p in previous.values()
-                if p is not None
-                for i in range(len(p.index))
-            ]
+            stale = [v for p in previous.values() if p is not None for v in _vector_ids(p)]
             vec_items = [
                 VectorItem(r.memory_id, i, f, r.scope, now_us, vecs[i])
                 for r, vecs in zip(rows, vectors, strict=True)
@@ -594,13 +594,17 @@ class MemoryStore:
             row = part.rows.get(part.lookup(ns, k)) if part.rows else None
             if row is None:
                 return False
-            part.append_delete(row)
-            part.flush()
-            if row.index and self.vectors is not None:
-                self.vectors.delete(ref, [row.memory_id])
-            vec_ids = [f"{row.memory_id}/{i}" for i in range(len(row.index))]
-            self._catalog.delete([row.memory_id, *vec_ids])
+            self._delete_row(ref, part, row)
         return True
+
+    def _delete_row(self, ref: str, part: Partition, row: MemoryRow) -> None:
+        """Delete physically, under the partition lock: the log record, a flush that
+        rewrites the row's segment without it, its vectors, its assets."""
+        part.append_delete(row)
+        part.flush()
+        if row.index and self.vectors is not None:
+            self.vectors.delete(ref, [row.memory_id])
+        self._catalog.delete([row.memory_id, *_vector_ids(row)])
 
     # -- reads ---------------------------------------------------------------------
 
@@ -739,12 +743,7 @@ class MemoryStore:
             row = next((r for r in part.rows.values() if r.memory_id == memory_id), None)
             if row is None:
                 return False
-            part.append_delete(row)
-            part.flush()
-            if row.index and self.vectors is not None:
-                self.vectors.delete(ref, [row.memory_id])
-            vec_ids = [f"{row.memory_id}/{i}" for i in range(len(row.index))]
-            self._catalog.delete([row.memory_id, *vec_ids])
+            self._delete_row(ref, part, row)
         return True
 
     def rebuild(
