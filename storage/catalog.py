@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import threading
 import uuid
@@ -607,8 +608,8 @@ class Catalog:
                     row[name] = db
             params: list[Any] = values
             if self.dialect == "sqlite":
-                names = self._asset_columns
-                params = [tuple(row[n] for n in names) for row in values]
+                pick = operator.itemgetter(*self._asset_columns)
+                params = [pick(row) for row in values]
             if len(params) == 1:
                 cur.execute(sql["insert_asset"], params[0])
             else:

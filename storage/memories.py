@@ -363,7 +363,14 @@ class MemoryStore:
         # existing memory (index=None) are read now; a concurrent change of them is
         # caught under the lock below and embedded there.
         part.ensure_loaded()
-        fields = [self._fields(part, ns, k, item) for ns, k, _, *_, item in prepared]
+        # Lookup hashes computed here (only if the index key exists: no key is created
+        # before the lock) are reused under the lock while that key is unchanged.
+        lookups: list[str | None] = [
+            self._early_lookup(part, ns, k) if item.index is None else None
+            for ns, k, _, *_, item in prepared
+        ]
+        index_key = part.lookup_key_id
+        fields = [self._fields(part, lookups[n], item) for n, (*_, item) in enumerate(prepared)]
         vectors = self._embed_rows(prepared, fields)
         with part.flocked():
             # Again under the lock: the erasure coordinator destroys keys and drops
@@ -376,7 +383,8 @@ class MemoryStore:
             for n, (ns, k, raw, scope, purpose, category, retain, mentioned, item) in enumerate(
                 prepared
             ):
-                lookup = part.lookup(ns, k)
+                early = lookups[n] if part.lookup_key_id == index_key else None
+                lookup = early or part.lookup(ns, k)
                 old = seen.get(lookup) or part.rows.get(lookup)
                 replaced = replaced or old is not None
                 if item.index is None and old is not None and old.index != fields[n]:
@@ -440,16 +448,18 @@ class MemoryStore:
 
     # -- indexing ------------------------------------------------------------------
 
-    def _fields(
-        self, part: Partition, ns: tuple[str, ...], key: str, item: PutItem
-    ) -> tuple[str, ...]:
+    @staticmethod
+    def _early_lookup(part: Partition, ns: tuple[str, ...], key: str) -> str | None:
+        if not part.rows:
+            return None
+        try:  # before the partition lock: never create a key here
+            return part.lookup(ns, key, create=False)
+        except (KeyNotFound, SubjectErased):
+            return None
+
+    def _fields(self, part: Partition, lookup: str | None, item: PutItem) -> tuple[str, ...]:
         if item.index is None:
-            if not part.rows:
-                return ()
-            try:  # before the partition lock: never create a key here
-                old = part.rows.get(part.lookup(ns, key, create=False))
-            except (KeyNotFound, SubjectErased):
-                return ()
+            old = part.rows.get(lookup) if lookup is not None else None
             return old.index if old is not None else ()
         if item.index is False:
             return ()

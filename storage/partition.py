@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshred.errors import IntegrityError, KeyshredError, SubjectErased
+from keyshred.errors import IntegrityError, SubjectErased
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.applog import AppendLog
@@ -270,6 +270,11 @@ class Partition:
 
     # -- lookup hashes -------------------------------------------------------------
 
+    @property
+    def lookup_key_id(self) -> int:
+        """Identity of the lookup key in use (changes if the key is re-derived)."""
+        return id(self._lookup_key)
+
     def lookup(self, namespace: Sequence[str], key: str, *, create: bool = True) -> str:
         """Keyed hash of (namespace, key) under the subject's index key (created on
         first use unless ``create=False``: then ``KeyNotFound``/``SubjectErased``)."""
@@ -386,9 +391,9 @@ class Partition:
             mac_key = dek.derive(_MAC_LABEL)
         try:
             table = pq.ParquetFile(path, **kwargs).read()
-        except KeyshredError:
+        except (SubjectErased, IntegrityError):
             raise
-        except (OSError, pa.ArrowException, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to read is a bad file
             raise IntegrityError(
                 f"segment {path.name} of partition {self.subject_ref} failed to read "
                 f"({type(exc).__name__})"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow.parquet.encryption as pe
 
-from keyshred.errors import IntegrityError
+from keyshred.errors import IntegrityError, KeyNotFound
 from keyshred.keyring.envelope import Place
 from keyshred.keyring.keyring import Keyring
 
@@ -36,9 +36,9 @@ class _KeyringKmsClient(pe.KmsClient):  # type: ignore[misc]
             raise IntegrityError("unknown Parquet master key")
         try:
             key_id = bytes.fromhex(master_key_identifier[len(MASTER_PREFIX) :])
-        except ValueError:
+            return self._keyring.data_key_by_id(key_id)
+        except (ValueError, KeyNotFound):
             raise IntegrityError("unknown Parquet master key") from None
-        return self._keyring.data_key_by_id(key_id)
 
     @staticmethod
     def _place(key: Any, master_key_identifier: str) -> Place:
