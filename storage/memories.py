@@ -31,7 +31,7 @@ from keyshred.errors import (
     ValueTooLarge,
 )
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import AssetRow, Catalog
+from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
 from keyshred.storage.pme import PmeCrypto
@@ -233,9 +233,13 @@ class MemoryStore:
     def _expected_ids(self, subject_ref: str) -> set[str]:
         """Memories the catalog holds for the subject, except those of suppressed
         scopes (an erasure in progress removes them from files first)."""
-        hidden = self._catalog.guard(subject_ref).scopes
+        guard = self._catalog.guard(subject_ref)
+        if guard.status != ACTIVE:
+            # An erasure is under way (files go before catalog rows) and every read
+            # and write is refused anyway: there is nothing to hold the files to.
+            return set()
         ids = self._catalog.asset_ids(subject_ref, MEMORY_KIND)
-        return {a for a, scope in ids.items() if scope not in hidden}
+        return {a for a, scope in ids.items() if scope not in guard.scopes}
 
     def evict(self, subject_ref: str) -> None:
         """Forget a subject's decrypted rows, vectors and cached keys in this process."""

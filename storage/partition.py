@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshred.errors import IntegrityError, SubjectErased
+from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.applog import AppendLog
@@ -217,6 +217,7 @@ class Partition:
         self._lookup_key: bytes | None = None
         self._manifest_stat: tuple[int, int] | None = None
         self._lock_fd: int | None = None
+        self.dropped = False
         self._pending = 0
         self._erased_scopes: set[str] = set()
         self._ns_cache: dict[tuple[str, ...], bytes] = {}
@@ -229,6 +230,9 @@ class Partition:
         """Serialize writers across processes (and threads) on this partition;
         ``refresh`` first catches up with what other processes wrote."""
         with self.lock:
+            if self.dropped:
+                # Erased while someone still held this object: never re-create it.
+                raise SubjectSuppressed(f"partition {self.subject_ref} was erased")
             if self._lock_fd is None:
                 self.root.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
@@ -613,11 +617,12 @@ class Partition:
         with self.lock:
             if not self.root.exists():
                 self._close_files()
-                self.rows, self.loaded = {}, False
+                self.rows, self.loaded, self.dropped = {}, False, True
                 return 0
             with self.flocked(refresh=False):
                 n = sum(1 for p in self.root.rglob("*") if p.is_file())
                 shutil.rmtree(self.root, ignore_errors=True)
+                self.dropped = True
             self._close_files()
             self.rows = {}
             self.loaded = False
