@@ -91,6 +91,7 @@ STEPS = (
     "closure",
     "drop_memories",
     "drop_vectors",
+    "drop_tokens",
     "catalog",
     "derived",
     "external",
@@ -104,6 +105,7 @@ _STATE_AFTER = {
     "closure": PROPAGATING,
     "drop_memories": PROPAGATING,
     "drop_vectors": PROPAGATING,
+    "drop_tokens": PROPAGATING,
     "catalog": PROPAGATING,
     "derived": PROPAGATING,
     "external": PROPAGATING,
@@ -615,6 +617,10 @@ class ErasureCoordinator:
             n = self._ks.vectors.delete_scope(req.subject_ref, req.scope)
         return {"count": n, "at": _iso(_now())}
 
+    def _step_drop_tokens(self, req: ErasureRequest) -> dict[str, Any]:
+        n = self._ks.vault.drop_subject(req.subject_ref, req.scope)
+        return {"count": n, "at": _iso(_now())}
+
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
         n = self._catalog.delete_subject_assets(req.subject_ref, scope=req.scope)
         consents = 0
@@ -768,6 +774,8 @@ class ErasureCoordinator:
 
         own = self._subject_assets(req)
         check("catalog holds no asset", not own, f"{len(own)} assets left")
+        tokens_left = self._ks.vault.count(req.subject_ref) if req.scope is None else 0
+        check("tokens unresolvable and removed", not tokens_left, f"{tokens_left} tokens left")
         erased = req.doc["details"]["closure"]["own"]
         still = self._catalog.any_source_in(erased)
         check("no provenance points at erased assets", not still, f"{still} edges")
@@ -833,6 +841,12 @@ class ErasureCoordinator:
                 action="dataset-dropped" if req.scope is None else "scope-deleted",
                 count=d["drop_vectors"]["count"],
                 at=d["drop_vectors"]["at"],
+            ),
+            StoreAction(
+                store="vault",
+                action="tokens-deleted",
+                count=d["drop_tokens"]["count"],
+                at=d["drop_tokens"]["at"],
             ),
             StoreAction(
                 store="catalog",

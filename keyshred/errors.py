@@ -17,6 +17,11 @@ class (or a branch of it) and never see a backend's own exception type::
     ├── KeyNotFound                 no key of that id/subject/scope exists (never erased)
     ├── NotFound                    no memory (or other record) under that name
     ├── ConsentRequired             no active consent covers this purpose and category
+    ├── TokenError                  a token does not resolve (each refusal is audited)
+    │   ├── UnknownToken            not a token this store issued (forged, or removed)
+    │   ├── TokenExpired            past its expiry
+    │   ├── TokenPurposeMismatch    issued for another purpose
+    │   └── TokenSubjectMismatch    issued for another subject than the caller expects
     ├── SubjectSuppressed           the subject is suppressed or erased: nothing is read
     │   └── StaleEpoch              or written; a job carrying an older deletion epoch
     │                               is refused with StaleEpoch
@@ -46,7 +51,12 @@ __all__ = [
     "StaleEpoch",
     "SubjectErased",
     "SubjectSuppressed",
+    "TokenError",
+    "TokenExpired",
+    "TokenPurposeMismatch",
+    "TokenSubjectMismatch",
     "UnknownScope",
+    "UnknownToken",
     "ValueTooLarge",
 ]
 
@@ -123,3 +133,23 @@ class SubjectSuppressed(KeyshredError):
 
 class StaleEpoch(SubjectSuppressed):
     """The operation carries a deletion epoch older than the subject's current one."""
+
+
+class TokenError(KeyshredError):
+    """A token did not resolve."""
+
+
+class UnknownToken(TokenError):
+    """Not a token this store issued (forged, mistyped, or removed by erasure)."""
+
+
+class TokenExpired(TokenError):
+    """The token is past its expiry."""
+
+
+class TokenPurposeMismatch(TokenError):
+    """The token was issued for another purpose."""
+
+
+class TokenSubjectMismatch(TokenError):
+    """The token belongs to another subject than the one the caller expects."""

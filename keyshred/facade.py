@@ -27,6 +27,7 @@ from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
 from keyshred.storage.memories import MemoryStore
 from keyshred.storage.policy import Policy
 from keyshred.storage.vectors import VectorIndex
+from keyshred.vault.tokens import TokenVault
 
 __all__ = ["Keyshred"]
 
@@ -81,6 +82,7 @@ class Keyshred:
         catalog.on_stale = self.metrics.stale_job
         self.audit = AuditLog(catalog, retention_days=config.audit.retention_days)
         self.derived = DerivedApi(self)
+        self.vault = TokenVault(catalog, keyring, self.subject_ref, self.audit)
         self.erasure = ErasureCoordinator(self)
 
     def erase(

@@ -156,6 +156,21 @@ audit_anchor = sa.Table(
     sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+tokens = sa.Table(
+    "ks_tokens",
+    metadata,
+    sa.Column("token", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("purpose", sa.String(128), nullable=False),
+    sa.Column("deterministic", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("value", sa.LargeBinary, nullable=False),  # envelope ciphertext
+    sa.Index("ks_tokens_subject", "subject_ref", "scope"),
+)
+
 legal_holds = sa.Table(
     "ks_legal_holds",
     metadata,

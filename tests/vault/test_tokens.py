@@ -1,0 +1,173 @@
+"""Tokens: purpose, expiry, erasure, forgery, subjects; every outcome audited; the
+logging filter and the prompt guard leak nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.errors import (
+    IntegrityError,
+    SubjectSuppressed,
+    TokenExpired,
+    TokenPurposeMismatch,
+    TokenSubjectMismatch,
+    UnknownToken,
+)
+from keyshred.storage.catalog import tokens
+from keyshred.vault.sanitizers import PromptGuard, RedactingFilter
+from tests.storage.conftest import make_config
+
+HOUR = timedelta(hours=1)
+TEXT = "请联系13812345678或alice.probe@example.com，卡号4111111111111111谢谢"
+VALUES = ["13812345678", "alice.probe@example.com", "4111111111111111"]
+
+
+@pytest.fixture
+def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
+    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
+    yield store
+    store.close()
+
+
+def refusals(ks: Keyshred) -> list[str]:
+    return [e.data["reason"] for e in ks.audit.events() if e.event == "vault.refused"]
+
+
+def test_sanitize_restore_roundtrip_and_assets(ks: Keyshred) -> None:
+    s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
+    assert len(s.tokens) == 3 and all(v not in s.text for v in VALUES)
+    assert s.text.startswith("请联系<PHONE_") and "谢谢" in s.text
+    assert ks.vault.restore(s.text, "support", "agent-7") == TEXT
+    assert ks.vault.detokenize(s.tokens[1], "support", "agent-7") == "alice.probe@example.com"
+    ref = ks.subject_ref("alice")
+    kinds = {a.asset_id: a.kind for a in ks.catalog.assets(ref)}
+    assert set(s.tokens) <= set(kinds) and {kinds[t] for t in s.tokens} == {"token"}
+    events = [e for e in ks.audit.events() if e.event == "vault.resolved"]
+    assert events and all(not any(v in json.dumps(e.data) for v in VALUES) for e in events)
+    assert "probe" not in repr(s)
+
+
+def test_modes(ks: Keyshred) -> None:
+    a = ks.vault.sanitize("mail alice.probe@example.com", "alice", "join", HOUR, deterministic=True)
+    b = ks.vault.sanitize("again alice.probe@example.com!", "alice", "join", HOUR, deterministic=True)
+    c = ks.vault.sanitize("mail alice.probe@example.com", "alice", "other", HOUR, deterministic=True)
+    d = ks.vault.sanitize("mail alice.probe@example.com", "bob", "join", HOUR, deterministic=True)
+    assert a.tokens == b.tokens and a.tokens != c.tokens and a.tokens != d.tokens
+    r1 = ks.vault.sanitize("mail alice.probe@example.com", "alice", "join", HOUR)
+    r2 = ks.vault.sanitize("mail alice.probe@example.com", "alice", "join", HOUR)
+    assert r1.tokens != r2.tokens
+    assert ks.vault.sanitize("nothing personal here", "alice", "join", HOUR).tokens == ()
+
+
+def test_every_refusal_is_typed_and_audited(ks: Keyshred, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
+    token = s.tokens[0]
+    with pytest.raises(TokenPurposeMismatch):
+        ks.vault.detokenize(token, "marketing", "agent")
+    with pytest.raises(TokenSubjectMismatch):
+        ks.vault.detokenize(token, "support", "agent", subject="bob")
+    with pytest.raises(UnknownToken):
+        ks.vault.detokenize("<PHONE_0123456789>", "support", "agent")  # forged
+    with pytest.raises(UnknownToken):
+        ks.vault.detokenize("13812345678", "support", "agent")  # not a token at all
+    later = datetime.now(UTC) + timedelta(hours=2)
+    monkeypatch.setattr(ks.vault, "_clock", lambda: later)
+    with pytest.raises(TokenExpired):
+        ks.vault.detokenize(token, "support", "agent")
+    monkeypatch.undo()
+    ks.catalog.suppress(ks.subject_ref("alice"))
+    with pytest.raises(SubjectSuppressed):
+        ks.vault.detokenize(token, "support", "agent")
+    assert refusals(ks) == [
+        "TokenPurposeMismatch",
+        "TokenSubjectMismatch",
+        "UnknownToken",
+        "UnknownToken",
+        "TokenExpired",
+        "SubjectSuppressed",
+    ]
+    with pytest.raises(SubjectSuppressed):
+        ks.vault.sanitize(TEXT, "alice", "support", HOUR)  # no new tokens either
+
+
+def test_erasure_makes_tokens_unresolvable_and_removes_them(ks: Keyshred) -> None:
+    s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
+    keep = ks.vault.sanitize(TEXT, "bob", "support", HOUR)
+    req = ks.erase("alice", requested_by="dpo", reason="request")
+    assert req.state == "completed", req.error
+    for token in s.tokens:
+        with pytest.raises(UnknownToken):
+            ks.vault.detokenize(token, "support", "agent")
+    assert ks.vault.count(ks.subject_ref("alice")) == 0
+    assert ks.vault.restore(keep.text, "support", "agent") == TEXT
+    receipt = ks.erasure.receipt(req.request_id)
+    assert {(s.store, s.count) for s in receipt.stores} >= {("vault", 3)}  # type: ignore[union-attr]
+
+
+def test_swapped_token_values_raise(ks: Keyshred) -> None:
+    s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
+    with ks.catalog.transaction() as conn:
+        a, b = (
+            conn.execute(tokens.select().where(tokens.c.token == t)).first() for t in s.tokens[:2]
+        )
+        conn.execute(tokens.update().where(tokens.c.token == a.token).values(value=b.value))  # type: ignore[union-attr]
+    with pytest.raises(IntegrityError):
+        ks.vault.detokenize(s.tokens[0], "support", "agent")
+
+
+def test_no_value_in_any_file(tmp_path: Path) -> None:
+    with Keyshred.init(tmp_path / "data") as ks:
+        for i in range(20):
+            ks.vault.sanitize(TEXT, f"subject-{i}", "support", HOUR, deterministic=i % 2 == 0)
+    for path in (p for p in (tmp_path / "data").rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        for value in VALUES:
+            assert value.encode() not in data, path
+
+
+def test_debug_logging_through_the_filter_leaks_nothing(tmp_path: Path) -> None:
+    log_file = tmp_path / "app.log"
+    with Keyshred.init(tmp_path / "data") as ks:
+        logger = logging.getLogger("keyshred-test-app")
+        logger.setLevel(logging.DEBUG)
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        handler.addFilter(RedactingFilter(ks.vault))
+        logger.addHandler(handler)
+        try:
+            for i in range(50):
+                logger.debug("user %s called from %s about card %s", VALUES[1], VALUES[0], VALUES[2])
+                logger.info("tokenized for a subject: %s", VALUES[1], extra={"subject": "alice"})
+                logger.warning(f"inline f-string with 192.168.7.{i} and {VALUES[0]}")
+            try:
+                raise ValueError(f"bad input {VALUES[1]}")
+            except ValueError:
+                logger.exception("failed for %s", VALUES[0])
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+    text = log_file.read_text("utf-8")
+    assert "<EMAIL>" in text and "<EMAIL_" in text and "<IP>" in text
+    for value in [*VALUES, "192.168.7."]:
+        assert value not in text
+
+
+def test_prompt_guard_restores_only_for_the_tool_purpose(ks: Keyshred) -> None:
+    guard = PromptGuard(ks.vault, "alice", purpose="booking-tool", ttl=HOUR)
+    messages = guard.sanitize_messages(
+        [{"role": "system", "content": "You book tables."}, {"role": "user", "content": TEXT}]
+    )
+    assert messages[0]["content"] == "You book tables."
+    assert all(v not in messages[1]["content"] for v in VALUES)
+    answer = "I will call " + messages[1]["content"].split("请联系")[1].split("或")[0]
+    assert guard.restore_answer(answer, caller="booking", purpose="booking-tool") == (
+        "I will call 13812345678"
+    )
+    assert guard.restore_answer(answer, caller="chat", purpose="chat") == answer

@@ -1,0 +1,266 @@
+"""Tokens: personal values replaced by purpose-bound, expiring references.
+
+``sanitize(text, subject, purpose, ttl)`` replaces every detected value with a token
+such as ``<PHONE_7f3a12c9ab>``. The value is sealed under the subject's scope key and
+bound to the token (a ciphertext moved to another token fails), the token is an
+asset in the catalog, and it resolves only
+
+- with the purpose it was issued for,
+- before it expires,
+- while its subject is neither suppressed nor erased.
+
+Every resolution and every refusal is an audit event that names the token, the
+purpose, the caller and the outcome, never the value. Deterministic mode (same value,
+subject and purpose → same token, keyed by a key derived from the subject's DEK)
+allows joins across texts; random mode is the default. Erasure removes a subject's
+tokens and their keys, so they resolve for nobody again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from keyshred.errors import (
+    InvalidInput,
+    KeyNotFound,
+    SubjectErased,
+    SubjectSuppressed,
+    TokenError,
+    TokenExpired,
+    TokenPurposeMismatch,
+    TokenSubjectMismatch,
+    UnknownToken,
+)
+from keyshred.keyring import _primitives as prim
+from keyshred.keyring.envelope import Place
+from keyshred.keyring.keyring import Keyring
+from keyshred.storage.catalog import AssetRow, Catalog, tokens, utc
+from keyshred.vault.detect import Finding, Recognizer, detect
+
+__all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
+
+TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,30})_([0-9a-f]{10})>")
+_PURPOSE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+TOKEN_KIND = "token"  # noqa: S105 - an asset kind, not a secret
+
+
+@dataclass(frozen=True, slots=True)
+class Sanitized:
+    """The sanitized text and the tokens it carries (never the values)."""
+
+    text: str
+    tokens: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"Sanitized(tokens={len(self.tokens)})"
+
+
+def _check_purpose(purpose: str) -> str:
+    if not isinstance(purpose, str) or not _PURPOSE.fullmatch(purpose):
+        raise InvalidInput("a purpose is 1-128 characters of letters, digits and ._:/-")
+    return purpose
+
+
+class TokenVault:
+    """``ks.vault``."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        keyring: Keyring,
+        subject_ref: Callable[[Any], str],
+        audit: Any,
+        *,
+        recognizers: Sequence[Recognizer] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._catalog = catalog
+        self._keyring = keyring
+        self._ref = subject_ref
+        self._audit = audit
+        self._recognizers = recognizers
+        self._clock = clock
+
+    # -- issuing -------------------------------------------------------------------
+
+    def sanitize(
+        self,
+        text: str,
+        subject: Any,
+        purpose: str,
+        ttl: timedelta,
+        *,
+        scope: str = "default",
+        deterministic: bool = False,
+        findings: Iterable[Finding] | None = None,
+    ) -> Sanitized:
+        """Replace every personal value in ``text`` with a token of ``subject``."""
+        if not isinstance(text, str):
+            raise InvalidInput("sanitize takes a string")
+        _check_purpose(purpose)
+        if ttl <= timedelta(0):
+            raise InvalidInput("a token's ttl must be positive")
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref, scope=scope)
+        found = list(findings) if findings is not None else detect(text, self._recognizers)
+        if not found:
+            return Sanitized(text, ())
+        now = self._clock()
+        expires = now + ttl
+        key = self._keyring.data_key(ref, scope)
+        out: list[str] = []
+        issued: list[str] = []
+        new_rows: list[dict[str, Any]] = []
+        last = 0
+        for f in sorted(found, key=lambda f: f.start):
+            value = text[f.start : f.end]
+            kind = re.sub(r"[^A-Z0-9_]", "_", f.kind.upper())[:30] or "PII"
+            if deterministic:
+                mac = prim.hmac_sha256(
+                    key.derive(b"token:" + purpose.encode()),
+                    kind.encode() + b"\x00" + value.encode(),
+                )
+                token = f"<{kind}_{mac[:5].hex()}>"
+            else:
+                token = f"<{kind}_{os.urandom(5).hex()}>"
+            out.append(text[last : f.start])
+            out.append(token)
+            last = f.end
+            issued.append(token)
+            if deterministic and (token in {r["token"] for r in new_rows} or self._exists(token)):
+                continue
+            new_rows.append(
+                {
+                    "token": token,
+                    "subject_ref": ref,
+                    "scope": scope,
+                    "kind": kind,
+                    "purpose": purpose,
+                    "deterministic": deterministic,
+                    "created_at": now,
+                    "expires_at": expires,
+                    "value": key.seal(
+                        value.encode("utf-8"), Place(ref, scope, "tokens", token, "value")
+                    ),
+                }
+            )
+        out.append(text[last:])
+        if new_rows:
+            # The assets first: their registration re-checks the guard in its own
+            # transaction, so no token of a suppressed subject is ever stored.
+            self._catalog.register(
+                [
+                    AssetRow(
+                        asset_id=r["token"],
+                        subject_ref=ref,
+                        scope=scope,
+                        kind=TOKEN_KIND,
+                        storage_system="catalog",
+                        storage_key="ks_tokens",
+                        purpose=purpose,
+                        category="token",
+                        created_at=now,
+                        retain_until=expires,
+                    )
+                    for r in new_rows
+                ],
+                replace=False,
+            )
+            with self._catalog.transaction() as conn:
+                conn.execute(tokens.insert(), new_rows)
+        self._audit.record("vault.sanitized", subject_ref=ref, purpose=purpose, tokens=len(issued))
+        return Sanitized("".join(out), tuple(issued))
+
+    def _exists(self, token: str) -> bool:
+        with self._catalog.engine.connect() as conn:
+            return (
+                conn.execute(sa.select(tokens.c.token).where(tokens.c.token == token)).first()
+                is not None
+            )
+
+    # -- resolving -----------------------------------------------------------------
+
+    def detokenize(self, token: str, purpose: str, caller: str, *, subject: Any = None) -> str:
+        """The value behind ``token``, or a ``TokenError``/``SubjectSuppressed``/
+        ``SubjectErased``; every outcome is audited (without the value)."""
+        try:
+            value, ref = self._resolve(token, purpose, subject)
+        except (TokenError, SubjectSuppressed, SubjectErased) as exc:
+            self._audit.record(
+                "vault.refused",
+                token=token if TOKEN_RE.fullmatch(token or "") else "<malformed>",
+                purpose=str(purpose)[:128],
+                caller=str(caller)[:128],
+                reason=type(exc).__name__,
+            )
+            raise
+        self._audit.record(
+            "vault.resolved",
+            subject_ref=ref,
+            token=token,
+            purpose=purpose,
+            caller=str(caller)[:128],
+        )
+        return value
+
+    def _resolve(self, token: str, purpose: str, subject: Any) -> tuple[str, str]:
+        if not isinstance(token, str) or not TOKEN_RE.fullmatch(token):
+            raise UnknownToken("not a keyshred token")
+        with self._catalog.engine.connect() as conn:
+            row = conn.execute(sa.select(tokens).where(tokens.c.token == token)).first()
+        if row is None:
+            raise UnknownToken("no such token (forged, or erased with its subject)")
+        # Decide before decrypting: subject, purpose, expiry, guard.
+        if subject is not None and self._ref(subject) != row.subject_ref:
+            raise TokenSubjectMismatch("the token belongs to another subject")
+        if row.purpose != purpose:
+            raise TokenPurposeMismatch("the token was issued for another purpose")
+        expires = utc(row.expires_at)
+        if expires is not None and self._clock() >= expires:
+            raise TokenExpired("the token has expired")
+        self._catalog.check_guard(row.subject_ref, scope=row.scope)
+        try:
+            key = self._keyring.data_key(row.subject_ref, row.scope, create=False)
+        except KeyNotFound:
+            raise UnknownToken("the token's key is gone") from None
+        place = Place(row.subject_ref, row.scope, "tokens", token, "value")
+        return key.open(bytes(row.value), place).decode("utf-8"), row.subject_ref
+
+    def restore(self, text: str, purpose: str, caller: str) -> str:
+        """Replace the tokens in ``text`` that resolve for ``purpose``; tokens that
+        do not (other purpose, expired, erased, forged) stay as they are."""
+
+        def one(m: re.Match[str]) -> str:
+            try:
+                return self.detokenize(m.group(0), purpose, caller)
+            except (TokenError, SubjectSuppressed, SubjectErased):
+                return m.group(0)
+
+        return TOKEN_RE.sub(one, text)
+
+    # -- erasure -------------------------------------------------------------------
+
+    def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
+        """Delete the subject's (scope's) token rows physically."""
+        where = tokens.c.subject_ref == subject_ref
+        if scope is not None:
+            where = sa.and_(where, tokens.c.scope == scope)
+        with self._catalog.transaction() as conn:
+            return int(conn.execute(tokens.delete().where(where)).rowcount)
+
+    def count(self, subject_ref: str) -> int:
+        with self._catalog.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(tokens)
+                    .where(tokens.c.subject_ref == subject_ref)
+                ).scalar_one()
+            )
