@@ -52,6 +52,7 @@ pytest: $(VENV)/.installed-dev
 test: lint typecheck pytest
 
 bench: $(VENV)/.installed-dev
+	$(PIP) install -e '.[dev,presidio]'
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:

@@ -364,6 +364,9 @@ class Catalog:
                 asset_id=sa.bindparam("asset_id"), subject_ref=sa.bindparam("subject_ref")
             ),
             "delete_asset": assets.delete().where(assets.c.asset_id == sa.bindparam("asset_id")),
+            "insert_token": tokens.insert().values(
+                {c.name: sa.bindparam(c.name) for c in tokens.columns}
+            ),
             "delete_sources": asset_sources.delete().where(
                 asset_sources.c.asset_id == sa.bindparam("asset_id")
             ),
@@ -592,6 +595,7 @@ class Catalog:
         expected_epoch: int | None = None,
         replace: bool = True,
         remove: Sequence[str] = (),
+        token_rows: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Insert (or, with ``replace``, replace) assets and delete ``remove``,
         re-checking every subject's guard in the same write transaction: nothing is
@@ -637,6 +641,12 @@ class Catalog:
             ]
             if mentions:
                 cur.executemany(sql["insert_mention"], mentions)
+            if token_rows:  # the vault's rows, in the same transaction as their assets
+                if self.dialect == "sqlite":
+                    token_rows = [
+                        {k: _sqlite_time(v) for k, v in row.items()} for row in token_rows
+                    ]
+                cur.executemany(sql["insert_token"], token_rows)
 
     def update_assets(self, asset_ids: Sequence[str], **values: Any) -> int:
         """Update metadata columns (status, retain_until, …) of existing assets."""

@@ -103,13 +103,17 @@ class RegexRecognizer:
         *,
         flags: int = 0,
         normalize: Any = None,
+        needs: str | None = None,
     ) -> None:
         self.kind = kind
+        self._needs = needs  # a character the value cannot lack: skip texts without it
         self._re = re.compile(pattern, flags)
         self._validate = validate
         self._normalize = normalize
 
     def find(self, text: str) -> Iterable[Finding]:
+        if self._needs is not None and self._needs not in text:
+            return
         for m in self._re.finditer(text):
             value = m.group(0)
             candidate = self._normalize(value) if self._normalize else value
@@ -117,8 +121,11 @@ class RegexRecognizer:
                 yield Finding(self.kind, m.start(), m.end(), value)
 
 
+_SEPARATORS = str.maketrans("", "", " -")
+
+
 def _digits(value: str) -> str:
-    return re.sub(r"[ -]", "", value)
+    return value.translate(_SEPARATORS)
 
 
 def _phone_validator() -> Any:
@@ -142,6 +149,8 @@ class _IPv6Recognizer:
     _run = re.compile(r"[0-9A-Fa-f:]{2,41}")
 
     def find(self, text: str) -> Iterable[Finding]:
+        if text.count(":") < 2:
+            return
         for m in self._run.finditer(text):
             start, end = m.start(), m.end()
             if text[start] == ":" and not text.startswith("::", start):
@@ -173,6 +182,7 @@ def default_recognizers() -> list[Recognizer]:
             r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
             r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}"
             r"(?![A-Za-z0-9\-])",
+            needs="@",
         ),
         RegexRecognizer(
             "CN_ID",
@@ -197,6 +207,7 @@ def default_recognizers() -> list[Recognizer]:
             r"(?<![0-9A-Za-z+])\+[1-9](?:[ \-]?\d){6,14}(?![0-9A-Za-z])",
             phone_ok,
             normalize=_digits,
+            needs="+",
         ),
         RegexRecognizer(
             "IBAN",
@@ -207,6 +218,7 @@ def default_recognizers() -> list[Recognizer]:
             "IP",
             r"(?<![0-9.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
             r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![0-9]|\.\d)",
+            needs=".",
         ),
         _IPv6Recognizer(),
     ]

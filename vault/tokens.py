@@ -153,8 +153,9 @@ class TokenVault:
             )
         out.append(text[last:])
         if new_rows:
-            # The assets first: their registration re-checks the guard in its own
-            # transaction, so no token of a suppressed subject is ever stored.
+            # Assets and token rows in one transaction that re-checks the guard: no
+            # token of a suppressed subject is ever stored. (Issuing is not audited;
+            # every resolution and refusal is.)
             self._catalog.register(
                 [
                     AssetRow(
@@ -172,10 +173,8 @@ class TokenVault:
                     for r in new_rows
                 ],
                 replace=False,
+                token_rows=new_rows,
             )
-            with self._catalog.transaction() as conn:
-                conn.execute(tokens.insert(), new_rows)
-        self._audit.record("vault.sanitized", subject_ref=ref, purpose=purpose, tokens=len(issued))
         return Sanitized("".join(out), tuple(issued))
 
     def _exists(self, token: str) -> bool:

@@ -56,10 +56,14 @@ def test_sanitize_restore_roundtrip_and_assets(ks: Keyshred) -> None:
 
 def test_modes(ks: Keyshred) -> None:
     a = ks.vault.sanitize("mail alice.probe@example.com", "alice", "join", HOUR, deterministic=True)
-    b = ks.vault.sanitize("again alice.probe@example.com!", "alice", "join", HOUR, deterministic=True)
-    c = ks.vault.sanitize("mail alice.probe@example.com", "alice", "other", HOUR, deterministic=True)
+    b = ks.vault.sanitize(
+        "again alice.probe@example.com!", "alice", "join", HOUR, deterministic=True
+    )
+    c = ks.vault.sanitize(
+        "mail alice.probe@example.com", "alice", "other", HOUR, deterministic=True
+    )
     d = ks.vault.sanitize("mail alice.probe@example.com", "bob", "join", HOUR, deterministic=True)
-    assert a.tokens == b.tokens and a.tokens != c.tokens and a.tokens != d.tokens
+    assert a.tokens == b.tokens and a.tokens not in (c.tokens, d.tokens)
     r1 = ks.vault.sanitize("mail alice.probe@example.com", "alice", "join", HOUR)
     r2 = ks.vault.sanitize("mail alice.probe@example.com", "alice", "join", HOUR)
     assert r1.tokens != r2.tokens
@@ -143,7 +147,9 @@ def test_debug_logging_through_the_filter_leaks_nothing(tmp_path: Path) -> None:
         logger.addHandler(handler)
         try:
             for i in range(50):
-                logger.debug("user %s called from %s about card %s", VALUES[1], VALUES[0], VALUES[2])
+                logger.debug(
+                    "user %s called from %s about card %s", VALUES[1], VALUES[0], VALUES[2]
+                )
                 logger.info("tokenized for a subject: %s", VALUES[1], extra={"subject": "alice"})
                 logger.warning(f"inline f-string with 192.168.7.{i} and {VALUES[0]}")
             try:
