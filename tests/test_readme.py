@@ -13,10 +13,18 @@ README = Path(__file__).parents[1] / "README.md"
 def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("sentence_transformers", reason="the tour indexes with the real model")
     text = README.read_text("utf-8")
-    block = text.split("## Five-minute tour (Python)")[1].split("```python")[1].split("```")[0]
+    tour = text.split("## Five-minute tour (Python)")[1]
+    blocks = [part.split("```")[0] for part in tour.split("```python")[1:3]]
     monkeypatch.chdir(tmp_path)
     scope: dict[str, object] = {}
-    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own documentation
+    for block in blocks:  # the tour, then the tokens example
+        exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own documentation
     assert scope["req"].state == "completed"  # type: ignore[attr-defined]
+    vault = scope["ks"].vault  # type: ignore[attr-defined]
+    sanitized = scope["s"].text  # type: ignore[attr-defined]
+    assert "13812345678" not in sanitized
+    restored = vault.restore(sanitized, purpose="support-reply", caller="t")
+    assert restored == "call 13812345678 or mail bob@example.com"
+    assert vault.restore(sanitized, purpose="analytics", caller="t") == sanitized
     assert (tmp_path / "data" / "keyshred.toml").exists()
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # the model was loaded offline
