@@ -15,7 +15,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -502,19 +502,15 @@ class MemoryStore:
     def _vector_asset(
         self, ref: str, row: MemoryRow, n: int, times: dict[int, datetime]
     ) -> AssetRow:
-        base = self._asset(ref, row, times)
-        return AssetRow(
+        return replace(
+            self._asset(ref, row, times),
             asset_id=f"{row.memory_id}/{n}",
-            subject_ref=ref,
-            scope=row.scope,
             kind=VECTOR_KIND,
             storage_system="lancedb",
             storage_key=f"vectors/{ref}.lance",
-            purpose=row.purpose,
-            category=row.category,
-            created_at=base.created_at,
-            retain_until=base.retain_until,
+            lookup=None,
             sources=(row.memory_id,),
+            mentions=(),
         )
 
     def _target(self, ref: str, item: PutItem, now: datetime) -> tuple[str, str, str, int]:
