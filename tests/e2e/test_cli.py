@@ -26,13 +26,17 @@ def test_drill_passes_every_check(tmp_path: Path) -> None:
     proc = run("drill", "--json", "--path", str(tmp_path / "drill"), "--subjects", "3")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["passed"] is True
-    assert len(report["checks"]) >= 8
+    assert report["passed"] is True, report
+    assert len(report["checks"]) >= 14
     assert all(c["passed"] for c in report["checks"])
+    receipt = Path(report["receipt_file"])
+    assert receipt.exists()
+    ok = run("receipt", "verify", str(receipt), "--json")
+    assert json.loads(ok.stdout)["valid"] is True
 
 
 def test_drill_prints_a_table() -> None:
-    proc = run("drill", "--subjects", "2", "--records", "3")
+    proc = run("drill", "--subjects", "3", "--memories", "3")
     assert proc.returncode == 0, proc.stderr
     assert "all checks passed" in proc.stdout
     assert "byte scan" in proc.stdout
