@@ -78,13 +78,16 @@ def drill(
     records: Annotated[
         int, typer.Option("--memories", "--records", min=2, help="Memories per subject.")
     ] = 20,
+    receipt_dir: Annotated[
+        Path, typer.Option("--receipt-dir", help="Where the receipt is kept (no --path).")
+    ] = Path("."),
     as_json: JsonOpt = False,
 ) -> None:
     """Write a synthetic workload, erase one subject, and verify every path."""
     from keyshred.drill import run_drill
 
     if as_json:
-        report = run_drill(path, subjects=subjects, records=records)
+        report = run_drill(path, subjects=subjects, records=records, receipt_dir=receipt_dir)
         typer.echo(json.dumps(report.to_json(), sort_keys=True))
     else:
         with out.status("drill") as status:
@@ -92,6 +95,7 @@ def drill(
                 path,
                 subjects=subjects,
                 records=records,
+                receipt_dir=receipt_dir,
                 progress=lambda step: status.update(f"drill: {step}"),
             )
         table = Table(title=f"keyshred drill: erase subject_ref {report.erased_subject_ref}")

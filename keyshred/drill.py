@@ -111,10 +111,13 @@ def run_drill(
     subjects: int = 5,
     records: int = 20,
     embeddings: Any = None,
+    receipt_dir: Path | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> DrillReport:
     """Run the drill in ``path`` (a fresh temporary folder when ``None``, removed
-    afterwards; the receipt is then only in the report)."""
+    afterwards). The signed receipt is written under ``<path>/receipts/``; with a
+    temporary folder, it is copied to ``receipt_dir`` (the working directory by
+    default) so that it outlives the run."""
     if subjects < 3 or records < 2:
         raise KeyshredError("the drill needs at least 3 subjects and 2 records each")
     tmp = None
@@ -122,7 +125,12 @@ def run_drill(
         tmp = Path(tempfile.mkdtemp(prefix="keyshred-drill-"))
         path = tmp / "data"
     try:
-        return _drill(path, subjects, records, embeddings, progress)
+        report = _drill(path, subjects, records, embeddings, progress)
+        if tmp is not None and report.receipt_file:
+            keep = (receipt_dir or Path.cwd()) / f"keyshred-drill-receipt-{report.request_id}.json"
+            shutil.copyfile(report.receipt_file, keep)
+            report.receipt_file = str(keep)
+        return report
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

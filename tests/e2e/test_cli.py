@@ -35,11 +35,13 @@ def test_drill_passes_every_check(tmp_path: Path) -> None:
     assert json.loads(ok.stdout)["valid"] is True
 
 
-def test_drill_prints_a_table() -> None:
-    proc = run("drill", "--subjects", "3", "--memories", "3")
+def test_drill_prints_a_table_and_keeps_the_receipt(tmp_path: Path) -> None:
+    proc = run("drill", "--subjects", "3", "--memories", "3", "--receipt-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "all checks passed" in proc.stdout
     assert "byte scan" in proc.stdout
+    (receipt,) = tmp_path.glob("keyshred-drill-receipt-*.json")
+    assert json.loads(run("receipt", "verify", str(receipt), "--json").stdout)["valid"]
 
 
 def test_init_and_keys_commands(tmp_path: Path) -> None:
