@@ -84,15 +84,15 @@ class PromptGuard:
 
     def sanitize_messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Chat messages (``{"role", "content"}``) with personal values tokenized."""
-        out = []
-        for message in messages:
-            content = message.get("content")
-            if isinstance(content, str):
-                content = self._vault.sanitize(
-                    content, self._subject, self._purpose, self._ttl
-                ).text
-            out.append({**message, "content": content})
-        return out
+        texts = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+        clean = iter(
+            s.text
+            for s in self._vault.sanitize_many(texts, self._subject, self._purpose, self._ttl)
+        )
+        return [
+            {**m, "content": next(clean)} if isinstance(m.get("content"), str) else dict(m)
+            for m in messages
+        ]
 
     def restore_answer(self, text: str, *, caller: str, purpose: str) -> str:
         """Resolve the answer's tokens for ``purpose`` (an authorized tool purpose);

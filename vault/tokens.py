@@ -102,42 +102,73 @@ class TokenVault:
         findings: Iterable[Finding] | None = None,
     ) -> Sanitized:
         """Replace every personal value in ``text`` with a token of ``subject``."""
-        if not isinstance(text, str):
-            raise InvalidInput("sanitize takes a string")
+        found = None if findings is None else [list(findings)]
+        return self._sanitize(
+            [text], subject, purpose, ttl, scope=scope, deterministic=deterministic, findings=found
+        )[0]
+
+    def sanitize_many(
+        self,
+        texts: Sequence[str],
+        subject: Any,
+        purpose: str,
+        ttl: timedelta,
+        *,
+        scope: str = "default",
+        deterministic: bool = False,
+    ) -> list[Sanitized]:
+        """``sanitize`` for several texts of one subject (a conversation, a batch of
+        log lines): every token is stored in one transaction."""
+        return self._sanitize(
+            list(texts), subject, purpose, ttl, scope=scope, deterministic=deterministic
+        )
+
+    def _sanitize(
+        self,
+        texts: list[str],
+        subject: Any,
+        purpose: str,
+        ttl: timedelta,
+        *,
+        scope: str,
+        deterministic: bool,
+        findings: list[list[Finding]] | None = None,
+    ) -> list[Sanitized]:
+        if not all(isinstance(t, str) for t in texts):
+            raise InvalidInput("sanitize takes strings")
         _check_purpose(purpose)
         if ttl <= timedelta(0):
             raise InvalidInput("a token's ttl must be positive")
         ref = self._ref(subject)
         self._catalog.check_guard(ref, scope=scope)
-        found = list(findings) if findings is not None else detect(text, self._recognizers)
-        if not found:
-            return Sanitized(text, ())
+        if findings is None:
+            findings = [detect(t, self._recognizers) for t in texts]
+        if not any(findings):
+            return [Sanitized(t, ()) for t in texts]
         now = self._clock()
         expires = now + ttl
         key = self._keyring.data_key(ref, scope)
-        out: list[str] = []
-        issued: list[str] = []
-        new_rows: list[dict[str, Any]] = []
-        last = 0
-        for f in sorted(found, key=lambda f: f.start):
-            value = text[f.start : f.end]
-            kind = re.sub(r"[^A-Z0-9_]", "_", f.kind.upper())[:30] or "PII"
-            if deterministic:
-                mac = prim.hmac_sha256(
-                    key.derive(b"token:" + purpose.encode()),
-                    kind.encode() + b"\x00" + value.encode(),
-                )
-                token = f"<{kind}_{mac[:5].hex()}>"
-            else:
-                token = f"<{kind}_{os.urandom(5).hex()}>"
-            out.append(text[last : f.start])
-            out.append(token)
-            last = f.end
-            issued.append(token)
-            if deterministic and (token in {r["token"] for r in new_rows} or self._exists(token)):
-                continue
-            new_rows.append(
-                {
+        det_key = key.derive(b"token:" + purpose.encode()) if deterministic else b""
+        results: list[Sanitized] = []
+        new_rows: dict[str, dict[str, Any]] = {}
+        for text, found in zip(texts, findings, strict=True):
+            out: list[str] = []
+            issued: list[str] = []
+            last = 0
+            for f in sorted(found, key=lambda f: f.start):
+                value = text[f.start : f.end]
+                kind = re.sub(r"[^A-Z0-9_]", "_", f.kind.upper())[:30] or "PII"
+                if deterministic:
+                    mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value.encode())
+                    token = f"<{kind}_{mac[:5].hex()}>"
+                else:
+                    token = f"<{kind}_{os.urandom(5).hex()}>"
+                out += [text[last : f.start], token]
+                last = f.end
+                issued.append(token)
+                if token in new_rows or (deterministic and self._exists(token)):
+                    continue
+                new_rows[token] = {
                     "token": token,
                     "subject_ref": ref,
                     "scope": scope,
@@ -150,8 +181,8 @@ class TokenVault:
                         value.encode("utf-8"), Place(ref, scope, "tokens", token, "value")
                     ),
                 }
-            )
-        out.append(text[last:])
+            out.append(text[last:])
+            results.append(Sanitized("".join(out), tuple(issued)))
         if new_rows:
             # Assets and token rows in one transaction that re-checks the guard: no
             # token of a suppressed subject is ever stored. (Issuing is not audited;
@@ -159,7 +190,7 @@ class TokenVault:
             self._catalog.register(
                 [
                     AssetRow(
-                        asset_id=r["token"],
+                        asset_id=token,
                         subject_ref=ref,
                         scope=scope,
                         kind=TOKEN_KIND,
@@ -170,12 +201,12 @@ class TokenVault:
                         created_at=now,
                         retain_until=expires,
                     )
-                    for r in new_rows
+                    for token in new_rows
                 ],
                 replace=False,
-                token_rows=new_rows,
+                token_rows=list(new_rows.values()),
             )
-        return Sanitized("".join(out), tuple(issued))
+        return results
 
     def _exists(self, token: str) -> bool:
         with self._catalog.engine.connect() as conn:

@@ -177,3 +177,14 @@ def test_prompt_guard_restores_only_for_the_tool_purpose(ks: Keyshred) -> None:
         "I will call 13812345678"
     )
     assert guard.restore_answer(answer, caller="chat", purpose="chat") == answer
+
+
+def test_sanitize_many_is_one_batch_with_the_same_rules(ks: Keyshred) -> None:
+    texts = [TEXT, "nothing here", f"again {VALUES[1]}"]
+    out = ks.vault.sanitize_many(texts, "alice", "support", HOUR, deterministic=True)
+    assert [len(s.tokens) for s in out] == [3, 0, 1]
+    assert out[0].tokens[1] == out[2].tokens[0]  # deterministic across the batch
+    assert [ks.vault.restore(s.text, "support", "t") for s in out] == texts
+    ks.catalog.suppress(ks.subject_ref("alice"))
+    with pytest.raises(SubjectSuppressed):
+        ks.vault.sanitize_many(texts, "alice", "support", HOUR)
