@@ -65,6 +65,14 @@ def _secret_context(name: str) -> Context:
     return {"keyshred:kind": "system-secret", "keyshred:name": name}
 
 
+def _blob_context(label: str) -> Context:
+    return {"keyshred:kind": "blob", "keyshred:label": label}
+
+
+def _blob_aad(label: str) -> bytes:
+    return b"keyshred/blob\x00" + label.encode("utf-8")
+
+
 def _check_name(kind: str, value: str) -> None:
     if not isinstance(value, str) or not value or len(value) > 256:
         raise InvalidInput(f"{kind} must be a non-empty string of at most 256 characters")
@@ -351,6 +359,32 @@ class Keyring:
         destroyed = self.kek.destroy_epochs_before(epoch)
         self.cache.clear()
         return destroyed
+
+    # -- sealed blobs (the key store's backup copy) --------------------------------
+
+    def seal_blob(self, data: bytes, label: str) -> tuple[WrappedKey, bytes]:
+        """Encrypt ``data`` under a fresh one-off key wrapped by the *current* KEK
+        epoch, bound to ``label``. Once that epoch is destroyed the blob is noise,
+        wherever copies of it went: this is how a backup of the key store expires."""
+        _check_name("label", label)
+        key = prim.random_key()
+        nonce = prim.random_nonce()
+        body = prim.new_aead(key).encrypt(nonce, data, _blob_aad(label))
+        wrapped = self.kek.wrap(key, _blob_context(label))
+        return wrapped, nonce + body
+
+    def open_blob(self, wrapped: WrappedKey, blob: bytes, label: str) -> bytes:
+        """Decrypt a sealed blob; ``KekEpochDestroyed`` once its epoch is gone,
+        ``IntegrityError`` if the blob, its wrapped key or the label were altered."""
+        key = self.kek.unwrap(wrapped, _blob_context(label))
+        if len(blob) < prim.NONCE_BYTES + prim.TAG_BYTES:
+            raise IntegrityError("the sealed blob is truncated")
+        try:
+            return prim.new_aead(key).decrypt(
+                blob[: prim.NONCE_BYTES], blob[prim.NONCE_BYTES :], _blob_aad(label)
+            )
+        except prim.InvalidTag:
+            raise IntegrityError("the sealed blob does not authenticate") from None
 
     # -- crypto-erasure ------------------------------------------------------------
 

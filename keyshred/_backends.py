@@ -21,7 +21,10 @@ KEYSTORE_FILE = "keystore.db"
 def make_kek(config: Config, root: Path, *, create: bool) -> KekProvider:
     settings = config.kek
     if settings.provider == "local":
-        return LocalKek(root / KEYS_DIR / LOCAL_KEK_FILE, create=create)
+        path = (
+            Path(settings.local_path) if settings.local_path else root / KEYS_DIR / LOCAL_KEK_FILE
+        )
+        return LocalKek(path, create=create)
     if settings.provider == "vault":
         from keyshred.keyring.kek.vault import VaultKek
 

@@ -25,6 +25,7 @@ __all__ = [
     "CONFIG_FILE",
     "AuditSettings",
     "AwsSettings",
+    "BackupSettings",
     "Config",
     "KekSettings",
     "KeyringSettings",
@@ -66,6 +67,9 @@ class AwsSettings(_Model):
 
 class KekSettings(_Model):
     provider: Literal["local", "vault", "aws"] = "local"
+    # The local KEK file; default ``<data>/keys/kek.local.json``. A restored folder
+    # points here at the live file: backups never carry the KEK.
+    local_path: str | None = None
     vault: VaultSettings = VaultSettings()
     aws: AwsSettings = AwsSettings()
 
@@ -118,6 +122,32 @@ class AuditSettings(_Model):
     retention_days: int = Field(2190, ge=1)  # six years, a common record-keeping period
 
 
+class BackupSettings(_Model):
+    """Backups: where they go, how long each class of generation is kept, and how
+    often the KEK epoch rotates. Epoch ``e`` is destroyed at ``created(e) +
+    rotate_kek_every_days + max(retention)``: by then every generation sealed
+    under it has expired, and nothing sealed under it can be read again."""
+
+    target: str | None = None  # a folder or s3://bucket/prefix; default <data>/backups
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    multipart_mb: int = Field(16, ge=5, le=5120)
+    retention: dict[str, int] = Field(
+        default_factory=lambda: {"daily": 7, "monthly": 90}, min_length=1
+    )
+    default_class: str = "daily"
+    rotate_kek_every_days: int = Field(30, ge=1)
+    workers: int = Field(4, ge=1, le=64)
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, days in value.items():
+            if not _BARE.fullmatch(name) or days < 1:
+                raise ValueError("retention classes are names with a number of days >= 1")
+        return value
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -128,6 +158,7 @@ class Config(_Model):
     storage: StorageSettings = StorageSettings()
     vectors: VectorSettings = VectorSettings()
     audit: AuditSettings = AuditSettings()
+    backup: BackupSettings = BackupSettings()
     scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
 
     @field_validator("scopes")

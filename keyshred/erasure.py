@@ -18,6 +18,8 @@ resumes where it stopped and nothing becomes readable again:
                      pinned producer version, or dropped when it cannot be
 7. ``external``      vendor deletion hooks: acknowledgement or ``deletion_not_verifiable``
 8. ``tombstone``     the key store's tombstone (key ids, subject_ref, time) confirmed
+   ``backups``       the tombstone journaled on the backup target (restores replay it)
+                     and the subject's segment objects deleted there, every version
 9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance or
                      mention left, probes not found by key or semantic search
 10. ``receipt``      signed, stored; the subject stays ``erased`` until re-admitted
@@ -45,8 +47,8 @@ from keyshred.errors import (
     SubjectErased,
     SubjectSuppressed,
 )
+from keyshred.keyring.keystore import Tombstone
 from keyshred.receipts import (
-    BackupCoverage,
     Check,
     DerivedAction,
     ExternalCall,
@@ -96,6 +98,7 @@ STEPS = (
     "derived",
     "external",
     "tombstone",
+    "backups",
     "verify",
     "receipt",
 )
@@ -110,6 +113,7 @@ _STATE_AFTER = {
     "derived": PROPAGATING,
     "external": PROPAGATING,
     "tombstone": VERIFYING,
+    "backups": VERIFYING,
     "verify": VERIFYING,
     "receipt": COMPLETED,
 }
@@ -211,6 +215,11 @@ class DerivedApi:
         self._rebuilders[(_safe("producer", producer), _safe("producer version", version))] = (
             rebuild
         )
+
+    def copy_producers(self, other: DerivedApi) -> None:
+        """Take over another store's rebuild functions (a restore's tombstone replay
+        rebuilds derived assets the way the live erasure did)."""
+        self._rebuilders.update(other._rebuilders)
 
     def rebuilder(self, producer: str | None, version: str | None) -> Callable[..., Any] | None:
         if producer is None or version is None:
@@ -502,7 +511,7 @@ class ErasureCoordinator:
                 return req
             if req.state == REQUESTED:
                 self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
-            if "destroy_keys" not in req.steps_done:
+            if "destroy_keys" not in req.steps_done and "replay" not in req.doc:
                 holds = self.holds(req.subject_ref, req.scope)
                 if holds:
                     req.doc["held"] = True
@@ -579,6 +588,8 @@ class ErasureCoordinator:
         return {"own": sorted(own_ids), "own_counts": counts, "closure": closure}
 
     def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
+        if "replay" in req.doc:
+            return self._replay_destroy(req)
         # Under the partition lock: a writer that passed its guard check before the
         # suppression finishes first; every later one sees the suppression.
         with self._ks.memories.locked(req.subject_ref):
@@ -605,6 +616,51 @@ class ErasureCoordinator:
             "cache_evicted": result.cache_entries_evicted,
         }
 
+    def _replay_destroy(self, req: ErasureRequest) -> dict[str, Any]:
+        """A restored copy replays a live tombstone: the same key ids, the same
+        tombstone id and time (a subject who came back later has other key ids)."""
+        t = req.doc["replay"]
+        tombstone = Tombstone(
+            t["tombstone_id"],
+            req.subject_ref,
+            req.scope,
+            tuple(bytes.fromhex(k) for k in t["key_ids"]),
+            datetime.fromisoformat(t["erased_at"]),
+        )
+        with self._ks.memories.locked(req.subject_ref):
+            destroyed = self._ks.keyring.store.destroy(tombstone.key_ids, tombstone)
+        self._ks.keyring.cache.clear()
+        self._ks.vectors.evict(req.subject_ref)
+        if self._ks.memories.pme is not None:
+            self._ks.memories.pme.forget()
+        return {
+            "key_ids": t["key_ids"],
+            "tombstone_id": tombstone.tombstone_id,
+            "at": t["erased_at"],
+            "cache_evicted": 0,
+            "present": destroyed,
+        }
+
+    def replay(self, tombstone: Tombstone) -> ErasureRequest:
+        """Replay a tombstone from elsewhere (a restore): the same steps as an
+        erasure, without holds, external calls, backup deletion or a receipt."""
+        request_id = f"replay-{tombstone.tombstone_id}"
+        req = self.request(
+            tombstone.subject_ref,
+            tombstone.scope,
+            requested_by="backup-restore",
+            reason="tombstone-replay",
+            request_id=request_id,
+        )
+        if "replay" not in req.doc:
+            req.doc["replay"] = {
+                "tombstone_id": tombstone.tombstone_id,
+                "key_ids": [k.hex() for k in tombstone.key_ids],
+                "erased_at": _iso(tombstone.erased_at),
+            }
+            self._save(req)
+        return self.run(request_id)
+
     def _step_drop_memories(self, req: ErasureRequest) -> dict[str, Any]:
         if req.scope is None:
             n = self._ks.memories.drop_subject(req.subject_ref)
@@ -613,10 +669,13 @@ class ErasureCoordinator:
         return {"count": n, "at": _iso(_now())}
 
     def _step_drop_vectors(self, req: ErasureRequest) -> dict[str, Any]:
-        if req.scope is None:
-            n = 1 if self._ks.vectors.drop(req.subject_ref) else 0
-        else:
-            n = self._ks.vectors.delete_scope(req.subject_ref, req.scope)
+        # Under the freeze lock, like every partition write: a backup never links
+        # half of a dataset being removed.
+        with self._ks.memories.freeze.shared():
+            if req.scope is None:
+                n = 1 if self._ks.vectors.drop(req.subject_ref) else 0
+            else:
+                n = self._ks.vectors.delete_scope(req.subject_ref, req.scope)
         return {"count": n, "at": _iso(_now())}
 
     def _step_drop_tokens(self, req: ErasureRequest) -> dict[str, Any]:
@@ -714,6 +773,8 @@ class ErasureCoordinator:
         return out
 
     def _step_external(self, req: ErasureRequest) -> dict[str, Any]:
+        if "replay" in req.doc:
+            return {"calls": []}  # the live erasure called them
         calls = list(req.doc.get("external_done", []))
         answered = {c["processor"] for c in calls}
         for processor in self._processors:
@@ -746,6 +807,17 @@ class ErasureCoordinator:
             if store.tombstone_for(bytes.fromhex(key_hex)) is None:
                 raise KeyshredError(f"no tombstone for key {key_hex}")
         return {"tombstone_id": keys["tombstone_id"], "keys": len(keys["key_ids"])}
+
+    def _step_backups(self, req: ErasureRequest) -> dict[str, Any]:
+        if "replay" in req.doc:
+            return {"targets": 0, "objects_deleted": 0}
+        keys = req.doc["details"]["destroy_keys"]
+        if not keys["key_ids"]:
+            return {"targets": 0, "objects_deleted": 0}
+        tombstone = self._ks.keyring.store.tombstone_for(bytes.fromhex(keys["key_ids"][0]))
+        if tombstone is None:
+            raise KeyshredError("the tombstone is missing")
+        return self._ks.backup.on_erasure(tombstone, whole_subject=req.scope is None)
 
     def _step_verify(self, req: ErasureRequest) -> dict[str, Any]:
         checks: list[dict[str, Any]] = []
@@ -827,6 +899,18 @@ class ErasureCoordinator:
         d = req.doc["details"]
         keys = d["destroy_keys"]
         completed = _now()
+        if "replay" in req.doc:
+            if req.scope is None:
+                self._catalog.set_guard(req.subject_ref, ERASED)
+            else:
+                self._catalog.release_scope(req.subject_ref, req.scope)
+            self._audit.record(
+                "erasure.replayed",
+                subject_ref=req.subject_ref,
+                request_id=req.request_id,
+                keys=len(keys["key_ids"]),
+            )
+            return {"at": _iso(completed)}
         stores = [
             StoreAction(
                 store="keyring", action="keys-destroyed", count=len(keys["key_ids"]), at=keys["at"]
@@ -856,6 +940,17 @@ class ErasureCoordinator:
                 at=d["catalog"]["at"],
             ),
         ]
+        if d.get("backups", {}).get("targets"):
+            stores.append(
+                StoreAction(
+                    store="backups",
+                    action="segments-deleted-all-versions"
+                    if req.scope is None
+                    else "tombstone-journaled",
+                    count=d["backups"]["objects_deleted"],
+                    at=d["backups"]["at"],
+                )
+            )
         for kind, n in sorted(d["closure"]["own_counts"].items()):
             stores.append(
                 StoreAction(
@@ -879,13 +974,10 @@ class ErasureCoordinator:
             derived=[DerivedAction(**a) for a in d["derived"]["actions"]],
             external=[ExternalCall(**c) for c in d["external"]["calls"]],
             verification=[Check(**c) for c in d["verify"]["checks"]],
-            backups=BackupCoverage(
-                covered=False,
-                backup_final_date=None,
-                note="backups are not covered yet: keyshred takes no backups of its own "
-                "(issue #7); any copy made outside keyshred holds only ciphertext whose "
-                "keys are destroyed, unless it also copied the key store and a live "
-                "KEK epoch",
+            backups=self._ks.backup.coverage(
+                req.subject_ref,
+                datetime.fromisoformat(keys["at"]),
+                deleted=d.get("backups", {}).get("objects_deleted", 0),
             ),
             legal_hold_history=bool(req.doc.get("held")),
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 from keyshred._backends import KEYS_DIR, make_kek, make_keystore
 from keyshred.audit import AuditLog
+from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError
@@ -84,6 +85,7 @@ class Keyshred:
         self.derived = DerivedApi(self)
         self.vault = TokenVault(catalog, keyring, self.subject_ref, self.audit)
         self.erasure = ErasureCoordinator(self)
+        self.backup = BackupManager(self)
 
     def erase(
         self,
@@ -189,6 +191,7 @@ class Keyshred:
         """Close; ``flush=False`` leaves logged writes in their logs (still durable)."""
         try:
             self.memories.close(flush=flush)
+            self.backup.close()
         finally:
             self.catalog.close()
             self.keyring.close()

@@ -70,9 +70,21 @@ class Check(_Model):
 
 
 class BackupCoverage(_Model):
+    """What backups still hold. ``backup_final_date``: after it no retained backup
+    (nor any copy of one) can yield the subject's key material, because the KEK
+    epoch that sealed the newest such backup's key store is destroyed by then
+    (plus the KMS deletion window). ``generations`` are the retained backup
+    generations that held the subject's keys; ``expire_by`` is when the last of
+    them expires by retention policy and ``epoch_destroyed_by`` when the scheduled
+    KEK-epoch destruction makes them unreadable."""
+
     covered: bool
     backup_final_date: datetime | None
     note: str
+    generations: list[str] = []
+    objects_deleted: int = 0
+    expire_by: datetime | None = None
+    epoch_destroyed_by: datetime | None = None
 
 
 class Signature(_Model):

@@ -38,6 +38,7 @@ __all__ = [
     "SUPPRESSED",
     "AssetRow",
     "Catalog",
+    "CatalogSnapshot",
     "ConsentRecord",
     "GuardState",
     "sqlite_url",
@@ -407,7 +408,13 @@ class Catalog:
     def _conn(self) -> Any:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self.engine.raw_connection().driver_connection
+            # Detached and kept referenced: a pool connection whose proxy is
+            # garbage-collected goes back to the pool and would be handed to another
+            # checkout while this thread still uses it.
+            fairy = self.engine.raw_connection()
+            conn = fairy.driver_connection
+            fairy.detach()
+            self._local.fairy = fairy
             assert conn is not None  # noqa: S101 - a live pool connection has one
             if self.dialect == "sqlite":
                 conn.isolation_level = None
@@ -936,6 +943,23 @@ class Catalog:
                 consents.delete().where(consents.c.subject_ref == subject_ref)
             ).rowcount
 
+    # -- snapshots (backups) -------------------------------------------------------
+
+    @contextmanager
+    def snapshot(self) -> Iterator[CatalogSnapshot]:
+        """A read transaction pinned to this instant (SQLite WAL: the first read
+        fixes it; PostgreSQL: ``REPEATABLE READ``). The backup opens it while
+        writers are frozen and exports it after they resume."""
+        conn = self.engine.connect()
+        try:
+            if self.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                conn.execute(sa.select(sa.func.count()).select_from(subject_guard)).scalar()
+                yield CatalogSnapshot(conn)
+        finally:
+            conn.close()
+
     def close(self) -> None:
         with self._raw_lock:
             for conn in self._raw:
@@ -947,6 +971,34 @@ class Catalog:
 
     def __repr__(self) -> str:
         return f"Catalog(dialect={self.dialect!r})"
+
+
+class CatalogSnapshot:
+    """The catalog at one instant; ``export`` writes it as an embedded catalog."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def export(self, path: str | os.PathLike[str]) -> dict[str, int]:
+        """Copy every table into a new SQLite catalog at ``path``; row counts."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        engine = sa.create_engine(sqlite_url(target), future=True)
+        counts: dict[str, int] = {}
+        try:
+            metadata.create_all(engine)
+            with engine.begin() as out:
+                for table in metadata.sorted_tables:
+                    result = self._conn.execute(sa.select(table)).mappings()
+                    n = 0
+                    while batch := result.fetchmany(5000):
+                        out.execute(table.insert(), [dict(r) for r in batch])
+                        n += len(batch)
+                    counts[table.name] = n
+        finally:
+            engine.dispose()
+        return counts
 
 
 class _Row:

@@ -33,6 +33,7 @@ from keyshred.errors import (
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
 from keyshred.storage.embeddings import Embedder
+from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
@@ -203,6 +204,8 @@ class MemoryStore:
         self.pme: PmeCrypto | None = PmeCrypto(keyring) if encrypt else None
         self._partitions: OrderedDict[str, Partition] = OrderedDict()
         self._lock = threading.Lock()
+        # Held shared by every partition write, exclusive by a backup's snapshot.
+        self.freeze = FreezeLock(self._root / "FREEZE")
 
     # -- partitions ----------------------------------------------------------------
 
@@ -221,6 +224,7 @@ class MemoryStore:
                     self.pme,
                     fsync=self._fsync,
                     expected_ids=self._expected_ids,
+                    freeze=self.freeze,
                 )
                 self._partitions[subject_ref] = part
                 while len(self._partitions) > self._max_open:
@@ -743,6 +747,12 @@ class MemoryStore:
         part.ensure_loaded()
         return {r.memory_id: r for r in part.rows.values() if r.memory_id in wanted}
 
+    def count_ref(self, ref: str) -> int:
+        """How many memories ``ref``'s partition holds (loads it; no guard check)."""
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return len(part.rows)
+
     def memory(self, row: MemoryRow) -> Memory:
         return Memory(row)
 
@@ -832,6 +842,7 @@ class MemoryStore:
                 except (SubjectErased, KeyNotFound):
                     pass  # crypto-erased meanwhile: nothing of it may be written again
             part.close()
+        self.freeze.close()
 
 
 def text_at(value: Any, path: str) -> str:

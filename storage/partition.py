@@ -41,6 +41,7 @@ from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.applog import AppendLog
+from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import INDEX_SCOPE
 from keyshred.storage.sealer import Sealer
@@ -200,8 +201,10 @@ class Partition:
         *,
         fsync: bool = True,
         expected_ids: Callable[[str], set[str]] | None = None,
+        freeze: FreezeLock | None = None,
     ) -> None:
         self.root = root
+        self._freeze = freeze
         self._expected_ids = expected_ids
         self.subject_ref = subject_ref
         self._keyring = keyring
@@ -238,9 +241,10 @@ class Partition:
                 self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
-                if refresh:
-                    self._refresh()
-                yield
+                with self._freeze.shared() if self._freeze else contextlib.nullcontext():
+                    if refresh:
+                        self._refresh()
+                    yield
             finally:
                 if self._lock_fd is not None:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)

@@ -1,0 +1,806 @@
+"""``ks.backup``: snapshots, restore with tombstone replay, retention and KEK epochs.
+
+Three mechanisms together bound what a backup can yield after an erasure:
+
+1. **Tombstone replay**: every restore lands in an isolated folder, destroys the key
+   ids of every tombstone recorded after the snapshot (from the live key store and
+   from the target's tombstone journal), drops those subjects' partitions, assets
+   and derived data, verifies, and only then renames the folder into place.
+2. **Expiring generations**: each generation has a retention class; ``prune``
+   deletes expired ones (every S3 object version) and objects no generation needs.
+3. **KEK epochs**: a generation's key store is sealed under the epoch current at
+   the snapshot. Epoch ``e`` is retired ``rotate_kek_every_days`` after its creation
+   (a backup rotates first when it is due) and destroyed ``max(retention)`` days
+   after that, when every generation it sealed has expired. From then on neither
+   the generation nor any copy of it can yield a key. That date (plus the KMS
+   deletion window) is the receipt's ``backup_final_date``.
+
+A backup never decrypts or re-encrypts partitions: segments are copied as the
+ciphertext they are. Consistency comes from the freeze lock (see
+``keyshred.storage.freeze``): for one instant no partition writer runs; in it the
+catalog snapshot is pinned, the partition files are hard-linked into a staging
+folder and the key store is copied. Everything slow happens after.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from keyshred.backup.manifest import (
+    GENERATIONS,
+    OBJECTS,
+    TOMBSTONES,
+    BlobRef,
+    Manifest,
+    SealedRef,
+    Segment,
+    TombstoneRecord,
+    gen_prefix,
+)
+from keyshred.backup.targets import BackupTarget, LocalTarget, open_target
+from keyshred.config import Config, save_config
+from keyshred.errors import (
+    ConfigError,
+    IntegrityError,
+    InvalidInput,
+    KekEpochDestroyed,
+    KeyshredError,
+    NotFound,
+)
+from keyshred.keyring.kek import DestroyedEpoch, WrappedKey
+from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
+from keyshred.receipts import BackupCoverage
+
+if TYPE_CHECKING:
+    from keyshred.facade import Keyshred
+
+__all__ = ["BackupManager", "Generation", "MaintenanceReport", "Progress", "RestoreReport"]
+
+Progress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``: phases ``hash``, ``upload``, ``download`` (bytes)."""
+
+STAGING = ".backup-staging"
+RESTORE_REPORT = "RESTORE.json"
+_SKIP = {"LOCK", "FREEZE"}
+_COPY_BELOW = 256 * 1024  # small files are copied; large immutable ones hard-linked
+_INCOMPLETE_AFTER = timedelta(hours=6)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One backup generation as ``list``/``create`` report it."""
+
+    generation: str
+    created_at: datetime
+    expires_at: datetime
+    retention_class: str
+    kek_epoch: int
+    segments: int
+    subjects: int
+    bytes_total: int
+    bytes_uploaded: int = 0
+    objects_uploaded: int = 0
+    objects_reused: int = 0
+
+    @classmethod
+    def of(cls, m: Manifest, uploaded: int = 0, objects: int = 0, reused: int = 0) -> Generation:
+        return cls(
+            m.generation,
+            m.created_at,
+            m.expires_at,
+            m.retention_class,
+            m.kek_epoch,
+            len(m.segments),
+            len(m.subjects),
+            m.bytes_total,
+            uploaded,
+            objects,
+            reused,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()
+        }
+
+
+@dataclass
+class RestoreReport:
+    """What a restore did; written as ``RESTORE.json`` into the restored folder."""
+
+    generation: str
+    path: str
+    snapshot_at: datetime
+    restored_at: datetime
+    segments: int
+    skipped_erased: int
+    replayed: list[dict[str, Any]] = field(default_factory=list)
+    subjects_verified: int = 0
+    memories_verified: int = 0
+    vectors_verified: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()
+        }
+
+
+@dataclass
+class MaintenanceReport:
+    rotated_to: int | None
+    destroyed: list[DestroyedEpoch]
+    pruned: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rotated_to": self.rotated_to,
+            "destroyed": [
+                {"epoch": d.epoch, "effective_at": d.effective_at.isoformat()}
+                for d in self.destroyed
+            ],
+            "pruned": self.pruned,
+        }
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _sha256_file(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _generation_id(at: datetime) -> str:
+    return f"{at:%Y%m%dT%H%M%S%f}Z-{uuid.uuid4().hex[:6]}"
+
+
+class BackupManager:
+    """``ks.backup``: see the module docstring."""
+
+    def __init__(self, ks: Keyshred, *, clock: Callable[[], datetime] = _now) -> None:
+        self._ks = ks
+        self._settings = ks.config.backup
+        self.clock = clock
+        self._targets: dict[str, BackupTarget] = {}
+        self._lock = threading.Lock()
+        if self._settings.default_class not in self._settings.retention:
+            raise ConfigError(
+                f"backup.default_class {self._settings.default_class!r} is not a retention class"
+            )
+
+    # -- targets -------------------------------------------------------------------
+
+    @property
+    def default_url(self) -> str:
+        return self._settings.target or str(self._ks.path / "backups")
+
+    def target(self, url: str | None = None) -> BackupTarget:
+        """The target at ``url`` (default: ``backup.target`` or ``<data>/backups``)."""
+        url = url or self.default_url
+        with self._lock:
+            target = self._targets.get(url)
+            if target is None:
+                target = open_target(
+                    url,
+                    endpoint_url=self._settings.s3_endpoint_url,
+                    region=self._settings.s3_region,
+                    multipart_mb=self._settings.multipart_mb,
+                )
+                self._targets[url] = target
+            return target
+
+    def _resolve(self, target: BackupTarget | str | None) -> BackupTarget:
+        return target if isinstance(target, BackupTarget) else self.target(target)
+
+    # -- schedule ------------------------------------------------------------------
+
+    @property
+    def max_retention(self) -> timedelta:
+        return timedelta(days=max(self._settings.retention.values()))
+
+    @property
+    def rotate_every(self) -> timedelta:
+        return timedelta(days=self._settings.rotate_kek_every_days)
+
+    def _kms_window(self) -> timedelta:
+        if self._ks.config.kek.provider == "aws":
+            return timedelta(days=self._ks.config.kek.aws.pending_window_days)
+        return timedelta(0)
+
+    def _epoch_created(self) -> dict[int, datetime]:
+        return {e.epoch: e.created_at for e in self._ks.keyring.kek.epochs()}
+
+    def epoch_destroy_date(self, epoch: int, created: datetime | None = None) -> datetime:
+        """When the schedule destroys ``epoch``: retired ``rotate_kek_every_days``
+        after its creation, destroyed once the longest retention has passed."""
+        if created is None:
+            created = self._epoch_created()[epoch]
+        return created + self.rotate_every + self.max_retention
+
+    def rotate_if_due(self, now: datetime | None = None) -> int | None:
+        """Rotate the KEK (and re-wrap every DEK) if the current epoch is past its
+        retirement; a backup calls this first, so no generation is ever sealed
+        under an epoch later than its scheduled retirement."""
+        now = now or self.clock()
+        keyring = self._ks.keyring
+        current = keyring.kek.current_epoch()
+        created = self._epoch_created().get(current)
+        if created is not None and now < created + self.rotate_every:
+            keyring.rewrap_to_current()  # finishes a rotation a crash interrupted
+            return None
+        result = keyring.rotate_kek()
+        self._ks.audit.record("kek.rotated", epoch=result.new_epoch, keys=result.keys_rewrapped)
+        return result.new_epoch
+
+    def destroy_due_epochs(self, now: datetime | None = None) -> list[DestroyedEpoch]:
+        """Destroy every epoch whose scheduled destruction date has passed."""
+        now = now or self.clock()
+        keyring = self._ks.keyring
+        current = keyring.kek.current_epoch()
+        due = [
+            e
+            for e, created in self._epoch_created().items()
+            if e < current and self.epoch_destroy_date(e, created) <= now
+        ]
+        if not due:
+            return []
+        keyring.rewrap_to_current()
+        destroyed = keyring.destroy_kek_epochs_before(max(due) + 1)
+        for d in destroyed:
+            self._ks.audit.record("kek.epoch_destroyed", epoch=d.epoch)
+        return destroyed
+
+    def maintain(
+        self, target: BackupTarget | str | None = None, *, now: datetime | None = None
+    ) -> MaintenanceReport:
+        """The scheduled job: rotate the KEK when due, destroy epochs past their
+        date, prune expired generations. Run it daily (``keyshred backup maintain``)."""
+        now = now or self.clock()
+        rotated = self.rotate_if_due(now)
+        destroyed = self.destroy_due_epochs(now)
+        pruned = self.prune(target, now=now)
+        return MaintenanceReport(rotated, destroyed, pruned)
+
+    # -- create --------------------------------------------------------------------
+
+    def _capture(self, staging: Path) -> list[tuple[Path, str, str]]:
+        """Link or copy every partition file into ``staging`` (writers are frozen).
+        Returns (staged path, relative path, subject_ref)."""
+        root = self._ks.path
+        out: list[tuple[Path, str, str]] = []
+        sources: list[tuple[Path, str]] = []
+        mem = root / "memories"
+        if mem.exists():
+            for part in mem.iterdir():
+                if part.is_dir() and part.name.startswith("subject="):
+                    sources.append((part, part.name.removeprefix("subject=")))
+        vec = self._vector_root()
+        if vec is not None and vec.exists():
+            for ds in vec.iterdir():
+                if ds.is_dir() and ds.name.endswith(".lance"):
+                    sources.append((ds, ds.name.removesuffix(".lance")))
+        for folder, ref in sources:
+            top = "memories" if folder.parent == mem else "vectors"
+            for src in folder.rglob("*"):
+                if src.name in _SKIP or not src.is_file():
+                    continue
+                rel = f"{top}/{src.relative_to(folder.parent).as_posix()}"
+                dst = staging / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    size = src.stat().st_size
+                    if size < _COPY_BELOW or src.suffix == ".ksl":
+                        shutil.copyfile(src, dst)  # small, or appended in place: copy
+                    else:
+                        try:
+                            os.link(src, dst)  # immutable once written: share the inode
+                        except OSError:
+                            shutil.copyfile(src, dst)
+                except FileNotFoundError:
+                    continue  # removed by an erasure's unlocked cleanup: not data
+                out.append((dst, rel, ref))
+        return out
+
+    def _vector_root(self) -> Path | None:
+        uri = self._ks.config.vectors.uri
+        if uri is None:
+            return self._ks.path / "vectors"
+        if "://" in uri:
+            return None  # an object-store dataset is not ours to copy
+        return Path(uri)
+
+    def create(
+        self,
+        target: BackupTarget | str | None = None,
+        *,
+        retention_class: str | None = None,
+        progress: Progress | None = None,
+        now: datetime | None = None,
+    ) -> Generation:
+        """Take a generation: consistent, incremental, signed. See the module doc."""
+        tgt = self._resolve(target)
+        klass = retention_class or self._settings.default_class
+        if klass not in self._settings.retention:
+            raise InvalidInput(f"unknown retention class {klass!r}")
+        now = now or self.clock()
+        self.rotate_if_due(now)
+        keyring = self._ks.keyring
+        generation = _generation_id(now)
+        staging = self._ks.path / STAGING / generation
+        staging.mkdir(parents=True, mode=0o700)
+        try:
+            with contextlib.ExitStack() as stack:
+                with self._ks.memories.freeze.exclusive():
+                    snapshot = stack.enter_context(self._ks.catalog.snapshot())
+                    files = self._capture(staging / "files")
+                    keystore = keyring.store.snapshot()
+                    epoch = keyring.kek.current_epoch()
+                    wrapped, sealed = keyring.seal_blob(keystore, f"backup:{generation}")
+                # Writers run again; the catalog export reads the pinned snapshot.
+                catalog_path = staging / "catalog.db"
+                snapshot.export(catalog_path)
+            subjects, tombstone_ids = SQLiteKeyStore.describe_snapshot(keystore)
+            del keystore
+            segments, uploaded, n_up, n_reused = self._upload(tgt, files, progress)
+            prefix = gen_prefix(generation)
+            catalog_sha = _sha256_file(catalog_path)
+            tgt.put_file(f"{prefix}/catalog.db", catalog_path)
+            tgt.put_bytes(f"{prefix}/keystore.sealed", sealed)
+            previous = self._latest(tgt)
+            manifest = Manifest(
+                generation=generation,
+                created_at=now,
+                retention_class=klass,
+                expires_at=now + timedelta(days=self._settings.retention[klass]),
+                previous=previous,
+                kek_provider=keyring.kek.name,
+                kek_epoch=epoch,
+                keystore=SealedRef(
+                    object=f"{prefix}/keystore.sealed",
+                    size=len(sealed),
+                    sha256=hashlib.sha256(sealed).hexdigest(),
+                    wrapped=base64.b64encode(wrapped.blob).decode("ascii"),
+                    kek_epoch=wrapped.epoch,
+                ),
+                catalog=BlobRef(
+                    object=f"{prefix}/catalog.db",
+                    size=catalog_path.stat().st_size,
+                    sha256=catalog_sha,
+                ),
+                config=self._ks.config.model_dump(mode="json"),
+                subjects=subjects,
+                tombstones=tombstone_ids,
+                segments=segments,
+                vectors_included=self._vector_root() is not None,
+                bytes_total=sum(s.size for s in segments),
+            ).signed(keyring.signer())
+            tgt.put_bytes(f"{prefix}/manifest.json", manifest.to_bytes())  # the commit
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._ks.audit.record(
+            "backup.created",
+            generation=generation,
+            segments=len(segments),
+            uploaded=n_up,
+            kek_epoch=epoch,
+        )
+        return Generation.of(manifest, uploaded, n_up, n_reused)
+
+    def _upload(
+        self,
+        tgt: BackupTarget,
+        files: Sequence[tuple[Path, str, str]],
+        progress: Progress | None,
+    ) -> tuple[list[Segment], int, int, int]:
+        total = sum(p.stat().st_size for p, _, _ in files)
+        done = [0, 0]
+        lock = threading.Lock()
+
+        def tick(phase: int, n: int) -> None:
+            with lock:
+                done[phase] += n
+                if progress is not None:
+                    progress("hash" if phase == 0 else "upload", done[phase], total)
+
+        def one(item: tuple[Path, str, str]) -> tuple[Segment, int]:
+            path, rel, ref = item
+            size = path.stat().st_size
+            seg = Segment(path=rel, subject_ref=ref, size=size, sha256=_sha256_file(path))
+            tick(0, size)
+            if tgt.exists(seg.object):
+                tick(1, size)
+                return seg, 0
+            tgt.put_file(seg.object, path, lambda n: tick(1, n))
+            return seg, size
+
+        with ThreadPoolExecutor(self._settings.workers) as pool:
+            results = list(pool.map(one, files))
+        segments = [s for s, _ in results]
+        uploaded = sum(n for _, n in results)
+        n_up = sum(1 for _, n in results if n)
+        # Several files can share one object (identical bytes): count objects once.
+        return segments, uploaded, n_up, len(results) - n_up
+
+    # -- listing -------------------------------------------------------------------
+
+    def _generation_ids(self, tgt: BackupTarget) -> list[str]:
+        keys = tgt.keys(GENERATIONS)
+        return sorted(
+            {k.split("/")[1] for k in keys if k.endswith("/manifest.json") and k.count("/") == 2}
+        )
+
+    def manifest(self, generation: str, target: BackupTarget | str | None = None) -> Manifest:
+        """A generation's manifest, signature verified (``IntegrityError`` if not)."""
+        tgt = self._resolve(target)
+        try:
+            raw = tgt.get_bytes(f"{gen_prefix(generation)}/manifest.json")
+        except NotFound:
+            raise NotFound(f"no backup generation {generation} at {tgt.url}") from None
+        manifest = Manifest.parse(raw, generation)
+        manifest.verify(self._ks.keyring.signer().public_key, f"generation {generation}")
+        return manifest
+
+    def _latest(self, tgt: BackupTarget) -> str | None:
+        ids = self._generation_ids(tgt)
+        return ids[-1] if ids else None
+
+    def generations(self, target: BackupTarget | str | None = None) -> list[Generation]:
+        """Every complete generation on the target, oldest first."""
+        tgt = self._resolve(target)
+        return [Generation.of(self.manifest(g, tgt)) for g in self._generation_ids(tgt)]
+
+    # -- prune ---------------------------------------------------------------------
+
+    def prune(
+        self, target: BackupTarget | str | None = None, *, now: datetime | None = None
+    ) -> list[str]:
+        """Delete expired generations (every object version), objects no remaining
+        generation needs, interrupted generations and old tombstone records."""
+        tgt = self._resolve(target)
+        now = now or self.clock()
+        keep: list[Manifest] = []
+        pruned: list[str] = []
+        for g in self._generation_ids(tgt):
+            m = self.manifest(g, tgt)
+            if m.expires_at <= now:
+                tgt.delete_prefix(gen_prefix(g))
+                pruned.append(g)
+            else:
+                keep.append(m)
+        complete = {m.generation for m in keep} | set(pruned)
+        for key in tgt.keys(GENERATIONS):
+            g = key.split("/")[1]
+            if g in complete:
+                continue
+            started = _parse_generation_time(g)
+            if started is None or started + _INCOMPLETE_AFTER <= now:
+                tgt.delete_prefix(gen_prefix(g))
+        needed = {s.object for m in keep for s in m.segments}
+        for key in tgt.keys(OBJECTS):
+            if key not in needed:
+                tgt.delete_prefix(key)
+        horizon = now - self.rotate_every - self.max_retention
+        for record in self._journal(tgt):
+            if record.erased_at < horizon:
+                tgt.delete_prefix(f"{TOMBSTONES}/{record.tombstone_id}.json")
+        for g in pruned:
+            self._ks.audit.record("backup.pruned", generation=g)
+        return pruned
+
+    # -- erasure -------------------------------------------------------------------
+
+    def _targets_in_use(self) -> list[BackupTarget]:
+        """The default target, unless it is a folder no backup was ever written to."""
+        tgt = self.target()
+        if isinstance(tgt, LocalTarget) and not tgt.root.exists():
+            return []
+        return [tgt]
+
+    def on_erasure(self, tombstone: Tombstone, *, whole_subject: bool) -> dict[str, Any]:
+        """The erasure's backup step: journal the tombstone (so restores replay it
+        even from a lost key store) and, for a whole subject, delete its segment
+        objects from the target with every version."""
+        journaled = 0
+        deleted = 0
+        for tgt in self._targets_in_use():
+            record = TombstoneRecord.of(tombstone).signed(self._ks.keyring.signer())
+            tgt.put_bytes(f"{TOMBSTONES}/{tombstone.tombstone_id}.json", record.to_bytes())
+            journaled += 1
+            if whole_subject:
+                deleted += tgt.delete_prefix(f"{OBJECTS}/subject={tombstone.subject_ref}")
+        return {"targets": journaled, "objects_deleted": deleted, "at": self.clock().isoformat()}
+
+    def _journal(self, tgt: BackupTarget) -> list[TombstoneRecord]:
+        out = []
+        public = self._ks.keyring.signer().public_key
+        for key in tgt.keys(TOMBSTONES):
+            if not key.endswith(".json"):
+                continue
+            raw = tgt.get_bytes(key)
+            try:
+                record = TombstoneRecord.model_validate_json(raw)
+            except ValueError:
+                raise IntegrityError(f"tombstone record {key} is malformed") from None
+            record.verify(public, f"tombstone record {key}")
+            out.append(record)
+        return out
+
+    def coverage(self, subject_ref: str, erased_at: datetime, deleted: int = 0) -> BackupCoverage:
+        """The receipt's backup section for a subject erased at ``erased_at``."""
+        try:
+            tgt = self.target()
+            manifests = [self.manifest(g, tgt) for g in self._generation_ids(tgt)]
+        except KeyshredError as exc:
+            return BackupCoverage(
+                covered=False,
+                backup_final_date=None,
+                note=f"the backup target could not be read ({type(exc).__name__}); "
+                "backup_final_date unknown",
+            )
+        holding = [m for m in manifests if subject_ref in m.subjects and m.created_at <= erased_at]
+        if not holding:
+            return BackupCoverage(
+                covered=True,
+                backup_final_date=erased_at,
+                note="no retained backup generation held the subject's keys",
+                objects_deleted=deleted,
+            )
+        created = self._epoch_created()
+        window = self._kms_window()
+        destroy_dates = []
+        for m in holding:
+            if m.kek_epoch in created:
+                destroy_dates.append(self.epoch_destroy_date(m.kek_epoch, created[m.kek_epoch]))
+            else:
+                destroy_dates.append(erased_at)  # its epoch is destroyed already
+        epoch_by = max(destroy_dates)
+        return BackupCoverage(
+            covered=True,
+            backup_final_date=epoch_by + window,
+            note=(
+                f"{len(holding)} retained generation(s) hold the subject's wrapped keys; "
+                + (
+                    f"{deleted} segment object versions were deleted from the target; "
+                    if deleted
+                    else ""
+                )
+                + "every restore replays the tombstone; after backup_final_date the KEK epoch "
+                "that sealed the newest of them is destroyed by the scheduled maintenance, so "
+                "no copy of them can yield a key"
+                + (" (includes the KMS key deletion window)" if window else "")
+            ),
+            generations=[m.generation for m in holding],
+            objects_deleted=deleted,
+            expire_by=max(m.expires_at for m in holding),
+            epoch_destroyed_by=epoch_by,
+        )
+
+    # -- restore -------------------------------------------------------------------
+
+    def restore(
+        self,
+        generation: str,
+        into: str | os.PathLike[str],
+        *,
+        target: BackupTarget | str | None = None,
+        progress: Progress | None = None,
+    ) -> RestoreReport:
+        """Restore ``generation`` into a new folder ``into``: download and verify
+        every object, replay every later tombstone, verify, then expose. A restore
+        that fails or is interrupted leaves no folder at ``into``."""
+        tgt = self._resolve(target)
+        dest = Path(into)
+        if dest.exists() and any(dest.iterdir()):
+            raise InvalidInput(f"{dest} exists and is not empty")
+        manifest = self.manifest(generation, tgt)
+        staging = dest.parent / f".{dest.name}.restoring-{uuid.uuid4().hex[:8]}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir(mode=0o700)
+        try:
+            report = self._restore_into(manifest, tgt, staging, progress)
+            report.path = str(dest)
+            (staging / RESTORE_REPORT).write_text(json.dumps(report.as_dict(), indent=1))
+            if dest.exists():
+                dest.rmdir()
+            os.rename(staging, dest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._ks.audit.record(
+            "backup.restored",
+            generation=generation,
+            replayed=len(report.replayed),
+            subjects=report.subjects_verified,
+        )
+        return report
+
+    def tombstones(self, target: BackupTarget | str | None = None) -> list[Tombstone]:
+        """Every tombstone known: the live key store's and the target's journal."""
+        seen: dict[str, Tombstone] = {
+            t.tombstone_id: t for t in self._ks.keyring.store.tombstones()
+        }
+        for record in self._journal(self._resolve(target)):
+            seen.setdefault(record.tombstone_id, record.tombstone())
+        return sorted(seen.values(), key=lambda t: (t.erased_at, t.tombstone_id))
+
+    def _restore_into(
+        self, manifest: Manifest, tgt: BackupTarget, staging: Path, progress: Progress | None
+    ) -> RestoreReport:
+        from keyshred.facade import CATALOG_DIR, CATALOG_FILE, Keyshred
+
+        keyring = self._ks.keyring
+        # 1. The key store: sealed under the generation's epoch (gone once destroyed).
+        sealed = tgt.get_bytes(manifest.keystore.object)
+        if hashlib.sha256(sealed).hexdigest() != manifest.keystore.sha256:
+            raise IntegrityError(
+                f"the key store copy of generation {manifest.generation} is tampered"
+            )
+        wrapped = WrappedKey(
+            manifest.keystore.kek_epoch, base64.b64decode(manifest.keystore.wrapped)
+        )
+        try:
+            keystore = keyring.open_blob(wrapped, sealed, f"backup:{manifest.generation}")
+        except KekEpochDestroyed:
+            raise KekEpochDestroyed(
+                f"generation {manifest.generation} was sealed under KEK epoch "
+                f"{manifest.keystore.kek_epoch}, which is destroyed: it can never be restored"
+            ) from None
+        SQLiteKeyStore.from_snapshot(staging / "keys" / "keystore.db", keystore).close()
+        del keystore
+        (staging / "keys").chmod(0o700)
+
+        # 2. Segments, each checked against its hash; an erased subject's are gone.
+        tombstones = self.tombstones(tgt)
+        erased = {t.subject_ref for t in tombstones if t.scope is None}
+        total = sum(s.size for s in manifest.segments)
+        done = [0]
+        lock = threading.Lock()
+
+        def tick(n: int) -> None:
+            with lock:
+                done[0] += n
+                if progress is not None:
+                    progress("download", done[0], total)
+
+        def fetch(seg: Segment) -> int:
+            dst = staging / seg.path
+            if not _inside(staging, dst):
+                raise IntegrityError(f"segment path {seg.path} leaves the folder")
+            try:
+                tgt.get_file(seg.object, dst, tick)
+            except NotFound:
+                if seg.subject_ref in erased:
+                    return 1  # erased from the backups; replay drops the rest
+                raise IntegrityError(f"segment {seg.path} is missing from the backup") from None
+            if _sha256_file(dst) != seg.sha256:
+                raise IntegrityError(f"segment {seg.path} fails its SHA-256 check (tampered)")
+            return 0
+
+        with ThreadPoolExecutor(self._settings.workers) as pool:
+            skipped = sum(pool.map(fetch, manifest.segments))
+
+        # 3. The catalog snapshot.
+        catalog_path = staging / CATALOG_DIR / CATALOG_FILE
+        tgt.get_file(manifest.catalog.object, catalog_path)
+        if _sha256_file(catalog_path) != manifest.catalog.sha256:
+            raise IntegrityError(
+                f"the catalog copy of generation {manifest.generation} is tampered"
+            )
+        catalog_path.chmod(0o600)
+
+        # 4. Configuration: the generation's settings, the live KEK, embedded catalog.
+        config = self._restored_config(manifest)
+        save_config(staging, config)
+        live = self._ks.memories
+
+        def embed(texts: list[str]) -> Any:  # the live model, loaded only if a rebuild needs it
+            return live.embedder.embed(texts)
+
+        restored = Keyshred.open(staging, config, embeddings=embed)
+        try:
+            restored.derived.copy_producers(self._ks.derived)
+            report = RestoreReport(
+                generation=manifest.generation,
+                path="",
+                snapshot_at=manifest.created_at,
+                restored_at=self.clock(),
+                segments=len(manifest.segments),
+                skipped_erased=skipped,
+            )
+            # 5. Replay every tombstone the snapshot does not hold yet.
+            have = {t.tombstone_id for t in restored.keyring.store.tombstones()}
+            for tomb in tombstones:
+                if tomb.tombstone_id in have:
+                    continue
+                req = restored.erasure.replay(tomb)
+                if req.state != "completed":
+                    raise IntegrityError(
+                        f"replaying tombstone {tomb.tombstone_id} failed ({req.state}: {req.error})"
+                    )
+                report.replayed.append(
+                    {
+                        "tombstone_id": tomb.tombstone_id,
+                        "subject_ref": tomb.subject_ref,
+                        "scope": tomb.scope,
+                        "keys": len(tomb.key_ids),
+                        "erased_at": tomb.erased_at.isoformat(),
+                    }
+                )
+            # 6. Verify what remains: every live subject's partition opens, every
+            #    file authenticates and matches the catalog.
+            self._verify_restored(restored, report)
+        finally:
+            restored.close()
+        return report
+
+    def _restored_config(self, manifest: Manifest) -> Config:
+        doc = dict(manifest.config)
+        live = self._ks.config
+        kek = live.kek
+        if kek.provider == "local":
+            local = kek.local_path or str((self._ks.path / "keys" / "kek.local.json").resolve())
+            kek = kek.model_copy(update={"local_path": local})
+        doc["kek"] = kek.model_dump(mode="json")
+        doc["storage"] = {**doc.get("storage", {}), "catalog_url": None}
+        doc["vectors"] = {**doc.get("vectors", {}), "uri": None}
+        doc["backup"] = {**doc.get("backup", {}), "target": None}
+        try:
+            return Config.model_validate(doc)
+        except ValueError:
+            raise IntegrityError("the configuration in the manifest is not valid") from None
+
+    def _verify_restored(self, restored: Keyshred, report: RestoreReport) -> None:
+        from keyshred.storage.catalog import ACTIVE
+
+        mem = restored.path / "memories"
+        refs = (
+            sorted(p.name.removeprefix("subject=") for p in mem.iterdir() if p.is_dir())
+            if mem.exists()
+            else []
+        )
+        for ref in refs:
+            if restored.catalog.guard(ref).status != ACTIVE:
+                continue
+            rows = restored.memories.rows_by_id(ref, [])  # loads: MACs, tags, catalog match
+            del rows
+            report.memories_verified += restored.memories.count_ref(ref)
+            report.subjects_verified += 1
+            if restored.vectors.exists(ref):
+                report.vectors_verified += restored.vectors.count(ref)  # decrypts each
+
+    def close(self) -> None:
+        with self._lock:
+            for t in self._targets.values():
+                t.close()
+            self._targets.clear()
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_generation_time(generation: str) -> datetime | None:
+    try:
+        return datetime.strptime(generation.split("Z-", maxsplit=1)[0], "%Y%m%dT%H%M%S%f").replace(
+            tzinfo=UTC
+        )
+    except ValueError:
+        return None

@@ -1,0 +1,367 @@
+"""Backups end to end: generations, restore with tombstone replay, a returning
+subject, the key-store backup attack and the date that ends it, tampering,
+interruptions, consistency under writers, retention."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.backup import LocalTarget, Manifest
+from keyshred.config import BackupSettings, Config, save_config
+from keyshred.errors import (
+    IntegrityError,
+    KekEpochDestroyed,
+    SubjectErased,
+    SubjectSuppressed,
+)
+from keyshred.keyring.kek import WrappedKey
+from keyshred.keyring.keystore import SQLiteKeyStore
+from tests.storage.conftest import make_config
+from tests.storage.test_vectors import bag_of_words
+
+NS = ("notes",)
+
+
+def config(catalog_url: str | None = None, **backup: Any) -> Config:
+    base = make_config(catalog_url)
+    return base.model_copy(update={"backup": BackupSettings(**backup)})
+
+
+@pytest.fixture
+def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
+    store = Keyshred.init(tmp_path / "data", config(catalog_url), embeddings=bag_of_words)
+    yield store
+    store.close()
+
+
+def files_of(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def write_subject(ks: Keyshred, subject: str, probe: str, n: int = 4) -> dict[str, Any]:
+    values = {}
+    for i in range(n):
+        value = {"text": f"{probe} note {i} about sailing"}
+        ks.memories.put(subject, NS, f"k{i}", value, index=["text"])
+        values[f"k{i}"] = value
+    return values
+
+
+def contents(ks: Keyshred, subject: str) -> dict[str, Any]:
+    return {m.key: m.value for m in ks.memories.search(subject, NS, limit=1000)}
+
+
+def test_backup_erase_backup_restore_both(ks: Keyshred, tmp_path: Path) -> None:
+    """write → back up → erase one → back up again → restore each generation:
+    the erased subject is unreadable and absent after replay in both, the others
+    equal what was written, derived data is rebuilt the way the live erasure did."""
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    victim = f"victim-{probe}"
+    written = {
+        s: write_subject(ks, s, probe if s == victim else s) for s in (victim, "bob", "carol")
+    }
+    token = ks.vault.sanitize(f"mail {probe}@example.org", victim, "support", timedelta(days=1))
+    bob_token = ks.vault.sanitize("mail bob@example.org", "bob", "support", timedelta(days=1))
+    own = ks.memories.put(victim, NS, "src", {"text": f"{probe} likes tea"})
+    bobs = ks.memories.put("bob", NS, "src", {"text": "bob likes chess"})
+    ks.derived.register(
+        "summary",
+        subject="bob",
+        namespace=("shared",),
+        key="summary",
+        value=f"{probe} likes tea; bob likes chess",
+        produced_from=[own.memory_id, bobs.memory_id],
+        producer="summarizer",
+        producer_version="1",
+        rebuild=lambda sources: "; ".join(sorted(m.value["text"] for m in sources)),
+    )
+    written["bob"]["src"] = {"text": "bob likes chess"}
+    g1 = ks.backup.create()
+    assert g1.subjects == 3 and g1.objects_uploaded > 0
+
+    req = ks.erase(victim, requested_by="dpo", reason="art17", probes=[probe])
+    assert req.state == "completed", req.error
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None
+    cov = receipt.backups
+    assert cov.covered and cov.generations == [g1.generation] and cov.objects_deleted > 0
+    assert any(s.store == "backups" for s in receipt.stores)
+    # The victim's objects are gone from the target already.
+    target = ks.backup.target()
+    assert not [k for k in target.keys("objects") if ks.subject_ref(victim) in k]
+
+    g2 = ks.backup.create()
+    # Incremental: only what the erasure changed (bob's rebuilt summary) is copied.
+    assert g2.subjects == 2 and 0 < g2.objects_uploaded <= 3
+    assert g2.objects_reused == g2.segments - g2.objects_uploaded
+
+    for gen in (g1, g2):
+        into = tmp_path / f"restore-{gen.generation}"
+        report = ks.backup.restore(gen.generation, into)
+        assert json.loads((into / "RESTORE.json").read_text())["generation"] == gen.generation
+        assert report.subjects_verified == 2
+        if gen is g1:
+            assert [r["subject_ref"] for r in report.replayed] == [ks.subject_ref(victim)]
+        else:
+            assert report.replayed == []
+        r = Keyshred.open(into, embeddings=bag_of_words)
+        try:
+            with pytest.raises(SubjectSuppressed):
+                r.memories.get(victim, NS, "k0")
+            ref = ks.subject_ref(victim)
+            assert not r.memories.partition_path(ref).exists()
+            assert not r.vectors.exists(ref)
+            assert r.catalog.count(ref) == 0
+            assert r.vault.count(ref) == 0
+            for key_hex in receipt.key_ids:
+                with pytest.raises(SubjectErased):
+                    r.keyring.data_key_by_id(bytes.fromhex(key_hex))
+            for subject in ("bob", "carol"):
+                assert contents(r, subject) == written[subject]
+            summary = r.memories.get("bob", ("shared",), "summary")
+            assert summary is not None and summary.value == "bob likes chess"
+            assert r.vault.restore(bob_token.text, "support", caller="t") == "mail bob@example.org"
+            hits = r.memories.search("bob", NS, query="sailing", limit=3)
+            assert hits and all("bob" in h.value["text"] for h in hits)
+        finally:
+            r.close()
+        for path in files_of(into):
+            data = path.read_bytes()
+            assert probe.encode() not in data, path
+            assert victim.encode() not in data, path
+    assert len(token.tokens) == 1
+    # The backups hold no plaintext either, of anyone.
+    for path in files_of(Path(target.url)):
+        data = path.read_bytes()
+        assert probe.encode() not in data and b"bob likes" not in data, path
+
+
+def test_returning_subject_keeps_new_data(ks: Keyshred, tmp_path: Path) -> None:
+    """A tombstone names key ids: restoring a generation taken after the subject
+    came back keeps the new data; one taken before the erasure drops the old."""
+    ks.memories.put("dana", NS, "old", {"text": "old life"})
+    before = ks.backup.create()
+    ks.erase("dana", requested_by="dpo", reason="art17")
+    ks.erasure.readmit(ks.subject_ref("dana"))
+    ks.memories.put("dana", NS, "new", {"text": "new life"})
+    after = ks.backup.create()
+
+    ks.backup.restore(before.generation, tmp_path / "before")
+    ks.backup.restore(after.generation, tmp_path / "after")
+    with Keyshred.open(tmp_path / "after", embeddings=bag_of_words) as r:
+        assert contents(r, "dana") == {"new": {"text": "new life"}}
+    with Keyshred.open(tmp_path / "before", embeddings=bag_of_words) as r:
+        assert not r.memories.partition_path(r.subject_ref("dana")).exists()
+
+
+def materialize_without_replay(ks: Keyshred, target_root: Path, gen: str, into: Path) -> None:
+    """What an attacker with an old backup copy and a live KEK epoch can do: unseal
+    the key store and put the files back, skipping tombstone replay."""
+    raw = (target_root / "generations" / gen / "manifest.json").read_bytes()
+    m = Manifest.parse(raw, gen)
+    sealed = (target_root / m.keystore.object).read_bytes()
+    wrapped = WrappedKey(m.keystore.kek_epoch, base64.b64decode(m.keystore.wrapped))
+    keystore = ks.keyring.open_blob(wrapped, sealed, f"backup:{gen}")
+    SQLiteKeyStore.from_snapshot(into / "keys" / "keystore.db", keystore).close()
+    for seg in m.segments:
+        dst = into / seg.path
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target_root / seg.object, dst)
+    (into / "catalog").mkdir()
+    shutil.copyfile(target_root / m.catalog.object, into / "catalog" / "catalog.db")
+    kek = ks.config.kek.model_copy(
+        update={"local_path": str((ks.path / "keys" / "kek.local.json").resolve())}
+    )
+    cfg = Config.model_validate({**m.config, "kek": kek.model_dump()})
+    save_config(
+        into,
+        cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"catalog_url": None})}),
+    )
+
+
+def test_key_store_backup_attack_ends_on_backup_final_date(tmp_path: Path) -> None:
+    """An old key-store backup restored *without* replay yields the erased subject
+    while its KEK epoch lives; the scheduled epoch destruction ends that exactly
+    on the receipt's ``backup_final_date``."""
+    cfg = config(retention={"daily": 7, "monthly": 90}, rotate_kek_every_days=30)
+    ks = Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words)
+    try:
+        ks.memories.put("erin", NS, "secret", {"text": "erin's secret"})
+        ks.memories.put("finn", NS, "note", {"text": "finn's note"})
+        gen = ks.backup.create(retention_class="monthly")
+        offsite = tmp_path / "offsite-copy"  # a copy made outside keyshred
+        shutil.copytree(ks.backup.target().url, offsite)
+
+        req = ks.erase("erin", requested_by="dpo", reason="art17")
+        receipt = ks.erasure.receipt(req.request_id)
+        assert receipt is not None
+        final = receipt.backups.backup_final_date
+        assert final is not None
+        epoch_created = {e.epoch: e.created_at for e in ks.keyring.kek.epochs()}[gen.kek_epoch]
+        assert final == epoch_created + timedelta(days=30 + 90)
+        assert receipt.backups.expire_by == gen.expires_at
+
+        # The risk, documented: before the date the old key store still unseals.
+        ks.backup.maintain(now=final - timedelta(days=1))
+        attack = tmp_path / "attack"
+        materialize_without_replay(ks, offsite, gen.generation, attack)
+        with Keyshred.open(attack, embeddings=bag_of_words) as stolen:
+            assert stolen.memories.get("erin", NS, "secret").value == {"text": "erin's secret"}  # type: ignore[union-attr]
+
+        # On the date the scheduled maintenance destroys the epoch: nothing yields.
+        report = ks.backup.maintain(now=final)
+        assert [d.epoch for d in report.destroyed] == [gen.kek_epoch]
+        # The stolen copy no longer even opens: its system secrets and every DEK
+        # in it are wrapped by the destroyed epoch.
+        with pytest.raises(KekEpochDestroyed):
+            Keyshred.open(attack, embeddings=bag_of_words)
+        with pytest.raises(KekEpochDestroyed):
+            materialize_without_replay(ks, offsite, gen.generation, tmp_path / "attack2")
+        # The live store is unharmed: its keys were re-wrapped under the new epoch.
+        assert ks.memories.get("finn", NS, "note").value == {"text": "finn's note"}  # type: ignore[union-attr]
+        with pytest.raises(KekEpochDestroyed):
+            ks.backup.restore(gen.generation, tmp_path / "r", target=str(offsite))
+        assert not (tmp_path / "r").exists()
+    finally:
+        ks.close()
+
+
+def _flip(path: Path, at: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[min(at, len(data) - 1)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_tampering_is_refused_and_named(ks: Keyshred, tmp_path: Path) -> None:
+    write_subject(ks, "gus", "gus")
+    gen = ks.backup.create()
+    root = Path(ks.backup.target().url)
+    m = ks.backup.manifest(gen.generation)
+    seg = max(m.segments, key=lambda s: s.size)
+    original = (root / seg.object).read_bytes()
+    _flip(root / seg.object)
+    with pytest.raises(IntegrityError, match=seg.path.replace(".", r"\.")):
+        ks.backup.restore(gen.generation, tmp_path / "r1")
+    assert not (tmp_path / "r1").exists()
+    assert not [p for p in tmp_path.iterdir() if ".restoring-" in p.name]
+    (root / seg.object).write_bytes(original)
+
+    manifest_path = root / "generations" / gen.generation / "manifest.json"
+    raw = manifest_path.read_bytes()
+    doc = json.loads(raw)
+    doc["expires_at"] = "2099-01-01T00:00:00Z"
+    manifest_path.write_text(json.dumps(doc))
+    with pytest.raises(IntegrityError, match="tampered"):
+        ks.backup.restore(gen.generation, tmp_path / "r2")
+    manifest_path.write_bytes(raw)
+
+    sealed = root / m.keystore.object
+    _flip(sealed)
+    with pytest.raises(IntegrityError, match="key store"):
+        ks.backup.restore(gen.generation, tmp_path / "r3")
+    _flip(sealed)
+    report = ks.backup.restore(gen.generation, tmp_path / "r4")  # intact again
+    assert report.subjects_verified == 1
+
+
+def test_interrupted_backup_and_restore_leave_nothing_usable(
+    ks: Keyshred, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_subject(ks, "hal", "hal")
+    target = ks.backup.target()
+    assert isinstance(target, LocalTarget)
+    calls = {"n": 0}
+    real = LocalTarget.put_file
+
+    def failing(self: LocalTarget, key: str, path: Path, progress: Any = None) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full")
+        real(self, key, path, progress)
+
+    monkeypatch.setattr(LocalTarget, "put_file", failing)
+    with pytest.raises(OSError):
+        ks.backup.create()
+    monkeypatch.setattr(LocalTarget, "put_file", real)
+    assert ks.backup.generations() == []  # no manifest: no generation
+    assert not (ks.path / ".backup-staging").exists() or not any(
+        (ks.path / ".backup-staging").iterdir()
+    )
+    gen = ks.backup.create()
+    assert [g.generation for g in ks.backup.generations()] == [gen.generation]
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(type(ks.backup), "_verify_restored", boom)
+    with pytest.raises(RuntimeError):
+        ks.backup.restore(gen.generation, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    assert not [p for p in tmp_path.iterdir() if ".restoring-" in p.name]
+
+
+def test_snapshot_is_one_point_in_time_under_writers(ks: Keyshred, tmp_path: Path) -> None:
+    """A writer alternates between two subjects (a_i, then b_i). Any instant has
+    count(b) in {count(a), count(a) - 1}; a snapshot taken while it runs must too."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                ks.memories.put("ann", NS, f"k{i}", {"i": i}, index=False)
+                ks.memories.put("ben", NS, f"k{i}", {"i": i}, index=False)
+                i += 1
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    gens = []
+    try:
+        while len(gens) < 3 and thread.is_alive():
+            if ks.memories.count("ben") > 5 * (len(gens) + 1):
+                gens.append(ks.backup.create())
+            stop.wait(0.005)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    assert len(gens) == 3
+    for gen in gens:
+        into = tmp_path / gen.generation
+        ks.backup.restore(gen.generation, into)
+        with Keyshred.open(into) as r:
+            a, b = r.memories.count("ann"), r.memories.count("ben")
+            assert b in (a, a - 1), (a, b)
+            assert r.catalog.count(r.subject_ref("ann")) == a
+
+
+def test_retention_classes_and_prune(ks: Keyshred) -> None:
+    write_subject(ks, "ivy", "ivy")
+    daily = ks.backup.create(retention_class="daily")
+    ks.memories.put("ivy", NS, "later", {"text": "later"}, index=False)
+    ks.memories.flush()
+    monthly = ks.backup.create(retention_class="monthly")
+    target = ks.backup.target()
+    before = set(target.keys("objects"))
+    pruned = ks.backup.prune(now=daily.created_at + timedelta(days=8))
+    assert pruned == [daily.generation]
+    assert [g.generation for g in ks.backup.generations()] == [monthly.generation]
+    after = set(target.keys("objects"))
+    assert after == {s.object for s in ks.backup.manifest(monthly.generation).segments}
+    assert after < before  # objects only the daily generation used are gone
+    assert ks.backup.prune(now=monthly.created_at + timedelta(days=91)) == [monthly.generation]
+    assert target.keys("objects") == []
