@@ -196,6 +196,7 @@ class BackupManager:
             if target is None:
                 target = open_target(
                     url,
+                    fsync=self._settings.durability == "fsync",
                     endpoint_url=self._settings.s3_endpoint_url,
                     region=self._settings.s3_region,
                     multipart_mb=self._settings.multipart_mb,
@@ -416,10 +417,24 @@ class BackupManager:
                 if progress is not None:
                     progress("hash" if phase == 0 else "upload", done[phase], total)
 
+        cache = self._load_hashes()
+        fresh: dict[str, list[Any]] = {}
+
         def one(item: tuple[Path, str, str]) -> tuple[Segment, int]:
             path, rel, ref = item
-            size = path.stat().st_size
-            seg = Segment(path=rel, subject_ref=ref, size=size, sha256=_sha256_file(path))
+            st = path.stat()
+            size = st.st_size
+            # A hard-linked file shares its inode with the data folder's: unchanged
+            # since the last backup (same inode, size, mtime and ctime), its hash is.
+            ident = [st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns]
+            known = cache.get(rel)
+            if st.st_nlink > 1 and known is not None and known[:4] == ident:
+                sha = str(known[4])
+            else:
+                sha = _sha256_file(path)
+            if st.st_nlink > 1:
+                fresh[rel] = [*ident, sha]
+            seg = Segment(path=rel, subject_ref=ref, size=size, sha256=sha)
             tick(0, size)
             if tgt.exists(seg.object):
                 tick(1, size)
@@ -429,11 +444,31 @@ class BackupManager:
 
         with ThreadPoolExecutor(self._settings.workers) as pool:
             results = list(pool.map(one, files))
+        self._save_hashes(fresh)
         segments = [s for s, _ in results]
         uploaded = sum(n for _, n in results)
         n_up = sum(1 for _, n in results if n)
         # Several files can share one object (identical bytes): count objects once.
         return segments, uploaded, n_up, len(results) - n_up
+
+    # The hash cache: relative path -> [inode, size, mtime_ns, ctime_ns, sha256] of
+    # the files a backup hard-linked. Paths are pseudonymous (subject_refs).
+
+    def _hash_cache_path(self) -> Path:
+        return self._ks.path / STAGING / "hashes.json"
+
+    def _load_hashes(self) -> dict[str, list[Any]]:
+        try:
+            doc = json.loads(self._hash_cache_path().read_text("utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _save_hashes(self, hashes: dict[str, list[Any]]) -> None:
+        path = self._hash_cache_path()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(hashes), "utf-8")
+        os.replace(tmp, path)
 
     # -- listing -------------------------------------------------------------------
 

@@ -132,6 +132,9 @@ class BackupSettings(_Model):
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     multipart_mb: int = Field(16, ge=5, le=5120)
+    # "fsync": each object is on disk before the manifest names it (a local target);
+    # "flush": leave it to the OS (faster; a crash can lose the newest generation).
+    durability: Literal["fsync", "flush"] = "fsync"
     retention: dict[str, int] = Field(
         default_factory=lambda: {"daily": 7, "monthly": 90}, min_length=1
     )

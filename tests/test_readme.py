@@ -14,10 +14,10 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     pytest.importorskip("sentence_transformers", reason="the tour indexes with the real model")
     text = README.read_text("utf-8")
     tour = text.split("## Five-minute tour (Python)")[1]
-    blocks = [part.split("```")[0] for part in tour.split("```python")[1:3]]
+    blocks = [part.split("```")[0] for part in tour.split("```python")[1:4]]
     monkeypatch.chdir(tmp_path)
     scope: dict[str, object] = {}
-    for block in blocks:  # the tour, then the tokens example
+    for block in blocks[:2]:  # the tour, then the tokens example
         exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own documentation
     assert scope["req"].state == "completed"  # type: ignore[attr-defined]
     vault = scope["ks"].vault  # type: ignore[attr-defined]
@@ -28,3 +28,7 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert vault.restore(sanitized, purpose="analytics", caller="t") == sanitized
     assert (tmp_path / "data" / "keyshred.toml").exists()
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # the model was loaded offline
+    exec(compile(blocks[2], "README.md", "exec"), scope)  # noqa: S102 - the backup example
+    assert scope["req"].state == "completed"  # type: ignore[attr-defined]
+    assert len(scope["report"].replayed) == 1  # type: ignore[attr-defined]
+    assert (tmp_path / "restored" / "RESTORE.json").exists()

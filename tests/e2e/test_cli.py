@@ -130,3 +130,36 @@ def test_erasure_commands(tmp_path: Path) -> None:
     assert "keyshred_erasure_requests_total" in run("metrics", "--path", str(data)).stdout
     unknown = run("status", "nope", "--path", str(data))
     assert unknown.returncode == 2 and unknown.stderr.startswith("keyshred: error:")
+
+
+def test_backup_commands(tmp_path: Path) -> None:
+    from keyshred import Keyshred
+
+    data = tmp_path / "d"
+    run("init", str(data))
+    with Keyshred.open(data) as ks:
+        for i in range(3):
+            ks.memories.put("olga", ("notes",), f"k{i}", {"n": i}, index=False)
+    created = run("backup", "create", "--path", str(data), "--json")
+    assert created.returncode == 0, created.stderr
+    gen = json.loads(created.stdout)
+    assert gen["subjects"] == 1 and gen["retention_class"] == "daily"
+    listed = json.loads(run("backup", "list", "--path", str(data), "--json").stdout)
+    assert [g["generation"] for g in listed["generations"]] == [gen["generation"]]
+    shown = run(
+        "backup", "restore", gen["generation"], "--into", str(tmp_path / "r"), "--path", str(data)
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "restore: download" in shown.stderr  # the progress bar
+    assert "1 subjects and 3 memories verified" in " ".join(shown.stdout.split())
+    again = run(
+        "backup", "restore", gen["generation"], "--into", str(tmp_path / "r"), "--path", str(data)
+    )
+    assert again.returncode == 2 and "not empty" in again.stderr
+    assert "Traceback" not in again.stderr
+    missing = run("backup", "restore", "nope", "--into", str(tmp_path / "x"), "--path", str(data))
+    assert missing.returncode == 2 and "no backup generation nope" in missing.stderr
+    pruned = json.loads(run("backup", "prune", "--path", str(data), "--json").stdout)
+    assert pruned == {"pruned": []}
+    maintained = json.loads(run("backup", "maintain", "--path", str(data), "--json").stdout)
+    assert maintained["rotated_to"] is None and maintained["destroyed"] == []
