@@ -12,7 +12,8 @@ resumes where it stopped and nothing becomes readable again:
 2. ``destroy_keys``  the scope DEKs: from here every copy is unreadable
 3. ``closure``       the subject's assets and, by reverse provenance and mentions,
                      every derived asset built from them (recorded, then acted on)
-4. ``drop_memories`` / ``drop_vectors``  partitions and datasets removed
+4. ``drop_memories`` / ``drop_vectors`` / ``drop_tokens`` / ``drop_checkpoints``
+                     partitions, datasets, tokens and agent threads removed
 5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
 6. ``derived``       each derived asset rebuilt from its remaining sources with the
                      pinned producer version, or dropped when it cannot be
@@ -94,6 +95,7 @@ STEPS = (
     "drop_memories",
     "drop_vectors",
     "drop_tokens",
+    "drop_checkpoints",
     "catalog",
     "derived",
     "external",
@@ -109,6 +111,7 @@ _STATE_AFTER = {
     "drop_memories": PROPAGATING,
     "drop_vectors": PROPAGATING,
     "drop_tokens": PROPAGATING,
+    "drop_checkpoints": PROPAGATING,
     "catalog": PROPAGATING,
     "derived": PROPAGATING,
     "external": PROPAGATING,
@@ -366,7 +369,7 @@ class ErasureCoordinator:
         """Record a request (idempotent by ``request_id``) without running it."""
         request_id = request_id or uuid.uuid4().hex
         _safe("request id", request_id)
-        if scope is not None:
+        if scope is not None and not scope.startswith("~"):  # "~…": internal key scopes
             self._ks.policy.scope(scope)
         try:
             existing = self._load(request_id)
@@ -682,6 +685,10 @@ class ErasureCoordinator:
         n = self._ks.vault.drop_subject(req.subject_ref, req.scope)
         return {"count": n, "at": _iso(_now())}
 
+    def _step_drop_checkpoints(self, req: ErasureRequest) -> dict[str, Any]:
+        n = self._ks.checkpoints.drop_subject(req.subject_ref, req.scope)
+        return {"count": n, "at": _iso(_now())}
+
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
         n = self._catalog.delete_subject_assets(req.subject_ref, scope=req.scope)
         consents = 0
@@ -850,6 +857,9 @@ class ErasureCoordinator:
         check("catalog holds no asset", not own, f"{len(own)} assets left")
         tokens_left = self._ks.vault.count(req.subject_ref) if req.scope is None else 0
         check("tokens unresolvable and removed", not tokens_left, f"{tokens_left} tokens left")
+        if req.scope is None:
+            threads_left = self._ks.checkpoints.count(req.subject_ref)
+            check("no thread or checkpoint left", not threads_left, f"{threads_left} rows left")
         erased = req.doc["details"]["closure"]["own"]
         still = self._catalog.any_source_in(erased)
         check("no provenance points at erased assets", not still, f"{still} edges")
@@ -932,6 +942,12 @@ class ErasureCoordinator:
                 action="tokens-deleted",
                 count=d["drop_tokens"]["count"],
                 at=d["drop_tokens"]["at"],
+            ),
+            StoreAction(
+                store="checkpoints",
+                action="threads-deleted",
+                count=d.get("drop_checkpoints", {}).get("count", 0),
+                at=d.get("drop_checkpoints", {}).get("at", d["catalog"]["at"]),
             ),
             StoreAction(
                 store="catalog",

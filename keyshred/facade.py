@@ -23,6 +23,7 @@ from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.keyring import Keyring
 from keyshred.metrics import Metrics
 from keyshred.storage.catalog import Catalog, sqlite_url
+from keyshred.storage.checkpoints import CheckpointStore
 from keyshred.storage.consent import ConsentApi
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
 from keyshred.storage.memories import MemoryStore
@@ -84,6 +85,7 @@ class Keyshred:
         self.audit = AuditLog(catalog, retention_days=config.audit.retention_days)
         self.derived = DerivedApi(self)
         self.vault = TokenVault(catalog, keyring, self.subject_ref, self.audit)
+        self.checkpoints = CheckpointStore(catalog, keyring, tenant=config.tenant)
         self.erasure = ErasureCoordinator(self)
         self.backup = BackupManager(self)
 

@@ -20,6 +20,7 @@ import operator
 import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -184,6 +185,53 @@ legal_holds = sa.Table(
     sa.Column("placed_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("released_at", sa.DateTime(timezone=True), nullable=True),
     sa.Index("ks_legal_holds_subject", "subject_ref"),
+)
+
+
+# -- LangGraph threads and checkpoints (keyshred.storage.checkpoints) ----------------
+# Thread ids are stored as keyed pseudonyms (and, sealed, for listing); checkpoints
+# and writes as envelope ciphertext under the thread's own key, so deleting a thread
+# is crypto-erasure too. Namespaces, checkpoint ids, run ids, task ids and channel
+# names are graph structure, not personal data, and stay plaintext for the queries.
+
+threads = sa.Table(
+    "ks_threads",
+    metadata,
+    sa.Column("thread_ref", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=False),  # the policy scope
+    sa.Column("thread", sa.LargeBinary, nullable=False),  # sealed thread id
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ks_threads_subject", "subject_ref"),
+)
+
+checkpoints = sa.Table(
+    "ks_checkpoints",
+    metadata,
+    sa.Column("thread_ref", sa.String(64), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(512), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+    sa.Column("parent_checkpoint_id", sa.String(64), nullable=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("run_id", sa.String(128), nullable=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),  # sealed checkpoint + metadata
+    sa.Index("ks_checkpoints_subject", "subject_ref"),
+    sa.Index("ks_checkpoints_run", "run_id"),
+)
+
+checkpoint_writes = sa.Table(
+    "ks_checkpoint_writes",
+    metadata,
+    sa.Column("thread_ref", sa.String(64), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(512), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("channel", sa.String(256), nullable=False),
+    sa.Column("task_path", sa.String(512), nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),  # sealed value
+    sa.Index("ks_checkpoint_writes_subject", "subject_ref"),
 )
 
 
@@ -387,15 +435,7 @@ class Catalog:
             ),
         }
         dialect = self.engine.dialect
-        out = {}
-        for name, stmt in statements.items():
-            compiled = stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": False})
-            text = str(compiled)
-            if self.dialect == "sqlite" and name != "insert_asset":
-                # sqlite3 takes :name parameters with a dict, like psycopg's %(name)s.
-                for key in compiled.positiontup or ():
-                    text = text.replace("?", f":{key}", 1)
-            out[name] = text
+        out = self.compile(statements, positional={"insert_asset"})
         # The bulk insert binds positionally on SQLite (cheaper per row than a dict).
         self._asset_columns = [c.name for c in assets.columns]
         # Constant binds (status = 'active') compile as parameters; give their values.
@@ -405,6 +445,45 @@ class Catalog:
             if k.startswith("status")
         }
         return out
+
+    def compile(self, statements: dict[str, Any], positional: Iterable[str] = ()) -> dict[str, str]:
+        """Compile SQLAlchemy Core statements once for this dialect, with named
+        parameters (``:name`` on SQLite, ``%(name)s`` on psycopg) unless
+        ``positional`` names them; run them with ``hot``."""
+        dialect = self.engine.dialect
+        keep = set(positional)
+        out = {}
+        for name, stmt in statements.items():
+            compiled = stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": False})
+            text = str(compiled)
+            if self.dialect == "sqlite" and name not in keep:
+                # sqlite3 takes :name parameters with a dict, like psycopg's %(name)s.
+                for key in compiled.positiontup or ():
+                    text = text.replace("?", f":{key}", 1)
+            out[name] = text
+        return out
+
+    def hot(self, write: bool) -> Any:
+        """A DBAPI cursor on this thread's connection, in a transaction for writes
+        (``BEGIN IMMEDIATE`` on SQLite): for statements from ``compile``."""
+        return self._hot(write)
+
+    def guard_in(self, cur: Any, subject_ref: str, *, lock: bool = True) -> GuardState:
+        """The guard read inside ``hot``'s transaction (``FOR SHARE`` on PostgreSQL)."""
+        return self._guard_row(cur, subject_ref, lock)
+
+    def scrub(self) -> None:
+        """After deleting ciphertext: on SQLite checkpoint and truncate the WAL, so
+        the deleted rows' old pages are in no file (``secure_delete`` zeroes them in
+        the database itself). Retried briefly if a reader holds the WAL."""
+        if self.dialect != "sqlite":
+            return
+        conn = self._conn()
+        for _ in range(50):
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return
+            time.sleep(0.01)
 
     def _conn(self) -> Any:
         conn = getattr(self._local, "conn", None)
@@ -789,6 +868,37 @@ class Catalog:
             query = query.where(assets.c.kind == kind)
         with self._read() as conn:
             return int(conn.execute(query).scalar_one())
+
+    def expired(self, kind: str, now: datetime) -> dict[str, list[str]]:
+        """Asset ids of ``kind`` whose retain-until has passed, by subject_ref."""
+        out: dict[str, list[str]] = {}
+        with self._read() as conn:
+            for asset_id, ref in conn.execute(
+                sa.select(assets.c.asset_id, assets.c.subject_ref).where(
+                    assets.c.kind == kind,
+                    assets.c.retain_until.is_not(None),
+                    assets.c.retain_until <= now,
+                )
+            ):
+                out.setdefault(str(ref), []).append(str(asset_id))
+        return out
+
+    def subjects_with(self, kind: str) -> list[str]:
+        """subject_refs that hold assets of ``kind`` and are not suppressed."""
+        with self._read() as conn:
+            refs = [
+                str(r)
+                for (r,) in conn.execute(
+                    sa.select(assets.c.subject_ref).where(assets.c.kind == kind).distinct()
+                )
+            ]
+            hidden = {
+                str(r)
+                for (r,) in conn.execute(
+                    sa.select(subject_guard.c.subject_ref).where(subject_guard.c.status != ACTIVE)
+                )
+            }
+        return sorted(r for r in refs if r not in hidden)
 
     def derived_from(self, source_ids: Iterable[str]) -> list[AssetRow]:
         """Assets whose provenance names any of ``source_ids`` (reverse index)."""

@@ -5,7 +5,7 @@ erasure's key destruction and drops) already runs under that partition's lock; i
 also holds the data folder's freeze lock *shared* for the same span. A backup takes
 the freeze lock *exclusive* for the moment it pins the catalog snapshot and links
 the partition files, so a snapshot taken while writers run is one point in time,
-across processes (``flock`` on ``<data>/memories/FREEZE``) and threads.
+across processes (``flock`` on ``<data>/FREEZE``) and threads.
 
 Inside one process all shared holders share one file description (a counter says
 when the last one leaves); a thread that waits for the exclusive lock stops new

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,7 @@ class PutItem:
     sources: Sequence[str] = ()
     mentions: Sequence[str] = ()
     index: bool | Sequence[str] | None = None
+    ttl: timedelta | None = None  # shortens retention (never beyond the policy's)
 
 
 def _vector_ids(row: MemoryRow) -> list[str]:
@@ -205,7 +206,7 @@ class MemoryStore:
         self._partitions: OrderedDict[str, Partition] = OrderedDict()
         self._lock = threading.Lock()
         # Held shared by every partition write, exclusive by a backup's snapshot.
-        self.freeze = FreezeLock(self._root / "FREEZE")
+        self.freeze = FreezeLock(root / "FREEZE")
 
     # -- partitions ----------------------------------------------------------------
 
@@ -362,6 +363,11 @@ class MemoryStore:
             for source in item.sources:
                 if not isinstance(source, str) or not source:
                     raise InvalidInput("sources are asset ids")
+            if item.ttl is not None:
+                if item.ttl <= timedelta(0):
+                    raise InvalidInput("a ttl is positive")
+                capped = min(target[3], now_us + int(item.ttl.total_seconds() * 1_000_000))
+                target = (target[0], target[1], target[2], capped)
             prepared.append((ns, k, raw, *target, mentioned, item))
         if not prepared:
             return []
@@ -658,9 +664,34 @@ class MemoryStore:
         applied first. Without ``query``: newest first. With ``query``: ranked by
         cosine similarity inside this subject's own vectors (only indexed memories
         match), each result carrying its ``score``."""
+        return self.search_ref(
+            self._ref(subject),
+            namespace_prefix,
+            query=query,
+            filter=filter,
+            scope=scope,
+            purpose=purpose,
+            category=category,
+            limit=limit,
+            offset=offset,
+        )
+
+    def search_ref(
+        self,
+        ref: str,
+        namespace_prefix: Sequence[str] | str = (),
+        *,
+        query: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+        purpose: str | None = None,
+        category: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[Memory]:
+        """``search`` by subject_ref (guard-checked)."""
         if limit < 0 or offset < 0:
             raise InvalidInput("limit and offset are non-negative")
-        ref = self._ref(subject)
         guard = self._catalog.guard(ref)
         self._catalog.enforce(ref, guard, None)
         prefix = _prefix(namespace_prefix)
@@ -746,6 +777,86 @@ class MemoryStore:
         part = self._partition(ref)
         part.ensure_loaded()
         return {r.memory_id: r for r in part.rows.values() if r.memory_id in wanted}
+
+    def namespaces_ref(self, ref: str, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:
+        """The namespaces of ``ref``'s live memories under ``prefix`` (guard-checked)."""
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        p = tuple(prefix)
+        now = to_us(self._clock())
+        return {
+            r.namespace
+            for r in list(part.rows.values())
+            if r.namespace[: len(p)] == p and r.scope not in guard.scopes and r.retain_us > now
+        }
+
+    def delete_prefix_ref(self, ref: str, prefix: Sequence[str]) -> int:
+        """Physically delete every memory of ``ref`` under a namespace prefix in one
+        rewrite (log, segments, vectors, assets); returns how many."""
+        self._catalog.check_guard(ref)
+        p = tuple(prefix)
+        part = self._partition(ref)
+        with part.flocked():
+            doomed = [r for r in part.rows.values() if r.namespace[: len(p)] == p]
+            if not doomed:
+                return 0
+            self._delete_rows(ref, part, doomed)
+        return len(doomed)
+
+    def _delete_rows(self, ref: str, part: Partition, rows: Sequence[MemoryRow]) -> None:
+        for row in rows:
+            part.append_delete(row)
+        part.flush()
+        indexed = [r.memory_id for r in rows if r.index]
+        if indexed and self.vectors is not None:
+            self.vectors.delete(ref, indexed)
+        self._catalog.delete([a for r in rows for a in (r.memory_id, *_vector_ids(r))])
+
+    def touch(
+        self, subject: Any, keys: Sequence[tuple[tuple[str, ...], str]], ttl: timedelta
+    ) -> int:
+        """Give memories a new retention of ``ttl`` from now (never beyond the
+        policy's maximum): a TTL refreshed on read. Returns how many."""
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        part = self._partition(ref)
+        now = self._clock()
+        new_us = to_us(now) + int(ttl.total_seconds() * 1_000_000)
+        with part.flocked():
+            changed = []
+            for ns, k in keys:
+                row = part.rows.get(part.lookup(ns, k)) if part.rows else None
+                if row is None:
+                    continue
+                rule, _, _ = self._policy.resolve(row.scope, row.purpose, row.category)
+                limit = to_us(self._policy.retain_until(rule, now, None))
+                changed.append(replace(row, retain_us=min(new_us, limit)))
+            if not changed:
+                return 0
+            part.append_puts(changed)
+            for row in changed:
+                self._catalog.update_assets([row.memory_id], retain_until=from_us(row.retain_us))
+        return len(changed)
+
+    def sweep_expired(self, now: datetime) -> int:
+        """Physically delete every memory whose retention has passed (found through
+        the catalog's index, not by opening partitions); returns how many."""
+        n = 0
+        for ref, ids in self._catalog.expired(MEMORY_KIND, now).items():
+            try:
+                self._catalog.check_guard(ref)
+            except SubjectSuppressed:
+                continue  # an erasure takes it
+            part = self._partition(ref)
+            with part.flocked():
+                wanted = set(ids)
+                doomed = [r for r in part.rows.values() if r.memory_id in wanted]
+                if doomed:
+                    self._delete_rows(ref, part, doomed)
+                    n += len(doomed)
+        return n
 
     def count_ref(self, ref: str) -> int:
         """How many memories ``ref``'s partition holds (loads it; no guard check)."""
@@ -866,19 +977,24 @@ def text_at(value: Any, path: str) -> str:
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "$eq": lambda a, b: bool(a == b),
     "$ne": lambda a, b: bool(a != b),
-    "$gt": lambda a, b: bool(a > b),
-    "$gte": lambda a, b: bool(a >= b),
-    "$lt": lambda a, b: bool(a < b),
-    "$lte": lambda a, b: bool(a <= b),
+    "$gt": lambda a, b: float(a) > float(b),
+    "$gte": lambda a, b: float(a) >= float(b),
+    "$lt": lambda a, b: float(a) < float(b),
+    "$lte": lambda a, b: float(a) <= float(b),
 }
 
 
 def _matches(value: Any, filter: Mapping[str, Any]) -> bool:
+    """LangGraph's store filter semantics: ``{"field": value}`` equality (nested
+    dicts and lists compared structurally), ``{"field": {"$gt": 3}}`` operators."""
     if not isinstance(value, dict):
         return False
-    for field_name, expected in filter.items():
-        actual = value.get(field_name)
-        if isinstance(expected, Mapping):
+    return all(_compare(value.get(name), expected) for name, expected in filter.items())
+
+
+def _compare(actual: Any, expected: Any) -> bool:
+    if isinstance(expected, Mapping):
+        if any(str(k).startswith("$") for k in expected):
             for op, operand in expected.items():
                 fn = _OPS.get(op)
                 if fn is None:
@@ -886,8 +1002,16 @@ def _matches(value: Any, filter: Mapping[str, Any]) -> bool:
                 try:
                     if not fn(actual, operand):
                         return False
-                except TypeError:
+                except (TypeError, ValueError):
                     return False
-        elif actual != expected:
+            return True
+        if not isinstance(actual, dict):
             return False
-    return True
+        return all(_compare(actual.get(k), v) for k, v in expected.items())
+    if isinstance(expected, list | tuple):
+        return (
+            isinstance(actual, list | tuple)
+            and len(actual) == len(expected)
+            and all(_compare(a, e) for a, e in zip(actual, expected, strict=True))
+        )
+    return bool(actual == expected)

@@ -1,0 +1,2 @@
+"""Integrations with agent frameworks: ``keyshred.integrations.langgraph``
+(``KeyshredStore``, ``KeyshredSaver``; ``pip install 'keyshred[langgraph]'``)."""

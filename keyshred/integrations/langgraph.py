@@ -1,0 +1,656 @@
+"""LangGraph backends: ``KeyshredStore`` (a ``BaseStore``) and ``KeyshredSaver`` (a
+``BaseCheckpointSaver``), both encrypted per subject and erasable
+(``pip install 'keyshred[langgraph]'``).
+
+The store keeps each item as a memory of the subject its namespace names (by
+default the first label; ``subject_from=1`` for ``("memories", user_id)``), so the
+item's namespace, key, value and vectors are ciphertext under that subject's keys
+and go with the subject's erasure. What LangGraph's stores lack: ``delete_prefix``
+(a whole namespace prefix in one call) and ``erase_subject`` (the erasure
+coordinator, with a signed receipt).
+
+The saver keeps each thread under the subject named by
+``config["configurable"]["subject_id"]`` (or a ``subject`` resolver), recorded at
+the thread's first write; see ``keyshred.storage.checkpoints``. Sync methods are the
+single source of truth; the async twins run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from keyshred._extras import require
+from keyshred.errors import InvalidInput, KeyshredError, SubjectErased, SubjectSuppressed
+from keyshred.storage.checkpoints import CheckpointRow, WriteRow, pack, unpack
+
+require("langgraph.store.base", extra="langgraph", package="langgraph")
+
+from langchain_core.runnables import RunnableConfig  # noqa: E402
+from langgraph.checkpoint.base import (  # noqa: E402
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.store.base import (  # noqa: E402
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    ensure_embeddings,
+)
+
+if TYPE_CHECKING:
+    from keyshred.erasure import ErasureRequest
+    from keyshred.facade import Keyshred
+    from keyshred.storage.memories import Memory
+
+__all__ = ["KeyshredSaver", "KeyshredStore"]
+
+SubjectFrom = int | Callable[[tuple[str, ...]], str]
+
+
+def _index_paths(fields: Sequence[str] | None) -> list[str]:
+    return list(fields) if fields is not None else ["$"]
+
+
+class KeyshredStore(BaseStore):
+    """A LangGraph ``BaseStore`` over ``ks.memories``; see the module docstring.
+
+    ``index``: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``); the
+    embedding function must be the one the ``Keyshred`` was opened with (pass it
+    there as ``embeddings=``), or ``None`` to use that one. ``ttl``: a ``TTLConfig``
+    (minutes); a TTL shortens the item's retention (never beyond policy), expired
+    items are invisible at once and deleted by ``sweep_ttl`` (or the sweeper thread
+    ``start_ttl_sweeper`` runs every ``sweep_interval_minutes``).
+    """
+
+    supports_ttl: bool = True
+
+    def __init__(
+        self,
+        ks: Keyshred,
+        *,
+        subject_from: SubjectFrom = 0,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        scope: str = "default",
+    ) -> None:
+        self._ks = ks
+        self._subject_from = subject_from
+        self._scope = scope
+        self.ttl_config = ttl
+        self.index_config = index
+        self._fields: list[str] | None = None
+        if index is not None:
+            self._fields = _index_paths(index.get("fields"))
+            if index.get("embed") is not None:
+                self.embeddings = ensure_embeddings(index.get("embed"))
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- subjects ------------------------------------------------------------------
+
+    def subject_of(self, namespace: tuple[str, ...]) -> str:
+        """The subject id a namespace belongs to (``InvalidInput`` if it names none)."""
+        if callable(self._subject_from):
+            subject = self._subject_from(namespace)
+        else:
+            if len(namespace) <= self._subject_from:
+                raise InvalidInput(
+                    f"namespace has no subject label at position {self._subject_from}"
+                )
+            subject = namespace[self._subject_from]
+        if not isinstance(subject, str) or not subject:
+            raise InvalidInput("the namespace's subject label is empty")
+        return subject
+
+    def _subject_or_none(self, prefix: tuple[str, ...]) -> str | None:
+        try:
+            return self.subject_of(prefix)
+        except InvalidInput:
+            return None
+
+    def _refs(self, prefix: tuple[str, ...]) -> list[str]:
+        subject = self._subject_or_none(prefix)
+        if subject is not None:
+            return [self._ks.subject_ref(subject)]
+        return self._ks.catalog.subjects_with("memory")
+
+    # -- batch ---------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Reads see the state before the batch's writes (as ``InMemoryStore``);
+        writes apply in order, the last write of a key winning."""
+        ops = list(ops)
+        results: list[Result] = [None] * len(ops)
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for i, op in enumerate(ops):
+            if isinstance(op, GetOp):
+                results[i] = self._get(op)
+            elif isinstance(op, SearchOp):
+                results[i] = self._search(op)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = self._list_namespaces(op)
+            elif isinstance(op, PutOp):
+                puts[(tuple(op.namespace), op.key)] = op
+            else:
+                raise InvalidInput(f"unknown store operation {type(op).__name__}")
+        self._apply_puts(list(puts.values()))
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        return await asyncio.to_thread(self.batch, list(ops))
+
+    # -- operations ----------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def _live(self, m: Memory) -> bool:
+        return m.retain_until > self._now()
+
+    def _item(self, m: Memory, namespace: tuple[str, ...] | None = None) -> Item:
+        return Item(
+            value=m.value,
+            key=m.key,
+            namespace=namespace or tuple(m.namespace),
+            created_at=m.created_at,
+            updated_at=m.updated_at,
+        )
+
+    def _get(self, op: GetOp) -> Item | None:
+        ns = tuple(op.namespace)
+        subject = self.subject_of(ns)
+        m = self._ks.memories.get(subject, ns, op.key)
+        if m is None or not self._live(m):
+            return None
+        if op.refresh_ttl and self._refresh_enabled():
+            self._refresh(subject, [m])
+        return self._item(m, ns)
+
+    def _refresh_enabled(self) -> bool:
+        cfg = self.ttl_config
+        return bool(cfg and cfg.get("refresh_on_read", True) and cfg.get("default_ttl"))
+
+    def _refresh(self, subject: str, memories: Sequence[Memory]) -> None:
+        """Refresh on read: items with a TTL get ``default_ttl`` from now."""
+        cfg = self.ttl_config
+        assert cfg is not None  # noqa: S101 - checked by _refresh_enabled
+        minutes = float(cfg.get("default_ttl") or 0)
+        self._ks.memories.touch(
+            subject,
+            [(tuple(m.namespace), m.key) for m in memories],
+            timedelta(minutes=minutes),
+        )
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        prefix = tuple(op.namespace_prefix)
+        out: list[tuple[float | None, tuple[int, int, str], Memory]] = []
+        want = op.offset + op.limit
+        for ref in self._refs(prefix):
+            try:
+                found = self._ks.memories.search_ref(
+                    ref,
+                    prefix,
+                    query=op.query if op.query and self.index_config else None,
+                    filter=op.filter,
+                    limit=want if op.query else 1_000_000,
+                    offset=0,
+                )
+            except (SubjectSuppressed, SubjectErased):
+                if len(prefix) > (self._subject_from if isinstance(self._subject_from, int) else 0):
+                    raise
+                continue  # a search across subjects skips those being erased
+            first: dict[tuple[str, ...], int] = {}
+            for m in found:
+                ns = tuple(m.namespace)
+                created = int(m.created_at.timestamp() * 1e6)
+                first[ns] = min(first.get(ns, created), created)
+            for m in found:
+                if not self._live(m):
+                    continue
+                ns = tuple(m.namespace)
+                order = (first[ns], int(m.created_at.timestamp() * 1e6), m.key)
+                out.append((m.score, order, m))
+        if op.query and self.index_config:
+            scored = [t for t in out if t[0] is not None]
+            scored.sort(key=lambda t: -(t[0] or 0.0))
+            rest = [t for t in out if t[0] is None]
+            rest.sort(key=lambda t: t[1])
+            picked = scored[op.offset : op.offset + op.limit]
+            if len(picked) < op.limit:
+                picked += rest[: op.limit - len(picked)]
+        else:
+            out.sort(key=lambda t: t[1])
+            picked = out[op.offset : op.offset + op.limit]
+        return [
+            SearchItem(
+                namespace=tuple(m.namespace),
+                key=m.key,
+                value=m.value,
+                created_at=m.created_at,
+                updated_at=m.updated_at,
+                score=score,
+            )
+            for score, _, m in picked
+        ]
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        prefix: tuple[str, ...] = ()
+        for cond in op.match_conditions or ():
+            if cond.match_type == "prefix" and "*" not in cond.path:
+                prefix = tuple(cond.path)
+        namespaces: set[tuple[str, ...]] = set()
+        for ref in self._refs(prefix):
+            try:
+                namespaces |= self._ks.memories.namespaces_ref(ref, prefix)
+            except (SubjectSuppressed, SubjectErased):
+                continue
+        found = [
+            ns
+            for ns in namespaces
+            if all(_does_match(cond, ns) for cond in (op.match_conditions or ()))
+        ]
+        if op.max_depth is not None:
+            found = sorted({ns[: op.max_depth] for ns in found})
+        else:
+            found = sorted(found)
+        return found[op.offset : op.offset + op.limit]
+
+    def _apply_puts(self, puts: Sequence[PutOp]) -> None:
+        from keyshred.storage.memories import PutItem
+
+        by_subject: dict[str, list[PutOp]] = {}
+        for op in puts:
+            by_subject.setdefault(self.subject_of(tuple(op.namespace)), []).append(op)
+        for subject, ops in by_subject.items():
+            deletes = [op for op in ops if op.value is None]
+            for op in deletes:
+                self._ks.memories.delete(subject, tuple(op.namespace), op.key)
+            items = []
+            for op in ops:
+                if op.value is None:
+                    continue
+                if not isinstance(op.value, dict):
+                    raise InvalidInput("a store value is a dict")
+                items.append(
+                    PutItem(
+                        tuple(op.namespace),
+                        op.key,
+                        dict(op.value),
+                        scope=self._scope,
+                        index=self._index_for(op),
+                        ttl=None if op.ttl is None else timedelta(minutes=float(op.ttl)),
+                    )
+                )
+            if items:
+                self._ks.memories.put_many(subject, items)
+
+    def _index_for(self, op: PutOp) -> bool | list[str]:
+        if self.index_config is None or op.index is False:
+            return False
+        if op.index is None:
+            return list(self._fields or ["$"])
+        return list(op.index)
+
+    # -- what LangGraph's stores lack ----------------------------------------------
+
+    def delete_prefix(self, namespace_prefix: Sequence[str]) -> int:
+        """Delete every item under a namespace prefix (physically, vectors too) in
+        one call; returns how many."""
+        prefix = tuple(namespace_prefix)
+        n = 0
+        for ref in self._refs(prefix):
+            n += self._ks.memories.delete_prefix_ref(ref, prefix)
+        return n
+
+    def erase_subject(
+        self, subject: str, *, requested_by: str, reason: str, request_id: str | None = None
+    ) -> ErasureRequest:
+        """Erase a subject everywhere (store items, vectors, threads, tokens, backups)
+        through the erasure coordinator; the receipt is ``ks.erasure.receipt(id)``."""
+        return self._ks.erase(
+            subject, requested_by=requested_by, reason=reason, request_id=request_id
+        )
+
+    # -- TTL -----------------------------------------------------------------------
+
+    def sweep_ttl(self) -> int:
+        """Delete every item whose TTL (retention) has passed; returns how many."""
+        return self._ks.memories.sweep_expired(self._now())
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> threading.Thread:
+        minutes = sweep_interval_minutes or float(
+            (self.ttl_config or {}).get("sweep_interval_minutes") or 60
+        )
+
+        def loop() -> None:
+            while not self._stop.wait(minutes * 60):
+                try:
+                    self.sweep_ttl()
+                except KeyshredError:
+                    continue  # retried at the next interval
+
+        self._stop.clear()
+        self._sweeper = threading.Thread(target=loop, name="keyshred-ttl-sweeper", daemon=True)
+        self._sweeper.start()
+        return self._sweeper
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout)
+            return not self._sweeper.is_alive()
+        return True
+
+
+def _does_match(cond: MatchCondition, ns: tuple[str, ...]) -> bool:
+    path = tuple(cond.path)
+    if len(path) > len(ns):
+        return False
+    part = ns[: len(path)] if cond.match_type == "prefix" else ns[len(ns) - len(path) :]
+    return all(p in ("*", n) for p, n in zip(path, part, strict=True))
+
+
+# -- the checkpoint saver ----------------------------------------------------------
+
+
+def _default_subject(config: RunnableConfig) -> str | None:
+    value = (config.get("configurable") or {}).get("subject_id")
+    return str(value) if value else None
+
+
+class KeyshredSaver(BaseCheckpointSaver[Any]):
+    """A LangGraph checkpoint saver encrypted per subject; see the module docstring."""
+
+    def __init__(
+        self,
+        ks: Keyshred,
+        *,
+        subject: Callable[[RunnableConfig], str | None] = _default_subject,
+        scope: str = "default",
+        serde: Any = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        self._ks = ks
+        self._store = ks.checkpoints
+        self._resolve = subject
+        self._scope = scope
+        self._thread_ids: dict[str, str] = {}
+
+    # -- helpers -------------------------------------------------------------------
+
+    @staticmethod
+    def _conf(config: RunnableConfig) -> dict[str, Any]:
+        conf = config.get("configurable") or {}
+        if "thread_id" not in conf:
+            raise InvalidInput("config['configurable']['thread_id'] is required")
+        return dict(conf)
+
+    def _subject_ref(self, config: RunnableConfig) -> str | None:
+        subject = self._resolve(config)
+        return None if subject is None else self._ks.subject_ref(subject)
+
+    def _tuple(
+        self, thread_id: str, row: CheckpointRow, writes: Sequence[WriteRow]
+    ) -> CheckpointTuple:
+        t1, d1, t2, d2 = unpack(row.data)
+        checkpoint = self.serde.loads_typed((t1.decode(), d1))
+        metadata = self.serde.loads_typed((t2.decode(), d2))
+        config: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": row.checkpoint_ns,
+                "checkpoint_id": row.checkpoint_id,
+            }
+        }
+        parent: RunnableConfig | None = None
+        if row.parent_checkpoint_id is not None:
+            parent = {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": row.checkpoint_ns,
+                    "checkpoint_id": row.parent_checkpoint_id,
+                }
+            }
+        pending = []
+        for w in writes:
+            wt, wd = unpack(w.data)
+            pending.append((w.task_id, w.channel, self.serde.loads_typed((wt.decode(), wd))))
+        return CheckpointTuple(config, checkpoint, metadata, parent, pending)
+
+    # -- sync ----------------------------------------------------------------------
+
+    def _check(self, config: RunnableConfig) -> None:
+        """A read naming a subject fails early if that subject is suppressed or
+        erased (even when its threads are already gone)."""
+        ref = self._subject_ref(config)
+        if ref is not None:
+            self._ks.catalog.check_guard(ref)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        conf = self._conf(config)
+        self._check(config)
+        thread_id = str(conf["thread_id"])
+        th = self._store.thread(thread_id)
+        if th is None:
+            return None
+        got = self._store.get(th, str(conf.get("checkpoint_ns", "")), get_checkpoint_id(config))
+        if got is None:
+            return None
+        return self._tuple(thread_id, *got)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        th = None
+        ns = None
+        cid = None
+        thread_id: str | None = None
+        if config is not None:
+            conf = config.get("configurable") or {}
+            if "thread_id" in conf:
+                self._check(config)
+                thread_id = str(conf["thread_id"])
+                th = self._store.thread(thread_id)
+                if th is None:
+                    return
+            ns = conf.get("checkpoint_ns")
+            cid = conf.get("checkpoint_id")
+        before_id = get_checkpoint_id(before) if before else None
+        n = 0
+        for ref, row, writes in self._store.checkpoints(
+            th, checkpoint_ns=ns, checkpoint_id=cid, before=before_id
+        ):
+            tid = thread_id or self._thread_id(ref)
+            tup = self._tuple(tid, row, writes)
+            if filter and not all(tup.metadata.get(k) == v for k, v in filter.items()):
+                continue
+            yield tup
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+    def _thread_id(self, ref: str) -> str:
+        tid = self._thread_ids.get(ref)
+        if tid is None:
+            tid = self._thread_ids[ref] = self._store.thread_id(ref)
+        return tid
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        conf = self._conf(config)
+        thread_id = str(conf["thread_id"])
+        ns = str(conf.get("checkpoint_ns", ""))
+        th = self._store.ensure_thread(thread_id, self._subject_ref(config), self._scope)
+        t1, d1 = self.serde.dumps_typed(checkpoint)
+        md = get_serializable_checkpoint_metadata(config, metadata)
+        t2, d2 = self.serde.dumps_typed(md)
+        row = CheckpointRow(
+            thread_id,
+            ns,
+            checkpoint["id"],
+            conf.get("checkpoint_id"),
+            pack(t1.encode(), d1, t2.encode(), d2),
+        )
+        run_id = md.get("run_id")
+        self._store.put_checkpoint(th, row, None if run_id is None else str(run_id))
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        conf = self._conf(config)
+        thread_id = str(conf["thread_id"])
+        th = self._store.ensure_thread(thread_id, self._subject_ref(config), self._scope)
+        rows = []
+        for idx, (channel, value) in enumerate(writes):
+            t, d = self.serde.dumps_typed(value)
+            rows.append(
+                WriteRow(
+                    task_id,
+                    WRITES_IDX_MAP.get(channel, idx),
+                    channel,
+                    task_path,
+                    pack(t.encode(), d),
+                )
+            )
+        replace = all(w[0] in WRITES_IDX_MAP for w in writes)
+        ns = str(conf.get("checkpoint_ns", ""))
+        self._store.put_writes(th, ns, str(conf["checkpoint_id"]), rows, replace=replace)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints and writes and destroy its key: the
+        bytes are gone, and any copy left anywhere is unreadable."""
+        self._store.drop_thread(str(thread_id))
+        self._thread_ids = {k: v for k, v in self._thread_ids.items() if v != thread_id}
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        by_thread: dict[str, list[tuple[str, str]]] = {}
+        for ref, ns, cid in self._store.run_checkpoints([str(r) for r in run_ids]):
+            by_thread.setdefault(ref, []).append((ns, cid))
+        for ref, keys in by_thread.items():
+            th = self._store._find(ref)
+            if th is not None:
+                self._store.delete_checkpoints(th, keys)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        src = self._store.thread(str(source_thread_id))
+        if src is None:
+            return
+        dst = self._store.ensure_thread(str(target_thread_id), src.subject_ref, src.scope)
+        for _, row, writes in reversed(list(self._store.checkpoints(src))):
+            self._store.put_checkpoint(dst, row, None)
+            by_task: dict[tuple[str, str], list[WriteRow]] = {}
+            for w in writes:
+                by_task.setdefault((w.task_id, w.task_path), []).append(w)
+            for ws in by_task.values():
+                self._store.put_writes(dst, row.checkpoint_ns, row.checkpoint_id, ws, replace=True)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: only the newest checkpoint per namespace stays (with its
+        writes); ``delete``: the whole thread goes, key included. Not aware of
+        ``DeltaChannel`` history (see LangGraph's caveat): do not prune threads of
+        graphs that use it."""
+        if strategy not in ("keep_latest", "delete"):
+            raise InvalidInput(f"unknown prune strategy {strategy!r}")
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(str(thread_id))
+                continue
+            th = self._store.thread(str(thread_id))
+            if th is None:
+                continue
+            seen: set[str] = set()
+            doomed = []
+            for _, row, _ in self._store.checkpoints(th):
+                if row.checkpoint_ns in seen:
+                    doomed.append((row.checkpoint_ns, row.checkpoint_id))
+                seen.add(row.checkpoint_ns)
+            self._store.delete_checkpoints(th, doomed)
+
+    # -- async twins (one source of truth: the sync methods, in a worker thread) ---
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        items = await asyncio.to_thread(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
+        for item in items:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)

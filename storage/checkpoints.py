@@ -1,0 +1,562 @@
+"""Encrypted checkpoints and writes of agent threads (the LangGraph saver's engine).
+
+Each thread belongs to one subject, recorded at its first write, and has its own
+key: the subject's DEK for the internal scope ``~thread:<thread_ref>``. Checkpoints
+(with their metadata) and pending writes are envelope ciphertext under that key,
+bound to (thread, namespace, checkpoint id, task, index), in three catalog tables
+(``ks_threads``, ``ks_checkpoints``, ``ks_checkpoint_writes``), so one code path runs
+on SQLite and PostgreSQL. Thread ids are stored as keyed pseudonyms (and sealed, for
+listing); namespaces, checkpoint/run/task ids and channel names are graph structure
+and stay plaintext for the queries.
+
+Deleting a thread deletes its rows *and destroys its key* (with a tombstone that
+restores replay): whatever copy of those rows survives — a WAL frame, a PostgreSQL
+dead tuple, a backup — is noise. Erasing a subject destroys every thread key with
+the subject's other keys and deletes the rows.
+
+Every call checks the subject guard; writes re-check it inside their transaction,
+so nothing is written for a subject after the transaction that suppressed it.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from keyshred.errors import InvalidInput, NotFound, SubjectErased, SubjectSuppressed
+from keyshred.keyring.envelope import Place
+from keyshred.keyring.keyring import Keyring
+from keyshred.storage.catalog import (
+    ACTIVE,
+    AssetRow,
+    Catalog,
+    checkpoint_writes,
+    checkpoints,
+    threads,
+)
+
+__all__ = ["THREAD_KIND", "CheckpointRow", "CheckpointStore", "WriteRow", "thread_scope"]
+
+THREAD_KIND = "thread"
+_TENANT_PREFIX = "~threads/"  # domain of thread pseudonyms (tenants never start with "~")
+_LEN = struct.Struct(">I")
+
+
+def thread_scope(thread_ref: str) -> str:
+    """The internal key scope of one thread."""
+    return f"~thread:{thread_ref}"
+
+
+def pack(*parts: bytes) -> bytes:
+    return b"".join(_LEN.pack(len(p)) + p for p in parts)
+
+
+def unpack(raw: bytes) -> list[bytes]:
+    out = []
+    at = 0
+    view = memoryview(raw)
+    while at < len(raw):
+        (n,) = _LEN.unpack_from(view, at)
+        at += 4
+        out.append(bytes(view[at : at + n]))
+        at += n
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    data: bytes  # plaintext (the saver's serialized checkpoint + metadata)
+
+    def __repr__(self) -> str:
+        return f"CheckpointRow(checkpoint_id={self.checkpoint_id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRow:
+    task_id: str
+    idx: int
+    channel: str
+    task_path: str
+    data: bytes  # plaintext (the serialized value)
+
+    def __repr__(self) -> str:
+        return f"WriteRow(task_id={self.task_id!r}, idx={self.idx})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Thread:
+    thread_ref: str
+    subject_ref: str
+    scope: str
+
+
+class CheckpointStore:
+    """Threads, checkpoints and writes; see the module docstring."""
+
+    def __init__(self, catalog: Catalog, keyring: Keyring, *, tenant: str) -> None:
+        self._catalog = catalog
+        self._keyring = keyring
+        self._tenant = tenant
+        self._threads: dict[str, _Thread] = {}
+        self._lock = threading.Lock()
+        self._create_lock = threading.Lock()
+        c, w, t = checkpoints.c, checkpoint_writes.c, threads.c
+        bp = sa.bindparam
+        cols = [c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data]
+        self._sql = catalog.compile(
+            {
+                "thread": sa.select(t.subject_ref, t.scope).where(t.thread_ref == bp("thread_ref")),
+                "insert_thread": threads.insert().values(
+                    {col.name: bp(col.name) for col in threads.columns}
+                ),
+                "upsert_checkpoint": _upsert(catalog.dialect, checkpoints, replace=True),
+                "insert_write": _upsert(catalog.dialect, checkpoint_writes, replace=False),
+                "replace_write": _upsert(catalog.dialect, checkpoint_writes, replace=True),
+                "latest": sa.select(*cols)
+                .where(c.thread_ref == bp("thread_ref"), c.checkpoint_ns == bp("checkpoint_ns"))
+                .order_by(c.checkpoint_id.desc()),
+                "one": sa.select(*cols).where(
+                    c.thread_ref == bp("thread_ref"),
+                    c.checkpoint_ns == bp("checkpoint_ns"),
+                    c.checkpoint_id == bp("checkpoint_id"),
+                ),
+                "writes": sa.select(w.task_id, w.idx, w.channel, w.task_path, w.data)
+                .where(
+                    w.thread_ref == bp("thread_ref"),
+                    w.checkpoint_ns == bp("checkpoint_ns"),
+                    w.checkpoint_id == bp("checkpoint_id"),
+                )
+                .order_by(w.task_path, w.task_id, w.idx),
+            }
+        )
+
+        # LIMIT compiles as a bound parameter; this one is a constant.
+        self._sql["latest"] += " LIMIT 1"
+
+    # -- threads -------------------------------------------------------------------
+
+    def thread_ref(self, thread_id: str) -> str:
+        if not isinstance(thread_id, str) or not thread_id:
+            raise InvalidInput("a thread id is a non-empty string")
+        return self._keyring.subject_ref(thread_id, _TENANT_PREFIX + self._tenant)
+
+    def _place(self, th: _Thread, table: str, record: str) -> Place:
+        return Place(th.subject_ref, thread_scope(th.thread_ref), table, record, "data")
+
+    def _find(self, thread_ref: str) -> _Thread | None:
+        th = self._threads.get(thread_ref)
+        if th is not None:
+            return th
+        with self._catalog.hot(write=False) as cur:
+            cur.execute(self._sql["thread"], {"thread_ref": thread_ref})
+            row = cur.fetchone()
+        if row is None:
+            return None
+        th = _Thread(thread_ref, str(row[0]), str(row[1]))
+        with self._lock:
+            self._threads[thread_ref] = th
+        return th
+
+    def thread(self, thread_id: str, *, check: bool = True) -> _Thread | None:
+        """The thread's record (guard-checked), or ``None`` if it has no writes."""
+        th = self._find(self.thread_ref(thread_id))
+        if th is not None and check:
+            self._catalog.check_guard(th.subject_ref)
+        return th
+
+    def ensure_thread(self, thread_id: str, subject_ref: str | None, scope: str) -> _Thread:
+        """The thread, created for ``subject_ref`` at its first write; a thread never
+        changes subject (``InvalidInput`` if asked to)."""
+        ref = self.thread_ref(thread_id)
+        th = self._find(ref)
+        if th is not None:
+            if subject_ref is not None and subject_ref != th.subject_ref:
+                raise InvalidInput("this thread belongs to another subject")
+            self._catalog.check_guard(th.subject_ref)
+            return th
+        if subject_ref is None:
+            raise InvalidInput(
+                "no subject for this thread: pass config['configurable']['subject_id'] "
+                "or give the saver a subject resolver"
+            )
+        with self._create_lock:  # threads of one process: one creator
+            th = self._find(ref)
+            if th is None:
+                try:
+                    th = self._create(ref, thread_id, subject_ref, scope)
+                except self._catalog.engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]
+                    th = self._find(ref)  # another process created it first
+                    if th is None:
+                        raise
+        if th.subject_ref != subject_ref:
+            raise InvalidInput("this thread belongs to another subject")
+        return th
+
+    def _create(self, ref: str, thread_id: str, subject_ref: str, scope: str) -> _Thread:
+        th = _Thread(ref, subject_ref, scope)
+        self._catalog.check_guard(subject_ref)
+        sealed = self._keyring.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
+        now = datetime.now(UTC)
+        asset = AssetRow(
+            asset_id=ref,
+            subject_ref=subject_ref,
+            scope=scope,
+            kind=THREAD_KIND,
+            storage_system="catalog",
+            storage_key="ks_checkpoints",
+            purpose="agent-thread",
+            category="conversation",
+            created_at=now,
+            retain_until=None,
+        )
+        # The thread row first (its primary key settles a race between processes),
+        # then the asset, whose registration re-checks the guard in its transaction.
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                threads.insert().values(
+                    thread_ref=ref,
+                    subject_ref=subject_ref,
+                    scope=scope,
+                    thread=sealed,
+                    created_at=now,
+                )
+            )
+        try:
+            self._catalog.register([asset], replace=True)
+        except BaseException:
+            with self._catalog.transaction() as conn:
+                conn.execute(threads.delete().where(threads.c.thread_ref == ref))
+            raise
+        with self._lock:
+            self._threads[ref] = th
+        return th
+
+    # -- writes --------------------------------------------------------------------
+
+    def put_checkpoint(self, th: _Thread, row: CheckpointRow, run_id: str | None) -> None:
+        record = f"{th.thread_ref}/{row.checkpoint_ns}/{row.checkpoint_id}"
+        sealed = self._keyring.seal(row.data, self._place(th, "checkpoints", record))
+        with self._catalog.hot(write=True) as cur:
+            self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
+            cur.execute(
+                self._sql["upsert_checkpoint"],
+                {
+                    "thread_ref": th.thread_ref,
+                    "checkpoint_ns": row.checkpoint_ns,
+                    "checkpoint_id": row.checkpoint_id,
+                    "parent_checkpoint_id": row.parent_checkpoint_id,
+                    "subject_ref": th.subject_ref,
+                    "run_id": run_id,
+                    "data": sealed,
+                },
+            )
+
+    def put_writes(
+        self,
+        th: _Thread,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        writes: Sequence[WriteRow],
+        *,
+        replace: bool,
+    ) -> None:
+        params = []
+        for w in writes:
+            record = f"{th.thread_ref}/{checkpoint_ns}/{checkpoint_id}/{w.task_id}/{w.idx}"
+            params.append(
+                {
+                    "thread_ref": th.thread_ref,
+                    "checkpoint_ns": checkpoint_ns,
+                    "checkpoint_id": checkpoint_id,
+                    "task_id": w.task_id,
+                    "idx": w.idx,
+                    "subject_ref": th.subject_ref,
+                    "channel": w.channel,
+                    "task_path": w.task_path,
+                    "data": self._keyring.seal(w.data, self._place(th, "writes", record)),
+                }
+            )
+        if not params:
+            return
+        with self._catalog.hot(write=True) as cur:
+            self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
+            cur.executemany(self._sql["replace_write" if replace else "insert_write"], params)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _open(self, th: _Thread, table: str, record: str, data: bytes) -> bytes:
+        return self._keyring.open(bytes(data), self._place(th, table, record))
+
+    def get(
+        self, th: _Thread, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> tuple[CheckpointRow, list[WriteRow]] | None:
+        with self._catalog.hot(write=False) as cur:
+            if checkpoint_id is None:
+                cur.execute(
+                    self._sql["latest"],
+                    {"thread_ref": th.thread_ref, "checkpoint_ns": checkpoint_ns},
+                )
+            else:
+                cur.execute(
+                    self._sql["one"],
+                    {
+                        "thread_ref": th.thread_ref,
+                        "checkpoint_ns": checkpoint_ns,
+                        "checkpoint_id": checkpoint_id,
+                    },
+                )
+            found = cur.fetchone()
+            if found is None:
+                return None
+            ns, cid, parent, data = found
+            cur.execute(
+                self._sql["writes"],
+                {"thread_ref": th.thread_ref, "checkpoint_ns": ns, "checkpoint_id": cid},
+            )
+            writes = cur.fetchall()
+        return self._rows(th, ns, cid, parent, data, writes)
+
+    def _rows(  # noqa: PLR0917 - one row's columns, positionally as the query returns them
+        self, th: _Thread, ns: str, cid: str, parent: str | None, data: bytes, writes: Any
+    ) -> tuple[CheckpointRow, list[WriteRow]]:
+        plain = self._open(th, "checkpoints", f"{th.thread_ref}/{ns}/{cid}", data)
+        out = [
+            WriteRow(
+                str(task_id),
+                int(idx),
+                str(channel),
+                str(task_path),
+                self._open(th, "writes", f"{th.thread_ref}/{ns}/{cid}/{task_id}/{idx}", wdata),
+            )
+            for task_id, idx, channel, task_path, wdata in writes
+        ]
+        row = CheckpointRow("", str(ns), str(cid), None if parent is None else str(parent), plain)
+        return row, out
+
+    def checkpoints(
+        self,
+        th: _Thread | None,
+        *,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+    ) -> Iterator[tuple[str, CheckpointRow, list[WriteRow]]]:
+        """Checkpoints newest first, with their writes; ``th=None``: every thread of
+        every subject that is not suppressed (others are skipped, not raised)."""
+        c, w = checkpoints.c, checkpoint_writes.c
+        query = sa.select(
+            c.thread_ref, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data
+        )
+        if th is not None:
+            query = query.where(c.thread_ref == th.thread_ref)
+        if checkpoint_ns is not None:
+            query = query.where(c.checkpoint_ns == checkpoint_ns)
+        if checkpoint_id is not None:
+            query = query.where(c.checkpoint_id == checkpoint_id)
+        if before is not None:
+            query = query.where(c.checkpoint_id < before)
+        query = query.order_by(c.checkpoint_id.desc(), c.thread_ref, c.checkpoint_ns)
+        with self._catalog.engine.connect() as conn:
+            rows = conn.execute(query).all()
+            refs = sorted({r[0] for r in rows})
+            writes: dict[tuple[str, str, str], list[Any]] = {}
+            for start in range(0, len(refs), 500):
+                part = refs[start : start + 500]
+                for wr in conn.execute(
+                    sa.select(
+                        w.thread_ref,
+                        w.checkpoint_ns,
+                        w.checkpoint_id,
+                        w.task_id,
+                        w.idx,
+                        w.channel,
+                        w.task_path,
+                        w.data,
+                    )
+                    .where(w.thread_ref.in_(part))
+                    .order_by(w.task_path, w.task_id, w.idx)
+                ):
+                    writes.setdefault((wr[0], wr[1], wr[2]), []).append(wr[3:])
+        known: dict[str, _Thread | None] = {}
+        for ref, ns, cid, parent, data in rows:
+            if ref not in known:
+                found = self._find(ref)
+                if found is not None:
+                    try:
+                        self._catalog.check_guard(found.subject_ref)
+                    except SubjectSuppressed:
+                        found = None
+                known[ref] = found
+            t = known[ref]
+            if t is None:
+                continue
+            try:
+                row, wrs = self._rows(t, ns, cid, parent, data, writes.get((ref, ns, cid), []))
+            except SubjectErased:
+                continue  # its key went while we listed: nothing of it may be returned
+            yield ref, row, wrs
+
+    def thread_id(self, thread_ref: str) -> str:
+        """The thread id behind a pseudonym (unsealed from ``ks_threads``)."""
+        th = self._find(thread_ref)
+        if th is None:
+            raise NotFound("no such thread")
+        with self._catalog.engine.connect() as conn:
+            sealed = conn.execute(
+                sa.select(threads.c.thread).where(threads.c.thread_ref == thread_ref)
+            ).scalar_one()
+        return self._open(th, "threads", thread_ref, sealed).decode("utf-8")
+
+    # -- deletes -------------------------------------------------------------------
+
+    def _delete(self, where_c: Any, where_w: Any) -> int:
+        with self._catalog.transaction() as conn:
+            n = int(conn.execute(checkpoints.delete().where(where_c)).rowcount or 0)
+            conn.execute(checkpoint_writes.delete().where(where_w))
+        self._catalog.scrub()
+        return n
+
+    def delete_checkpoints(self, th: _Thread, keys: Iterable[tuple[str, str]]) -> int:
+        """Delete given (namespace, checkpoint id) of a thread with their writes."""
+        keys = list(keys)
+        n = 0
+        c, w = checkpoints.c, checkpoint_writes.c
+        for start in range(0, len(keys), 200):
+            part = keys[start : start + 200]
+            n += self._delete(
+                sa.and_(
+                    c.thread_ref == th.thread_ref,
+                    sa.tuple_(c.checkpoint_ns, c.checkpoint_id).in_(part),
+                ),
+                sa.and_(
+                    w.thread_ref == th.thread_ref,
+                    sa.tuple_(w.checkpoint_ns, w.checkpoint_id).in_(part),
+                ),
+            )
+        return n
+
+    def run_checkpoints(self, run_ids: Sequence[str]) -> list[tuple[str, str, str]]:
+        """(thread_ref, namespace, checkpoint id) of checkpoints written by runs."""
+        if not run_ids:
+            return []
+        c = checkpoints.c
+        with self._catalog.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.thread_ref, c.checkpoint_ns, c.checkpoint_id).where(
+                    c.run_id.in_(list(run_ids))
+                )
+            ).all()
+        return [(str(a), str(b), str(d)) for a, b, d in rows]
+
+    def drop_thread(self, thread_id: str) -> int:
+        """Delete a thread's rows and destroy its key (crypto-erasure with a
+        tombstone); returns checkpoints deleted. Idempotent."""
+        ref = self.thread_ref(thread_id)
+        th = self._find(ref)
+        if th is None:
+            return 0
+        return self._drop(th)
+
+    def _drop(self, th: _Thread) -> int:
+        n = self._delete(
+            checkpoints.c.thread_ref == th.thread_ref,
+            checkpoint_writes.c.thread_ref == th.thread_ref,
+        )
+        with self._catalog.transaction() as conn:
+            conn.execute(threads.delete().where(threads.c.thread_ref == th.thread_ref))
+        self._catalog.delete([th.thread_ref])
+        self._keyring.destroy(th.subject_ref, thread_scope(th.thread_ref))
+        self._catalog.scrub()
+        with self._lock:
+            self._threads.pop(th.thread_ref, None)
+        return n
+
+    def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
+        """Delete the subject's threads (all, or one thread scope / policy scope);
+        the keys go with the erasure's key destruction. Returns checkpoints deleted."""
+        with self._catalog.engine.connect() as conn:
+            q = sa.select(threads.c.thread_ref, threads.c.scope).where(
+                threads.c.subject_ref == subject_ref
+            )
+            found = conn.execute(q).all()
+        refs = [
+            str(r) for r, s in found if scope is None or s == scope or thread_scope(str(r)) == scope
+        ]
+        n = 0
+        for start in range(0, len(refs), 200):
+            part = refs[start : start + 200]
+            n += self._delete(
+                checkpoints.c.thread_ref.in_(part), checkpoint_writes.c.thread_ref.in_(part)
+            )
+            with self._catalog.transaction() as conn:
+                conn.execute(threads.delete().where(threads.c.thread_ref.in_(part)))
+        if scope is None:  # rows of threads whose record a crash already removed
+            n += self._delete(
+                checkpoints.c.subject_ref == subject_ref,
+                checkpoint_writes.c.subject_ref == subject_ref,
+            )
+        with self._lock:
+            for r in refs:
+                self._threads.pop(r, None)
+        return n
+
+    def count(self, subject_ref: str) -> int:
+        with self._catalog.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(checkpoints)
+                    .where(checkpoints.c.subject_ref == subject_ref)
+                ).scalar_one()
+            ) + int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(threads)
+                    .where(threads.c.subject_ref == subject_ref)
+                ).scalar_one()
+            )
+
+    def subject_threads(self, subject_ref: str) -> list[str]:
+        with self._catalog.engine.connect() as conn:
+            return [
+                str(r)
+                for (r,) in conn.execute(
+                    sa.select(threads.c.thread_ref).where(threads.c.subject_ref == subject_ref)
+                )
+            ]
+
+    def forget(self) -> None:
+        with self._lock:
+            self._threads.clear()
+
+    def active(self, subject_ref: str) -> bool:
+        return self._catalog.guard(subject_ref).status == ACTIVE
+
+
+def _upsert(dialect: str, table: sa.Table, *, replace: bool) -> Any:
+    """INSERT … ON CONFLICT (primary key) DO UPDATE / DO NOTHING, per dialect."""
+    values: dict[str, Any] = {col.name: sa.bindparam(col.name) for col in table.columns}
+    stmt: Any
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        stmt = pg_insert(table).values(values)
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        stmt = sqlite_insert(table).values(values)
+    keys = [col.name for col in table.primary_key.columns]
+    if not replace:
+        return stmt.on_conflict_do_nothing(index_elements=keys)
+    rest = {col.name: stmt.excluded[col.name] for col in table.columns if col.name not in keys}
+    return stmt.on_conflict_do_update(index_elements=keys, set_=rest)

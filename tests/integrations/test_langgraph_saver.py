@@ -1,0 +1,186 @@
+"""``KeyshredSaver`` against LangGraph's own conformance suite (every base and
+extended capability, a fresh saver per capability suite), on SQLite and PostgreSQL;
+plus what the suite does not check: after ``delete_thread`` and after subject erasure
+no byte of the thread is left, and a real graph runs, is interrupted and resumed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+import sqlalchemy as sa
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.report import ProgressCallbacks
+
+from keyshred import Keyshred
+from keyshred.errors import InvalidInput, SubjectErased, SubjectSuppressed
+from keyshred.integrations.langgraph import KeyshredSaver
+from keyshred.storage.catalog import checkpoint_writes, checkpoints
+from tests.storage.conftest import make_config
+
+
+def files_of(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def test_conformance_full(catalog_url: str, tmp_path: Path) -> None:
+    counter = iter(range(1000))
+
+    @checkpointer_test(name="KeyshredSaver")
+    async def keyshred_saver() -> AsyncIterator[KeyshredSaver]:
+        ks = Keyshred.init(tmp_path / f"d{next(counter)}", make_config(catalog_url))
+        # Conformance threads carry no subject: every thread belongs to one test user.
+        yield KeyshredSaver(ks, subject=lambda config: "conformance-user")
+        ks.close()
+
+    report = asyncio.run(validate(keyshred_saver, progress=ProgressCallbacks.quiet()))
+    report.print_report()
+    failures = {name: result.failures for name, result in report.results.items() if result.failures}
+    assert report.conformance_level() == "FULL", failures
+    assert report.passed_all(), failures
+
+
+@pytest.fixture
+def ks(catalog_url: str, tmp_path: Path) -> Any:
+    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
+    yield store
+    store.close()
+
+
+def _config(thread: str, subject: str | None = "ana") -> dict[str, Any]:
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
+    if subject:
+        conf["subject_id"] = subject
+    return {"configurable": conf}
+
+
+class State(TypedDict):
+    notes: list[str]
+
+
+def _graph(saver: KeyshredSaver, interrupt: bool) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    def remember(state: State) -> dict[str, Any]:
+        return {"notes": [*state["notes"], "remembered"]}
+
+    def answer(state: State) -> dict[str, Any]:
+        return {"notes": [*state["notes"], "answered"]}
+
+    g = StateGraph(State)
+    g.add_node("remember", remember)
+    g.add_node("answer", answer)
+    g.add_edge(START, "remember")
+    g.add_edge("remember", "answer")
+    g.add_edge("answer", END)
+    return g.compile(checkpointer=saver, interrupt_before=["answer"] if interrupt else None)
+
+
+def _ciphertexts(ks: Keyshred, thread_ref: str) -> list[bytes]:
+    with ks.catalog.engine.connect() as conn:
+        rows = [
+            bytes(r[0])
+            for r in conn.execute(
+                sa.select(checkpoints.c.data).where(checkpoints.c.thread_ref == thread_ref)
+            )
+        ]
+        rows += [
+            bytes(r[0])
+            for r in conn.execute(
+                sa.select(checkpoint_writes.c.data).where(
+                    checkpoint_writes.c.thread_ref == thread_ref
+                )
+            )
+        ]
+    return rows
+
+
+def test_graph_interrupt_resume_and_delete_thread(ks: Keyshred, tmp_path: Path) -> None:
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    saver = KeyshredSaver(ks)
+    graph = _graph(saver, interrupt=True)
+    cfg = _config("t-1")
+    graph.invoke({"notes": [f"{probe} secret"]}, cfg)  # stops before "answer"
+    state = graph.get_state(cfg)
+    assert state.next == ("answer",)
+    assert state.values["notes"] == [f"{probe} secret", "remembered"]
+    # A new saver (another process, say) resumes from the stored checkpoint.
+    resumed = _graph(KeyshredSaver(ks), interrupt=True)
+    out = resumed.invoke(None, cfg)
+    assert out["notes"] == [f"{probe} secret", "remembered", "answered"]
+    assert len(list(saver.list(cfg))) >= 4
+    with pytest.raises(InvalidInput):  # a thread never changes subject
+        graph.invoke({"notes": []}, _config("t-1", subject="bob"))
+
+    # The suite's question plus ours: after delete_thread, no byte is left.
+    ref = ks.checkpoints.thread_ref("t-1")
+    blobs = _ciphertexts(ks, ref)
+    assert blobs
+    for path in files_of(ks.path):
+        assert probe.encode() not in path.read_bytes(), path  # never plaintext
+    saver.delete_thread("t-1")
+    assert saver.get_tuple(cfg) is None and list(saver.list(cfg)) == []
+    if ks.catalog.dialect == "sqlite":
+        for path in files_of(ks.path):
+            data = path.read_bytes()
+            for blob in blobs:
+                assert blob[-32:] not in data, path  # not in the database, WAL or journal
+    # And the key is gone: any surviving copy (a backup, a dead tuple) is noise.
+    tomb = [t for t in ks.keyring.store.tombstones() if t.scope == f"~thread:{ref}"]
+    assert len(tomb) == 1
+    with pytest.raises(SubjectErased):
+        ks.keyring.data_key_by_id(tomb[0].key_ids[0])
+    # The thread id can start a new conversation (new key).
+    graph.invoke({"notes": ["again"]}, cfg)
+    assert graph.get_state(cfg).values["notes"] == ["again", "remembered"]
+
+
+def test_subject_erasure_takes_every_thread(ks: Keyshred) -> None:
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    saver = KeyshredSaver(ks)
+    graph = _graph(saver, interrupt=False)
+    for t in ("a-1", "a-2"):
+        graph.invoke({"notes": [f"{probe} {t}"]}, _config(t, "ana"))
+    graph.invoke({"notes": ["bob's"]}, _config("b-1", "bob"))
+    refs = [ks.checkpoints.thread_ref(t) for t in ("a-1", "a-2")]
+    blobs = [b for r in refs for b in _ciphertexts(ks, r)]
+    req = ks.erase("ana", requested_by="dpo", reason="art17", probes=[probe])
+    assert req.state == "completed", req.error
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None
+    assert any(s.store == "checkpoints" and s.count > 0 for s in receipt.stores)
+    assert any(c.name == "no thread or checkpoint left" and c.passed for c in receipt.verification)
+    with pytest.raises(SubjectSuppressed):
+        saver.get_tuple(_config("a-1"))
+    listed = list(saver.list(None))
+    assert {t.config["configurable"]["thread_id"] for t in listed} == {"b-1"}
+    assert graph.get_state(_config("b-1", "bob")).values["notes"] == [
+        "bob's",
+        "remembered",
+        "answered",
+    ]
+    if ks.catalog.dialect == "sqlite":
+        for path in files_of(ks.path):
+            data = path.read_bytes()
+            assert probe.encode() not in data
+            for blob in blobs:
+                assert blob[-32:] not in data, path
+
+
+def test_async_twins_and_missing_subject(ks: Keyshred) -> None:
+    saver = KeyshredSaver(ks)
+    graph = _graph(saver, interrupt=False)
+
+    async def run() -> list[str]:
+        out = await graph.ainvoke({"notes": ["x"]}, _config("async-1"))
+        tuples = [t async for t in saver.alist(_config("async-1"))]
+        assert tuples
+        return list(out["notes"])
+
+    assert asyncio.run(run()) == ["x", "remembered", "answered"]
+    with pytest.raises(InvalidInput, match="subject"):
+        graph.invoke({"notes": []}, _config("nobody", subject=None))
