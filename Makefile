@@ -22,7 +22,7 @@ $(VENV)/.created:
 # so it installs the embeddings extra, with PyTorch's CPU build pinned first.
 $(VENV)/.installed-core: $(VENV)/.created pyproject.toml
 	$(PIP) install 'torch==2.13.0'
-	$(PIP) install -e '.[embeddings]'
+	$(PIP) install -e '.[embeddings,langgraph]'
 	touch $@
 
 # The embedding model needs PyTorch; the CPU build is pinned first so that pip does not

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from keyshred.config import Config, KekSettings
+from keyshred.config import load_config
 from keyshred.errors import KeyshredError
 from keyshred.facade import Keyshred
 
@@ -36,6 +36,8 @@ audit_app = typer.Typer(no_args_is_help=True, help="The hash-chained audit log."
 app.add_typer(audit_app, name="audit")
 backup_app = typer.Typer(no_args_is_help=True, help="Backups: create, list, restore, prune.")
 app.add_typer(backup_app, name="backup")
+consent_app = typer.Typer(no_args_is_help=True, help="Consent records: grant, revoke, list.")
+app.add_typer(consent_app, name="consent")
 
 out = Console()
 
@@ -54,16 +56,45 @@ def _emit(data: dict[str, Any], as_json: bool, text: str) -> None:
 
 
 @app.command()
-def init(
+def init(  # noqa: PLR0917 - typer maps every parameter to an argument or option
     path: Annotated[Path, typer.Argument(help="Folder to create.")],
     kek: Annotated[str, typer.Option(help="KEK provider: local, vault or aws.")] = "local",
     tenant: Annotated[str, typer.Option(help="Default tenant.")] = "default",
+    catalog_url: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog-url", help="sqlite:///… or postgresql+psycopg://… (default: in the folder)."
+        ),
+    ] = None,
+    backup_target: Annotated[
+        str | None,
+        typer.Option(
+            "--backup-target", help="A folder or s3://bucket/prefix (default: in the folder)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a data folder: configuration, KEK (local key file, 0600) and key store."""
+    from keyshred.config import BackupSettings, StorageSettings
+
     if kek not in {"local", "vault", "aws"}:
         raise KeyshredError(f"unknown KEK provider {kek!r}; choose local, vault or aws")
-    config = Config(tenant=tenant, kek=KekSettings(provider=kek))
+    config = load_config(path)  # keyshred.toml already there, or the environment
+    config = config.model_copy(
+        update={
+            "tenant": tenant,
+            "kek": config.kek.model_copy(update={"provider": kek}),
+            "storage": StorageSettings(
+                **{
+                    **config.storage.model_dump(),
+                    "catalog_url": catalog_url or config.storage.catalog_url,
+                }
+            ),
+            "backup": BackupSettings(
+                **{**config.backup.model_dump(), "target": backup_target or config.backup.target}
+            ),
+        }
+    )
     with Keyshred.init(path, config) as ks:
         epoch = ks.keyring.kek.current_epoch()
     _emit(
@@ -71,6 +102,32 @@ def init(
         as_json,
         f"initialized {path} (KEK provider {kek}, epoch {epoch})",
     )
+
+
+@contextlib.contextmanager
+def _drill_progress() -> Iterator[Any]:
+    """Progress bars for the drill's long steps (workload, backup, restore) and a
+    spinner line for each check, on stderr."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = bar.add_task(step, total=total or None)
+            if total:
+                bar.update(tasks[step], completed=done, total=total)
+
+        yield update
 
 
 @app.command()
@@ -94,13 +151,13 @@ def drill(
         report = run_drill(path, subjects=subjects, records=records, receipt_dir=receipt_dir)
         typer.echo(json.dumps(report.to_json(), sort_keys=True))
     else:
-        with out.status("drill") as status:
+        with _drill_progress() as progress:
             report = run_drill(
                 path,
                 subjects=subjects,
                 records=records,
                 receipt_dir=receipt_dir,
-                progress=lambda step: status.update(f"drill: {step}"),
+                progress=progress,
             )
         table = Table(title=f"keyshred drill: erase subject_ref {report.erased_subject_ref}")
         table.add_column("check")
@@ -316,6 +373,161 @@ def keys_public_key(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None
     with Keyshred.open(path) as ks:
         key = base64.b64encode(ks.keyring.signer().public_key).decode()
     _emit({"public_key": key}, as_json, key)
+
+
+SubjectArg = Annotated[str, typer.Argument(help="The subject id (never printed back).")]
+NamespaceArg = Annotated[str, typer.Argument(help="Namespace labels separated by '/'.")]
+
+
+def _ns(namespace: str) -> tuple[str, ...]:
+    labels = tuple(p for p in namespace.split("/") if p)
+    if not labels:
+        raise KeyshredError("a namespace has at least one label (a/b/c)")
+    return labels
+
+
+def _memory_json(m: Any) -> dict[str, Any]:
+    return {
+        "memory_id": m.memory_id,
+        "namespace": list(m.namespace),
+        "key": m.key,
+        "value": m.value,
+        "scope": m.scope,
+        "created_at": m.created_at.isoformat(),
+        "updated_at": m.updated_at.isoformat(),
+        "retain_until": m.retain_until.isoformat(),
+        "score": m.score,
+    }
+
+
+@app.command()
+def put(  # noqa: PLR0917 - typer maps every parameter to an argument or option
+    subject: SubjectArg,
+    namespace: NamespaceArg,
+    key: Annotated[str, typer.Argument()],
+    value: Annotated[str, typer.Argument(help="The value, as JSON.")],
+    scope: Annotated[str, typer.Option(help="The scope (purpose) it is stored under.")] = "default",
+    category: Annotated[str | None, typer.Option(help="The data category.")] = None,
+    index: Annotated[bool, typer.Option(help="Embed the value for semantic search.")] = False,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Store one memory of a subject (quick inspection; applications use the API)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        raise KeyshredError("the value is not JSON (quote strings: '\"text\"')") from None
+    with Keyshred.open(path) as ks:
+        m = ks.memories.put(
+            subject, _ns(namespace), key, parsed, scope=scope, category=category, index=index
+        )
+        data = _memory_json(m)
+    _emit(data, as_json, f"stored memory {m.memory_id} (retained until {data['retain_until']})")
+
+
+@app.command()
+def get(
+    subject: SubjectArg,
+    namespace: NamespaceArg,
+    key: Annotated[str, typer.Argument()],
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Print one memory of a subject (exit 2 if there is none)."""
+    from keyshred.errors import NotFound
+
+    with Keyshred.open(path) as ks:
+        m = ks.memories.get(subject, _ns(namespace), key)
+        if m is None:
+            raise NotFound(f"no memory {namespace}/{key} for this subject")
+        data = _memory_json(m)
+    _emit(data, as_json, json.dumps(data["value"], ensure_ascii=False))
+
+
+@app.command()
+def search(  # noqa: PLR0917 - typer maps every parameter to an argument or option
+    subject: SubjectArg,
+    namespace: Annotated[str, typer.Argument(help="Namespace prefix ('' for all).")] = "",
+    query: Annotated[str | None, typer.Option(help="Search by meaning (indexed memories).")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 10,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Search a subject's memories under a namespace prefix, newest first or by meaning."""
+    prefix = tuple(p for p in namespace.split("/") if p)
+    with Keyshred.open(path) as ks:
+        hits = ks.memories.search(subject, prefix, query=query, limit=limit)
+        data = {"results": [_memory_json(m) for m in hits]}
+    if as_json:
+        typer.echo(json.dumps(data, sort_keys=True, default=str))
+        return
+    for m in data["results"]:
+        score = "" if m["score"] is None else f" ({m['score']:.3f})"
+        out.print(f"{'/'.join(m['namespace'])}/{m['key']}{score}: {json.dumps(m['value'])}")
+
+
+def _consent_json(c: Any) -> dict[str, Any]:
+    return {
+        "consent_id": c.consent_id,
+        "purpose": c.purpose,
+        "category": c.category,
+        "actions": list(c.actions),
+        "start_at": c.start_at.isoformat(),
+        "end_at": None if c.end_at is None else c.end_at.isoformat(),
+        "policy_version": c.policy_version,
+        "status": c.status,
+        "revoked_at": None if c.revoked_at is None else c.revoked_at.isoformat(),
+    }
+
+
+@consent_app.command("grant")
+def consent_grant(  # noqa: PLR0917 - typer maps every parameter to an argument or option
+    subject: SubjectArg,
+    scope: Annotated[str, typer.Option(help="The scope whose purpose is consented to.")],
+    category: Annotated[str | None, typer.Option(help="One of the scope's categories.")] = None,
+    days: Annotated[int | None, typer.Option(help="Consent ends after this many days.")] = None,
+    policy_version: Annotated[str, typer.Option("--policy-version")] = "1",
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Record a subject's consent for a scope's purpose and a category."""
+    from datetime import UTC, datetime, timedelta
+
+    end = None if days is None else datetime.now(UTC) + timedelta(days=days)
+    with Keyshred.open(path) as ks:
+        c = ks.consent.grant(
+            subject, scope=scope, category=category, end_at=end, policy_version=policy_version
+        )
+    _emit(_consent_json(c), as_json, f"consent {c.consent_id}: {c.purpose}/{c.category} granted")
+
+
+@consent_app.command("revoke")
+def consent_revoke(
+    subject: SubjectArg,
+    scope: Annotated[str, typer.Option(help="The scope whose consent is withdrawn.")],
+    category: Annotated[str | None, typer.Option(help="One of the scope's categories.")] = None,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Withdraw consent: new writes for that purpose and category fail from now on."""
+    with Keyshred.open(path) as ks:
+        n = ks.consent.revoke(subject, scope=scope, category=category)
+    _emit({"revoked": n}, as_json, f"{n} consent record(s) revoked")
+
+
+@consent_app.command("list")
+def consent_list(subject: SubjectArg, path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """A subject's consent records, with their history."""
+    with Keyshred.open(path) as ks:
+        records = ks.consent.list(subject)
+    data = {"consents": [_consent_json(c) for c in records]}
+    if as_json:
+        typer.echo(json.dumps(data, sort_keys=True))
+        return
+    for c in data["consents"]:
+        out.print(
+            f"{c['consent_id']} {c['purpose']}/{c['category']} {c['status']} from {c['start_at']}"
+        )
 
 
 TargetOpt = Annotated[

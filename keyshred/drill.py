@@ -3,36 +3,42 @@ front door, and prove it on every path.
 
 This is the main job (``keyshred drill``, ``make demo``). Workload: several subjects
 with indexed memories in two scopes (one under consent), tokens issued by the vault,
-a summary derived from two subjects' memories (with a rebuild function), and a fact
-of a third subject that mentions the first. Then ``ks.erase`` for the first subject,
-and checks that each try to read what should be gone: key unwrap, partitions,
-catalog, key search, semantic search, token resolution, the rebuilt summary, the
-dropped fact, a byte scan of the whole data folder, the audit chain, the receipt's
-signature, and an old copy of the key store (as a backup would hold) after its KEK
-epoch is destroyed. Every check is timed; probe strings are random per run.
-
-Not in the drill yet (their issues are open): LangGraph checkpoints (#8) and a
-restore of a real backup with tombstone replay (#7).
+a summary derived from two subjects' memories (with a rebuild function), a fact of a
+third subject that mentions the first, and LangGraph threads (a two-node graph with
+``KeyshredSaver``, no LLM) of the first two subjects. Then a backup, ``ks.erase`` for
+the first subject, and checks that each try to read what should be gone: key
+unwrap, partitions, catalog, key search, semantic search, token resolution, the
+rebuilt summary, the dropped fact, the agent threads, a restore of the pre-erasure
+backup into an isolated folder (tombstone replay), a byte scan of the whole data
+folder (backups and the restored copy included), the audit chain, the receipt's
+signature, and the pre-erasure backup's key store once its KEK epoch is destroyed.
+Every check is timed; probe strings are random per run.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-import os
 import secrets
 import shutil
-import sqlite3
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from keyshred.config import Config, ScopeSettings
-from keyshred.errors import KeyshredError, SubjectErased, SubjectSuppressed, TokenError
+from keyshred.errors import (
+    KekEpochDestroyed,
+    KeyshredError,
+    SubjectErased,
+    SubjectSuppressed,
+    TokenError,
+)
 from keyshred.facade import Keyshred
+from keyshred.keyring.kek import WrappedKey
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore
 from keyshred.receipts import verify_receipt
@@ -112,7 +118,7 @@ def run_drill(
     records: int = 20,
     embeddings: Any = None,
     receipt_dir: Path | None = None,
-    progress: Callable[[str], None] = lambda _: None,
+    progress: Callable[[str, int, int], None] = lambda step, done, total: None,
 ) -> DrillReport:
     """Run the drill in ``path`` (a fresh temporary folder when ``None``, removed
     afterwards). The signed receipt is written under ``<path>/receipts/``; with a
@@ -141,7 +147,7 @@ def _drill(
     n_subjects: int,
     n_records: int,
     embeddings: Any,
-    progress: Callable[[str], None],
+    progress: Callable[[str, int, int], None],
 ) -> DrillReport:
     run = secrets.token_hex(5)
     probe = f"zq{run}"  # in every text of the victim, nowhere else
@@ -151,7 +157,7 @@ def _drill(
     report = DrillReport(str(path), n_subjects, n_subjects * n_records, ks.subject_ref(victim))
 
     def check(name: str, fn: Callable[[], str]) -> None:
-        progress(name)
+        progress(name, 0, 0)
         start = time.perf_counter()
         try:
             detail, ok = fn(), True
@@ -160,11 +166,11 @@ def _drill(
         report.checks.append(DrillCheck(name, ok, time.perf_counter() - start, detail))
 
     # -- workload ------------------------------------------------------------------
-    progress("writing the workload")
     start = time.perf_counter()
     truth: dict[tuple[str, str], Any] = {}
     topics = ["hiking in the Alps", "sourdough baking", "jazz piano", "chess openings"]
     for n, subject in enumerate(ids):
+        progress("writing the workload", n, n_subjects)
         mark = probe if subject == victim else f"other{n}"
         ks.consent.grant(subject, scope=HEALTH, category="health")
         items = []
@@ -209,23 +215,41 @@ def _drill(
     tokens = ks.vault.sanitize(
         f"{probe}: call 13812345678 or mail {victim}", victim, "support-reply", timedelta(days=1)
     )
+    progress("writing the workload", n_subjects, n_subjects)
+    saver, graph = _agent(ks)
+    threads = {s: f"drill-{run}-thread-{n}" for n, s in enumerate(ids[:2])}
+    for subject, thread in threads.items():
+        mark = probe if subject == victim else "other"
+        graph.invoke({"notes": [f"{mark} asked about the allergy"]}, _thread(thread, subject))
     ks.memories.flush()
     report.checks.append(
         DrillCheck(
-            "workload written (memories, vectors, tokens, derived)",
+            "workload written (memories, vectors, tokens, derived, agent threads)",
             True,
             time.perf_counter() - start,
             f"{report.records + n_subjects} memories with vectors, {len(tokens.tokens)} tokens, "
-            "1 shared summary, 1 mention",
+            f"1 shared summary, 1 mention, {len(threads)} LangGraph threads",
         )
     )
-    # An old copy of the key store, as a backup taken now would hold.
-    old_keystore = path.parent / f"{path.name}-keystore-copy.db"
-    _copy_sqlite(ks.keyring.store, old_keystore)
     victim_keys = [r.key_id for r in ks.keyring.store.for_subject(report.erased_subject_ref)]
 
+    # -- a backup before the erasure ---------------------------------------------------
+    start = time.perf_counter()
+    gen = ks.backup.create(
+        progress=lambda phase, done, total: progress(f"backup: {phase}", done, total)
+    )
+    report.checks.append(
+        DrillCheck(
+            "backup taken before the erasure",
+            True,
+            time.perf_counter() - start,
+            f"generation {gen.generation}: {gen.segments} segments, {gen.bytes_total} bytes, "
+            f"key store sealed under KEK epoch {gen.kek_epoch}",
+        )
+    )
+
     # -- erase through the front door ----------------------------------------------
-    progress("erasing one subject")
+    progress("erasing one subject", 0, 0)
     start = time.perf_counter()
     req = ks.erase(victim, requested_by="drill", reason="drill", probes=[probe])
     receipt = ks.erasure.receipt(req.request_id)
@@ -334,34 +358,112 @@ def _drill(
             n += 1
         return f"{n} memories of {len(ids) - 1} other subjects unchanged"
 
+    def threads_gone() -> str:
+        victim_cfg = _thread(threads[victim], victim)
+        try:
+            saver.get_tuple(victim_cfg)
+        except SubjectSuppressed:
+            pass
+        else:
+            raise DrillFailure("the erased subject's thread is still readable")
+        left = ks.checkpoints.count(report.erased_subject_ref)
+        _require(left == 0, f"{left} thread or checkpoint rows of the subject left")
+        other = graph.get_state(_thread(threads[ids[1]], ids[1])).values
+        _require(
+            other.get("notes") == ["other asked about the allergy", "recalled", "answered"],
+            "another subject's thread changed",
+        )
+        return "thread rows and keys gone; the other subject's thread resumes intact"
+
+    restored_path = path / "restore-check"
+
+    def backup_restore() -> str:
+        shutil.rmtree(restored_path, ignore_errors=True)
+        result = ks.backup.restore(
+            gen.generation,
+            restored_path,
+            progress=lambda phase, done, total: progress(f"restore: {phase}", done, total),
+        )
+        replayed = [r["subject_ref"] for r in result.replayed]
+        _require(report.erased_subject_ref in replayed, "the erasure's tombstone was not replayed")
+        with Keyshred.open(restored_path, embeddings=embeddings) as r:
+            try:
+                r.memories.get(victim, ("memories",), "k0")
+            except SubjectSuppressed:
+                pass
+            else:
+                raise DrillFailure("the restored copy still serves the erased subject")
+            _require(
+                not r.memories.partition_path(report.erased_subject_ref).exists(),
+                "the restored copy holds the erased subject's partition",
+            )
+            _require(r.catalog.count(report.erased_subject_ref) == 0, "restored catalog not clean")
+            n = 0
+            for (subject, key), value in truth.items():
+                if subject == victim:
+                    continue
+                got = r.memories.get(subject, ("memories",), key)
+                _require(got is not None and got.value == value, "restored data differs")
+                n += 1
+            restored_saver = _agent(r)[0]
+            tup = restored_saver.get_tuple(_thread(threads[ids[1]], ids[1]))
+            _require(tup is not None, "the other subject's thread was not restored")
+        return (
+            f"generation {gen.generation} restored into an isolated folder; "
+            f"{len(replayed)} tombstone(s) replayed; {n} memories of the others verified"
+        )
+
     def byte_scan() -> str:
         ks.memories.flush()
         needles = [victim.encode(), probe.encode(), b"13812345678"]
         hits = scan_bytes(path, needles)
         _require(not hits, f"found in {sorted({h[0] for h in hits})}")
         files = sum(1 for p in path.rglob("*") if p.is_file())
-        return f"{files} files scanned: no subject id, probe or token value"
+        return (
+            f"{files} files scanned (backups and the restored copy included): "
+            "no subject id, probe or token value"
+        )
 
     def audit_chain() -> str:
         return f"{ks.audit.verify()} events, hash chain intact"
 
     def old_keystore_copy() -> str:
-        old = Keyring(SQLiteKeyStore(old_keystore), ks.keyring.kek, cache_max_entries=0)
+        # The pre-erasure generation's key store, unsealed as an attacker holding a
+        # copy of the backup (and access to the live KEK) would, without replay.
+        manifest = ks.backup.manifest(gen.generation)
+        target = ks.backup.target()
+        sealed = target.get_bytes(manifest.keystore.object)
+        wrapped = WrappedKey(
+            manifest.keystore.kek_epoch, base64.b64decode(manifest.keystore.wrapped)
+        )
+        label = f"backup:{gen.generation}"
+        copy = path.parent / f"{path.name}-keystore-copy-{run}.db"
+        SQLiteKeyStore.from_snapshot(copy, ks.keyring.open_blob(wrapped, sealed, label)).close()
+        old = Keyring(SQLiteKeyStore(copy), ks.keyring.kek, cache_max_entries=0)
         try:
-            old.data_key_by_id(victim_keys[0])  # the risk KEK epochs bound
+            old.data_key_by_id(victim_keys[0])  # the risk that KEK epochs bound
             rotation = ks.keyring.rotate_kek()
             ks.keyring.destroy_kek_epochs_before(rotation.new_epoch)
             try:
                 old.data_key_by_id(victim_keys[0])
             except SubjectErased:
-                return (
-                    f"old copy unwrapped until KEK epoch {rotation.new_epoch - 1} was destroyed; "
-                    f"{rotation.keys_rewrapped} live keys re-wrapped"
-                )
-            raise DrillFailure("the old key-store copy still unwraps the erased key")
+                pass
+            else:
+                raise DrillFailure("the old key-store copy still unwraps the erased key")
+            try:
+                ks.keyring.open_blob(wrapped, sealed, label)
+            except KekEpochDestroyed:
+                pass
+            else:
+                raise DrillFailure("the generation's sealed key store still opens")
+            return (
+                f"unwrapped until KEK epoch {rotation.new_epoch - 1} was destroyed, then neither "
+                f"the copy nor the generation yields a key; {rotation.keys_rewrapped} live keys "
+                "re-wrapped"
+            )
         finally:
             old.store.close()
-            old_keystore.unlink(missing_ok=True)
+            copy.unlink(missing_ok=True)
 
     check("receipt signed and complete", receipt_valid)
     check("erased keys no longer unwrap", keys_dead)
@@ -372,23 +474,45 @@ def _drill(
     check("semantic search finds nothing", semantic_search)
     check("shared summary rebuilt, mention dropped", derived_rebuilt)
     check("tokens no longer resolve", tokens_dead)
+    check("agent threads and checkpoints gone", threads_gone)
     check("other subjects intact", others_intact)
+    check("pre-erasure backup restored with tombstone replay", backup_restore)
     check("byte scan of the data folder", byte_scan)
     check("audit chain verifies", audit_chain)
-    check("old key-store copy dies with its KEK epoch", old_keystore_copy)
+    check("pre-erasure backup's key store dies with its KEK epoch", old_keystore_copy)
     check("other subjects intact after KEK rotation", others_intact)
     ks.close()
     return report
 
 
-def _copy_sqlite(store: object, dest: Path) -> None:
-    if not isinstance(store, SQLiteKeyStore):
-        raise KeyshredError("the drill's key-store copy needs the embedded key store")
-    src = sqlite3.connect(store.path)
-    dst = sqlite3.connect(dest)
+class _AgentState(TypedDict):
+    notes: list[str]
+
+
+def _thread(thread_id: str, subject: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "subject_id": subject}}
+
+
+def _agent(ks: Keyshred) -> tuple[Any, Any]:
+    """A two-node LangGraph graph (no LLM) checkpointed by ``KeyshredSaver``."""
     try:
-        src.backup(dst)
-    finally:
-        src.close()
-        dst.close()
-    os.chmod(dest, 0o600)
+        from langgraph.graph import END, START, StateGraph
+
+        from keyshred.integrations.langgraph import KeyshredSaver
+    except (ImportError, KeyshredError):
+        raise DrillFailure("the drill needs LangGraph: pip install 'keyshred[langgraph]'") from None
+
+    def recall(state: _AgentState) -> dict[str, Any]:
+        return {"notes": [*state["notes"], "recalled"]}
+
+    def answer(state: _AgentState) -> dict[str, Any]:
+        return {"notes": [*state["notes"], "answered"]}
+
+    g = StateGraph(_AgentState)
+    g.add_node("recall", recall)
+    g.add_node("answer", answer)
+    g.add_edge(START, "recall")
+    g.add_edge("recall", "answer")
+    g.add_edge("answer", END)
+    saver = KeyshredSaver(ks)
+    return saver, g.compile(checkpointer=saver)

@@ -134,7 +134,8 @@ class Keyshred:
         a list of texts, a LangChain ``Embeddings``, or ``None`` for the bundled
         all-MiniLM-L6-v2 (``keyshred[embeddings]``), loaded on first use."""
         root = Path(path)
-        if (root / CONFIG_FILE).exists():
+        # A keyshred.toml alone (written by an operator first) is not yet a folder.
+        if (root / CONFIG_FILE).exists() and (root / KEYS_DIR).exists():
             if not exist_ok:
                 raise ConfigError(f"{root} is already a keyshred folder")
             return cls.open(root, config, embeddings=embeddings)

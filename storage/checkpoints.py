@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from keyshred.errors import InvalidInput, NotFound, SubjectErased, SubjectSuppressed
-from keyshred.keyring.envelope import Place
+from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import (
     ACTIVE,
@@ -110,6 +110,7 @@ class CheckpointStore:
         self._threads: dict[str, _Thread] = {}
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
+        self._templates: dict[tuple[str, str], PlaceTemplate] = {}
         c, w, t = checkpoints.c, checkpoint_writes.c, threads.c
         bp = sa.bindparam
         cols = [c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data]
@@ -295,12 +296,22 @@ class CheckpointStore:
     # -- reads ---------------------------------------------------------------------
 
     def _open(self, th: _Thread, table: str, record: str, data: bytes) -> bytes:
-        return self._keyring.open(bytes(data), self._place(th, table, record))
+        template = self._templates.get((th.thread_ref, table))
+        if template is None:
+            template = PlaceTemplate(th.subject_ref, thread_scope(th.thread_ref), table, "data")
+            if len(self._templates) > 10_000:
+                self._templates.clear()
+            self._templates[(th.thread_ref, table)] = template
+        return self._keyring.open_at(data, template, record)
 
     def get(
         self, th: _Thread, checkpoint_ns: str, checkpoint_id: str | None
     ) -> tuple[CheckpointRow, list[WriteRow]] | None:
+        """One checkpoint (the latest without an id) and its writes; the subject
+        guard is read on the same connection first."""
         with self._catalog.hot(write=False) as cur:
+            guard = self._catalog.guard_in(cur, th.subject_ref, lock=False)
+            self._catalog.enforce(th.subject_ref, guard, None)
             if checkpoint_id is None:
                 cur.execute(
                     self._sql["latest"],

@@ -688,8 +688,10 @@ class MemoryStore:
         category: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        order: str = "newest",
     ) -> list[Memory]:
-        """``search`` by subject_ref (guard-checked)."""
+        """``search`` by subject_ref (guard-checked); ``order="insertion"`` lists
+        without a query oldest first, namespace by namespace."""
         if limit < 0 or offset < 0:
             raise InvalidInput("limit and offset are non-negative")
         guard = self._catalog.guard(ref)
@@ -709,11 +711,23 @@ class MemoryStore:
                 continue
             if category is not None and row.category != category:
                 continue
-            if filter and not _matches(json.loads(row.value), filter):
+            if filter and not _matches(part.parsed_value(row), filter):
                 continue
             hits.append(row)
         if query is not None:
             return self._semantic(ref, part, hits, query, limit=limit, offset=offset)
+        if order == "insertion":
+            # Oldest first, namespaces in the order they first appeared (LangGraph's
+            # InMemoryStore order); only the slice asked for becomes Memory objects.
+            first: dict[tuple[str, ...], int] = {}
+            for r in hits:
+                ns_first = first.get(r.namespace)
+                if ns_first is None or r.created_us < ns_first:
+                    first[r.namespace] = r.created_us
+            top = heapq.nsmallest(
+                offset + limit, hits, key=lambda r: (first[r.namespace], r.created_us, r.key)
+            )
+            return [_memory(r) for r in top[offset:]]
         # Only the first offset + limit are wanted: a bounded heap, not a full sort.
         top = heapq.nlargest(offset + limit, hits, key=_newest_first)
         return [_memory(r) for r in top[offset:]]
@@ -987,14 +1001,17 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 def _matches(value: Any, filter: Mapping[str, Any]) -> bool:
     """LangGraph's store filter semantics: ``{"field": value}`` equality (nested
     dicts and lists compared structurally), ``{"field": {"$gt": 3}}`` operators."""
-    if not isinstance(value, dict):
+    if type(value) is not dict:
         return False
-    return all(_compare(value.get(name), expected) for name, expected in filter.items())
+    for name, expected in filter.items():  # noqa: SIM110 - no generator per row (hot path)
+        if not _compare(value.get(name), expected):
+            return False
+    return True
 
 
 def _compare(actual: Any, expected: Any) -> bool:
     if isinstance(expected, Mapping):
-        if any(str(k).startswith("$") for k in expected):
+        if expected and str(next(iter(expected))).startswith("$"):
             for op, operand in expected.items():
                 fn = _OPS.get(op)
                 if fn is None:
@@ -1007,11 +1024,15 @@ def _compare(actual: Any, expected: Any) -> bool:
             return True
         if not isinstance(actual, dict):
             return False
-        return all(_compare(actual.get(k), v) for k, v in expected.items())
+        for k, v in expected.items():  # noqa: SIM110 - no generator per row (hot path)
+            if not _compare(actual.get(k), v):
+                return False
+        return True
     if isinstance(expected, list | tuple):
-        return (
-            isinstance(actual, list | tuple)
-            and len(actual) == len(expected)
-            and all(_compare(a, e) for a, e in zip(actual, expected, strict=True))
-        )
+        if not isinstance(actual, list | tuple) or len(actual) != len(expected):
+            return False
+        for a, e in zip(actual, expected, strict=True):  # noqa: SIM110 - as above
+            if not _compare(a, e):
+                return False
+        return True
     return bool(actual == expected)

@@ -224,6 +224,9 @@ class Partition:
         self._pending = 0
         self._erased_scopes: set[str] = set()
         self._ns_cache: dict[tuple[str, ...], bytes] = {}
+        # Parsed values for filters, keyed by lookup and checked by the identity of
+        # the row's value bytes; plaintext like ``rows``, dropped with them.
+        self._parsed: dict[str, tuple[bytes, Any]] = {}
         self.loaded = False
 
     # -- files and locks -----------------------------------------------------------
@@ -275,6 +278,18 @@ class Partition:
                     pass
             else:
                 self._refresh()
+
+    def parsed_value(self, row: MemoryRow) -> Any:
+        """``json.loads(row.value)``, cached while the row is unchanged (read-only:
+        callers must not mutate it)."""
+        hit = self._parsed.get(row.lookup)
+        if hit is not None and hit[0] is row.value:
+            return hit[1]
+        value = json.loads(row.value)
+        if len(self._parsed) > 200_000:
+            self._parsed.clear()
+        self._parsed[row.lookup] = (row.value, value)
+        return value
 
     # -- lookup hashes -------------------------------------------------------------
 
@@ -629,6 +644,7 @@ class Partition:
                 self.dropped = True
             self._close_files()
             self.rows = {}
+            self._parsed = {}
             self.loaded = False
             self._lookup_key = None
             return n
@@ -656,6 +672,7 @@ class Partition:
         with self.lock:
             self._close_files()
             self.rows = {}
+            self._parsed = {}
             self.loaded = False
             self._lookup_key = None
 

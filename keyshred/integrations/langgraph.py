@@ -211,8 +211,9 @@ class KeyshredStore(BaseStore):
                     prefix,
                     query=op.query if op.query and self.index_config else None,
                     filter=op.filter,
-                    limit=want if op.query else 1_000_000,
+                    limit=want,
                     offset=0,
+                    order="insertion",
                 )
             except (SubjectSuppressed, SubjectErased):
                 if len(prefix) > (self._subject_from if isinstance(self._subject_from, int) else 0):
@@ -449,7 +450,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         conf = self._conf(config)
         self._check(config)
         thread_id = str(conf["thread_id"])
-        th = self._store.thread(thread_id)
+        th = self._store.thread(thread_id, check=False)  # get() reads the guard
         if th is None:
             return None
         got = self._store.get(th, str(conf.get("checkpoint_ns", "")), get_checkpoint_id(config))

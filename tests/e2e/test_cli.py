@@ -163,3 +163,119 @@ def test_backup_commands(tmp_path: Path) -> None:
     assert pruned == {"pruned": []}
     maintained = json.loads(run("backup", "maintain", "--path", str(data), "--json").stdout)
     assert maintained["rotated_to"] is None and maintained["destroyed"] == []
+
+
+def test_memory_and_consent_commands(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    (tmp_path / "d").mkdir()
+    (data / "keyshred.toml").write_text(
+        '[scopes."support/health"]\npurpose = "support"\ncategories = ["health"]\n'
+    )
+    init = run("init", str(data), "--json")
+    assert init.returncode == 0, init.stderr
+    subject = "cli-user-7"
+    put = run(
+        "put", subject, "notes/2026", "k1", '{"text": "likes tea"}', "--path", str(data), "--json"
+    )
+    assert put.returncode == 0, put.stderr
+    assert json.loads(put.stdout)["namespace"] == ["notes", "2026"]
+    got = json.loads(run("get", subject, "notes/2026", "k1", "--path", str(data), "--json").stdout)
+    assert got["value"] == {"text": "likes tea"}
+    found = json.loads(run("search", subject, "notes", "--path", str(data), "--json").stdout)
+    assert [r["key"] for r in found["results"]] == ["k1"]
+    missing = run("get", subject, "notes", "nope", "--path", str(data))
+    assert missing.returncode == 2 and missing.stderr.startswith("keyshred: error: no memory")
+    refused = run(
+        "put",
+        subject,
+        "h",
+        "k",
+        '"asthma"',
+        "--scope",
+        "support/health",
+        "--category",
+        "health",
+        "--path",
+        str(data),
+    )
+    assert refused.returncode == 2 and "consent" in refused.stderr
+    granted = run(
+        "consent",
+        "grant",
+        subject,
+        "--scope",
+        "support/health",
+        "--category",
+        "health",
+        "--days",
+        "30",
+        "--path",
+        str(data),
+        "--json",
+    )
+    assert json.loads(granted.stdout)["status"] == "active"
+    ok = run(
+        "put",
+        subject,
+        "h",
+        "k",
+        '"asthma"',
+        "--scope",
+        "support/health",
+        "--category",
+        "health",
+        "--path",
+        str(data),
+        "--json",
+    )
+    assert ok.returncode == 0, ok.stderr
+    listed = json.loads(run("consent", "list", subject, "--path", str(data), "--json").stdout)
+    assert [c["purpose"] for c in listed["consents"]] == ["support"]
+    revoked = run(
+        "consent",
+        "revoke",
+        subject,
+        "--scope",
+        "support/health",
+        "--category",
+        "health",
+        "--path",
+        str(data),
+        "--json",
+    )
+    assert json.loads(revoked.stdout) == {"revoked": 1}
+    bad_json = run("put", subject, "n", "k", "not json", "--path", str(data))
+    assert bad_json.returncode == 2 and "not JSON" in bad_json.stderr
+    for proc in (missing, refused, bad_json):
+        assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+def test_every_command_has_help() -> None:
+    for args in (
+        (),
+        ("init",),
+        ("drill",),
+        ("put",),
+        ("get",),
+        ("search",),
+        ("erase",),
+        ("status",),
+        ("resume",),
+        ("receipt", "show"),
+        ("receipt", "verify"),
+        ("audit", "verify"),
+        ("backup", "create"),
+        ("backup", "list"),
+        ("backup", "restore"),
+        ("backup", "prune"),
+        ("backup", "maintain"),
+        ("keys", "rotate-kek"),
+        ("keys", "destroy-epochs"),
+        ("consent", "grant"),
+        ("consent", "revoke"),
+        ("consent", "list"),
+        ("metrics",),
+    ):
+        proc = run(*args, "--help")
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert "Usage" in proc.stdout

@@ -1,0 +1,153 @@
+"""LangGraph backends: ``KeyshredSaver`` / ``KeyshredStore`` against LangGraph's
+``SqliteSaver`` / ``SqliteStore`` (plaintext) on the same workload, in one run.
+
+Saver: ``THREADS`` threads x ``STEPS`` checkpoints (a growing message list, ~1 KiB of
+channel values, plus two pending writes per step), then ``get_tuple`` of the latest
+checkpoint of random threads and of specific checkpoints, then ``list`` of a thread.
+Store: ``ITEMS`` items over ``USERS`` users (``("users", id, "notes")``), then gets,
+then prefix searches with a filter. keyshred encrypts every checkpoint, write and
+item under the subject's keys and checks the subject guard on every call; both use
+SQLite files with their default durability (keyshred's store fsyncs each put).
+
+Run: ``.venv/bin/python benchmarks/bench_langgraph.py``
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.store.sqlite import SqliteStore
+
+from keyshred import Keyshred
+from keyshred.integrations.langgraph import KeyshredSaver, KeyshredStore
+
+THREADS, STEPS = 20, 100
+USERS, ITEMS = 20, 2000
+GETS = 2000
+SEARCHES = 200
+ROUNDS = 3
+
+
+def rate(n: int, fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - t)
+
+
+def saver_workload(saver: Any) -> dict[str, float]:
+    configs: dict[int, dict[str, Any]] = {}
+    ids: list[dict[str, Any]] = []
+
+    def puts() -> None:
+        for step in range(STEPS):
+            for t in range(THREADS):
+                cfg = configs.get(t) or {
+                    "configurable": {
+                        "thread_id": f"thread-{t}",
+                        "checkpoint_ns": "",
+                        "subject_id": f"user-{t}",
+                    }
+                }
+                cp = empty_checkpoint()
+                cp["channel_values"] = {
+                    "messages": [f"message {i} of thread {t}: " + "x" * 40 for i in range(20)]
+                }
+                cp["channel_versions"] = {"messages": step + 1}
+                stored = saver.put(
+                    cfg, cp, {"source": "loop", "step": step}, {"messages": step + 1}
+                )
+                stored["configurable"]["subject_id"] = f"user-{t}"
+                saver.put_writes(stored, [("messages", "reply"), ("log", "ok")], f"task-{step}")
+                configs[t] = stored
+                ids.append(stored)
+
+    out = {"checkpoint put+writes /s": rate(THREADS * STEPS, puts)}
+    rng = random.Random(7)
+    latest = [
+        {"configurable": {"thread_id": f"thread-{rng.randrange(THREADS)}", "checkpoint_ns": ""}}
+        for _ in range(GETS)
+    ]
+    out["get_tuple latest /s"] = rate(GETS, lambda: [saver.get_tuple(c) for c in latest])
+    picks = [rng.choice(ids) for _ in range(GETS)]
+    out["get_tuple by id /s"] = rate(GETS, lambda: [saver.get_tuple(c) for c in picks])
+    cfg = {"configurable": {"thread_id": "thread-3"}}
+    out["list 100 checkpoints /s"] = rate(20, lambda: [list(saver.list(cfg)) for _ in range(20)])
+    return out
+
+
+def store_workload(store: Any) -> dict[str, float]:
+    def puts() -> None:
+        for i in range(ITEMS):
+            u = i % USERS
+            store.put(
+                ("users", f"user-{u}", "notes"),
+                f"n{i}",
+                {"text": f"note {i} of user {u} about sailing", "i": i},
+                index=False,
+            )
+
+    out = {"store put /s": rate(ITEMS, puts)}
+    rng = random.Random(11)
+    keys = [rng.randrange(ITEMS) for _ in range(GETS)]
+    out["store get /s"] = rate(
+        GETS,
+        lambda: [store.get(("users", f"user-{i % USERS}", "notes"), f"n{i}") for i in keys],
+    )
+    users = [rng.randrange(USERS) for _ in range(SEARCHES)]
+    out["store search (prefix+filter) /s"] = rate(
+        SEARCHES,
+        lambda: [
+            store.search(("users", f"user-{u}"), filter={"i": {"$gte": 1000}}, limit=10)
+            for u in users
+        ],
+    )
+    return out
+
+
+def best(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {name: max(r[name] for r in runs) for name in runs[0]}
+
+
+def one_round(base: Path, n: int) -> tuple[dict[str, float], ...]:
+    conn = sqlite3.connect(base / f"lg-saver{n}.db", check_same_thread=False)
+    sqlite_saver = saver_workload(SqliteSaver(conn))
+    conn.close()
+    sconn = sqlite3.connect(base / f"lg-store{n}.db", check_same_thread=False, isolation_level=None)
+    sqlite_store_obj = SqliteStore(sconn)
+    sqlite_store_obj.setup()
+    sqlite_store = store_workload(sqlite_store_obj)
+    sconn.close()
+    ks = Keyshred.init(base / f"ks{n}")
+    ks_saver = saver_workload(KeyshredSaver(ks))
+    ks_store = store_workload(KeyshredStore(ks, subject_from=1))
+    ks.close()
+    return ks_saver, sqlite_saver, ks_store, sqlite_store
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rounds = [one_round(Path(tmp), n) for n in range(ROUNDS)]
+    ks_saver, sqlite_saver, ks_store, sqlite_store = (
+        best([r[i] for r in rounds]) for i in range(4)
+    )
+    print(f"best of {ROUNDS} rounds (the machine is shared and noisy)")
+    print(f"{'operation':34} {'keyshred':>10} {'SQLite':>10} {'ratio':>7}")
+    for ours, theirs in ((ks_saver, sqlite_saver), (ks_store, sqlite_store)):
+        for name, value in ours.items():
+            print(f"{name:34} {value:10.0f} {theirs[name]:10.0f} {value / theirs[name]:7.2f}")
+    print("\ntarget: within 2x of SQLite (ratio >= 0.5) while encrypting")
+
+
+if __name__ == "__main__":
+    main()
