@@ -34,3 +34,15 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert (tmp_path / "restored" / "RESTORE.json").exists()
     exec(compile(blocks[3], "README.md", "exec"), scope)  # noqa: S102 - the LangGraph example
     assert scope["gone"].state == "completed"  # type: ignore[attr-defined]
+
+
+def test_profile_example_is_a_valid_configuration() -> None:
+    import tomllib
+
+    from keyshred.config import Config
+
+    text = README.read_text("utf-8").split("## Configuration")[1]
+    block = text.split("```toml")[1].split("```")[0]
+    config = Config.model_validate(tomllib.loads(block))
+    assert config.profile == "distributed"
+    assert config.kek.provider == "vault" and config.backup.target == "s3://keyshred-backups/prod"
