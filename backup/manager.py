@@ -538,6 +538,10 @@ class BackupManager:
 
     # -- erasure -------------------------------------------------------------------
 
+    def target_in_use(self) -> bool:
+        """Whether the default target was ever written to."""
+        return bool(self._targets_in_use())
+
     def _targets_in_use(self) -> list[BackupTarget]:
         """The default target, unless it is a folder no backup was ever written to."""
         tgt = self.target()
@@ -622,6 +626,35 @@ class BackupManager:
             objects_deleted=deleted,
             expire_by=max(m.expires_at for m in holding),
             epoch_destroyed_by=epoch_by,
+        )
+
+    def coverage_unkeyed(self, deleted_at: datetime) -> BackupCoverage:
+        """The backup section for deletions that destroy no key (retention): the
+        retained generations keep those memories under live keys until they expire;
+        a restore brings them back already past their retain-until, hidden from
+        every read, and the next retention run deletes them again."""
+        try:
+            tgt = self.target()
+            manifests = [self.manifest(g, tgt) for g in self._generation_ids(tgt)]
+        except KeyshredError as exc:
+            return BackupCoverage(
+                covered=False,
+                backup_final_date=None,
+                note=f"the backup target could not be read ({type(exc).__name__})",
+            )
+        holding = [m for m in manifests if m.created_at <= deleted_at]
+        last = max((m.expires_at for m in holding), default=deleted_at)
+        return BackupCoverage(
+            covered=True,
+            backup_final_date=last,
+            note=(
+                f"no key destroyed (the scope's other memories share it): {len(holding)} "
+                "retained generation(s) hold these memories until they expire; a restore "
+                "brings them back past their retain-until, hidden from reads, and the next "
+                "retention run deletes them again"
+            ),
+            generations=[m.generation for m in holding],
+            expire_by=last if holding else None,
         )
 
     # -- restore -------------------------------------------------------------------

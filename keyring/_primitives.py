@@ -13,7 +13,7 @@ import os
 import secrets
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
@@ -35,11 +35,16 @@ __all__ = [
     "ed25519_public_from_bytes",
     "ed25519_sign",
     "ed25519_verify",
+    "hkdf_sha256",
     "hmac_sha256",
     "new_aead",
     "random_bytes",
     "random_key",
     "random_nonce",
+    "scrypt_derive",
+    "x25519_exchange",
+    "x25519_generate",
+    "x25519_public_bytes",
 ]
 
 KEY_BYTES = 32  # AES-256
@@ -104,3 +109,40 @@ def ed25519_sign(key: Ed25519PrivateKey, message: bytes) -> bytes:
 def ed25519_verify(key: Ed25519PublicKey, signature: bytes, message: bytes) -> None:
     """Raise ``InvalidSignature`` when the signature does not verify."""
     key.verify(signature, message)
+
+
+def hkdf_sha256(ikm: bytes, *, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
+
+
+def scrypt_derive(passphrase: bytes, *, salt: bytes, n: int, r: int, p: int) -> bytes:
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+    return Scrypt(salt=salt, length=KEY_BYTES, n=n, r=r, p=p).derive(passphrase)
+
+
+def x25519_generate() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair as raw (private, public) bytes."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    key = X25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return private, x25519_public_bytes(private)
+
+
+def x25519_public_bytes(private: bytes) -> bytes:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    key = X25519PrivateKey.from_private_bytes(private)
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def x25519_exchange(private: bytes, peer_public: bytes) -> bytes:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+    key = X25519PrivateKey.from_private_bytes(private)
+    return key.exchange(X25519PublicKey.from_public_bytes(peer_public))

@@ -38,6 +38,8 @@ backup_app = typer.Typer(no_args_is_help=True, help="Backups: create, list, rest
 app.add_typer(backup_app, name="backup")
 consent_app = typer.Typer(no_args_is_help=True, help="Consent records: grant, revoke, list.")
 app.add_typer(consent_app, name="consent")
+retention_app = typer.Typer(no_args_is_help=True, help="Retention: run the scanner, show settings.")
+app.add_typer(retention_app, name="retention")
 
 out = Console()
 
@@ -528,6 +530,98 @@ def consent_list(subject: SubjectArg, path: PathOpt = Path("."), as_json: JsonOp
         out.print(
             f"{c['consent_id']} {c['purpose']}/{c['category']} {c['status']} from {c['start_at']}"
         )
+
+
+@consent_app.command("withdraw")
+def consent_withdraw(
+    subject: SubjectArg,
+    scope: Annotated[str, typer.Option(help="The scope whose consent is withdrawn.")],
+    category: Annotated[str | None, typer.Option(help="One of the scope's categories.")] = None,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Withdraw consent and erase the scope (reads and writes stop at once; the
+    scope key is destroyed; a signed receipt). Other scopes stay."""
+    with Keyshred.open(path) as ks:
+        req = ks.retention.withdraw(subject, scope=scope, category=category)
+    _emit(_request_json(req), as_json, f"request {req.request_id}: {req.state}")
+    if req.state not in ("completed", "legal_hold"):
+        raise typer.Exit(1)
+
+
+@retention_app.command("run")
+def retention_run(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Find memories past their retain-until (plaintext metadata only, DuckDB over
+    the partitions and the catalog) and erase exactly those, with receipts; purge
+    expired tokens, exports, audit events and backup generations."""
+    with Keyshred.open(path) as ks:
+        report = ks.retention.run()
+    _emit(
+        report.as_dict(),
+        as_json,
+        f"{report.expired_memories} expired memories of {report.subjects} subjects "
+        f"({report.held} on legal hold); {report.tokens_deleted} tokens, "
+        f"{report.exports_expired} exports, {report.audit_events_pruned} audit events, "
+        f"{len(report.backup_generations_pruned)} backup generations removed "
+        f"(scan {report.scan_seconds * 1000:.0f} ms)",
+    )
+
+
+@retention_app.command("show")
+def retention_show(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Retention per layer (memories, vectors, tokens, checkpoints, audit, backups)."""
+    with Keyshred.open(path) as ks:
+        shown = ks.retention.show()
+    if as_json:
+        typer.echo(json.dumps(shown, sort_keys=True, default=str))
+        return
+    table = Table(title="retention")
+    table.add_column("layer")
+    table.add_column("rule")
+    for layer, rule in shown.items():
+        table.add_row(layer, json.dumps(rule, default=str))
+    out.print(table)
+
+
+@app.command("export")
+def export_cmd(  # noqa: PLR0917 - typer maps every parameter to an argument or option
+    subject: SubjectArg,
+    out_file: Annotated[Path, typer.Option("--out", help="The package file to write (new).")],
+    passphrase_env: Annotated[
+        str | None,
+        typer.Option(
+            "--passphrase-env", help="Name of the environment variable with the passphrase."
+        ),
+    ] = None,
+    public_key: Annotated[
+        str | None, typer.Option("--public-key", help="The recipient's X25519 public key (base64).")
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, max=90, help="Days until the package expires.")] = 7,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Export a subject's data (access / portability request) as a sealed package."""
+    import os
+    from datetime import timedelta
+
+    passphrase = None
+    if passphrase_env is not None:
+        passphrase = os.environ.get(passphrase_env)
+        if not passphrase:
+            raise KeyshredError(f"the environment variable {passphrase_env} is not set")
+    with Keyshred.open(path) as ks:
+        result = ks.export(
+            subject,
+            out_file,
+            passphrase=passphrase,
+            recipient_public_key=public_key,
+            expires_in=timedelta(days=days),
+        )
+    _emit(
+        result.as_dict(),
+        as_json,
+        f"export {result.export_id} written to {result.path}, expires {result.expires_at:%Y-%m-%d}",
+    )
 
 
 TargetOpt = Annotated[

@@ -29,6 +29,7 @@ __all__ = [
     "Config",
     "KekSettings",
     "KeyringSettings",
+    "RetentionSettings",
     "ScopeSettings",
     "StorageSettings",
     "VaultSettings",
@@ -151,6 +152,14 @@ class BackupSettings(_Model):
         return value
 
 
+class RetentionSettings(_Model):
+    """The retention scanner (``keyshred retention run``); per-scope retention of
+    memories is in ``scopes``, of audit events in ``audit``, of backups in ``backup``."""
+
+    tokens_grace_days: int = Field(0, ge=0)
+    interval_minutes: float = Field(60.0, gt=0)
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -162,6 +171,7 @@ class Config(_Model):
     vectors: VectorSettings = VectorSettings()
     audit: AuditSettings = AuditSettings()
     backup: BackupSettings = BackupSettings()
+    retention: RetentionSettings = RetentionSettings()
     scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
 
     @field_validator("scopes")

@@ -365,8 +365,16 @@ class ErasureCoordinator:
         reason: str,
         request_id: str | None = None,
         probes: Sequence[str] = (),
+        assets: Sequence[str] | None = None,
+        kind: str = "erasure",
     ) -> ErasureRequest:
-        """Record a request (idempotent by ``request_id``) without running it."""
+        """Record a request (idempotent by ``request_id``) without running it.
+
+        ``assets`` narrows the request to exactly those memory assets of the subject
+        (the retention scanner's requests): they are deleted physically with their
+        vectors and catalog rows and derived assets are rebuilt, but no key is
+        destroyed (the scope's other memories share it) and the subject stays active.
+        """
         request_id = request_id or uuid.uuid4().hex
         _safe("request id", request_id)
         if scope is not None and not scope.startswith("~"):  # "~…": internal key scopes
@@ -380,7 +388,9 @@ class ErasureCoordinator:
                 raise InvalidInput(f"request {request_id} exists for another subject or scope")
             return existing
         now = _now()
-        doc: dict[str, Any] = {"done": [], "details": {}}
+        doc: dict[str, Any] = {"done": [], "details": {}, "kind": _safe("kind", kind)}
+        if assets is not None:
+            doc["assets"] = sorted({_safe("asset id", a) for a in assets})
         if probes:
             # Probe strings stay in this process's memory only: written into the
             # request row they would sit in the catalog's pages and WAL (the drill's
@@ -553,6 +563,10 @@ class ErasureCoordinator:
     # -- steps ---------------------------------------------------------------------
 
     def _step_suppress(self, req: ErasureRequest) -> dict[str, Any]:
+        if "assets" in req.doc:
+            # Past their retain-until, these memories are already invisible to every
+            # read (reads hide expired rows); the subject itself stays active.
+            return {"epoch": None, "at": _iso(_now()), "assets": len(req.doc["assets"])}
         epoch = self._catalog.suppress(req.subject_ref, req.scope)
         self._ks.memories.evict(req.subject_ref)
         at = _now()
@@ -560,7 +574,18 @@ class ErasureCoordinator:
         return {"epoch": epoch, "at": _iso(at)}
 
     def _subject_assets(self, req: ErasureRequest) -> dict[str, str]:
-        """Asset id -> kind of the subject's (scope's) assets."""
+        """Asset id -> kind of the subject's (scope's, or the request's) assets."""
+        if "assets" in req.doc:
+            ids = list(req.doc["assets"])
+            out = {}
+            for a in ids:
+                row = self._catalog.asset(a)
+                if row is not None:
+                    out[a] = row.kind
+            for row in self._catalog.derived_from(ids):
+                if row.kind == "vector":
+                    out[row.asset_id] = row.kind
+            return out
         return self._catalog.asset_kinds(req.subject_ref, req.scope)
 
     def _step_closure(self, req: ErasureRequest) -> dict[str, Any]:
@@ -569,10 +594,14 @@ class ErasureCoordinator:
         closure: list[str] = []
         seen = set(own_ids)
         frontier: set[str] = set()
-        mentioning = [] if req.scope is not None else self._catalog.mentioning(req.subject_ref)
+        scoped = req.scope is not None or "assets" in req.doc
+        mentioning = [] if scoped else self._catalog.mentioning(req.subject_ref)
         # First level by one join on the subject; further levels (derived from
         # derived) by the few ids found.
-        first = self._catalog.derived_from_subject(req.subject_ref, req.scope)
+        if "assets" in req.doc:
+            first = self._catalog.derived_from(list(req.doc["assets"]))
+        else:
+            first = self._catalog.derived_from_subject(req.subject_ref, req.scope)
         level = [a for a in [*mentioning, *first] if a.asset_id not in seen]
         while frontier or level:
             derived = self._catalog.derived_from(frontier) if frontier else []
@@ -593,6 +622,8 @@ class ErasureCoordinator:
     def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
         if "replay" in req.doc:
             return self._replay_destroy(req)
+        if "assets" in req.doc:
+            return {"key_ids": [], "tombstone_id": None, "at": _iso(_now()), "cache_evicted": 0}
         # Under the partition lock: a writer that passed its guard check before the
         # suppression finishes first; every later one sees the suppression.
         with self._ks.memories.locked(req.subject_ref):
@@ -665,6 +696,9 @@ class ErasureCoordinator:
         return self.run(request_id)
 
     def _step_drop_memories(self, req: ErasureRequest) -> dict[str, Any]:
+        if "assets" in req.doc:
+            n = self._ks.memories.delete_ids(req.subject_ref, req.doc["assets"])
+            return {"count": n, "at": _iso(_now())}
         if req.scope is None:
             n = self._ks.memories.drop_subject(req.subject_ref)
         else:
@@ -672,6 +706,8 @@ class ErasureCoordinator:
         return {"count": n, "at": _iso(_now())}
 
     def _step_drop_vectors(self, req: ErasureRequest) -> dict[str, Any]:
+        if "assets" in req.doc:  # removed with their memories
+            return {"count": 0, "at": _iso(_now())}
         # Under the freeze lock, like every partition write: a backup never links
         # half of a dataset being removed.
         with self._ks.memories.freeze.shared():
@@ -682,14 +718,21 @@ class ErasureCoordinator:
         return {"count": n, "at": _iso(_now())}
 
     def _step_drop_tokens(self, req: ErasureRequest) -> dict[str, Any]:
+        if "assets" in req.doc:
+            return {"count": 0, "at": _iso(_now())}
         n = self._ks.vault.drop_subject(req.subject_ref, req.scope)
         return {"count": n, "at": _iso(_now())}
 
     def _step_drop_checkpoints(self, req: ErasureRequest) -> dict[str, Any]:
+        if "assets" in req.doc:
+            return {"count": 0, "at": _iso(_now())}
         n = self._ks.checkpoints.drop_subject(req.subject_ref, req.scope)
         return {"count": n, "at": _iso(_now())}
 
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
+        if "assets" in req.doc:
+            own = req.doc["details"]["closure"]["own"]
+            return {"assets": self._catalog.delete(own), "consents": 0, "at": _iso(_now())}
         n = self._catalog.delete_subject_assets(req.subject_ref, scope=req.scope)
         consents = 0
         if req.scope is None:
@@ -718,7 +761,7 @@ class ErasureCoordinator:
         self, req: ErasureRequest, asset: AssetRow, erased: set[str]
     ) -> dict[str, Any] | None:
         owner = asset.subject_ref
-        if owner == req.subject_ref and req.scope is None:
+        if owner == req.subject_ref and req.scope is None and "assets" not in req.doc:
             return None
         try:
             self._catalog.check_guard(owner)
@@ -780,7 +823,7 @@ class ErasureCoordinator:
         return out
 
     def _step_external(self, req: ErasureRequest) -> dict[str, Any]:
-        if "replay" in req.doc:
+        if "replay" in req.doc or "assets" in req.doc:
             return {"calls": []}  # the live erasure called them
         calls = list(req.doc.get("external_done", []))
         answered = {c["processor"] for c in calls}
@@ -843,7 +886,10 @@ class ErasureCoordinator:
         check("keys fail to unwrap", not unwrapped, f"{len(keys)} keys raise SubjectErased")
 
         path = self._ks.memories.partition_path(req.subject_ref)
-        if req.scope is None:
+        if "assets" in req.doc:
+            rows = self._ks.memories.rows_by_id(req.subject_ref, req.doc["assets"])
+            check("memories removed", not rows, f"{len(rows)} of {len(req.doc['assets'])} left")
+        elif req.scope is None:
             left = [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
             check("memory partition removed", not left, f"{len(left)} files left")
             gone = not self._ks.vectors.exists(req.subject_ref)
@@ -855,15 +901,16 @@ class ErasureCoordinator:
 
         own = self._subject_assets(req)
         check("catalog holds no asset", not own, f"{len(own)} assets left")
-        tokens_left = self._ks.vault.count(req.subject_ref) if req.scope is None else 0
+        whole = req.scope is None and "assets" not in req.doc
+        tokens_left = self._ks.vault.count(req.subject_ref) if whole else 0
         check("tokens unresolvable and removed", not tokens_left, f"{tokens_left} tokens left")
-        if req.scope is None:
+        if req.scope is None and "assets" not in req.doc:
             threads_left = self._ks.checkpoints.count(req.subject_ref)
             check("no thread or checkpoint left", not threads_left, f"{threads_left} rows left")
         erased = req.doc["details"]["closure"]["own"]
         still = self._catalog.any_source_in(erased)
         check("no provenance points at erased assets", not still, f"{still} edges")
-        if req.scope is None:
+        if req.scope is None and "assets" not in req.doc:
             mentions = self._catalog.mentioning(req.subject_ref)
             check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")
 
@@ -927,7 +974,11 @@ class ErasureCoordinator:
             ),
             StoreAction(
                 store="memories",
-                action="partition-dropped" if req.scope is None else "scope-dropped",
+                action="memories-deleted"
+                if "assets" in req.doc
+                else "partition-dropped"
+                if req.scope is None
+                else "scope-dropped",
                 count=d["drop_memories"]["count"],
                 at=d["drop_memories"]["at"],
             ),
@@ -990,15 +1041,21 @@ class ErasureCoordinator:
             derived=[DerivedAction(**a) for a in d["derived"]["actions"]],
             external=[ExternalCall(**c) for c in d["external"]["calls"]],
             verification=[Check(**c) for c in d["verify"]["checks"]],
-            backups=self._ks.backup.coverage(
+            backups=self._ks.backup.coverage_unkeyed(datetime.fromisoformat(keys["at"]))
+            if "assets" in req.doc
+            else self._ks.backup.coverage(
                 req.subject_ref,
                 datetime.fromisoformat(keys["at"]),
                 deleted=d.get("backups", {}).get("objects_deleted", 0),
             ),
             legal_hold_history=bool(req.doc.get("held")),
+            kind=req.doc.get("kind", "erasure"),
+            assets=list(req.doc.get("assets", [])),
         )
         signed = sign_receipt(receipt, self._ks.keyring.signer())
-        if req.scope is None:
+        if "assets" in req.doc:
+            pass  # the subject stays active: only those memories went
+        elif req.scope is None:
             self._catalog.set_guard(req.subject_ref, ERASED)
         else:
             self._catalog.release_scope(req.subject_ref, req.scope)

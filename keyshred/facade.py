@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -19,8 +20,10 @@ from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError
+from keyshred.export import ExportResult, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.keyring import Keyring
+from keyshred.lifecycle import Lifecycle
 from keyshred.metrics import Metrics
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.checkpoints import CheckpointStore
@@ -88,6 +91,8 @@ class Keyshred:
         self.checkpoints = CheckpointStore(catalog, keyring, tenant=config.tenant)
         self.erasure = ErasureCoordinator(self)
         self.backup = BackupManager(self)
+        self.retention = Lifecycle(self)
+        self.memories.audit = self.audit
 
     def erase(
         self,
@@ -179,6 +184,37 @@ class Keyshred:
             keyring.close()
             raise
         return cls(root, config, keyring, catalog, embeddings=embeddings)
+
+    def export(
+        self,
+        subject: SubjectLike,
+        dest: str | os.PathLike[str],
+        *,
+        passphrase: str | None = None,
+        recipient_public_key: str | None = None,
+        expires_in: timedelta = timedelta(days=7),
+    ) -> ExportResult:
+        """Write the subject's data (access / portability request) as a sealed,
+        expiring package; see ``keyshred.export``."""
+        return export_subject(
+            self,
+            subject,
+            dest,
+            passphrase=passphrase,
+            recipient_public_key=recipient_public_key,
+            expires_in=expires_in,
+        )
+
+    def open_export(
+        self,
+        package: bytes,
+        *,
+        passphrase: str | None = None,
+        private_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Open an export package issued here (before its expiry, while the subject
+        is not erased); returns its files, parsed."""
+        return open_export(self, package, passphrase=passphrase, private_key=private_key)
 
     def subject_ref(self, subject: SubjectLike) -> str:
         """The pseudonymous reference that stands for ``subject`` everywhere."""

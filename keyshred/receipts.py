@@ -113,6 +113,8 @@ class Receipt(_Model):
     verification: list[Check]
     backups: BackupCoverage
     legal_hold_history: bool = False
+    kind: str = "erasure"  # "erasure", "retention" or "consent-withdrawal"
+    assets: list[str] = []  # a retention request: exactly these memory assets
     signature: Signature | None = None
 
     def canonical(self) -> bytes:

@@ -43,6 +43,8 @@ from keyshred.storage.vectors import VectorIndex, VectorItem
 __all__ = ["Memory", "MemoryStore", "PutItem", "text_at"]
 
 MEMORY_KIND = "memory"
+HISTORY = "~history"  # superseded versions of corrected memories live under it
+_VERSION_SEP = "\x1f"
 VECTOR_KIND = "vector"
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # one encoder, reused
 _MAX_NAMESPACE_DEPTH = 32
@@ -207,6 +209,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         # Held shared by every partition write, exclusive by a backup's snapshot.
         self.freeze = FreezeLock(root / "FREEZE")
+        self.audit: Any = None  # the facade's AuditLog: corrections and deletions are events
 
     # -- partitions ----------------------------------------------------------------
 
@@ -322,6 +325,10 @@ class MemoryStore:
         """Write a batch for one subject: one log append, one fsync, one catalog
         transaction. All-or-nothing: a bad item fails the batch before anything is
         written."""
+        for item in items:
+            ns = item.namespace if not isinstance(item.namespace, str) else (item.namespace,)
+            if ns and isinstance(ns[0], str) and ns[0].startswith("~"):
+                raise InvalidInput("namespaces starting with '~' are keyshred's own")
         ref = self._ref(subject)
         return self._put_rows(ref, items, epoch=epoch)
 
@@ -614,8 +621,96 @@ class MemoryStore:
             row = part.rows.get(part.lookup(ns, k)) if part.rows else None
             if row is None:
                 return False
-            self._delete_row(ref, part, row)
+            # Deletion is not correction: the value goes with every earlier version.
+            doomed = [row, *self._history_rows(part, ns, k)]
+            self._delete_rows(ref, part, doomed)
+        if self.audit is not None:
+            self.audit.record(
+                "memory.deleted", subject_ref=ref, asset_id=row.memory_id, versions=len(doomed)
+            )
         return True
+
+    # -- correction (supersede, keep history) ----------------------------------------
+
+    @staticmethod
+    def _history_ns(ns: tuple[str, ...]) -> tuple[str, ...]:
+        return (HISTORY, *ns)
+
+    def _history_rows(self, part: Partition, ns: tuple[str, ...], k: str) -> list[MemoryRow]:
+        hns = self._history_ns(ns)
+        mark = k + _VERSION_SEP
+        return [r for r in part.rows.values() if r.namespace == hns and r.key.startswith(mark)]
+
+    def correct(
+        self,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        *,
+        reason: str,
+    ) -> Memory:
+        """Supersede a memory's value and keep the old one as a history version
+        (valid from its last write until now), for "what was true when". Not a
+        deletion: ``delete`` and erasure remove the value *and* its history."""
+        if not isinstance(reason, str) or not 0 < len(reason) <= 128:
+            raise InvalidInput("a correction has a short reason (it is audited)")
+        ref = self._ref(subject)
+        ns, k = _namespace(namespace), _key(key)
+        old = self._row(subject, ns, k)
+        if old is None:
+            raise NotFound("no memory to correct at that namespace and key")
+        part = self._partition(ref)
+        version = len(self._history_rows(part, ns, k)) + 1
+        now = self._clock()
+        record = {
+            "value": json.loads(old.value),
+            "valid_from": from_us(old.updated_us).isoformat(),
+            "valid_to": now.isoformat(),
+            "reason": reason,
+            "version": version,
+        }
+        items = [
+            PutItem(
+                self._history_ns(ns),
+                f"{k}{_VERSION_SEP}{version:08d}",
+                record,
+                old.scope,
+                old.purpose,
+                old.category,
+                index=False,
+            ),
+            PutItem(ns, k, value, old.scope, old.purpose, old.category, old.sources, (), None),
+        ]
+        memory = self._put_rows(ref, items)[1]
+        if self.audit is not None:
+            self.audit.record(
+                "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
+            )
+        return memory
+
+    def history(
+        self, subject: Any, namespace: Sequence[str] | str, key: str
+    ) -> list[dict[str, Any]]:
+        """Every superseded version (oldest first), then the current value:
+        ``{"value", "valid_from", "valid_to", "reason", "version"}``."""
+        ref = self._ref(subject)
+        ns, k = _namespace(namespace), _key(key)
+        current = self._row(subject, ns, k)
+        part = self._partition(ref)
+        versions = sorted(self._history_rows(part, ns, k), key=lambda r: r.key)
+        out = [json.loads(r.value) for r in versions]
+        if current is not None:
+            out.append(
+                {
+                    "value": json.loads(current.value),
+                    "valid_from": from_us(current.updated_us).isoformat(),
+                    "valid_to": None,
+                    "reason": None,
+                    "version": len(out) + 1,
+                }
+            )
+        return out
 
     def _delete_row(self, ref: str, part: Partition, row: MemoryRow) -> None:
         """Delete physically, under the partition lock: the log record, a flush that
@@ -640,6 +735,8 @@ class MemoryStore:
         row = part.rows.get(part.lookup(ns, k))
         if row is not None and row.scope in guard.scopes:
             raise SubjectSuppressed(f"scope {row.scope!r} of subject_ref {ref} is suppressed")
+        if row is not None and row.retain_us <= to_us(self._clock()):
+            return None  # past its retain-until: gone for every read, deleted by retention
         return row
 
     def get(self, subject: Any, namespace: Sequence[str] | str, key: str) -> Memory | None:
@@ -701,10 +798,14 @@ class MemoryStore:
         part.ensure_loaded()
         n = len(prefix)
         hidden = guard.scopes  # suppressed scopes: invisible, as if already erased
+        now_us = to_us(self._clock())
         hits = []
+        own = bool(prefix) and prefix[0].startswith("~")  # keyshred's own namespaces asked for
         for row in list(part.rows.values()):
-            if row.namespace[:n] != prefix or row.scope in hidden:
+            if row.namespace[:n] != prefix or row.scope in hidden or row.retain_us <= now_us:
                 continue
+            if not own and row.namespace[0].startswith("~"):
+                continue  # history versions are not search results
             if scope is not None and row.scope != scope:
                 continue
             if purpose is not None and row.purpose != purpose:
@@ -803,8 +904,22 @@ class MemoryStore:
         return {
             r.namespace
             for r in list(part.rows.values())
-            if r.namespace[: len(p)] == p and r.scope not in guard.scopes and r.retain_us > now
+            if r.namespace[: len(p)] == p
+            and r.scope not in guard.scopes
+            and r.retain_us > now
+            and not r.namespace[0].startswith("~")
         }
+
+    def delete_ids(self, ref: str, memory_ids: Iterable[str]) -> int:
+        """Physically delete memories of ``ref`` by id in one rewrite (the retention
+        path; no guard check: the coordinator decides). Returns how many."""
+        wanted = set(memory_ids)
+        part = self._partition(ref)
+        with part.flocked():
+            doomed = [r for r in part.rows.values() if r.memory_id in wanted]
+            if doomed:
+                self._delete_rows(ref, part, doomed)
+        return len(doomed)
 
     def delete_prefix_ref(self, ref: str, prefix: Sequence[str]) -> int:
         """Physically delete every memory of ``ref`` under a namespace prefix in one

@@ -14,7 +14,7 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     pytest.importorskip("sentence_transformers", reason="the tour indexes with the real model")
     text = README.read_text("utf-8")
     tour = text.split("## Five-minute tour (Python)")[1]
-    blocks = [part.split("```")[0] for part in tour.split("```python")[1:5]]
+    blocks = [part.split("```")[0] for part in tour.split("```python")[1:6]]
     monkeypatch.chdir(tmp_path)
     scope: dict[str, object] = {}
     for block in blocks[:2]:  # the tour, then the tokens example
@@ -32,7 +32,9 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert scope["req"].state == "completed"  # type: ignore[attr-defined]
     assert len(scope["report"].replayed) == 1  # type: ignore[attr-defined]
     assert (tmp_path / "restored" / "RESTORE.json").exists()
-    exec(compile(blocks[3], "README.md", "exec"), scope)  # noqa: S102 - the LangGraph example
+    exec(compile(blocks[3], "README.md", "exec"), scope)  # noqa: S102 - the lifecycle example
+    assert scope["files"]["manifest.json"]["counts"]["memories"] == 2  # type: ignore[index]
+    exec(compile(blocks[4], "README.md", "exec"), scope)  # noqa: S102 - the LangGraph example
     assert scope["gone"].state == "completed"  # type: ignore[attr-defined]
 
 

@@ -279,3 +279,52 @@ def test_every_command_has_help() -> None:
         proc = run(*args, "--help")
         assert proc.returncode == 0, (args, proc.stderr)
         assert "Usage" in proc.stdout
+
+
+def test_lifecycle_commands(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    run("init", str(data))
+    subject = "cli-user-9"
+    run("put", subject, "notes", "k", '{"v": 1}', "--path", str(data))
+    shown = json.loads(run("retention", "show", "--path", str(data), "--json").stdout)
+    assert set(shown) >= {"memories", "vectors", "tokens", "checkpoints", "audit", "backups"}
+    ran = json.loads(run("retention", "run", "--path", str(data), "--json").stdout)
+    assert ran["expired_memories"] == 0
+    out_file = tmp_path / "export.ksx"
+    exported = run(
+        "export",
+        subject,
+        "--out",
+        str(out_file),
+        "--passphrase-env",
+        "KS_EXPORT_PASS",
+        "--path",
+        str(data),
+        "--json",
+        env={"KS_EXPORT_PASS": "a long enough passphrase"},
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(exported.stdout)["counts"]["memories"] == 1
+    again = run(
+        "export",
+        subject,
+        "--out",
+        str(out_file),
+        "--passphrase-env",
+        "KS_EXPORT_PASS",
+        "--path",
+        str(data),
+        env={"KS_EXPORT_PASS": "a long enough passphrase"},
+    )
+    assert again.returncode == 2 and "exists" in again.stderr and "Traceback" not in again.stderr
+    unset = run(
+        "export",
+        subject,
+        "--out",
+        str(tmp_path / "x.ksx"),
+        "--passphrase-env",
+        "NOPE_UNSET",
+        "--path",
+        str(data),
+    )
+    assert unset.returncode == 2 and "NOPE_UNSET" in unset.stderr

@@ -1,0 +1,310 @@
+"""Subject export (access and portability requests): ``ks.export`` / ``keyshred export``.
+
+One consistent point in time: the subject's partition lock is held (no write of the
+subject can land) while the memories are read and the catalog is read in one
+transaction (``REPEATABLE READ`` on PostgreSQL). The package holds:
+
+- ``manifest.json``: the stores read, counts, the snapshot point (time and audit
+  sequence), the expiry;
+- ``memories.json``: every memory of the subject (namespace, key, value, scope,
+  purpose, category, times, retention; derived ones marked with their kind and
+  provenance), correction history included;
+- ``mentions.json``: ids and kinds of other subjects' assets that mention the
+  subject — not their content, which is other people's data;
+- ``tokens.json``: each token's kind, purpose, creation and expiry (no values);
+- ``consents.json``: consent records with their history and policy versions;
+- ``audit.json``: the audit references about the subject (sequence, time, event,
+  request id, hash).
+
+The package is sealed (``keyshred.keyring.package``) to a passphrase or an X25519
+public key *and* to a DEK of the subject made for this export; it is a registered
+asset (kind ``export``) that expires. Erasing the subject, or the retention run after
+the expiry, destroys that DEK: every copy of the package is unreadable from then on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+import zipfile
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from keyshred.errors import IntegrityError, InvalidInput, SubjectErased, TokenExpired
+from keyshred.keyring.package import open_package, read_header, seal_package
+from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events, tokens
+
+if TYPE_CHECKING:
+    from keyshred.facade import Keyshred
+
+__all__ = ["ExportResult", "export_subject", "open_export"]
+
+EXPORT_KIND = "export"
+_LABEL = b"subject-export"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    export_id: str
+    path: str
+    expires_at: datetime
+    counts: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "export_id": self.export_id,
+            "path": self.path,
+            "expires_at": self.expires_at.isoformat(),
+            "counts": self.counts,
+        }
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def export_subject(
+    ks: Keyshred,
+    subject: Any,
+    dest: str | os.PathLike[str],
+    *,
+    passphrase: str | None = None,
+    recipient_public_key: str | None = None,
+    expires_in: timedelta = timedelta(days=7),
+) -> ExportResult:
+    """Write the subject's export package to ``dest``; see the module docstring."""
+    if expires_in <= timedelta(0) or expires_in > timedelta(days=90):
+        raise InvalidInput("an export expires within 1 second to 90 days")
+    ref = ks.subject_ref(subject)
+    ks.catalog.check_guard(ref)  # an erased or suppressed subject is refused early
+    export_id = uuid.uuid4().hex
+    now = datetime.now(UTC)
+    expires_at = now + expires_in
+    files: dict[str, Any] = {}
+    with ks.memories.locked(ref):
+        part = ks.memories._partition(ref)
+        part.ensure_loaded()
+        rows = list(part.rows.values())
+        conn = ks.catalog.engine.connect()
+        if ks.catalog.dialect == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        try:
+            with conn.begin():
+                kinds = {
+                    str(a): (str(k), p, v)
+                    for a, k, p, v in conn.execute(
+                        sa.select(
+                            assets.c.asset_id,
+                            assets.c.kind,
+                            assets.c.producer,
+                            assets.c.producer_version,
+                        ).where(assets.c.subject_ref == ref)
+                    )
+                }
+                mentions = [
+                    {"asset_id": str(a), "kind": str(k)}
+                    for a, k in conn.execute(
+                        sa.select(assets.c.asset_id, assets.c.kind)
+                        .join(asset_mentions, asset_mentions.c.asset_id == assets.c.asset_id)
+                        .where(asset_mentions.c.subject_ref == ref, assets.c.subject_ref != ref)
+                    )
+                ]
+                token_rows = [
+                    {
+                        "kind": str(r.kind),
+                        "purpose": str(r.purpose),
+                        "scope": str(r.scope),
+                        "deterministic": bool(r.deterministic),
+                        "created_at": _iso(r.created_at),
+                        "expires_at": _iso(r.expires_at),
+                    }
+                    for r in conn.execute(
+                        sa.select(
+                            tokens.c.kind,
+                            tokens.c.purpose,
+                            tokens.c.scope,
+                            tokens.c.deterministic,
+                            tokens.c.created_at,
+                            tokens.c.expires_at,
+                        ).where(tokens.c.subject_ref == ref)
+                    )
+                ]
+                audit = [
+                    {
+                        "seq": int(r.seq),
+                        "at": _iso(r.at),
+                        "event": str(r.event),
+                        "request_id": r.request_id,
+                        "hash": str(r.hash),
+                    }
+                    for r in conn.execute(
+                        sa.select(
+                            audit_events.c.seq,
+                            audit_events.c.at,
+                            audit_events.c.event,
+                            audit_events.c.request_id,
+                            audit_events.c.hash,
+                        )
+                        .where(audit_events.c.subject_ref == ref)
+                        .order_by(audit_events.c.seq)
+                    )
+                ]
+                high = conn.execute(sa.select(sa.func.max(audit_events.c.seq))).scalar()
+        finally:
+            conn.close()
+    memories = []
+    for r in sorted(rows, key=lambda r: (r.namespace, r.key)):
+        kind, producer, version = kinds.get(r.memory_id, ("memory", None, None))
+        memories.append(
+            {
+                "memory_id": r.memory_id,
+                "namespace": list(r.namespace),
+                "key": r.key,
+                "value": json.loads(r.value),
+                "scope": r.scope,
+                "purpose": r.purpose,
+                "category": r.category,
+                "kind": kind,
+                "producer": producer,
+                "producer_version": version,
+                "sources": list(r.sources),
+                "created_at": _iso(datetime.fromtimestamp(r.created_us / 1e6, UTC)),
+                "updated_at": _iso(datetime.fromtimestamp(r.updated_us / 1e6, UTC)),
+                "retain_until": _iso(datetime.fromtimestamp(r.retain_us / 1e6, UTC)),
+            }
+        )
+    consents = [
+        {
+            "purpose": c.purpose,
+            "category": c.category,
+            "actions": list(c.actions),
+            "start_at": _iso(c.start_at),
+            "end_at": _iso(c.end_at),
+            "policy_version": c.policy_version,
+            "status": c.status,
+            "revoked_at": _iso(c.revoked_at),
+        }
+        for c in ks.catalog.consents(ref)
+    ]
+    counts = {
+        "memories": len(memories),
+        "derived": sum(1 for m in memories if str(m["kind"]).startswith("derived:")),
+        "mentions_by_others": len(mentions),
+        "tokens": len(token_rows),
+        "consents": len(consents),
+        "audit_events": len(audit),
+    }
+    files["manifest.json"] = {
+        "format": "keyshred-export/1",
+        "export_id": export_id,
+        "subject_ref": ref,
+        "snapshot_at": now.isoformat(),
+        "audit_seq_high_water": high,
+        "expires_at": expires_at.isoformat(),
+        "stores_read": [
+            "memories",
+            "catalog.assets",
+            "catalog.tokens",
+            "catalog.consents",
+            "catalog.audit",
+        ],
+        "counts": counts,
+    }
+    files["memories.json"] = memories
+    files["mentions.json"] = mentions
+    files["tokens.json"] = token_rows
+    files["consents.json"] = consents
+    files["audit.json"] = audit
+    content = io.BytesIO()
+    with zipfile.ZipFile(content, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, json.dumps(data, ensure_ascii=False, indent=1, default=str))
+    scope = f"~export:{export_id}"
+    subject_key = ks.keyring.data_key(ref, scope).derive(_LABEL)
+    package = seal_package(
+        content.getvalue(),
+        export_id=export_id,
+        subject_ref=ref,
+        key_scope=scope,
+        subject_key=subject_key,
+        expires_at=expires_at,
+        passphrase=passphrase,
+        recipient_public_key=recipient_public_key,
+    )
+    out = Path(dest)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidInput(f"{out} exists: an export never overwrites a file") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(package)
+    ks.catalog.register(
+        [
+            AssetRow(
+                asset_id=export_id,
+                subject_ref=ref,
+                scope=scope,
+                kind=EXPORT_KIND,
+                storage_system="file",
+                storage_key="export-package",
+                purpose="subject-access",
+                category="export",
+                created_at=now,
+                retain_until=expires_at,
+            )
+        ],
+        replace=False,
+    )
+    ks.audit.record(
+        "subject.exported", subject_ref=ref, export_id=export_id, memories=counts["memories"]
+    )
+    return ExportResult(export_id, str(out), expires_at, counts)
+
+
+def open_export(
+    ks: Keyshred,
+    package: bytes,
+    *,
+    passphrase: str | None = None,
+    private_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The package's files (name -> parsed JSON). Refused after the expiry
+    (``TokenExpired``), for an erased subject (``SubjectErased``/``SubjectSuppressed``),
+    or if anything was altered (``IntegrityError``)."""
+    head = read_header(package)
+    if (now or datetime.now(UTC)) >= head.expires_at:
+        raise TokenExpired(f"export {head.export_id} expired at {head.expires_at.isoformat()}")
+    if not head.key_scope.startswith("~export:"):
+        raise IntegrityError("the package names a key that is not an export key")
+    ks.catalog.check_guard(head.subject_ref)
+    try:
+        key = ks.keyring.data_key(head.subject_ref, head.key_scope, create=False)
+    except SubjectErased:
+        raise SubjectErased(f"export {head.export_id} can no longer be opened") from None
+    content = open_package(
+        package,
+        subject_key=key.derive(_LABEL),
+        passphrase=passphrase,
+        private_key=private_key,
+    )
+    with zipfile.ZipFile(io.BytesIO(content)) as zf:
+        return {name: json.loads(zf.read(name)) for name in zf.namelist()}
+
+
+def expire_exports(ks: Keyshred, now: datetime) -> int:
+    """Destroy the keys of exports past their expiry (the retention run calls it)."""
+    n = 0
+    for ref, ids in ks.catalog.expired(EXPORT_KIND, now).items():
+        for export_id in ids:
+            ks.keyring.destroy(ref, f"~export:{export_id}")
+            n += 1
+        ks.catalog.delete(ids)
+    return n

@@ -1,0 +1,269 @@
+"""Data lifecycle: the retention scanner and consent withdrawal.
+
+``ks.retention.run()`` finds memories past their retain-until *from plaintext
+metadata only*: DuckDB over every partition's Parquet segments (ids, subject_ref,
+retain_until are plaintext columns) plus the catalog (for writes still in a log).
+It never opens a key. Each subject's expired memories become one deletion request
+scoped to exactly those assets, carried through the erasure state machine (derived
+assets built from them rebuilt, legal holds respected, a signed receipt of kind
+``retention``). Reads hide a memory the moment its retain-until passes, so the
+expired data is suppressed before the scanner even runs. Expired tokens, audit
+events past ``audit.retention_days`` and expired backup generations go in the same
+run. ``start`` runs it in a loop for a long-running service.
+
+``ks.consent.withdraw(...)`` (through ``Lifecycle.withdraw``) revokes the consent
+record (new writes fail at once) and erases the scope: suppression first (reads of
+the scope fail at once), then the scope key is destroyed and its data dropped.
+Granting consent again later starts a new scope key; nothing old comes back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from keyshred.errors import KeyshredError, SubjectSuppressed
+from keyshred.storage.catalog import assets, tokens
+
+if TYPE_CHECKING:
+    from keyshred.erasure import ErasureRequest
+    from keyshred.facade import Keyshred
+
+__all__ = ["Lifecycle", "RetentionReport"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class RetentionReport:
+    """What one retention run found and did."""
+
+    at: datetime
+    expired_memories: int = 0
+    subjects: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    held: int = 0
+    tokens_deleted: int = 0
+    exports_expired: int = 0
+    audit_events_pruned: int = 0
+    backup_generations_pruned: list[str] = field(default_factory=list)
+    scan_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()
+        }
+
+
+class Lifecycle:
+    """``ks.retention``: see the module docstring."""
+
+    def __init__(self, ks: Keyshred) -> None:
+        self._ks = ks
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the scan --------------------------------------------------------------------
+
+    def expired(self, now: datetime | None = None) -> dict[str, list[str]]:
+        """Memory ids past their retain-until, by subject_ref, from plaintext
+        metadata: the Parquet segments (DuckDB) and the catalog. No key is used."""
+        now = now or _now()
+        found: dict[str, set[str]] = {}
+        for ref, ids in self._scan_segments(now).items():
+            found.setdefault(ref, set()).update(ids)
+        for ref, ids in self._ks.catalog.expired("memory", now).items():
+            found.setdefault(ref, set()).update(ids)
+        return {ref: sorted(ids) for ref, ids in found.items()}
+
+    def _scan_segments(self, now: datetime) -> dict[str, list[str]]:
+        root = self._ks.path / "memories"
+        if not any(root.glob("subject=*/seg-*.parquet")):
+            return {}
+        import duckdb
+
+        pattern = str(root / "subject=*" / "seg-*.parquet")
+        query = (
+            "SELECT subject_ref, memory_id FROM read_parquet(?, union_by_name=true) "
+            "WHERE retain_until <= ?"
+        )
+        for attempt in range(3):
+            try:
+                with duckdb.connect() as db:
+                    rows = db.execute(query, [pattern, now]).fetchall()
+                break
+            except duckdb.IOException:
+                # A flush replaced a segment between the glob and the read: rescan.
+                if attempt == 2:
+                    raise KeyshredError("the partitions kept changing during the scan") from None
+        out: dict[str, list[str]] = {}
+        for ref, memory_id in rows:
+            out.setdefault(str(ref), []).append(str(memory_id))
+        return out
+
+    def run(self, now: datetime | None = None) -> RetentionReport:
+        """One retention run over every layer; see the module docstring."""
+        import time
+
+        now = now or _now()
+        report = RetentionReport(at=now)
+        start = time.perf_counter()
+        expired = self.expired(now)
+        report.scan_seconds = time.perf_counter() - start
+        report.expired_memories = sum(len(v) for v in expired.values())
+        report.subjects = len(expired)
+        for ref, ids in sorted(expired.items()):
+            try:
+                self._ks.catalog.check_guard(ref)
+            except SubjectSuppressed:
+                continue  # an erasure of the subject is under way and takes them
+            req = self._request(ref, ids)
+            report.requests.append(
+                {
+                    "request_id": req.request_id,
+                    "subject_ref": ref,
+                    "memories": len(ids),
+                    "state": req.state,
+                }
+            )
+            report.held += req.state == "legal_hold"
+        report.tokens_deleted = self.purge_tokens(now)
+        from keyshred.export import expire_exports
+
+        report.exports_expired = expire_exports(self._ks, now)
+        report.audit_events_pruned = self._ks.audit.apply_retention()
+        if self._ks.backup.target_in_use():
+            report.backup_generations_pruned = self._ks.backup.prune(now=now)
+        self._ks.audit.record(
+            "retention.run",
+            memories=report.expired_memories,
+            subjects=report.subjects,
+            held=report.held,
+            tokens=report.tokens_deleted,
+        )
+        return report
+
+    def _request(self, ref: str, ids: list[str]) -> ErasureRequest:
+        # Idempotent: the same expired set is the same request (a held one resumes).
+        digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:20]
+        req = self._ks.erasure.request(
+            ref,
+            None,
+            requested_by="retention-scanner",
+            reason="retention-expired",
+            request_id=f"retention-{ref[:16]}-{digest}",
+            assets=ids,
+            kind="retention",
+        )
+        return self._ks.erasure.run(req.request_id)
+
+    def purge_tokens(self, now: datetime) -> int:
+        """Delete tokens past their expiry plus ``retention.tokens_grace_days``."""
+        cutoff = now - timedelta(days=self._ks.config.retention.tokens_grace_days)
+        with self._ks.catalog.transaction() as conn:
+            doomed = [
+                str(t)
+                for (t,) in conn.execute(
+                    sa.select(tokens.c.token).where(tokens.c.expires_at <= cutoff)
+                )
+            ]
+            for start in range(0, len(doomed), 500):
+                part = doomed[start : start + 500]
+                conn.execute(tokens.delete().where(tokens.c.token.in_(part)))
+                conn.execute(assets.delete().where(assets.c.asset_id.in_(part)))
+        return len(doomed)
+
+    # -- what is configured ------------------------------------------------------------
+
+    def show(self) -> dict[str, Any]:
+        """Retention per layer, as configured (``keyshred retention show``)."""
+        cfg = self._ks.config
+        scopes = {
+            name: {
+                "purpose": s.purpose,
+                "basis": s.basis,
+                "max_retention_days": s.max_retention_days
+                or cfg.storage.default_max_retention_days,
+                "legal_max_days": s.legal_max_days,
+                "purpose_end": None if s.purpose_end is None else s.purpose_end.isoformat(),
+            }
+            for name, s in cfg.scopes.items()
+        }
+        return {
+            "memories": {
+                "rule": "retain_until = min(purpose end, consent end, now + max, now + legal max)",
+                "scopes": scopes,
+            },
+            "vectors": {"rule": "deleted with their memory"},
+            "tokens": {
+                "rule": "each token's ttl at sanitize; purged after expiry + grace",
+                "grace_days": cfg.retention.tokens_grace_days,
+            },
+            "checkpoints": {
+                "rule": "until delete_thread, prune, the store TTL sweep or the subject's erasure"
+            },
+            "audit": {"retention_days": cfg.audit.retention_days},
+            "backups": {
+                "classes_days": dict(cfg.backup.retention),
+                "kek_epoch_rotation_days": cfg.backup.rotate_kek_every_days,
+                "kek_epoch_destroyed_after_days": cfg.backup.rotate_kek_every_days
+                + max(cfg.backup.retention.values()),
+            },
+            "scan_interval_minutes": cfg.retention.interval_minutes,
+        }
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def start(self, interval_minutes: float | None = None) -> threading.Thread:
+        """Run ``run()`` every ``interval_minutes`` in a daemon thread."""
+        minutes = interval_minutes or self._ks.config.retention.interval_minutes
+
+        def loop() -> None:
+            while not self._stop.wait(minutes * 60):
+                try:
+                    self.run()
+                except KeyshredError:
+                    continue  # retried at the next interval; the audit log has the runs
+
+        self._stop.clear()
+        self._thread = threading.Thread(target=loop, name="keyshred-retention", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- consent withdrawal --------------------------------------------------------------
+
+    def withdraw(
+        self,
+        subject: Any,
+        *,
+        scope: str,
+        category: str | None = None,
+        requested_by: str = "consent-withdrawal",
+    ) -> ErasureRequest:
+        """Withdraw consent for a scope: revoke the record (new writes fail at once),
+        then erase the scope (reads fail at once, the scope key is destroyed, its
+        data dropped, derived data rebuilt, a signed receipt). The subject's other
+        scopes stay readable. A consent record keeps its policy version and history."""
+        self._ks.consent.revoke(subject, scope=scope, category=category)
+        ref = self._ks.subject_ref(subject)
+        req = self._ks.erasure.request(
+            ref,
+            scope,
+            requested_by=requested_by,
+            reason="consent-withdrawn",
+            kind="consent-withdrawal",
+        )
+        self._ks.audit.record("consent.withdrawn", subject_ref=ref, scope=scope)
+        return self._ks.erasure.run(req.request_id)

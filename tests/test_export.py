@@ -1,0 +1,114 @@
+"""Subject export: one snapshot point under writers, nothing of other subjects,
+sealed to a passphrase or a public key and to the subject's key, expiring, and
+unreadable once the subject is erased."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.errors import (
+    IntegrityError,
+    InvalidInput,
+    SubjectErased,
+    SubjectSuppressed,
+    TokenExpired,
+)
+from keyshred.export import open_export
+from keyshred.keyring.package import generate_recipient_key
+from tests.storage.conftest import make_config
+
+NS = ("notes",)
+PASS = "correct horse battery staple"
+
+
+@pytest.fixture
+def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
+    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
+    yield store
+    store.close()
+
+
+def test_export_is_consistent_and_holds_only_the_subject(ks: Keyshred, tmp_path: Path) -> None:
+    mine = f"zq{uuid.uuid4().hex[:8]}"
+    theirs = f"zq{uuid.uuid4().hex[:8]}"
+    ks.memories.put("gia", NS, "base", {"text": f"{mine} base"})
+    ks.memories.put("hal", NS, "x", {"text": f"{theirs} private"})
+    ks.memories.put("hal", ("facts",), "met", {"text": f"{theirs} met gia"}, mentions=["gia"])
+    ks.vault.sanitize("mail gia@example.org", "gia", "support", timedelta(days=1))
+    ks.consent.grant("gia", scope="support/health", category="health")
+    ks.memories.correct("gia", NS, "base", {"text": f"{mine} corrected"}, reason="typo")
+
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            ks.memories.put("gia", ("stream",), f"s{i:05d}", {"i": i})
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while ks.memories.count("gia") < 20:
+            stop.wait(0.01)
+        result = ks.export("gia", tmp_path / "gia.ksx", passphrase=PASS)
+    finally:
+        stop.set()
+        thread.join()
+    package = (tmp_path / "gia.ksx").read_bytes()
+    assert mine.encode() not in package and b"gia@example.org" not in package  # sealed
+    files = ks.open_export(package, passphrase=PASS)
+    manifest = files["manifest.json"]
+    assert manifest["counts"] == result.counts
+    stream = sorted(m["key"] for m in files["memories.json"] if m["namespace"] == ["stream"])
+    # One snapshot point: the writer's keys form an unbroken prefix s00000..s(n-1).
+    assert stream == [f"s{i:05d}" for i in range(len(stream))]
+    assert manifest["counts"]["memories"] == len(files["memories.json"])
+    history = [m for m in files["memories.json"] if m["namespace"][0] == "~history"]
+    assert len(history) == 1 and history[0]["value"]["value"]["text"] == f"{mine} base"
+    assert [t["kind"] for t in files["tokens.json"]] == ["EMAIL"]
+    assert "gia@example.org" not in json.dumps(files)  # token values are not exported
+    assert [c["purpose"] for c in files["consents.json"]] == ["support"]
+    assert files["mentions.json"] and "content" not in files["mentions.json"][0]
+    assert any(e["event"] == "memory.corrected" for e in files["audit.json"])
+    everything = json.dumps(files)
+    assert theirs not in everything  # nothing of another subject, not even the mention's text
+    assert mine in everything
+
+
+def test_export_seal_expiry_tamper_and_erasure(ks: Keyshred, tmp_path: Path) -> None:
+    ks.memories.put("ivo", NS, "k", {"v": 1})
+    private, public = generate_recipient_key()
+    res = ks.export(
+        "ivo", tmp_path / "a.ksx", recipient_public_key=public, expires_in=timedelta(hours=1)
+    )
+    package = (tmp_path / "a.ksx").read_bytes()
+    assert ks.open_export(package, private_key=private)["memories.json"][0]["value"] == {"v": 1}
+    other_private, _ = generate_recipient_key()
+    with pytest.raises(IntegrityError):
+        ks.open_export(package, private_key=other_private)
+    with pytest.raises(InvalidInput):
+        ks.open_export(package, passphrase=PASS)
+    tampered = package.replace(b'"expires_at":"', b'"expires_at":"2', 1)
+    with pytest.raises(IntegrityError):
+        ks.open_export(tampered, private_key=private)
+    with pytest.raises(TokenExpired):
+        open_export(ks, package, private_key=private, now=res.expires_at + timedelta(seconds=1))
+    with pytest.raises(InvalidInput):
+        ks.export("ivo", tmp_path / "b.ksx", passphrase="short")
+    # The retention run after the expiry destroys the export's key.
+    ks.export("ivo", tmp_path / "c.ksx", passphrase=PASS, expires_in=timedelta(seconds=30))
+    report = ks.retention.run(now=datetime.now(UTC) + timedelta(minutes=1))
+    assert report.exports_expired == 1
+    # Erasing the subject makes every package unreadable.
+    ks.erase("ivo", requested_by="dpo", reason="art17")
+    with pytest.raises((SubjectErased, SubjectSuppressed)):
+        ks.open_export(package, private_key=private)
