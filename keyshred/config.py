@@ -157,6 +157,9 @@ class RetentionSettings(_Model):
     memories is in ``scopes``, of audit events in ``audit``, of backups in ``backup``."""
 
     tokens_grace_days: int = Field(0, ge=0)
+    # Agent threads whose newest checkpoint is older than this are deleted (their key
+    # destroyed) by the retention run; None keeps them until deleted or erased.
+    checkpoints_days: int | None = Field(None, ge=1)
     interval_minutes: float = Field(60.0, gt=0)
 
 

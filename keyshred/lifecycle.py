@@ -52,6 +52,7 @@ class RetentionReport:
     held: int = 0
     tokens_deleted: int = 0
     exports_expired: int = 0
+    threads_deleted: int = 0
     audit_events_pruned: int = 0
     backup_generations_pruned: list[str] = field(default_factory=list)
     scan_seconds: float = 0.0
@@ -135,6 +136,10 @@ class Lifecycle:
             )
             report.held += req.state == "legal_hold"
         report.tokens_deleted = self.purge_tokens(now)
+        days = self._ks.config.retention.checkpoints_days
+        if days is not None:
+            for ref in self._ks.checkpoints.idle_threads(now - timedelta(days=days)):
+                report.threads_deleted += 1 if self._ks.checkpoints.drop_thread_ref(ref) else 0
         from keyshred.export import expire_exports
 
         report.exports_expired = expire_exports(self._ks, now)
@@ -207,7 +212,9 @@ class Lifecycle:
                 "grace_days": cfg.retention.tokens_grace_days,
             },
             "checkpoints": {
-                "rule": "until delete_thread, prune, the store TTL sweep or the subject's erasure"
+                "rule": "threads idle longer than checkpoints_days are deleted (key destroyed); "
+                "otherwise until delete_thread, prune or the subject's erasure",
+                "checkpoints_days": cfg.retention.checkpoints_days,
             },
             "audit": {"retention_days": cfg.audit.retention_days},
             "backups": {

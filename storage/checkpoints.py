@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -492,6 +493,26 @@ class CheckpointStore:
             self._threads.pop(th.thread_ref, None)
         return n
 
+    def idle_threads(self, before: datetime) -> list[str]:
+        """Threads whose newest checkpoint was written before ``before`` (read from
+        the time in LangGraph's UUIDv6 checkpoint ids; other ids are skipped)."""
+        c = checkpoints.c
+        with self._catalog.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.thread_ref, sa.func.max(c.checkpoint_id)).group_by(c.thread_ref)
+            ).all()
+        out = []
+        for ref, newest in rows:
+            at = _uuid6_time(str(newest))
+            if at is not None and at < before:
+                out.append(str(ref))
+        return out
+
+    def drop_thread_ref(self, thread_ref: str) -> int:
+        """``drop_thread`` by pseudonym (the retention run has no thread ids)."""
+        th = self._find(thread_ref)
+        return 0 if th is None else self._drop(th)
+
     def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
         """Delete the subject's threads (all, or one thread scope / policy scope);
         the keys go with the erasure's key destruction. Returns checkpoints deleted."""
@@ -552,6 +573,19 @@ class CheckpointStore:
 
     def active(self, subject_ref: str) -> bool:
         return self._catalog.guard(subject_ref).status == ACTIVE
+
+
+def _uuid6_time(value: str) -> datetime | None:
+    """The creation time in a UUIDv6 (LangGraph's checkpoint ids), else ``None``."""
+    try:
+        u = uuid.UUID(value)
+    except ValueError:
+        return None
+    if u.version != 6:
+        return None
+    i = u.int
+    ticks = ((i >> 96) << 28) | (((i >> 80) & 0xFFFF) << 12) | ((i >> 64) & 0xFFF)
+    return datetime.fromtimestamp((ticks - 0x01B21DD213814000) / 1e7, UTC)
 
 
 def _upsert(dialect: str, table: sa.Table, *, replace: bool) -> Any:

@@ -198,3 +198,25 @@ def test_retention_show_lists_every_layer(ks: Keyshred) -> None:
     assert set(shown) >= {"memories", "vectors", "tokens", "checkpoints", "audit", "backups"}
     assert shown["memories"]["scopes"]["chat"]["max_retention_days"] == 1
     assert audit_events.name == "ks_audit"
+
+
+def test_idle_threads_expire(catalog_url: str, tmp_path: Path) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from keyshred.integrations.langgraph import KeyshredSaver
+
+    cfg = config(catalog_url).model_copy(
+        update={
+            "retention": config(catalog_url).retention.model_copy(update={"checkpoints_days": 30})
+        }
+    )
+    with Keyshred.init(tmp_path / "d", cfg) as ks:
+        saver = KeyshredSaver(ks)
+        conf = {"configurable": {"thread_id": "t1", "checkpoint_ns": "", "subject_id": "gus"}}
+        saver.put(conf, empty_checkpoint(), {"source": "input", "step": 0}, {})
+        assert ks.retention.run(now=datetime.now(UTC) + timedelta(days=29)).threads_deleted == 0
+        report = ks.retention.run(now=datetime.now(UTC) + timedelta(days=31))
+        assert report.threads_deleted == 1
+        assert saver.get_tuple(conf) is None
+        ref = ks.checkpoints.thread_ref("t1")
+        assert any(t.scope == f"~thread:{ref}" for t in ks.keyring.store.tombstones())
