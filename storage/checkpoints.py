@@ -132,6 +132,22 @@ class CheckpointStore:
                     c.checkpoint_ns == bp("checkpoint_ns"),
                     c.checkpoint_id == bp("checkpoint_id"),
                 ),
+                "thread_checkpoints": sa.select(
+                    c.thread_ref, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data
+                )
+                .where(c.thread_ref == bp("thread_ref"))
+                .order_by(c.checkpoint_id.desc(), c.checkpoint_ns),
+                "thread_writes": sa.select(
+                    w.checkpoint_ns,
+                    w.checkpoint_id,
+                    w.task_id,
+                    w.idx,
+                    w.channel,
+                    w.task_path,
+                    w.data,
+                )
+                .where(w.thread_ref == bp("thread_ref"))
+                .order_by(w.task_path, w.task_id, w.idx),
                 "writes": sa.select(w.task_id, w.idx, w.channel, w.task_path, w.data)
                 .where(
                     w.thread_ref == bp("thread_ref"),
@@ -365,6 +381,24 @@ class CheckpointStore:
     ) -> Iterator[tuple[str, CheckpointRow, list[WriteRow]]]:
         """Checkpoints newest first, with their writes; ``th=None``: every thread of
         every subject that is not suppressed (others are skipped, not raised)."""
+        if th is not None and checkpoint_ns is None and checkpoint_id is None and before is None:
+            # The common case (one whole thread): compiled statements on the raw cursor.
+            with self._catalog.hot(write=False) as cur:
+                cur.execute(self._sql["thread_checkpoints"], {"thread_ref": th.thread_ref})
+                rows = cur.fetchall()
+                cur.execute(self._sql["thread_writes"], {"thread_ref": th.thread_ref})
+                thread_writes: dict[tuple[str, str], list[Any]] = {}
+                for wr in cur.fetchall():
+                    thread_writes.setdefault((wr[0], wr[1]), []).append(wr[2:])
+            for ref, ns, cid, parent, data in rows:
+                try:
+                    row, wrs = self._rows(
+                        th, ns, cid, parent, data, thread_writes.get((ns, cid), [])
+                    )
+                except SubjectErased:
+                    return  # the thread's key went while we listed
+                yield ref, row, wrs
+            return
         c, w = checkpoints.c, checkpoint_writes.c
         query = sa.select(
             c.thread_ref, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data
