@@ -45,9 +45,18 @@ def test_bad_config_is_a_config_error(tmp_path: Path, text: str, fragment: str) 
         load_config(tmp_path, env={})
 
 
-def test_vault_token_is_never_written(tmp_path: Path) -> None:
-    save_config(tmp_path, Config(kek=KekSettings(provider="vault")))
-    assert "token" not in (tmp_path / "keyshred.toml").read_text().lower()
+def test_vault_token_is_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "hvs.probe-token-7f3a"
+    monkeypatch.setenv("VAULT_TOKEN", secret)
+    monkeypatch.setenv("KEYSHRED_VAULT_TOKEN", secret)
+    save_config(
+        tmp_path, load_config(tmp_path).model_copy(update={"kek": KekSettings(provider="vault")})
+    )
+    text = (tmp_path / "keyshred.toml").read_text()
+    assert secret not in text
+    # No setting named like a credential exists to be written.
+    keys = [line.split("=")[0].strip().lower() for line in text.splitlines() if "=" in line]
+    assert not [k for k in keys if k in ("token", "vault_token", "secret", "password")]
 
 
 def test_open_needs_an_initialized_folder(tmp_path: Path) -> None:
