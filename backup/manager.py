@@ -578,11 +578,12 @@ class BackupManager:
             out.append(record)
         return out
 
-    def coverage(self, subject_ref: str, erased_at: datetime, deleted: int = 0) -> BackupCoverage:
-        """The receipt's backup section for a subject erased at ``erased_at``."""
+    def _manifests(self) -> list[Manifest] | BackupCoverage:
+        """Every manifest on the default target, or the receipt section saying why
+        they could not be read."""
         try:
             tgt = self.target()
-            manifests = [self.manifest(g, tgt) for g in self._generation_ids(tgt)]
+            return [self.manifest(g, tgt) for g in self._generation_ids(tgt)]
         except KeyshredError as exc:
             return BackupCoverage(
                 covered=False,
@@ -590,6 +591,12 @@ class BackupManager:
                 note=f"the backup target could not be read ({type(exc).__name__}); "
                 "backup_final_date unknown",
             )
+
+    def coverage(self, subject_ref: str, erased_at: datetime, deleted: int = 0) -> BackupCoverage:
+        """The receipt's backup section for a subject erased at ``erased_at``."""
+        manifests = self._manifests()
+        if isinstance(manifests, BackupCoverage):
+            return manifests
         holding = [m for m in manifests if subject_ref in m.subjects and m.created_at <= erased_at]
         if not holding:
             return BackupCoverage(
@@ -633,15 +640,9 @@ class BackupManager:
         retained generations keep those memories under live keys until they expire;
         a restore brings them back already past their retain-until, hidden from
         every read, and the next retention run deletes them again."""
-        try:
-            tgt = self.target()
-            manifests = [self.manifest(g, tgt) for g in self._generation_ids(tgt)]
-        except KeyshredError as exc:
-            return BackupCoverage(
-                covered=False,
-                backup_final_date=None,
-                note=f"the backup target could not be read ({type(exc).__name__})",
-            )
+        manifests = self._manifests()
+        if isinstance(manifests, BackupCoverage):
+            return manifests
         holding = [m for m in manifests if m.created_at <= deleted_at]
         last = max((m.expires_at for m in holding), default=deleted_at)
         return BackupCoverage(
