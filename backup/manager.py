@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -338,6 +339,29 @@ class BackupManager:
         if klass not in self._settings.retention:
             raise InvalidInput(f"unknown retention class {klass!r}")
         now = now or self.clock()
+        with self._creating():
+            return self._create(tgt, klass, now, progress)
+
+    @contextlib.contextmanager
+    def _creating(self) -> Iterator[None]:
+        """One backup at a time per data folder (across processes); the holder
+        removes staging folders an interrupted backup left behind (their hard links
+        would otherwise keep old segments' blocks alive)."""
+        root = self._ks.path / STAGING
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            for stale in root.iterdir():
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
+            yield
+        finally:
+            os.close(fd)
+
+    def _create(
+        self, tgt: BackupTarget, klass: str, now: datetime, progress: Progress | None
+    ) -> Generation:
         self.rotate_if_due(now)
         keyring = self._ks.keyring
         generation = _generation_id(now)
