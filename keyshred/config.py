@@ -32,6 +32,7 @@ __all__ = [
     "RetentionSettings",
     "ScopeSettings",
     "StorageSettings",
+    "TokenSettings",
     "VaultSettings",
     "VectorSettings",
     "load_config",
@@ -163,6 +164,14 @@ class RetentionSettings(_Model):
     interval_minutes: float = Field(60.0, gt=0)
 
 
+class TokenSettings(_Model):
+    """The tokenization vault (``ks.vault``)."""
+
+    # 0: every sanitize commits its tokens before returning. > 0: group commit, a
+    # background flush at most this many milliseconds later (see keyshred.vault.tokens).
+    group_commit_ms: float = Field(0.0, ge=0, le=10_000)
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -175,6 +184,7 @@ class Config(_Model):
     audit: AuditSettings = AuditSettings()
     backup: BackupSettings = BackupSettings()
     retention: RetentionSettings = RetentionSettings()
+    tokens: TokenSettings = TokenSettings()
     scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
 
     @field_validator("scopes")

@@ -87,7 +87,13 @@ class Keyshred:
         catalog.on_stale = self.metrics.stale_job
         self.audit = AuditLog(catalog, retention_days=config.audit.retention_days)
         self.derived = DerivedApi(self)
-        self.vault = TokenVault(catalog, keyring, self.subject_ref, self.audit)
+        self.vault = TokenVault(
+            catalog,
+            keyring,
+            self.subject_ref,
+            self.audit,
+            group_commit_ms=config.tokens.group_commit_ms,
+        )
         self.checkpoints = CheckpointStore(catalog, keyring, tenant=config.tenant)
         self.erasure = ErasureCoordinator(self)
         self.backup = BackupManager(self)
@@ -229,6 +235,7 @@ class Keyshred:
     def close(self, *, flush: bool = True) -> None:
         """Close; ``flush=False`` leaves logged writes in their logs (still durable)."""
         try:
+            self.vault.close()
             self.memories.close(flush=flush)
             self.backup.close()
         finally:

@@ -14,12 +14,22 @@ purpose, the caller and the outcome, never the value. Deterministic mode (same v
 subject and purpose → same token, keyed by a key derived from the subject's DEK)
 allows joins across texts; random mode is the default. Erasure removes a subject's
 tokens and their keys, so they resolve for nobody again.
+
+Group commit (``tokens.group_commit_ms > 0``): ``sanitize`` returns as soon as the
+values are sealed; the token rows are written by a background flusher, many texts per
+transaction, within that many milliseconds. They resolve at once in this process
+(from the pending buffer) and in every process after the flush. The flush re-checks
+each subject's guard in its transaction, so a subject suppressed meanwhile has its
+pending tokens dropped, never stored; an erasure drops them too. A crash before the
+flush loses those tokens' values (their texts keep the tokens, which resolve for
+nobody): the trade a hot-path sanitizer (log filters, prompt guards) usually wants.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -45,6 +55,14 @@ from keyshred.storage.catalog import AssetRow, Catalog, tokens, utc
 from keyshred.vault.detect import Finding, Recognizer, detect
 
 __all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
+
+
+class _Row:
+    """A pending token row with the attribute access of a result row."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
 
 TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,30})_([0-9a-f]{10})>")
 _PURPOSE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
@@ -80,6 +98,7 @@ class TokenVault:
         *,
         recognizers: Sequence[Recognizer] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        group_commit_ms: float = 0.0,
     ) -> None:
         self._catalog = catalog
         self._keyring = keyring
@@ -87,6 +106,12 @@ class TokenVault:
         self._audit = audit
         self._recognizers = recognizers
         self._clock = clock
+        self._group = max(0.0, group_commit_ms) / 1000.0
+        self._pending: dict[str, tuple[AssetRow, dict[str, Any]]] = {}
+        self._pending_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
 
     # -- issuing -------------------------------------------------------------------
 
@@ -184,29 +209,94 @@ class TokenVault:
             out.append(text[last:])
             results.append(Sanitized("".join(out), tuple(issued)))
         if new_rows:
-            # Assets and token rows in one transaction that re-checks the guard: no
-            # token of a suppressed subject is ever stored. (Issuing is not audited;
-            # every resolution and refusal is.)
-            self._catalog.register(
-                [
-                    AssetRow(
-                        asset_id=token,
-                        subject_ref=ref,
-                        scope=scope,
-                        kind=TOKEN_KIND,
-                        storage_system="catalog",
-                        storage_key="ks_tokens",
-                        purpose=purpose,
-                        category="token",
-                        created_at=now,
-                        retain_until=expires,
-                    )
-                    for token in new_rows
-                ],
-                replace=False,
-                token_rows=list(new_rows.values()),
-            )
+            assets = [
+                AssetRow(
+                    asset_id=token,
+                    subject_ref=ref,
+                    scope=scope,
+                    kind=TOKEN_KIND,
+                    storage_system="catalog",
+                    storage_key="ks_tokens",
+                    purpose=purpose,
+                    category="token",
+                    created_at=now,
+                    retain_until=expires,
+                )
+                for token in new_rows
+            ]
+            if self._group:
+                with self._pending_lock:
+                    for asset in assets:
+                        self._pending[asset.asset_id] = (asset, new_rows[asset.asset_id])
+                self._start_flusher()
+            else:
+                # Assets and token rows in one transaction that re-checks the guard:
+                # no token of a suppressed subject is ever stored. (Issuing is not
+                # audited; every resolution and refusal is.)
+                self._catalog.register(assets, replace=False, token_rows=list(new_rows.values()))
         return results
+
+    # -- group commit ----------------------------------------------------------------
+
+    def _start_flusher(self) -> None:
+        if self._flusher is not None and self._flusher.is_alive():
+            return
+        with self._pending_lock:
+            if self._flusher is not None and self._flusher.is_alive():
+                return
+            self._stop.clear()
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="keyshred-token-flusher", daemon=True
+            )
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._stop.is_set():
+            self._stop.wait(self._group)
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001, S112 - retried next interval; never kills the flusher
+                continue
+
+    def flush(self) -> int:
+        """Write every pending token now (group commit); returns how many were
+        stored. A subject suppressed meanwhile has its pending tokens dropped."""
+        with self._pending_lock:
+            batch = list(self._pending.values())
+        if not batch:
+            return 0
+        by_ref: dict[str, list[tuple[AssetRow, dict[str, Any]]]] = {}
+        for asset, row in batch:
+            by_ref.setdefault(asset.subject_ref, []).append((asset, row))
+        stored = 0
+        try:
+            self._catalog.register(
+                [a for a, _ in batch], replace=False, token_rows=[r for _, r in batch]
+            )
+            stored = len(batch)
+        except SubjectSuppressed:
+            # One subject went under suppression meanwhile: write the others one by
+            # one; the suppressed subject's tokens are never stored.
+            for rows in by_ref.values():
+                try:
+                    self._catalog.register(
+                        [a for a, _ in rows], replace=False, token_rows=[r for _, r in rows]
+                    )
+                    stored += len(rows)
+                except SubjectSuppressed:
+                    continue
+        with self._pending_lock:
+            for asset, _ in batch:
+                self._pending.pop(asset.asset_id, None)
+        return stored
+
+    def close(self) -> None:
+        """Stop the flusher and write what is pending."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=10)
+            self._flusher = None
+        self.flush()
 
     def _exists(self, token: str) -> bool:
         with self._catalog.engine.connect() as conn:
@@ -243,8 +333,14 @@ class TokenVault:
     def _resolve(self, token: str, purpose: str, subject: Any) -> tuple[str, str]:
         if not isinstance(token, str) or not TOKEN_RE.fullmatch(token):
             raise UnknownToken("not a keyshred token")
-        with self._catalog.engine.connect() as conn:
-            row = conn.execute(sa.select(tokens).where(tokens.c.token == token)).first()
+        with self._pending_lock:
+            pending = self._pending.get(token)
+        row: Any
+        if pending is not None:
+            row = _Row(pending[1])  # issued here, not flushed yet
+        else:
+            with self._catalog.engine.connect() as conn:
+                row = conn.execute(sa.select(tokens).where(tokens.c.token == token)).first()
         if row is None:
             raise UnknownToken("no such token (forged, or erased with its subject)")
         # Decide before decrypting: subject, purpose, expiry, guard.
@@ -278,7 +374,11 @@ class TokenVault:
     # -- erasure -------------------------------------------------------------------
 
     def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
-        """Delete the subject's (scope's) token rows physically."""
+        """Delete the subject's (scope's) token rows physically (pending ones too)."""
+        with self._pending_lock:
+            for token, (asset, _) in list(self._pending.items()):
+                if asset.subject_ref == subject_ref and (scope is None or asset.scope == scope):
+                    del self._pending[token]
         where = tokens.c.subject_ref == subject_ref
         if scope is not None:
             where = sa.and_(where, tokens.c.scope == scope)

@@ -188,3 +188,36 @@ def test_sanitize_many_is_one_batch_with_the_same_rules(ks: Keyshred) -> None:
     ks.catalog.suppress(ks.subject_ref("alice"))
     with pytest.raises(SubjectSuppressed):
         ks.vault.sanitize_many(texts, "alice", "support", HOUR)
+
+
+def test_group_commit_resolves_at_once_and_survives_close(tmp_path: Path) -> None:
+    from keyshred import Config, Keyshred
+
+    cfg = Config.model_validate({"tokens": {"group_commit_ms": 50}})
+    with Keyshred.init(tmp_path / "g", cfg) as ks:
+        s = ks.vault.sanitize("mail ann@example.org", "ann", "support", timedelta(hours=1))
+        # Resolves at once in this process, from the pending buffer.
+        assert ks.vault.restore(s.text, "support", caller="t") == "mail ann@example.org"
+        with pytest.raises(TokenPurposeMismatch):
+            ks.vault.detokenize(s.tokens[0], "analytics", caller="t")
+        ks.vault.flush()
+        assert ks.vault.count(ks.subject_ref("ann")) == 1
+        t = ks.vault.sanitize("call 13812345678", "ann", "support", timedelta(hours=1))
+    # close() flushed what was pending: another process (a fresh open) resolves it.
+    with Keyshred.open(tmp_path / "g") as again:
+        assert again.vault.restore(t.text, "support", caller="t") == "call 13812345678"
+
+
+def test_group_commit_never_stores_tokens_of_a_suppressed_subject(tmp_path: Path) -> None:
+    from keyshred import Config, Keyshred
+
+    cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})  # flush by hand
+    with Keyshred.init(tmp_path / "g", cfg) as ks:
+        a = ks.vault.sanitize("mail bo@example.org", "bo", "support", timedelta(hours=1))
+        ks.vault.sanitize("mail cy@example.org", "cy", "support", timedelta(hours=1))
+        ks.catalog.suppress(ks.subject_ref("bo"))  # an erasure starts before the flush
+        assert ks.vault.flush() == 1  # cy's token stored; bo's dropped, never written
+        assert ks.vault.count(ks.subject_ref("bo")) == 0
+        assert ks.vault.count(ks.subject_ref("cy")) == 1
+        with pytest.raises((UnknownToken, SubjectSuppressed)):
+            ks.vault.detokenize(a.tokens[0], "support", caller="t")
