@@ -109,6 +109,7 @@ class TokenVault:
         self._group = max(0.0, group_commit_ms) / 1000.0
         self._pending: dict[str, tuple[AssetRow, dict[str, Any]]] = {}
         self._pending_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -261,6 +262,10 @@ class TokenVault:
     def flush(self) -> int:
         """Write every pending token now (group commit); returns how many were
         stored. A subject suppressed meanwhile has its pending tokens dropped."""
+        with self._flush_lock:  # one flush at a time: a batch is written once
+            return self._flush()
+
+    def _flush(self) -> int:
         with self._pending_lock:
             batch = list(self._pending.values())
         if not batch:
