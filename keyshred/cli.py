@@ -441,7 +441,7 @@ def get(
     with Keyshred.open(path) as ks:
         m = ks.memories.get(subject, _ns(namespace), key)
         if m is None:
-            raise NotFound(f"no memory {namespace}/{key} for this subject")
+            raise NotFound("no memory at that namespace and key for this subject")
         data = _memory_json(m)
     _emit(data, as_json, json.dumps(data["value"], ensure_ascii=False))
 

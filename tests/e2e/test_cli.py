@@ -185,6 +185,7 @@ def test_memory_and_consent_commands(tmp_path: Path) -> None:
     assert [r["key"] for r in found["results"]] == ["k1"]
     missing = run("get", subject, "notes", "nope", "--path", str(data))
     assert missing.returncode == 2 and missing.stderr.startswith("keyshred: error: no memory")
+    assert "nope" not in missing.stderr  # namespaces and keys are personal data too
     stranger = run("get", "unknown-subject", "notes", "k1", "--path", str(data))
     assert stranger.returncode == 2 and stranger.stderr.startswith("keyshred: error: no memory")
     assert "unknown-subject" not in stranger.stderr  # the subject id is never printed back
