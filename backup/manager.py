@@ -851,6 +851,8 @@ class BackupManager:
         doc["storage"] = {**doc.get("storage", {}), "catalog_url": None}
         doc["vectors"] = {**doc.get("vectors", {}), "uri": None}
         doc["backup"] = {**doc.get("backup", {}), "target": None}
+        # The restored copy gets its own (SQLite) key store from the sealed snapshot.
+        doc["keyring"] = {**doc.get("keyring", {}), "store_url": None}
         try:
             return Config.model_validate(doc)
         except ValueError:

@@ -1,7 +1,7 @@
 """The key store: wrapped DEKs, tombstones and wrapped system secrets.
 
 ``KeyStore`` is the interface; ``SQLiteKeyStore`` is the embedded profile's
-implementation (the PostgreSQL one arrives with the distributed profile). The store
+implementation; ``keyshred.keyring.pgstore.PostgresKeyStore`` the distributed one. The store
 only ever holds *wrapped* key material and pseudonymous names: a key id, a
 subject_ref, a scope, the KEK epoch. It never sees a subject id or a plaintext DEK.
 

@@ -56,5 +56,9 @@ def make_kek(config: Config, root: Path, *, create: bool) -> KekProvider:
 
 
 def make_keystore(config: Config, root: Path) -> KeyStore:
-    del config  # the embedded key store is the only one so far
+    url = config.keyring.store_url
+    if url:
+        from keyshred.keyring.pgstore import PostgresKeyStore
+
+        return PostgresKeyStore(url)
     return SQLiteKeyStore(root / KEYS_DIR / KEYSTORE_FILE)

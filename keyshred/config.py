@@ -77,6 +77,9 @@ class KekSettings(_Model):
 
 
 class KeyringSettings(_Model):
+    # None: the SQLite key store in the folder; a postgresql:// URL: the distributed
+    # profile's shared key store (keyshred[postgres]).
+    store_url: str | None = None
     cache_max_entries: int = Field(10_000, ge=0)
     cache_ttl_seconds: float = Field(300.0, gt=0)
 

@@ -1075,7 +1075,7 @@ class MemoryStore:
             parts = list(self._partitions.values())
             self._partitions.clear()
         for part in parts:
-            if flush and part.loaded:
+            if flush and part.loaded and self._catalog.guard(part.subject_ref).status == ACTIVE:
                 try:
                     with part.flocked():
                         part.flush()

@@ -239,6 +239,12 @@ class Partition:
             if self.dropped:
                 # Erased while someone still held this object: never re-create it.
                 raise SubjectSuppressed(f"partition {self.subject_ref} was erased")
+            if self._lock_fd is not None and not self.root.exists():
+                # Another process dropped the partition (an erasure) while we held it
+                # open: forget everything we had; nothing of it may be written back.
+                self._close_files()
+                self.rows, self._parsed, self.loaded = {}, {}, False
+                self._lookup_key, self._manifest_stat = None, None
             if self._lock_fd is None:
                 self.root.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)

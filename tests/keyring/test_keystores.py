@@ -1,0 +1,168 @@
+"""One behaviour suite for every key store: the embedded SQLite file and the
+distributed profile's PostgreSQL (the machine's server, a fresh schema per test)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from keyshred import Config, Keyshred
+from keyshred.errors import SubjectErased, SubjectSuppressed
+from keyshred.keyring.kek.local import LocalKek
+from keyshred.keyring.keyring import Keyring
+from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, SQLiteKeyStore, Tombstone
+from tests.conftest import PG_DSN
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
+    if request.param == "sqlite":
+        yield None
+        return
+    psycopg = pytest.importorskip("psycopg")
+    schema = f"ksk_{uuid.uuid4().hex[:12]}"
+    conn = psycopg.connect(PG_DSN, autocommit=True)
+    conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+    finally:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        conn.close()
+
+
+def open_store(url: str | None, tmp_path: Path) -> KeyStore:
+    if url is None:
+        return SQLiteKeyStore(tmp_path / "keystore.db")
+    from keyshred.keyring.pgstore import PostgresKeyStore
+
+    return PostgresKeyStore(url)
+
+
+@pytest.fixture
+def store(store_url: str | None, tmp_path: Path) -> Iterator[KeyStore]:
+    s = open_store(store_url, tmp_path)
+    yield s
+    s.close()
+
+
+def rec(ref: str, scope: str = "default", epoch: int = 1) -> KeyRecord:
+    return KeyRecord(
+        uuid.uuid4().bytes, "t", ref, scope, "local", epoch, b"w" * 60, datetime.now(UTC)
+    )
+
+
+def test_one_live_key_per_subject_and_scope(
+    store: KeyStore, store_url: str | None, tmp_path: Path
+) -> None:
+    others = [open_store(store_url, tmp_path) for _ in range(4)]
+    results: list[KeyRecord] = []
+    barrier = threading.Barrier(len(others))
+
+    def race(s: KeyStore) -> None:
+        barrier.wait()
+        results.append(s.insert(rec("ann")))
+
+    threads = [threading.Thread(target=race, args=(s,)) for s in others]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({r.key_id for r in results}) == 1  # every writer got the same key
+    assert store.find("ann", "default") == results[0]
+    for s in others:
+        s.close()
+
+
+def test_reads_rotation_destroy_tombstones_and_secrets(store: KeyStore) -> None:
+    a, b, c = store.insert(rec("ann")), store.insert(rec("ann", "health")), store.insert(rec("bob"))
+    assert store.get(a.key_id) == a and store.get(b"x" * 16) is None
+    assert set(store.get_many([a.key_id, c.key_id])) == {a.key_id, c.key_id}
+    assert {r.scope for r in store.for_subject("ann")} == {"default", "health"}
+    assert store.for_subject("ann", "health") == [b]
+    assert len(store.older_than(2, 10)) == 3
+    store.update_wrapped([(a.key_id, 2, b"v" * 60)])
+    assert store.get(a.key_id).kek_epoch == 2  # type: ignore[union-attr]
+    assert len(store.older_than(2, 10)) == 2
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    tomb = Tombstone("t1", "ann", "health", (b.key_id,), datetime.now(UTC))
+    assert store.destroy([b.key_id], tomb) == 1
+    assert store.get(b.key_id) is None and store.find("ann", "default") is not None
+    got = store.tombstone_for(b.key_id)
+    assert got is not None and got.tombstone_id == "t1" and got.key_ids == (b.key_id,)
+    assert [t.tombstone_id for t in store.tombstones(since=before)] == ["t1"]
+    assert store.is_tombstoned("ann", "health") and not store.is_tombstoned("ann", "default")
+    store.destroy([a.key_id], Tombstone("t2", "ann", None, (a.key_id,), datetime.now(UTC)))
+    assert store.is_tombstoned("ann", "default")  # a subject-wide tombstone covers every scope
+    first = store.put_secret(SecretRecord("sign", "local", 1, b"s1"))
+    assert store.put_secret(SecretRecord("sign", "local", 1, b"s2")) == first  # first wins
+    assert store.put_secret(SecretRecord("sign", "local", 2, b"s3"), replace=True).wrapped == b"s3"
+    assert [s.name for s in store.secrets()] == ["sign"]
+    assert store.counts() == {"dek": 1, "tombstone": 2, "secret": 1}
+
+
+def test_snapshot_is_an_embedded_key_store(store: KeyStore, tmp_path: Path) -> None:
+    a = store.insert(rec("cy"))
+    store.put_secret(SecretRecord("ref-key", "local", 1, b"k"))
+    store.destroy([a.key_id], Tombstone("t9", "cy", None, (a.key_id,), datetime.now(UTC)))
+    b = store.insert(rec("dee"))
+    image = store.snapshot()
+    subjects, tombs = SQLiteKeyStore.describe_snapshot(image)
+    assert subjects == ["dee"] and tombs == ["t9"]
+    copy = SQLiteKeyStore.from_snapshot(tmp_path / "copy.db", image)
+    try:
+        assert copy.get(b.key_id) == b
+        assert copy.tombstone_for(a.key_id) is not None
+        assert copy.get_secret("ref-key") is not None
+    finally:
+        copy.close()
+
+
+def test_keyring_erasure_on_each_store(store: KeyStore, tmp_path: Path) -> None:
+    ring = Keyring(store, LocalKek(tmp_path / "kek.json", create=True))
+    key = ring.data_key("eve", "default")
+    ring.destroy("eve")
+    with pytest.raises(SubjectErased):
+        ring.data_key_by_id(key.key_id)
+
+
+def test_distributed_profile_end_to_end(
+    store_url: str | None, catalog_url: str, tmp_path: Path
+) -> None:
+    """Catalog and key store on PostgreSQL: two processes' worth of facades share
+    keys; erase; back up; restore (into an embedded copy) with replay."""
+    if store_url is None or not catalog_url.startswith("postgresql"):
+        pytest.skip("the distributed profile needs both on PostgreSQL")
+    cfg = Config.model_validate(
+        {
+            "profile": "distributed",
+            "storage": {"catalog_url": catalog_url},
+            "keyring": {"store_url": store_url},
+        }
+    )
+    kek = tmp_path / "shared-kek.json"
+    cfg = cfg.model_copy(update={"kek": cfg.kek.model_copy(update={"local_path": str(kek)})})
+    ks = Keyshred.init(tmp_path / "w1", cfg)
+    other = Keyshred.open(tmp_path / "w1", cfg)  # a second worker: same catalog, keys, data
+    try:
+        assert ks.subject_ref("fay") == other.subject_ref("fay")  # one ref key for all
+        ks.memories.put("fay", ("n",), "k", {"v": 1})
+        ks.memories.put("gus", ("n",), "k", {"v": 2})
+        gen = ks.backup.create()
+        req = other.erase("fay", requested_by="dpo", reason="art17")
+        assert req.state == "completed", req.error
+        with pytest.raises(SubjectSuppressed):
+            ks.memories.get("fay", ("n",), "k")
+        assert not ks.memories.partition_path(ks.subject_ref("fay")).exists()
+        assert ks.keyring.store.for_subject(ks.subject_ref("fay")) == []
+        report = ks.backup.restore(gen.generation, tmp_path / "restored")
+        assert [r["subject_ref"] for r in report.replayed] == [ks.subject_ref("fay")]
+        with Keyshred.open(tmp_path / "restored") as r:
+            assert r.memories.get("gus", ("n",), "k").value == {"v": 2}  # type: ignore[union-attr]
+    finally:
+        other.close()
+        ks.close()
