@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,20 +20,27 @@ from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, SQLiteK
 from tests.conftest import PG_DSN
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
-    if request.param == "sqlite":
-        yield None
-        return
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """A fresh schema on the machine's PostgreSQL; its search_path URL options."""
     psycopg = pytest.importorskip("psycopg")
     schema = f"ksk_{uuid.uuid4().hex[:12]}"
     conn = psycopg.connect(PG_DSN, autocommit=True)
     conn.execute(f"CREATE SCHEMA {schema}")
     try:
-        yield f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+        yield f"options=-csearch_path%3D{schema}"
     finally:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
         conn.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
+    if request.param == "sqlite":
+        yield None
+        return
+    with pg_schema() as options:
+        yield f"postgresql://postgres@127.0.0.1:5432/test?{options}"
 
 
 def open_store(url: str | None, tmp_path: Path) -> KeyStore:
@@ -130,13 +138,18 @@ def test_keyring_erasure_on_each_store(store: KeyStore, tmp_path: Path) -> None:
         ring.data_key_by_id(key.key_id)
 
 
-def test_distributed_profile_end_to_end(
-    store_url: str | None, catalog_url: str, tmp_path: Path
-) -> None:
-    """Catalog and key store on PostgreSQL: two processes' worth of facades share
-    keys; erase; back up; restore (into an embedded copy) with replay."""
-    if store_url is None or not catalog_url.startswith("postgresql"):
-        pytest.skip("the distributed profile needs both on PostgreSQL")
+def test_distributed_profile_end_to_end(tmp_path: Path) -> None:
+    """Catalog and key store on PostgreSQL: two workers share keys and data; erase;
+    back up; restore (into an embedded copy) with replay."""
+    with pg_schema() as options:
+        _distributed(
+            f"postgresql+psycopg://postgres@127.0.0.1:5432/test?{options}",
+            f"postgresql://postgres@127.0.0.1:5432/test?{options}",
+            tmp_path,
+        )
+
+
+def _distributed(catalog_url: str, store_url: str, tmp_path: Path) -> None:
     cfg = Config.model_validate(
         {
             "profile": "distributed",
