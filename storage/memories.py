@@ -800,6 +800,7 @@ class MemoryStore:
         hidden = guard.scopes  # suppressed scopes: invisible, as if already erased
         now_us = to_us(self._clock())
         hits = []
+        test = compile_filter(filter) if filter else None
         own = bool(prefix) and prefix[0].startswith("~")  # keyshred's own namespaces asked for
         for row in list(part.rows.values()):
             if row.namespace[:n] != prefix or row.scope in hidden or row.retain_us <= now_us:
@@ -812,7 +813,7 @@ class MemoryStore:
                 continue
             if category is not None and row.category != category:
                 continue
-            if filter and not _matches(part.parsed_value(row), filter):
+            if test is not None and not test(part.parsed_value(row)):
                 continue
             hits.append(row)
         if query is not None:
@@ -1113,41 +1114,55 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-def _matches(value: Any, filter: Mapping[str, Any]) -> bool:
-    """LangGraph's store filter semantics: ``{"field": value}`` equality (nested
-    dicts and lists compared structurally), ``{"field": {"$gt": 3}}`` operators."""
-    if type(value) is not dict:
-        return False
-    for name, expected in filter.items():  # noqa: SIM110 - no generator per row (hot path)
-        if not _compare(value.get(name), expected):
+Predicate = Callable[[Any], bool]
+
+
+def compile_filter(filter: Mapping[str, Any]) -> Predicate:
+    """LangGraph's store filter semantics, compiled once per search: ``{"field":
+    value}`` equality (nested dicts and lists compared structurally) and
+    ``{"field": {"$gt": 3}}`` operators (``$eq $ne $gt $gte $lt $lte``; an unknown
+    operator is ``InvalidInput`` at once, not at the first row)."""
+    fields = [(name, _compile(expected)) for name, expected in filter.items()]
+
+    def match(value: Any) -> bool:
+        if type(value) is not dict:
             return False
-    return True
+        for name, test in fields:  # noqa: SIM110 - no generator per row (hot path)
+            if not test(value.get(name)):
+                return False
+        return True
+
+    return match
 
 
-def _compare(actual: Any, expected: Any) -> bool:
+def _compile(expected: Any) -> Predicate:
     if isinstance(expected, Mapping):
         if expected and str(next(iter(expected))).startswith("$"):
+            ops = []
             for op, operand in expected.items():
                 fn = _OPS.get(op)
                 if fn is None:
                     raise InvalidInput(f"unknown filter operator {op!r}")
+                ops.append((fn, operand))
+
+            def by_ops(actual: Any) -> bool:
                 try:
-                    if not fn(actual, operand):
-                        return False
+                    for fn, operand in ops:
+                        if not fn(actual, operand):
+                            return False
                 except (TypeError, ValueError):
                     return False
-            return True
-        if not isinstance(actual, dict):
-            return False
-        for k, v in expected.items():  # noqa: SIM110 - no generator per row (hot path)
-            if not _compare(actual.get(k), v):
-                return False
-        return True
+                return True
+
+            return by_ops
+        return compile_filter(expected)
     if isinstance(expected, list | tuple):
-        if not isinstance(actual, list | tuple) or len(actual) != len(expected):
-            return False
-        for a, e in zip(actual, expected, strict=True):  # noqa: SIM110 - as above
-            if not _compare(a, e):
+        items = [_compile(e) for e in expected]
+
+        def by_items(actual: Any) -> bool:
+            if not isinstance(actual, list | tuple) or len(actual) != len(items):
                 return False
-        return True
-    return bool(actual == expected)
+            return all(test(a) for test, a in zip(items, actual, strict=True))
+
+        return by_items
+    return lambda actual: bool(actual == expected)
