@@ -472,6 +472,12 @@ class Catalog:
         """The guard read inside ``hot``'s transaction (``FOR SHARE`` on PostgreSQL)."""
         return self._guard_row(cur, subject_ref, lock)
 
+    @staticmethod
+    def guard_of(status: Any, epoch: Any, scopes: Any) -> GuardState:
+        """A guard from its three columns read by another statement (a join); a
+        subject without a guard row (``status`` None) is active."""
+        return _guard_state(None if status is None else (status, epoch, scopes))
+
     def scrub(self) -> None:
         """After deleting ciphertext: on SQLite checkpoint and truncate the WAL, so
         the deleted rows' old pages are in no file (``secure_delete`` zeroes them in

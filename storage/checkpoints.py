@@ -39,6 +39,7 @@ from keyshred.storage.catalog import (
     Catalog,
     checkpoint_writes,
     checkpoints,
+    subject_guard,
     threads,
 )
 
@@ -113,8 +114,20 @@ class CheckpointStore:
         self._create_lock = threading.Lock()
         self._templates: dict[tuple[str, str], PlaceTemplate] = {}
         c, w, t = checkpoints.c, checkpoint_writes.c, threads.c
+        g = subject_guard.c
         bp = sa.bindparam
-        cols = [c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data]
+        # The subject guard rides along with the checkpoint read (one statement):
+        # decided before anything is decrypted, without a round trip of its own.
+        cols = [
+            c.checkpoint_ns,
+            c.checkpoint_id,
+            c.parent_checkpoint_id,
+            c.data,
+            g.status,
+            g.deletion_epoch,
+            g.suppressed_scopes,
+        ]
+        guarded = checkpoints.outerjoin(subject_guard, g.subject_ref == c.subject_ref)
         self._sql = catalog.compile(
             {
                 "thread": sa.select(t.subject_ref, t.scope).where(t.thread_ref == bp("thread_ref")),
@@ -125,9 +138,12 @@ class CheckpointStore:
                 "insert_write": _upsert(catalog.dialect, checkpoint_writes, replace=False),
                 "replace_write": _upsert(catalog.dialect, checkpoint_writes, replace=True),
                 "latest": sa.select(*cols)
+                .select_from(guarded)
                 .where(c.thread_ref == bp("thread_ref"), c.checkpoint_ns == bp("checkpoint_ns"))
                 .order_by(c.checkpoint_id.desc()),
-                "one": sa.select(*cols).where(
+                "one": sa.select(*cols)
+                .select_from(guarded)
+                .where(
                     c.thread_ref == bp("thread_ref"),
                     c.checkpoint_ns == bp("checkpoint_ns"),
                     c.checkpoint_id == bp("checkpoint_id"),
@@ -327,8 +343,6 @@ class CheckpointStore:
         """One checkpoint (the latest without an id) and its writes; the subject
         guard is read on the same connection first."""
         with self._catalog.hot(write=False) as cur:
-            guard = self._catalog.guard_in(cur, th.subject_ref, lock=False)
-            self._catalog.enforce(th.subject_ref, guard, None)
             if checkpoint_id is None:
                 cur.execute(
                     self._sql["latest"],
@@ -345,8 +359,12 @@ class CheckpointStore:
                 )
             found = cur.fetchone()
             if found is None:
+                # Nothing to decrypt; the guard still decides for a suppressed subject.
+                self._catalog.check_guard(th.subject_ref)
                 return None
-            ns, cid, parent, data = found
+            ns, cid, parent, data, status, epoch, scopes = found
+            guard = self._catalog.guard_of(status, epoch, scopes)
+            self._catalog.enforce(th.subject_ref, guard, None)
             cur.execute(
                 self._sql["writes"],
                 {"thread_ref": th.thread_ref, "checkpoint_ns": ns, "checkpoint_id": cid},
