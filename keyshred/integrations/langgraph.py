@@ -163,9 +163,6 @@ class KeyshredStore(BaseStore):
     def _now(self) -> datetime:
         return datetime.now(UTC)
 
-    def _live(self, m: Memory) -> bool:
-        return m.retain_until > self._now()
-
     def _item(self, m: Memory, namespace: tuple[str, ...] | None = None) -> Item:
         return Item(
             value=m.value,
@@ -179,7 +176,7 @@ class KeyshredStore(BaseStore):
         ns = tuple(op.namespace)
         subject = self.subject_of(ns)
         m = self._ks.memories.get(subject, ns, op.key)
-        if m is None or not self._live(m):
+        if m is None:  # (an item past its TTL is already hidden by the memory store)
             return None
         if op.refresh_ttl and self._refresh_enabled():
             self._refresh(subject, [m])
@@ -204,7 +201,20 @@ class KeyshredStore(BaseStore):
         prefix = tuple(op.namespace_prefix)
         out: list[tuple[float | None, tuple[int, int, str], Memory]] = []
         want = op.offset + op.limit
-        for ref in self._refs(prefix):
+        refs = self._refs(prefix)
+        semantic = bool(op.query and self.index_config)
+        if len(refs) == 1 and not semantic:
+            # One subject: the memory store already returns insertion order; no merge.
+            found = self._ks.memories.search_ref(
+                refs[0],
+                prefix,
+                filter=op.filter,
+                limit=op.limit,
+                offset=op.offset,
+                order="insertion",
+            )
+            return [_search_item(m) for m in found]
+        for ref in refs:
             try:
                 found = self._ks.memories.search_ref(
                     ref,
@@ -225,12 +235,10 @@ class KeyshredStore(BaseStore):
                 created = int(m.created_at.timestamp() * 1e6)
                 first[ns] = min(first.get(ns, created), created)
             for m in found:
-                if not self._live(m):
-                    continue
                 ns = tuple(m.namespace)
                 order = (first[ns], int(m.created_at.timestamp() * 1e6), m.key)
                 out.append((m.score, order, m))
-        if op.query and self.index_config:
+        if semantic:
             scored = [t for t in out if t[0] is not None]
             scored.sort(key=lambda t: -(t[0] or 0.0))
             rest = [t for t in out if t[0] is None]
@@ -241,17 +249,7 @@ class KeyshredStore(BaseStore):
         else:
             out.sort(key=lambda t: t[1])
             picked = out[op.offset : op.offset + op.limit]
-        return [
-            SearchItem(
-                namespace=tuple(m.namespace),
-                key=m.key,
-                value=m.value,
-                created_at=m.created_at,
-                updated_at=m.updated_at,
-                score=score,
-            )
-            for score, _, m in picked
-        ]
+        return [_search_item(m, score) for score, _, m in picked]
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         prefix: tuple[str, ...] = ()
@@ -360,6 +358,17 @@ class KeyshredStore(BaseStore):
             self._sweeper.join(timeout)
             return not self._sweeper.is_alive()
         return True
+
+
+def _search_item(m: Memory, score: float | None = None) -> SearchItem:
+    return SearchItem(
+        namespace=tuple(m.namespace),
+        key=m.key,
+        value=m.value,
+        created_at=m.created_at,
+        updated_at=m.updated_at,
+        score=score,
+    )
 
 
 def _does_match(cond: MatchCondition, ns: tuple[str, ...]) -> bool:
