@@ -126,43 +126,60 @@ def main() -> None:
         return "".join(out)
 
     with tempfile.TemporaryDirectory() as tmp:
+        day = timedelta(days=1)
         ks = Keyshred.init(Path(tmp) / "data")
-        counter = iter(range(10**9))
-
-        def sanitize(text: str) -> str:
-            return ks.vault.sanitize(
-                text, f"s{next(counter) % 100}", "bench", timedelta(days=1)
-            ).text
-
-        batches = [texts[i : i + 100] for i in range(0, len(texts), 100)]
-
-        def sanitize_batches() -> float:
-            start = time.perf_counter()
-            for n, batch in enumerate(batches):
-                ks.vault.sanitize_many(batch, f"b{n}", "bench", timedelta(days=1))
-            return len(texts) / (time.perf_counter() - start)
-
         group = Keyshred.init(
             Path(tmp) / "group", Config.model_validate({"tokens": {"group_commit_ms": 20}})
         )
-        gcount = iter(range(10**9))
+        # Steady state: the 100 subjects (and the 20 of the batches) have their keys
+        # already. A subject's first token also creates its DEK (one key-store
+        # commit), timed on its own below.
+        for store in (ks, group):
+            for n in range(100):
+                store.vault.sanitize(texts[n], f"s{n}", "bench", day)
+            for n in range(20):
+                store.vault.sanitize(texts[n], f"b{n}", "bench", day)
+        group.vault.flush()
+        batches = [texts[i : i + 100] for i in range(0, len(texts), 100)]
+
+        def sanitize_each() -> float:
+            start = time.perf_counter()
+            for n, text in enumerate(texts):
+                ks.vault.sanitize(text, f"s{n % 100}", "bench", day)
+            return len(texts) / (time.perf_counter() - start)
 
         def sanitize_grouped() -> float:
             # Timed until every token is stored (the final flush included).
             start = time.perf_counter()
-            for text in texts:
-                group.vault.sanitize(text, f"s{next(gcount) % 100}", "bench", timedelta(days=1))
+            for n, text in enumerate(texts):
+                group.vault.sanitize(text, f"s{n % 100}", "bench", day)
             group.vault.flush()
             return len(texts) / (time.perf_counter() - start)
 
-        results = {
-            "keyshred sanitize (tokens stored)": rate(sanitize, texts, 1),
-            "keyshred sanitize, group commit 20 ms": sanitize_grouped(),
-            "keyshred sanitize_many, 100 per call": sanitize_batches(),
-            "keyshred detect+redact": rate(redact, texts),
-            "Presidio analyzer+anonymizer (regex)": rate(presidio, texts, 1),
-            "plain re substitution (bound)": rate(plain, texts),
-        }
+        def sanitize_batches() -> float:
+            start = time.perf_counter()
+            for n, batch in enumerate(batches):
+                ks.vault.sanitize_many(batch, f"b{n}", "bench", day)
+            return len(texts) / (time.perf_counter() - start)
+
+        def first_touch() -> float:
+            start = time.perf_counter()
+            for n in range(200):
+                ks.vault.sanitize(texts[n], f"new-{time.monotonic_ns()}-{n}", "bench", day)
+            return 200 / (time.perf_counter() - start)
+
+        results: dict[str, float] = {}
+        for _ in range(3):  # alternating rounds, best of each
+            for name, fn in (
+                ("keyshred sanitize (tokens stored)", sanitize_each),
+                ("keyshred sanitize, group commit 20 ms", sanitize_grouped),
+                ("keyshred sanitize_many, 100 per call", sanitize_batches),
+                ("keyshred detect+redact", lambda: rate(redact, texts, 1)),
+                ("plain re substitution (bound)", lambda: rate(plain, texts, 1)),
+            ):
+                results[name] = max(results.get(name, 0.0), fn())
+        results["Presidio analyzer+anonymizer (regex)"] = rate(presidio, texts, 2)
+        results["keyshred sanitize, subject's first token"] = first_touch()
         ks.close()
         group.close()
     print(f"{len(texts)} messages, {mb:.2f} MB")

@@ -20,6 +20,7 @@ from keyshred.keyring.envelope import (
     open_rows_into,
     open_with,
     seal_into_buffer,
+    seal_rows,
     seal_with,
 )
 
@@ -49,6 +50,13 @@ class DataKey:
         if place.subject_ref != self.subject_ref or place.scope != self.scope:
             raise InvalidInput("the place does not belong to this key's subject and scope")
         return seal_with(self._aead, self.header, self._aad, plaintext, place)
+
+    def seal_rows(self, items: Sequence[tuple[str, bytes]], template: PlaceTemplate) -> list[bytes]:
+        """``seal`` for many ``(record id, plaintext)`` pairs of one place template
+        (one table and column of this key's subject and scope)."""
+        if template.subject_ref != self.subject_ref or template.scope != self.scope:
+            raise InvalidInput("the place does not belong to this key's subject and scope")
+        return seal_rows(self._aead, self.header, self._aad, items, template)
 
     def seal_buffer(self, plaintext: bytes, place: Place) -> bytearray:
         """Like ``seal`` but into a ``bytearray``, saving a copy of large payloads."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from keyshred.errors import KeyshredError, SubjectSuppressed
-from keyshred.storage.catalog import assets, tokens
+from keyshred.storage.catalog import tokens
 
 if TYPE_CHECKING:
     from keyshred.erasure import ErasureRequest
@@ -182,7 +182,6 @@ class Lifecycle:
             for start in range(0, len(doomed), 500):
                 part = doomed[start : start + 500]
                 conn.execute(tokens.delete().where(tokens.c.token.in_(part)))
-                conn.execute(assets.delete().where(assets.c.asset_id.in_(part)))
         return len(doomed)
 
     # -- what is configured ------------------------------------------------------------

@@ -38,6 +38,8 @@ from keyshred.errors import ConfigError, InvalidInput, StaleEpoch, SubjectSuppre
 __all__ = [
     "ACTIVE",
     "SUPPRESSED",
+    "TOKEN_COLUMNS",
+    "TOKEN_KIND",
     "AssetRow",
     "Catalog",
     "CatalogSnapshot",
@@ -159,6 +161,13 @@ audit_anchor = sa.Table(
     sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# The vault's tokens. Each row is a token asset in full (subject_ref, scope, purpose,
+# retain-until = expires_at, storage = this table; tokens derive from nothing), so
+# tokens get no second row in ``ks_assets``: ``assets()`` and ``asset_kinds()`` list
+# them with kind ``token``. One row per token halves what a sanitize writes; without
+# a rowid the random token keys live in one B-tree instead of two.
+TOKEN_KIND = "token"  # noqa: S105 - an asset kind, not a secret
+
 tokens = sa.Table(
     "ks_tokens",
     metadata,
@@ -172,7 +181,9 @@ tokens = sa.Table(
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("value", sa.LargeBinary, nullable=False),  # envelope ciphertext
     sa.Index("ks_tokens_subject", "subject_ref", "scope"),
+    sqlite_with_rowid=False,
 )
+TOKEN_COLUMNS = tuple(c.name for c in tokens.columns)
 
 legal_holds = sa.Table(
     "ks_legal_holds",
@@ -252,6 +263,8 @@ def utc(value: datetime | str | None) -> datetime | None:
 def _sqlite_time(value: Any) -> Any:
     """Bind a datetime the way SQLAlchemy's SQLite DATETIME stores it (naive UTC)."""
     if isinstance(value, datetime):
+        if value.tzinfo is UTC:  # the common case: drop the "+00:00"
+            return value.isoformat(sep=" ", timespec="microseconds")[:-6]
         return (
             value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
         )
@@ -435,9 +448,10 @@ class Catalog:
             ),
         }
         dialect = self.engine.dialect
-        out = self.compile(statements, positional={"insert_asset"})
+        out = self.compile(statements, positional={"insert_asset", "insert_token"})
         # The bulk insert binds positionally on SQLite (cheaper per row than a dict).
         self._asset_columns = [c.name for c in assets.columns]
+        self.token_columns = TOKEN_COLUMNS
         # Constant binds (status = 'active') compile as parameters; give their values.
         self._constants = {
             k: v.value
@@ -688,7 +702,6 @@ class Catalog:
         expected_epoch: int | None = None,
         replace: bool = True,
         remove: Sequence[str] = (),
-        token_rows: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Insert (or, with ``replace``, replace) assets and delete ``remove``,
         re-checking every subject's guard in the same write transaction: nothing is
@@ -734,12 +747,30 @@ class Catalog:
             ]
             if mentions:
                 cur.executemany(sql["insert_mention"], mentions)
-            if token_rows:  # the vault's rows, in the same transaction as their assets
-                if self.dialect == "sqlite":
-                    token_rows = [
-                        {k: _sqlite_time(v) for k, v in row.items()} for row in token_rows
-                    ]
-                cur.executemany(sql["insert_token"], token_rows)
+
+    def time_param(self, value: datetime) -> Any:
+        """A datetime as this dialect's hot statements bind it."""
+        return _sqlite_time(value) if self.dialect == "sqlite" else value
+
+    def insert_tokens(
+        self, rows: Sequence[Sequence[Any]], scopes: Iterable[tuple[str, str, int | None]]
+    ) -> None:
+        """Store token rows (values in ``token_columns`` order, times from
+        ``time_param``), re-checking the guard of every ``(subject_ref, scope,
+        expected epoch)`` in the same write transaction: nothing is stored if any
+        of them is suppressed or its epoch is stale."""
+        if not rows:
+            return
+        params: Sequence[Any] = rows
+        if self.dialect != "sqlite":
+            params = [dict(zip(self.token_columns, row, strict=True)) for row in rows]
+        with self._hot(write=True) as cur:
+            for ref, scope, epoch in scopes:
+                self.enforce(ref, self._guard_row(cur, ref, True), epoch, scope)
+            if len(params) == 1:
+                cur.execute(self._sql["insert_token"], params[0])
+            else:
+                cur.executemany(self._sql["insert_token"], params)
 
     def update_assets(self, asset_ids: Sequence[str], **values: Any) -> int:
         """Update metadata columns (status, retain_until, …) of existing assets."""
@@ -775,12 +806,20 @@ class Catalog:
     def asset_kinds(self, subject_ref: str, scope: str | None = None) -> dict[str, str]:
         """Asset id -> kind of every asset of the subject (or one of its scopes)."""
         with self._read() as conn:
-            rows = conn.execute(
-                sa.select(assets.c.asset_id, assets.c.kind).where(
-                    self._subject_filter(subject_ref, scope)
+            out = {
+                str(a): str(k)
+                for a, k in conn.execute(
+                    sa.select(assets.c.asset_id, assets.c.kind).where(
+                        self._subject_filter(subject_ref, scope)
+                    )
                 )
-            ).all()
-        return {r[0]: r[1] for r in rows}
+            }
+            where = tokens.c.subject_ref == subject_ref
+            if scope is not None:
+                where = sa.and_(where, tokens.c.scope == scope)
+            for (t,) in conn.execute(sa.select(tokens.c.token).where(where)):
+                out[str(t)] = TOKEN_KIND
+        return out
 
     def delete_subject_assets(self, subject_ref: str, scope: str | None = None) -> int:
         """Delete every asset of the subject (or scope) and its provenance edges in
@@ -853,7 +892,41 @@ class Catalog:
         if status is not None:
             where = sa.and_(where, assets.c.status == status)
         with self._read() as conn:
-            return self._rows(conn, where)
+            rows = self._rows(conn, where)
+            if kind in (None, TOKEN_KIND) and status in (None, "live"):
+                tw = tokens.c.subject_ref == subject_ref
+                if scope is not None:
+                    tw = sa.and_(tw, tokens.c.scope == scope)
+                rows += self._token_rows(conn, tw)
+        return rows
+
+    @staticmethod
+    def _token_rows(conn: Connection, where: Any) -> list[AssetRow]:
+        """Token rows seen as the assets they are."""
+        return [
+            AssetRow(
+                r.token,
+                r.subject_ref,
+                r.scope,
+                TOKEN_KIND,
+                "catalog",
+                "ks_tokens",
+                r.purpose,
+                "token",
+                _utc(r.created_at),  # type: ignore[arg-type]
+                _utc(r.expires_at),
+            )
+            for r in conn.execute(
+                sa.select(
+                    tokens.c.token,
+                    tokens.c.subject_ref,
+                    tokens.c.scope,
+                    tokens.c.purpose,
+                    tokens.c.created_at,
+                    tokens.c.expires_at,
+                ).where(where)
+            )
+        ]
 
     def asset_ids(self, subject_ref: str, kind: str) -> dict[str, str]:
         """Asset id -> scope of a subject's assets of one kind."""
@@ -864,6 +937,8 @@ class Catalog:
     def asset(self, asset_id: str) -> AssetRow | None:
         with self._read() as conn:
             rows = self._rows(conn, assets.c.asset_id == asset_id)
+            if not rows and asset_id.startswith("<"):
+                rows = self._token_rows(conn, tokens.c.token == asset_id)
         return rows[0] if rows else None
 
     def count(self, subject_ref: str | None = None, kind: str | None = None) -> int:

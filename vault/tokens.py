@@ -27,9 +27,11 @@ nobody): the trade a hot-path sanitizer (log filters, prompt guards) usually wan
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -49,9 +51,9 @@ from keyshred.errors import (
     UnknownToken,
 )
 from keyshred.keyring import _primitives as prim
-from keyshred.keyring.envelope import Place
+from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import AssetRow, Catalog, tokens, utc
+from keyshred.storage.catalog import TOKEN_COLUMNS, Catalog, tokens, utc
 from keyshred.vault.detect import Finding, Recognizer, detect
 
 __all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
@@ -66,7 +68,39 @@ class _Row:
 
 TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,30})_([0-9a-f]{10})>")
 _PURPOSE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
-TOKEN_KIND = "token"  # noqa: S105 - an asset kind, not a secret
+# ``_sanitize`` builds token rows as tuples in the catalog's column order.
+_ROW = (
+    "token",
+    "subject_ref",
+    "scope",
+    "kind",
+    "purpose",
+    "deterministic",
+    "created_at",
+    "expires_at",
+    "value",
+)
+if _ROW != TOKEN_COLUMNS:  # pragma: no cover - a schema edit
+    raise ImportError("keyshred.vault.tokens does not match the ks_tokens columns")
+
+_KIND_NAMES: dict[str, str] = {}
+
+
+def _kind_name(kind: str) -> str:
+    """A finding's kind as it appears in a token (``<PHONE_…>``), memoized."""
+    name = re.sub(r"[^A-Z0-9_]", "_", kind.upper())[:30] or "PII"
+    if len(_KIND_NAMES) < 1024:
+        _KIND_NAMES[kind] = name
+    return name
+
+
+def _start(f: Finding) -> int:
+    return f.start
+
+
+@functools.lru_cache(maxsize=4096)
+def _templates(subject_ref: str, scope: str) -> PlaceTemplate:
+    return PlaceTemplate(subject_ref, scope, "tokens", "value")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +141,14 @@ class TokenVault:
         self._recognizers = recognizers
         self._clock = clock
         self._group = max(0.0, group_commit_ms) / 1000.0
-        self._pending: dict[str, tuple[AssetRow, dict[str, Any]]] = {}
+        # token -> (guard epoch at issue, row in the catalog's token_columns order)
+        self._pending: dict[str, tuple[int, tuple[Any, ...]]] = {}
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._flushed_at = time.monotonic()
 
     # -- issuing -------------------------------------------------------------------
 
@@ -166,75 +202,69 @@ class TokenVault:
         if ttl <= timedelta(0):
             raise InvalidInput("a token's ttl must be positive")
         ref = self._ref(subject)
-        self._catalog.check_guard(ref, scope=scope)
+        epoch = self._catalog.check_guard(ref, scope=scope)
         if findings is None:
-            findings = [detect(t, self._recognizers) for t in texts]
+            recognizers = self._recognizers
+            findings = [detect(t, recognizers) for t in texts]
         if not any(findings):
             return [Sanitized(t, ()) for t in texts]
         now = self._clock()
-        expires = now + ttl
         key = self._keyring.data_key(ref, scope)
         det_key = key.derive(b"token:" + purpose.encode()) if deterministic else b""
         results: list[Sanitized] = []
-        new_rows: dict[str, dict[str, Any]] = {}
+        values: dict[str, tuple[str, bytes]] = {}  # token -> (kind, value)
+        kind_names = _KIND_NAMES
+        if not deterministic:  # every random token id from one system call
+            ids = os.urandom(5 * sum(map(len, findings))).hex()
+            n = 0
         for text, found in zip(texts, findings, strict=True):
             out: list[str] = []
             issued: list[str] = []
             last = 0
-            for f in sorted(found, key=lambda f: f.start):
-                value = text[f.start : f.end]
-                kind = re.sub(r"[^A-Z0-9_]", "_", f.kind.upper())[:30] or "PII"
+            for f in sorted(found, key=_start) if len(found) > 1 else found:
+                kind = kind_names.get(f.kind) or _kind_name(f.kind)
+                value = text[f.start : f.end].encode("utf-8")
                 if deterministic:
-                    mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value.encode())
+                    mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value)
                     token = f"<{kind}_{mac[:5].hex()}>"
                 else:
-                    token = f"<{kind}_{os.urandom(5).hex()}>"
-                out += [text[last : f.start], token]
+                    token = f"<{kind}_{ids[n : n + 10]}>"
+                    n += 10
+                out.append(text[last : f.start])
+                out.append(token)
                 last = f.end
                 issued.append(token)
-                if token in new_rows or (deterministic and self._exists(token)):
-                    continue
-                new_rows[token] = {
-                    "token": token,
-                    "subject_ref": ref,
-                    "scope": scope,
-                    "kind": kind,
-                    "purpose": purpose,
-                    "deterministic": deterministic,
-                    "created_at": now,
-                    "expires_at": expires,
-                    "value": key.seal(
-                        value.encode("utf-8"), Place(ref, scope, "tokens", token, "value")
-                    ),
-                }
+                values[token] = (kind, value)
             out.append(text[last:])
             results.append(Sanitized("".join(out), tuple(issued)))
-        if new_rows:
-            assets = [
-                AssetRow(
-                    asset_id=token,
-                    subject_ref=ref,
-                    scope=scope,
-                    kind=TOKEN_KIND,
-                    storage_system="catalog",
-                    storage_key="ks_tokens",
-                    purpose=purpose,
-                    category="token",
-                    created_at=now,
-                    retain_until=expires,
-                )
-                for token in new_rows
+        if deterministic:
+            for token in self._existing(list(values)):
+                del values[token]  # issued before: the same token, stored once
+        if values:
+            template = _templates(ref, scope)
+            sealed = key.seal_rows([(t, v) for t, (_, v) in values.items()], template)
+            time_param = self._catalog.time_param
+            created, expires = time_param(now), time_param(now + ttl)
+            rows = [
+                (token, ref, scope, kind, purpose, deterministic, created, expires, ct)
+                for (token, (kind, _)), ct in zip(values.items(), sealed, strict=True)
             ]
             if self._group:
                 with self._pending_lock:
-                    for asset in assets:
-                        self._pending[asset.asset_id] = (asset, new_rows[asset.asset_id])
-                self._start_flusher()
+                    for row in rows:
+                        self._pending[row[0]] = (epoch, row)
+                if time.monotonic() - self._flushed_at >= self._group:
+                    # Busy: the caller flushes, once per interval. A background
+                    # thread flushing while callers run would trade the GIL back
+                    # and forth on every row the database steps through.
+                    self.flush()
+                else:
+                    self._start_flusher()
             else:
-                # Assets and token rows in one transaction that re-checks the guard:
-                # no token of a suppressed subject is ever stored. (Issuing is not
-                # audited; every resolution and refusal is.)
-                self._catalog.register(assets, replace=False, token_rows=list(new_rows.values()))
+                # One transaction that re-checks the guard (and the epoch read
+                # above): no token of a suppressed subject is ever stored. (Issuing
+                # is not audited; every resolution and refusal is.)
+                self._catalog.insert_tokens(rows, [(ref, scope, epoch)])
         return results
 
     # -- group commit ----------------------------------------------------------------
@@ -252,8 +282,11 @@ class TokenVault:
             self._flusher.start()
 
     def _flush_loop(self) -> None:
+        # Idle: what callers left pending is written within the interval.
         while not self._stop.is_set():
             self._stop.wait(self._group)
+            if not self._pending or time.monotonic() - self._flushed_at < self._group:
+                continue
             try:
                 self.flush()
             except Exception:  # noqa: BLE001, S112 - retried next interval; never kills the flusher
@@ -261,38 +294,38 @@ class TokenVault:
 
     def flush(self) -> int:
         """Write every pending token now (group commit); returns how many were
-        stored. A subject suppressed meanwhile has its pending tokens dropped."""
+        stored. A subject suppressed (or erased and re-admitted) meanwhile has its
+        pending tokens dropped."""
         with self._flush_lock:  # one flush at a time: a batch is written once
-            return self._flush()
+            try:
+                return self._flush()
+            finally:
+                self._flushed_at = time.monotonic()
 
     def _flush(self) -> int:
         with self._pending_lock:
             batch = list(self._pending.values())
         if not batch:
             return 0
-        by_ref: dict[str, list[tuple[AssetRow, dict[str, Any]]]] = {}
-        for asset, row in batch:
-            by_ref.setdefault(asset.subject_ref, []).append((asset, row))
+        groups: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
+        for epoch, row in batch:
+            groups.setdefault((row[1], row[2], epoch), []).append(row)
         stored = 0
         try:
-            self._catalog.register(
-                [a for a, _ in batch], replace=False, token_rows=[r for _, r in batch]
-            )
+            self._catalog.insert_tokens([row for _, row in batch], list(groups))
             stored = len(batch)
         except SubjectSuppressed:
-            # One subject went under suppression meanwhile: write the others one by
-            # one; the suppressed subject's tokens are never stored.
-            for rows in by_ref.values():
+            # A subject went under suppression meanwhile: write the others group by
+            # group; the suppressed subject's tokens are never stored.
+            for guard, rows in groups.items():
                 try:
-                    self._catalog.register(
-                        [a for a, _ in rows], replace=False, token_rows=[r for _, r in rows]
-                    )
+                    self._catalog.insert_tokens(rows, [guard])
                     stored += len(rows)
                 except SubjectSuppressed:
                     continue
         with self._pending_lock:
-            for asset, _ in batch:
-                self._pending.pop(asset.asset_id, None)
+            for _, row in batch:
+                self._pending.pop(row[0], None)
         return stored
 
     def close(self) -> None:
@@ -303,12 +336,20 @@ class TokenVault:
             self._flusher = None
         self.flush()
 
-    def _exists(self, token: str) -> bool:
+    def _existing(self, candidates: list[str]) -> list[str]:
+        """Which of ``candidates`` are stored or pending already."""
+        with self._pending_lock:
+            found = [t for t in candidates if t in self._pending]
+        rest = [t for t in candidates if t not in found]
         with self._catalog.engine.connect() as conn:
-            return (
-                conn.execute(sa.select(tokens.c.token).where(tokens.c.token == token)).first()
-                is not None
-            )
+            for i in range(0, len(rest), 500):
+                found += [
+                    str(t)
+                    for (t,) in conn.execute(
+                        sa.select(tokens.c.token).where(tokens.c.token.in_(rest[i : i + 500]))
+                    )
+                ]
+        return found
 
     # -- resolving -----------------------------------------------------------------
 
@@ -342,7 +383,7 @@ class TokenVault:
             pending = self._pending.get(token)
         row: Any
         if pending is not None:
-            row = _Row(pending[1])  # issued here, not flushed yet
+            row = _Row(dict(zip(TOKEN_COLUMNS, pending[1], strict=True)))
         else:
             with self._catalog.engine.connect() as conn:
                 row = conn.execute(sa.select(tokens).where(tokens.c.token == token)).first()
@@ -381,8 +422,8 @@ class TokenVault:
     def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
         """Delete the subject's (scope's) token rows physically (pending ones too)."""
         with self._pending_lock:
-            for token, (asset, _) in list(self._pending.items()):
-                if asset.subject_ref == subject_ref and (scope is None or asset.scope == scope):
+            for token, (_, row) in list(self._pending.items()):
+                if row[1] == subject_ref and (scope is None or row[2] == scope):
                     del self._pending[token]
         where = tokens.c.subject_ref == subject_ref
         if scope is not None:

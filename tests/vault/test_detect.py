@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import random
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +13,8 @@ import pytest
 
 from keyshred.vault.detect import (
     KINDS,
+    Finding,
+    default_recognizers,
     detect,
     from_presidio,
     iban_valid,
@@ -103,3 +107,146 @@ def test_presidio_results_are_accepted() -> None:
     results = [SimpleNamespace(entity_type="EMAIL_ADDRESS", start=5, end=20, score=0.9)]
     (finding,) = from_presidio(text, results)
     assert finding.kind == "EMAIL" and finding.value == "bob@example.com"
+
+
+# -- the fast default path decides exactly as the recognizers one by one ------------
+
+
+def _as_tuples(findings: list[Finding]) -> list[tuple[str, int, int, str]]:
+    return [(f.kind, f.start, f.end, f.value) for f in findings]
+
+
+def _glued(rng: random.Random) -> str:
+    """Random text of values, near-values and noise glued together."""
+
+    def digits(n: int) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(n))
+
+    def spaced(s: str) -> str:
+        sep = rng.choice([" ", "-", ""])
+        return sep.join(s[i : i + 4] for i in range(0, len(s), 4))
+
+    pieces = [
+        lambda: digits(rng.randint(1, 22)),
+        lambda: spaced(digits(rng.randint(12, 20))),
+        lambda: "1" + rng.choice("3456789") + digits(9),
+        lambda: rng.choice(["+86", "0086", "+86 ", "+1", "+44", "+"]) + digits(rng.randint(6, 12)),
+        lambda: digits(17) + rng.choice("0123456789Xx"),
+        lambda: "4111111111111111",
+        lambda: "11010519491231002X",
+        lambda: "DE89 3704 0044 0532 0130 00",
+        lambda: "GB82WEST12345698765432",
+        lambda: rng.choice(["FR", "DE", "AB"]) + digits(2) + spaced(digits(rng.randint(8, 24))),
+        lambda: ".".join(str(rng.randint(0, 300)) for _ in range(rng.randint(3, 5))),
+        lambda: ":".join(f"{rng.randint(0, 65535):x}" for _ in range(rng.randint(1, 9))),
+        lambda: "::" + f"{rng.randint(0, 65535):x}",
+        lambda: f"user{digits(2)}@ex{digits(1)}.com",
+        lambda: rng.choice(["电话", "号码", "邮箱", "备注:", "，", "。", "谢谢", "ID", "abc", "X"]),
+        lambda: rng.choice([" ", "-", "+", ":", ".", "@", "(", ")", "#", "/"]),
+    ]
+    return "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 8)))
+
+
+def test_fast_default_path_equals_the_recognizers() -> None:
+    reference = default_recognizers()
+    for m in load():
+        text = str(m["text"])
+        assert _as_tuples(detect(text)) == _as_tuples(detect(text, reference))
+    rng = random.Random(20261130)
+    for _ in range(20_000):
+        text = _glued(rng)
+        assert _as_tuples(detect(text)) == _as_tuples(detect(text, reference)), text
+
+
+def test_compiled_phone_rules_equal_phonenumbers() -> None:
+    import phonenumbers
+    from phonenumbers import COUNTRY_CODE_TO_REGION_CODE
+
+    from keyshred.vault.detect import _cn_mobile_validator, _phone_validator
+
+    def parsed_valid(value: str) -> bool:
+        try:
+            return bool(phonenumbers.is_valid_number(phonenumbers.parse(value, "CN")))
+        except phonenumbers.NumberParseException:
+            return False
+
+    rng = random.Random(7)
+    mobile, e164 = _cn_mobile_validator(), _phone_validator()
+    for _ in range(20_000):
+        n = "+861" + rng.choice("3456789") + "".join(rng.choice("0123456789") for _ in range(9))
+        assert mobile(n) == parsed_valid(n), n
+    valid = 0
+    for code in COUNTRY_CODE_TO_REGION_CODE:
+        for region in COUNTRY_CODE_TO_REGION_CODE[code]:
+            example = phonenumbers.example_number(region)
+            if example is not None:
+                n = phonenumbers.format_number(example, phonenumbers.PhoneNumberFormat.E164)
+                assert e164(n) == parsed_valid(n) and e164(n), n
+                valid += 1
+        for _ in range(40):
+            n = f"+{code}" + "".join(rng.choice("0123456789") for _ in range(rng.randint(4, 13)))
+            assert e164(n) == parsed_valid(n), n
+    assert valid > 200
+
+
+def test_ipv6_rule_equals_ipaddress() -> None:
+    from keyshred.vault.detect import _ipv6_valid
+
+    def reference(value: str) -> bool:
+        if value.count(":") < 2 or not any(c not in ":0" for c in value):
+            return False
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            return False
+        return True
+
+    rng = random.Random(3)
+    hexdigits = "0123456789abcdefABCDEF"
+    for _ in range(100_000):
+        groups = [
+            "".join(rng.choice(hexdigits) for _ in range(rng.randint(0, 5)))
+            for _ in range(rng.randint(1, 9))
+        ]
+        value = ":".join(groups)
+        if rng.random() < 0.5:
+            i = rng.randint(0, len(value))
+            value = value[:i] + ":" + value[i:]
+        assert _ipv6_valid(value) == reference(value), value
+
+
+def test_checksums_equal_their_definitions() -> None:
+    def luhn(digits: str) -> bool:
+        total = 0
+        for i, ch in enumerate(reversed(digits)):
+            d = int(ch) * (2 if i % 2 else 1)
+            total += d - 9 if d > 9 else d
+        return total % 10 == 0
+
+    def resident(value: str) -> bool:
+        weights = [2 ** (17 - i) % 11 for i in range(17)]
+        total = sum(int(c) * w for c, w in zip(value[:17], weights, strict=True))
+        return "10X98765432"[total % 11] == value[17].upper()
+
+    def iban(value: str) -> bool:
+        compact = value.replace(" ", "").upper()
+        if not 15 <= len(compact) <= 34 or not compact[:2].isalpha() or not compact[2:4].isdigit():
+            return False
+        try:
+            number = "".join(str(int(c, 36)) for c in compact[4:] + compact[:4])
+        except ValueError:
+            return False
+        return int(number) % 97 == 1
+
+    rng = random.Random(11)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    for _ in range(20_000):
+        v = "".join(rng.choice(letters) for _ in range(2)) + str(rng.randint(10, 99))
+        v += "".join(rng.choice("0123456789ABCDEF -_") for _ in range(rng.randint(10, 30)))
+        assert iban_valid(v) == iban(v), v
+    for _ in range(20_000):
+        d = "".join(rng.choice("0123456789") for _ in range(rng.randint(13, 19)))
+        assert luhn_valid(d) == luhn(d)
+        v = "".join(rng.choice("0123456789") for _ in range(17)) + rng.choice("0123456789Xx")
+        assert resident_id_valid(v) == resident(v)
+    assert not luhn_valid("4111 1111") and not luhn_valid("４１１１１１１１１１１１１１１１")
