@@ -46,6 +46,7 @@ class AppendLog:
         fsync: bool = True,
     ) -> None:
         self.path = path
+        self._path_str = str(path)
         self.number = number
         self._subject_ref = subject_ref
         self._sealer = sealer
@@ -136,7 +137,7 @@ class AppendLog:
 
     def size_on_disk(self) -> int:
         try:
-            return self.path.stat().st_size
+            return os.stat(self._path_str).st_size
         except FileNotFoundError:
             return 0
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import operator
 import os
 import sqlite3
 import threading
@@ -37,6 +36,7 @@ from keyshred.errors import ConfigError, InvalidInput, StaleEpoch, SubjectSuppre
 
 __all__ = [
     "ACTIVE",
+    "ASSET_COLUMNS",
     "SUPPRESSED",
     "TOKEN_COLUMNS",
     "TOKEN_KIND",
@@ -75,6 +75,8 @@ assets = sa.Table(
     sa.Index("ks_assets_subject", "subject_ref", "scope", "kind"),
     sa.Index("ks_assets_retain", "retain_until"),
 )
+
+ASSET_COLUMNS = tuple(c.name for c in assets.columns)
 
 asset_sources = sa.Table(
     "ks_asset_sources",
@@ -450,7 +452,6 @@ class Catalog:
         dialect = self.engine.dialect
         out = self.compile(statements, positional={"insert_asset", "insert_token"})
         # The bulk insert binds positionally on SQLite (cheaper per row than a dict).
-        self._asset_columns = [c.name for c in assets.columns]
         self.token_columns = TOKEN_COLUMNS
         # Constant binds (status = 'active') compile as parameters; give their values.
         self._constants = {
@@ -708,45 +709,79 @@ class Catalog:
         written if any subject is suppressed or the epoch is stale."""
         if not rows and not remove:
             return
+        self.insert_assets(
+            [self.asset_params(r) for r in rows],
+            scopes={(r.subject_ref, r.scope) for r in rows},
+            expected_epoch=expected_epoch,
+            replace=[*remove, *(r.asset_id for r in rows)] if replace or remove else (),
+            sources=[(r.asset_id, src) for r in rows for src in r.sources],
+            mentions=[(r.asset_id, m) for r in rows for m in set(r.mentions)],
+        )
+
+    def asset_params(self, r: AssetRow) -> tuple[Any, ...]:
+        """An asset as ``insert_assets`` takes it."""
+        to_db = self.time_param
+        return (
+            r.asset_id,
+            r.subject_ref,
+            r.scope,
+            r.kind,
+            r.storage_system,
+            r.storage_key,
+            r.purpose,
+            r.category,
+            to_db(r.created_at),
+            None if r.retain_until is None else to_db(r.retain_until),
+            r.status,
+            r.lookup,
+            r.producer,
+            r.producer_version,
+        )
+
+    def insert_assets(
+        self,
+        params: Sequence[tuple[Any, ...]],
+        *,
+        scopes: Iterable[tuple[str, str]],
+        expected_epoch: int | None = None,
+        replace: Sequence[str] = (),
+        sources: Sequence[tuple[str, str]] = (),
+        mentions: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """``register``'s one transaction, for callers that build rows themselves
+        (a batch of memories): ``params`` are tuples in ``ASSET_COLUMNS`` order with
+        times from ``time_param``; ``replace`` names assets (and their edges) to
+        delete first; ``sources``/``mentions`` are ``(asset_id, other)`` edges. The
+        guard of every ``(subject_ref, scope)`` is re-checked in the transaction."""
         sql = self._sql
         with self._hot(write=True) as cur:
-            states = {ref: self._guard_row(cur, ref, True) for ref in {r.subject_ref for r in rows}}
-            for ref, scope in {(r.subject_ref, r.scope) for r in rows}:
-                self.enforce(ref, states[ref], expected_epoch, scope)
-            if replace or remove:
-                ids = [
-                    {"asset_id": a} for a in dict.fromkeys([*remove, *(r.asset_id for r in rows)])
-                ]
+            states: dict[str, GuardState] = {}
+            for ref, scope in scopes:
+                state = states.get(ref)
+                if state is None:
+                    state = states[ref] = self._guard_row(cur, ref, True)
+                self.enforce(ref, state, expected_epoch, scope)
+            if replace:
+                ids = [{"asset_id": a} for a in dict.fromkeys(replace)]
                 for name in ("delete_sources", "delete_mentions", "delete_asset"):
                     cur.executemany(sql[name], ids)
-            if not rows:
+            if not params:
                 return
-            values = [r.values() for r in rows]
-            to_db = _sqlite_time if self.dialect == "sqlite" else _utc
-            converted: dict[Any, Any] = {}  # a batch shares a handful of timestamps
-            for row in values:
-                for name in ("created_at", "retain_until"):
-                    t = row[name]
-                    db = converted.get(t, _MISSING)
-                    if db is _MISSING:
-                        db = converted[t] = to_db(t)
-                    row[name] = db
-            params: list[Any] = values
-            if self.dialect == "sqlite":
-                pick = operator.itemgetter(*self._asset_columns)
-                params = [pick(row) for row in values]
-            if len(params) == 1:
-                cur.execute(sql["insert_asset"], params[0])
+            bound: Sequence[Any] = params
+            if self.dialect != "sqlite":
+                bound = [dict(zip(ASSET_COLUMNS, row, strict=True)) for row in params]
+            if len(bound) == 1:
+                cur.execute(sql["insert_asset"], bound[0])
             else:
-                cur.executemany(sql["insert_asset"], params)
-            sources = [{"asset_id": r.asset_id, "source_id": s} for r in rows for s in r.sources]
+                cur.executemany(sql["insert_asset"], bound)
             if sources:
-                cur.executemany(sql["insert_source"], sources)
-            mentions = [
-                {"asset_id": r.asset_id, "subject_ref": m} for r in rows for m in set(r.mentions)
-            ]
+                cur.executemany(
+                    sql["insert_source"], [{"asset_id": a, "source_id": s} for a, s in sources]
+                )
             if mentions:
-                cur.executemany(sql["insert_mention"], mentions)
+                cur.executemany(
+                    sql["insert_mention"], [{"asset_id": a, "subject_ref": m} for a, m in mentions]
+                )
 
     def time_param(self, value: datetime) -> Any:
         """A datetime as this dialect's hot statements bind it."""

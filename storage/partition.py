@@ -103,10 +103,11 @@ def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
     every row's fields and its value's length, then the values back to back (they
     are JSON already; re-escaping them inside the header would cost a second pass).
     """
+    # Tuples: JSON arrays all the same, and no list copies to allocate per row.
     header = [
-        [
+        (
             r.memory_id,
-            list(r.namespace),
+            r.namespace,
             r.key,
             r.scope,
             r.purpose,
@@ -115,11 +116,11 @@ def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
             r.updated_us,
             r.retain_us,
             r.lookup,
-            list(r.sources),
-            list(r.mentions),
-            list(r.index),
+            r.sources,
+            r.mentions,
+            r.index,
             len(r.value),
-        ]
+        )
         for r in rows
     ]
     head = json.dumps({"op": "put", "rows": header}, separators=(",", ":")).encode("utf-8")
@@ -204,6 +205,7 @@ class Partition:
         freeze: FreezeLock | None = None,
     ) -> None:
         self.root = root
+        self._manifest_str = str(root / "MANIFEST")  # stat'ed on every write
         self._freeze = freeze
         self._expected_ids = expected_ids
         self.subject_ref = subject_ref
@@ -239,7 +241,7 @@ class Partition:
             if self.dropped:
                 # Erased while someone still held this object: never re-create it.
                 raise SubjectSuppressed(f"partition {self.subject_ref} was erased")
-            if self._lock_fd is not None and not self.root.exists():
+            if self._lock_fd is not None and os.fstat(self._lock_fd).st_nlink == 0:
                 # Another process dropped the partition (an erasure) while we held it
                 # open: forget everything we had; nothing of it may be written back.
                 self._close_files()
@@ -263,7 +265,7 @@ class Partition:
 
     def _stat_manifest(self) -> tuple[int, int] | None:
         try:
-            st = self._manifest_path().stat()
+            st = os.stat(self._manifest_str)
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_mtime_ns)
@@ -277,12 +279,14 @@ class Partition:
         if self._log.size_on_disk() > self._log.offset:
             self._apply_log(self._log, self._log.offset, self._log.next_seq)
 
-    def ensure_loaded(self) -> None:
+    def ensure_loaded(self, *, refresh: bool = True) -> None:
+        """Load the partition if needed; with ``refresh``, also catch up with what
+        other processes wrote (a writer skips that: it refreshes under its lock)."""
         with self.lock:
             if not self.loaded:
                 with self.flocked():
                     pass
-            else:
+            elif refresh:
                 self._refresh()
 
     def parsed_value(self, row: MemoryRow) -> Any:
