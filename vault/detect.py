@@ -381,33 +381,35 @@ class _DefaultDetector:
             if g.isdigit():
                 # Only digits: every digit pattern's lookbehind refuses a digit, so
                 # a match can only start at the run's start: one attempt each.
-                if size == 18:
-                    one = self._cn_id.match(text, lo, hi)
-                    if one is not None and resident_id_valid(g):
-                        add((0, -18, lo, lo + 18, "CN_ID", g))
-                if 13 <= size <= 19:
-                    one = self._card.match(text, lo, hi)
-                    if one is not None and luhn_valid(g):
-                        add((3, -size, lo, lo + size, "CARD", g))
-                if size in (11, 15):
+                # The checksums are cheaper than a regex attempt: they go first.
+                if (
+                    size == 18
+                    and resident_id_valid(g)
+                    and self._cn_id.match(text, lo, hi) is not None
+                ):
+                    add((0, -18, lo, lo + 18, "CN_ID", g))
+                if 13 <= size <= 19 and luhn_valid(g) and self._card.match(text, lo, hi):
+                    add((3, -size, lo, lo + size, "CARD", g))
+                if (size == 11 and g[0] == "1") or (size == 15 and g[:5] == "00861"):
                     one = self._mobile.match(text, lo, hi)
                     if one is not None and self._mobile_ok("+86" + g[-11:]):
                         add((4, -size, lo, lo + size, "PHONE", g))
                 continue
-            if size >= 18:
+            digits = size - g.count(" ") - g.count("-") - g.count("+")
+            if size >= 18 and digits >= 17:
                 for m in self._cn_id.finditer(text, lo, hi):
                     v = m.group()
                     if resident_id_valid(v):
                         s, e = m.span()
                         add((0, s - e, s, e, "CN_ID", v))
-            if size >= 13:
+            if digits >= 13:
                 for m in self._card.finditer(text, lo, hi):
                     v = m.group()
                     d = v.translate(_SEPARATORS)
                     if 13 <= len(d) <= 19 and luhn_valid(d):
                         s, e = m.span()
                         add((3, s - e, s, e, "CARD", v))
-            if size >= 11:
+            if digits >= 11:
                 for m in self._mobile.finditer(text, lo, hi):
                     v = m.group()
                     if self._mobile_ok(_cn_mobile_normal(v)):
