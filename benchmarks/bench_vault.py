@@ -42,7 +42,7 @@ from presidio_analyzer.predefined_recognizers import (  # noqa: E402
 from presidio_anonymizer import AnonymizerEngine  # noqa: E402
 
 from keyshred import Config, Keyshred  # noqa: E402
-from keyshred.vault.detect import detect  # noqa: E402
+from keyshred.vault.detect import redact  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "pii_corpus.jsonl"
 
@@ -116,14 +116,6 @@ def main() -> None:
 
     def plain(text: str) -> str:
         return PLAIN.sub("<PII>", text)
-
-    def redact(text: str) -> str:
-        out, last = [], 0
-        for f in detect(text):
-            out += [text[last : f.start], f"<{f.kind}>"]
-            last = f.end
-        out.append(text[last:])
-        return "".join(out)
 
     with tempfile.TemporaryDirectory() as tmp:
         day = timedelta(days=1)

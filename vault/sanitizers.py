@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from keyshred.errors import KeyshredError
-from keyshred.vault.detect import Recognizer, detect
+from keyshred.vault.detect import Recognizer, detect, redact_findings
 from keyshred.vault.tokens import TokenVault
 
 __all__ = ["PromptGuard", "RedactingFilter"]
@@ -51,12 +51,7 @@ class RedactingFilter(logging.Filter):
                 ).text
             except KeyshredError:
                 pass  # suppressed subject, …: fall back to redaction, never to plaintext
-        out, last = [], 0
-        for f in found:
-            out += [text[last : f.start], f"<{f.kind}>"]
-            last = f.end
-        out.append(text[last:])
-        return "".join(out)
+        return redact_findings(text, found)
 
     def filter(self, record: logging.LogRecord) -> bool:
         subject = self._subject_of(record)

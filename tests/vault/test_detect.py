@@ -79,7 +79,8 @@ def test_recall_and_precision_per_type() -> None:
 def test_values_glued_to_text(text: str, kind: str, value: str) -> None:
     (finding,) = detect(text)
     assert (finding.kind, text[finding.start : finding.end]) == (kind, value)
-    assert value not in repr(finding)
+    assert value not in repr(finding) and value not in str(finding) and value not in f"{finding}"
+    assert value not in repr([finding])
 
 
 @pytest.mark.parametrize(
