@@ -170,8 +170,8 @@ class RetentionSettings(_Model):
 class TokenSettings(_Model):
     """The tokenization vault (``ks.vault``)."""
 
-    # 0: every sanitize commits its tokens before returning. > 0: group commit, a
-    # background flush at most this many milliseconds later (see keyshred.vault.tokens).
+    # 0: every sanitize commits its tokens before returning. > 0: group commit, tokens
+    # written at most this many milliseconds later (see keyshred.vault.tokens).
     group_commit_ms: float = Field(0.0, ge=0, le=10_000)
 
 

@@ -93,8 +93,11 @@ class Keyshred:
             self.subject_ref,
             self.audit,
             group_commit_ms=config.tokens.group_commit_ms,
+            locked=self.memories.locked,
         )
-        self.checkpoints = CheckpointStore(catalog, keyring, tenant=config.tenant)
+        self.checkpoints = CheckpointStore(
+            catalog, keyring, tenant=config.tenant, locked=self.memories.locked
+        )
         self.erasure = ErasureCoordinator(self)
         self.backup = BackupManager(self)
         self.retention = Lifecycle(self)

@@ -20,17 +20,20 @@ so nothing is written for a subject after the transaction that suppressed it.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from keyshred.errors import InvalidInput, NotFound, SubjectErased, SubjectSuppressed
+from keyshred.errors import InvalidInput, KeyNotFound, NotFound, SubjectErased, SubjectSuppressed
+from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import (
@@ -105,10 +108,20 @@ class _Thread:
 class CheckpointStore:
     """Threads, checkpoints and writes; see the module docstring."""
 
-    def __init__(self, catalog: Catalog, keyring: Keyring, *, tenant: str) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        keyring: Keyring,
+        *,
+        tenant: str,
+        locked: Callable[[str], AbstractContextManager[None]] | None = None,
+    ) -> None:
         self._catalog = catalog
         self._keyring = keyring
         self._tenant = tenant
+        # The subject's partition lock, under which an erasure destroys keys after
+        # suppressing: a thread's key is created under it (see ``_create``).
+        self._locked = locked
         self._threads: dict[str, _Thread] = {}
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
@@ -238,8 +251,12 @@ class CheckpointStore:
 
     def _create(self, ref: str, thread_id: str, subject_ref: str, scope: str) -> _Thread:
         th = _Thread(ref, subject_ref, scope)
-        self._catalog.check_guard(subject_ref)
-        sealed = self._keyring.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
+        # The thread's key is created here and only here, under the subject's
+        # partition lock with the guard read in it: never for a subject being erased.
+        with self._locked(subject_ref) if self._locked is not None else contextlib.nullcontext():
+            self._catalog.check_guard(subject_ref)
+            key = self._keyring.data_key(subject_ref, thread_scope(ref))
+        sealed = key.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
         now = datetime.now(UTC)
         asset = AssetRow(
             asset_id=ref,
@@ -277,9 +294,20 @@ class CheckpointStore:
 
     # -- writes --------------------------------------------------------------------
 
+    def _key(self, th: _Thread) -> DataKey:
+        """The thread's key, never created here: a write racing ``delete_thread``
+        (which destroys the key first) fails instead of bringing the thread back
+        under a new key."""
+        try:
+            return self._keyring.data_key(th.subject_ref, thread_scope(th.thread_ref), create=False)
+        except (KeyNotFound, SubjectErased):
+            with self._lock:
+                self._threads.pop(th.thread_ref, None)
+            raise NotFound("the thread was deleted") from None
+
     def put_checkpoint(self, th: _Thread, row: CheckpointRow, run_id: str | None) -> None:
         record = f"{th.thread_ref}/{row.checkpoint_ns}/{row.checkpoint_id}"
-        sealed = self._keyring.seal(row.data, self._place(th, "checkpoints", record))
+        sealed = self._key(th).seal(row.data, self._place(th, "checkpoints", record))
         with self._catalog.hot(write=True) as cur:
             self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
             cur.execute(
@@ -305,6 +333,9 @@ class CheckpointStore:
         replace: bool,
     ) -> None:
         params = []
+        if not writes:
+            return
+        key = self._key(th)
         for w in writes:
             record = f"{th.thread_ref}/{checkpoint_ns}/{checkpoint_id}/{w.task_id}/{w.idx}"
             params.append(
@@ -317,7 +348,7 @@ class CheckpointStore:
                     "subject_ref": th.subject_ref,
                     "channel": w.channel,
                     "task_path": w.task_path,
-                    "data": self._keyring.seal(w.data, self._place(th, "writes", record)),
+                    "data": key.seal(w.data, self._place(th, "writes", record)),
                 }
             )
         if not params:
@@ -532,6 +563,9 @@ class CheckpointStore:
         return self._drop(th)
 
     def _drop(self, th: _Thread) -> int:
+        # The key first: a write in flight then fails (``_key``) rather than
+        # storing rows after the delete below, or under a key made anew.
+        self._keyring.destroy(th.subject_ref, thread_scope(th.thread_ref))
         n = self._delete(
             checkpoints.c.thread_ref == th.thread_ref,
             checkpoint_writes.c.thread_ref == th.thread_ref,
@@ -539,7 +573,6 @@ class CheckpointStore:
         with self._catalog.transaction() as conn:
             conn.execute(threads.delete().where(threads.c.thread_ref == th.thread_ref))
         self._catalog.delete([th.thread_ref])
-        self._keyring.destroy(th.subject_ref, thread_scope(th.thread_ref))
         self._catalog.scrub()
         with self._lock:
             self._threads.pop(th.thread_ref, None)

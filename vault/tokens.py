@@ -15,9 +15,14 @@ subject and purpose → same token, keyed by a key derived from the subject's DE
 allows joins across texts; random mode is the default. Erasure removes a subject's
 tokens and their keys, so they resolve for nobody again.
 
+Token rows are the token assets: ``ks_tokens`` holds every field an asset has
+(subject_ref, scope, purpose, expiry as retain-until; tokens derive from nothing), and
+the catalog lists them as assets of kind ``token``; there is no second row per token.
+
 Group commit (``tokens.group_commit_ms > 0``): ``sanitize`` returns as soon as the
-values are sealed; the token rows are written by a background flusher, many texts per
-transaction, within that many milliseconds. They resolve at once in this process
+values are sealed; the token rows are written many texts per transaction, within that
+many milliseconds (by the caller that finds the interval over, or by a background
+flusher when calls stop). They resolve at once in this process
 (from the pending buffer) and in every process after the flush. The flush re-checks
 each subject's guard in its transaction, so a subject suppressed meanwhile has its
 pending tokens dropped, never stored; an erasure drops them too. A crash before the
@@ -27,12 +32,14 @@ nobody): the trade a hot-path sanitizer (log filters, prompt guards) usually wan
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,6 +58,7 @@ from keyshred.errors import (
     UnknownToken,
 )
 from keyshred.keyring import _primitives as prim
+from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import TOKEN_COLUMNS, Catalog, tokens, utc
@@ -133,8 +141,12 @@ class TokenVault:
         recognizers: Sequence[Recognizer] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         group_commit_ms: float = 0.0,
+        locked: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._catalog = catalog
+        # The subject's partition lock: an erasure destroys keys under it, after
+        # suppressing; a first key is created under it (see ``_key``).
+        self._locked = locked
         self._keyring = keyring
         self._ref = subject_ref
         self._audit = audit
@@ -209,7 +221,7 @@ class TokenVault:
         if not any(findings):
             return [Sanitized(t, ()) for t in texts]
         now = self._clock()
-        key = self._keyring.data_key(ref, scope)
+        key = self._key(ref, scope)
         det_key = key.derive(b"token:" + purpose.encode()) if deterministic else b""
         results: list[Sanitized] = []
         values: dict[str, tuple[str, bytes]] = {}  # token -> (kind, value)
@@ -266,6 +278,20 @@ class TokenVault:
                 # is not audited; every resolution and refusal is.)
                 self._catalog.insert_tokens(rows, [(ref, scope, epoch)])
         return results
+
+    def _key(self, ref: str, scope: str) -> DataKey:
+        """The subject's scope key. The usual case, a key that exists, needs no lock:
+        if an erasure destroys it meanwhile, the tokens sealed under it are refused by
+        the guard when they are stored. A first key (or the first of a subject back
+        after an erasure) is created under the partition lock with the guard read
+        again, so that no key is ever created for a subject being erased."""
+        try:
+            return self._keyring.data_key(ref, scope, create=False)
+        except (KeyNotFound, SubjectErased):
+            pass
+        with self._locked(ref) if self._locked is not None else contextlib.nullcontext():
+            self._catalog.check_guard(ref, scope=scope)
+            return self._keyring.data_key(ref, scope)
 
     # -- group commit ----------------------------------------------------------------
 

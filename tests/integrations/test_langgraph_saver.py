@@ -184,3 +184,33 @@ def test_async_twins_and_missing_subject(ks: Keyshred) -> None:
     assert asyncio.run(run()) == ["x", "remembered", "answered"]
     with pytest.raises(InvalidInput, match="subject"):
         graph.invoke({"notes": []}, _config("nobody", subject=None))
+
+
+def test_a_write_racing_delete_thread_fails_and_brings_nothing_back(ks: Keyshred) -> None:
+    """A graph step that looked its thread up before ``delete_thread`` and writes
+    after it: the write fails (the thread's key is gone and never made anew), and
+    no row or key of the thread exists afterwards."""
+    from keyshred.errors import NotFound
+    from keyshred.storage.checkpoints import CheckpointRow, WriteRow, thread_scope
+
+    store = ks.checkpoints
+    th = store.ensure_thread("race-1", ks.subject_ref("ana"), "default")
+    store.put_checkpoint(th, CheckpointRow("race-1", "", "c1", None, b"probe-race-1"), None)
+    store.drop_thread("race-1")
+    with pytest.raises(NotFound):
+        store.put_checkpoint(th, CheckpointRow("race-1", "", "c2", "c1", b"probe-race-2"), None)
+    with pytest.raises(NotFound):
+        store.put_writes(th, "", "c2", [WriteRow("t", 0, "ch", "", b"probe-race-3")], replace=False)
+    assert ks.keyring.store.find(th.subject_ref, thread_scope(th.thread_ref)) is None
+    with ks.catalog.engine.connect() as conn:
+        for table in (checkpoints, checkpoint_writes):
+            n = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(table)
+                .where(table.c.thread_ref == th.thread_ref)
+            ).scalar_one()
+            assert n == 0
+    # The same thread id starts afresh, under a new key.
+    again = store.ensure_thread("race-1", ks.subject_ref("ana"), "default")
+    store.put_checkpoint(again, CheckpointRow("race-1", "", "c3", None, b"fresh"), None)
+    assert store.get(again, "", None) is not None

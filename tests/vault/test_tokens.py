@@ -221,3 +221,27 @@ def test_group_commit_never_stores_tokens_of_a_suppressed_subject(tmp_path: Path
         assert ks.vault.count(ks.subject_ref("cy")) == 1
         with pytest.raises((UnknownToken, SubjectSuppressed)):
             ks.vault.detokenize(a.tokens[0], "support", caller="t")
+
+
+def test_no_key_is_created_for_a_subject_suppressed_after_the_first_check(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of a first sanitize with an erasure: the guard passes, then the
+    subject is suppressed before the key exists. The key is made under the
+    partition lock with the guard read again, so none is created."""
+    ref = ks.subject_ref("dora")
+    real = ks.catalog.check_guard
+    calls = []
+
+    def then_suppress(subject_ref: str, *args: object, **kwargs: object) -> int:
+        epoch = real(subject_ref, *args, **kwargs)  # type: ignore[arg-type]
+        calls.append(subject_ref)
+        if len(calls) == 1:
+            ks.catalog.suppress(subject_ref)
+        return epoch
+
+    monkeypatch.setattr(ks.catalog, "check_guard", then_suppress)
+    with pytest.raises(SubjectSuppressed):
+        ks.vault.sanitize("mail dora@example.com", "dora", "support", HOUR)
+    assert ks.keyring.store.find(ref, "default") is None
+    assert ks.vault.count(ref) == 0
