@@ -442,16 +442,21 @@ class _DefaultDetector:
                 add((5, f.start - f.end, f.start, f.end, "IP", f.value))
         if not cands:
             return []
+        new = tuple.__new__  # a Finding without its Python-level __new__ frame
         if len(cands) == 1:
             c = cands[0]
-            return [Finding(c[4], c[2], c[3], c[5])]
+            return [new(Finding, (c[4], c[2], c[3], c[5], 1.0))]
         cands.sort()
         taken: list[tuple[int, int, int, int, str, str]] = []
         for c in cands:
-            if all(c[3] <= t[2] or c[2] >= t[3] for t in taken):
+            start, end = c[2], c[3]
+            for t in taken:
+                if start < t[3] and end > t[2]:
+                    break  # overlaps a stronger finding
+            else:
                 taken.append(c)
         taken.sort(key=_start_of)
-        return [Finding(c[4], c[2], c[3], c[5]) for c in taken]
+        return [new(Finding, (c[4], c[2], c[3], c[5], 1.0)) for c in taken]
 
 
 def _start_of(c: tuple[int, int, int, int, str, str]) -> int:
@@ -461,14 +466,18 @@ def _start_of(c: tuple[int, int, int, int, str, str]) -> int:
 _DEFAULT: _DefaultDetector | None = None
 
 
+def _default() -> _DefaultDetector:
+    global _DEFAULT  # noqa: PLW0603 - built once, lazily (phonenumbers is slow to import)
+    if _DEFAULT is None:
+        _DEFAULT = _DefaultDetector()
+    return _DEFAULT
+
+
 def detect(text: str, recognizers: Sequence[Recognizer] | None = None) -> list[Finding]:
     """Non-overlapping findings in ``text``, in order: of ``recognizers``, or of
     the default set (the same answers as ``default_recognizers()``, faster)."""
-    global _DEFAULT  # noqa: PLW0603 - built once, lazily (phonenumbers is slow to import)
     if recognizers is None:
-        if _DEFAULT is None:
-            _DEFAULT = _DefaultDetector()
-        return _DEFAULT(text)
+        return (_DEFAULT or _default())(text)
     found = [f for r in recognizers for f in r.find(text)]
     found.sort(key=lambda f: (_PRIORITY.get(f.kind, 9), -(f.end - f.start), f.start))
     taken: list[Finding] = []
@@ -482,6 +491,8 @@ def detect(text: str, recognizers: Sequence[Recognizer] | None = None) -> list[F
 def redact(text: str, recognizers: Sequence[Recognizer] | None = None) -> str:
     """``text`` with every detected value replaced by ``<KIND>`` (no vault, no
     tokens: for logs and traces that must not keep values at all)."""
+    if recognizers is None:  # the default detector, without detect()'s dispatch
+        return redact_findings(text, (_DEFAULT or _default())(text))
     return redact_findings(text, detect(text, recognizers))
 
 
