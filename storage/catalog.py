@@ -77,6 +77,7 @@ assets = sa.Table(
 )
 
 ASSET_COLUMNS = tuple(c.name for c in assets.columns)
+_TIME_COLUMNS = tuple(i for i, c in enumerate(assets.columns) if isinstance(c.type, sa.DateTime))
 
 asset_sources = sa.Table(
     "ks_asset_sources",
@@ -728,24 +729,13 @@ class Catalog:
         )
 
     def asset_params(self, r: AssetRow) -> tuple[Any, ...]:
-        """An asset as ``insert_assets`` takes it."""
-        to_db = self.time_param
-        return (
-            r.asset_id,
-            r.subject_ref,
-            r.scope,
-            r.kind,
-            r.storage_system,
-            r.storage_key,
-            r.purpose,
-            r.category,
-            to_db(r.created_at),
-            None if r.retain_until is None else to_db(r.retain_until),
-            r.status,
-            r.lookup,
-            r.producer,
-            r.producer_version,
-        )
+        """An asset as ``insert_assets`` takes it: its ``ASSET_COLUMNS``, times bound
+        for this dialect."""
+        values = [getattr(r, name) for name in ASSET_COLUMNS]
+        for i in _TIME_COLUMNS:
+            if values[i] is not None:
+                values[i] = self.time_param(values[i])
+        return tuple(values)
 
     def insert_assets(
         self,
