@@ -24,6 +24,12 @@ resumes where it stopped and nothing becomes readable again:
 9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance or
                      mention left, probes not found by key or semantic search
 10. ``receipt``      signed, stored; the subject stays ``erased`` until re-admitted
+
+Three kinds of request run these steps: a subject or scope erasure, the retention
+scanner's listed memories (no key destroyed, the subject stays active) and a
+tombstone replayed on a restored copy (no holds, processors, backup deletion or
+receipt). Where they differ is written once per kind, in ``_Extent`` and its two
+subclasses; the coordinator holds what they share: order, persistence, resumption.
 """
 
 from __future__ import annotations
@@ -285,6 +291,242 @@ class DerivedApi:
         return memory
 
 
+class _Extent:
+    """What a request erases, and so how the steps that differ between kinds of
+    request behave: this class is a subject erasure (``scope=None``) or a scope
+    erasure; ``_AssetsExtent`` is the retention scanner's listed memories,
+    ``_ReplayExtent`` a tombstone replayed on a restored copy. The coordinator runs
+    the same steps, in the same order, with the same persistence, for every kind."""
+
+    holds_apply = True  # an active legal hold blocks the request
+    calls_processors = True  # external processors are asked to delete
+    deletes_backups = True  # the tombstone is journaled and segments deleted on targets
+    drops_tokens = True  # the subject's (scope's) tokens go
+    signs_receipt = True
+
+    def __init__(self, ks: Keyshred, req: ErasureRequest) -> None:
+        self.ks = ks
+        self.req = req
+        self.ref = req.subject_ref
+        self.scope = req.scope
+
+    @property
+    def whole_subject(self) -> bool:
+        """The subject itself goes (its threads, tokens and mentions with it)."""
+        return self.scope is None
+
+    @property
+    def memories_action(self) -> str:
+        return "partition-dropped" if self.scope is None else "scope-dropped"
+
+    @property
+    def vectors_action(self) -> str:
+        return "dataset-dropped" if self.scope is None else "scope-deleted"
+
+    def suppress(self) -> dict[str, Any]:
+        epoch = self.ks.catalog.suppress(self.ref, self.scope)
+        self.ks.memories.evict(self.ref)
+        at = _now()
+        self.ks.metrics.online_latency((at - self.req.created_at).total_seconds())
+        return {"epoch": epoch, "at": _iso(at)}
+
+    def own_assets(self) -> dict[str, str]:
+        """Asset id -> kind of what the request erases."""
+        return self.ks.catalog.asset_kinds(self.ref, self.scope)
+
+    def first_level(self) -> list[AssetRow]:
+        """Assets derived from (or, for a whole subject, mentioning) what goes."""
+        mentioning = self.ks.catalog.mentioning(self.ref) if self.scope is None else []
+        return [*mentioning, *self.ks.catalog.derived_from_subject(self.ref, self.scope)]
+
+    def destroy_keys(self) -> dict[str, Any]:
+        # Under the partition lock: a writer that passed its guard check before the
+        # suppression finishes first; every later one sees the suppression.
+        ks = self.ks
+        with ks.memories.locked(self.ref):
+            result = ks.keyring.destroy(self.ref, self.scope)
+        ks.vectors.evict(self.ref)
+        if ks.memories.pme is not None:
+            ks.memories.pme.forget()
+        at = _now()
+        tombstone = result.tombstone
+        if not tombstone.key_ids:
+            # Resumed after the keys were already destroyed: take the tombstone's.
+            previous = [
+                t
+                for t in ks.keyring.store.tombstones()
+                if t.subject_ref == self.ref and t.scope == self.scope
+            ]
+            if previous:
+                tombstone = previous[-1]
+                at = tombstone.erased_at
+        return {
+            "key_ids": [k.hex() for k in tombstone.key_ids],
+            "tombstone_id": tombstone.tombstone_id if tombstone.key_ids else None,
+            "at": _iso(at),
+            "cache_evicted": result.cache_entries_evicted,
+        }
+
+    def drop_memories(self) -> int:
+        if self.scope is None:
+            return self.ks.memories.drop_subject(self.ref)
+        return self.ks.memories.drop_scope(self.ref, self.scope)
+
+    def drop_vectors(self) -> int:
+        # Under the freeze lock, like every partition write: a backup never links
+        # half of a dataset being removed.
+        with self.ks.memories.freeze.shared():
+            if self.scope is None:
+                return 1 if self.ks.vectors.drop(self.ref) else 0
+            return self.ks.vectors.delete_scope(self.ref, self.scope)
+
+    def drop_tokens(self) -> int:
+        return self.ks.vault.drop_subject(self.ref, self.scope)
+
+    def drop_checkpoints(self) -> int:
+        return self.ks.checkpoints.drop_subject(self.ref, self.scope)
+
+    def drop_catalog(self) -> tuple[int, int]:
+        """(assets deleted, consents deleted)."""
+        n = self.ks.catalog.delete_subject_assets(self.ref, scope=self.scope)
+        consents = self.ks.catalog.delete_consents(self.ref) if self.scope is None else 0
+        return n, consents
+
+    def verify_stores(self, check: Callable[[str, bool, str], None]) -> None:
+        path = self.ks.memories.partition_path(self.ref)
+        if self.scope is None:
+            left = [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
+            check("memory partition removed", not left, f"{len(left)} files left")
+            gone = not self.ks.vectors.exists(self.ref)
+            check("vector partition removed", gone, "dataset absent" if gone else "still there")
+        else:
+            manifest = path / "MANIFEST"
+            scopes = json.loads(manifest.read_text())["segments"] if manifest.exists() else {}
+            check("scope segment removed", self.scope not in scopes, f"scopes left: {len(scopes)}")
+
+    def backup_coverage(self, keys_at: datetime, deleted: int) -> Any:
+        return self.ks.backup.coverage(self.ref, keys_at, deleted=deleted)
+
+    def finish(self) -> None:
+        """The guard once the request is done: an erased subject stays ``erased``
+        until re-admitted; an erased scope takes new writes under a new key."""
+        if self.scope is None:
+            self.ks.catalog.set_guard(self.ref, ERASED)
+        else:
+            self.ks.catalog.release_scope(self.ref, self.scope)
+
+
+class _AssetsExtent(_Extent):
+    """Exactly the listed memories of a subject (the retention scanner's requests):
+    deleted physically with their vectors and catalog rows, derived assets rebuilt;
+    no key is destroyed (the scope's other memories share it) and the subject stays
+    active."""
+
+    calls_processors = False
+    drops_tokens = False  # tokens are not memories: their own expiry removes them
+
+    def __init__(self, ks: Keyshred, req: ErasureRequest) -> None:
+        super().__init__(ks, req)
+        self.assets: list[str] = list(req.doc["assets"])
+
+    @property
+    def whole_subject(self) -> bool:
+        return False
+
+    @property
+    def memories_action(self) -> str:
+        return "memories-deleted"
+
+    @property
+    def vectors_action(self) -> str:
+        return "deleted-with-their-memories"
+
+    def suppress(self) -> dict[str, Any]:
+        # Past their retain-until, these memories are already invisible to every
+        # read (reads hide expired rows); the subject itself stays active.
+        return {"epoch": None, "at": _iso(_now()), "assets": len(self.assets)}
+
+    def own_assets(self) -> dict[str, str]:
+        catalog = self.ks.catalog
+        out = {}
+        for a in self.assets:
+            row = catalog.asset(a)
+            if row is not None:
+                out[a] = row.kind
+        for row in catalog.derived_from(self.assets):
+            if row.kind == "vector":
+                out[row.asset_id] = row.kind
+        return out
+
+    def first_level(self) -> list[AssetRow]:
+        return self.ks.catalog.derived_from(self.assets)
+
+    def destroy_keys(self) -> dict[str, Any]:
+        return {"key_ids": [], "tombstone_id": None, "at": _iso(_now()), "cache_evicted": 0}
+
+    def drop_memories(self) -> int:
+        return self.ks.memories.delete_ids(self.ref, self.assets)
+
+    def drop_vectors(self) -> int:
+        return 0  # removed with their memories
+
+    def drop_tokens(self) -> int:
+        return 0
+
+    def drop_checkpoints(self) -> int:
+        return 0  # threads have their own retention (``retention.checkpoints_days``)
+
+    def drop_catalog(self) -> tuple[int, int]:
+        own = self.req.doc["details"]["closure"]["own"]
+        return self.ks.catalog.delete(own), 0
+
+    def verify_stores(self, check: Callable[[str, bool, str], None]) -> None:
+        rows = self.ks.memories.rows_by_id(self.ref, self.assets)
+        check("memories removed", not rows, f"{len(rows)} of {len(self.assets)} left")
+
+    def backup_coverage(self, keys_at: datetime, deleted: int) -> Any:
+        return self.ks.backup.coverage_unkeyed(keys_at)
+
+    def finish(self) -> None:
+        pass  # the subject stays active: only those memories went
+
+
+class _ReplayExtent(_Extent):
+    """A live tombstone replayed on a restored copy: the same key ids, tombstone id
+    and time; no holds (the live erasure passed them), no processors, no backup
+    deletion and no receipt (the live erasure did and signed those)."""
+
+    holds_apply = False
+    calls_processors = False
+    deletes_backups = False
+    signs_receipt = False
+
+    def destroy_keys(self) -> dict[str, Any]:
+        # A subject who came back after the erasure has other key ids: untouched.
+        t = self.req.doc["replay"]
+        tombstone = Tombstone(
+            t["tombstone_id"],
+            self.ref,
+            self.scope,
+            tuple(bytes.fromhex(k) for k in t["key_ids"]),
+            datetime.fromisoformat(t["erased_at"]),
+        )
+        ks = self.ks
+        with ks.memories.locked(self.ref):
+            destroyed = ks.keyring.store.destroy(tombstone.key_ids, tombstone)
+        ks.keyring.cache.clear()
+        ks.vectors.evict(self.ref)
+        if ks.memories.pme is not None:
+            ks.memories.pme.forget()
+        return {
+            "key_ids": t["key_ids"],
+            "tombstone_id": tombstone.tombstone_id,
+            "at": t["erased_at"],
+            "cache_evicted": 0,
+            "present": destroyed,
+        }
+
+
 class ErasureCoordinator:
     """``ks.erasure``: requests, resumption, status, receipts, holds, processors."""
 
@@ -524,7 +766,7 @@ class ErasureCoordinator:
                 return req
             if req.state == REQUESTED:
                 self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
-            if "destroy_keys" not in req.steps_done and "replay" not in req.doc:
+            if "destroy_keys" not in req.steps_done and self._extent(req).holds_apply:
                 holds = self.holds(req.subject_ref, req.scope)
                 if holds:
                     req.doc["held"] = True
@@ -562,47 +804,27 @@ class ErasureCoordinator:
 
     # -- steps ---------------------------------------------------------------------
 
-    def _step_suppress(self, req: ErasureRequest) -> dict[str, Any]:
+    def _extent(self, req: ErasureRequest) -> _Extent:
+        """How this request's steps differ from a subject or scope erasure."""
+        if "replay" in req.doc:
+            return _ReplayExtent(self._ks, req)
         if "assets" in req.doc:
-            # Past their retain-until, these memories are already invisible to every
-            # read (reads hide expired rows); the subject itself stays active.
-            return {"epoch": None, "at": _iso(_now()), "assets": len(req.doc["assets"])}
-        epoch = self._catalog.suppress(req.subject_ref, req.scope)
-        self._ks.memories.evict(req.subject_ref)
-        at = _now()
-        self._ks.metrics.online_latency((at - req.created_at).total_seconds())
-        return {"epoch": epoch, "at": _iso(at)}
+            return _AssetsExtent(self._ks, req)
+        return _Extent(self._ks, req)
 
-    def _subject_assets(self, req: ErasureRequest) -> dict[str, str]:
-        """Asset id -> kind of the subject's (scope's, or the request's) assets."""
-        if "assets" in req.doc:
-            ids = list(req.doc["assets"])
-            out = {}
-            for a in ids:
-                row = self._catalog.asset(a)
-                if row is not None:
-                    out[a] = row.kind
-            for row in self._catalog.derived_from(ids):
-                if row.kind == "vector":
-                    out[row.asset_id] = row.kind
-            return out
-        return self._catalog.asset_kinds(req.subject_ref, req.scope)
+    def _step_suppress(self, req: ErasureRequest) -> dict[str, Any]:
+        return self._extent(req).suppress()
 
     def _step_closure(self, req: ErasureRequest) -> dict[str, Any]:
-        own = self._subject_assets(req)
+        extent = self._extent(req)
+        own = extent.own_assets()
         own_ids = set(own)
         closure: list[str] = []
         seen = set(own_ids)
         frontier: set[str] = set()
-        scoped = req.scope is not None or "assets" in req.doc
-        mentioning = [] if scoped else self._catalog.mentioning(req.subject_ref)
         # First level by one join on the subject; further levels (derived from
         # derived) by the few ids found.
-        if "assets" in req.doc:
-            first = self._catalog.derived_from(list(req.doc["assets"]))
-        else:
-            first = self._catalog.derived_from_subject(req.subject_ref, req.scope)
-        level = [a for a in [*mentioning, *first] if a.asset_id not in seen]
+        level = [a for a in extent.first_level() if a.asset_id not in seen]
         while frontier or level:
             derived = self._catalog.derived_from(frontier) if frontier else []
             nxt = [a for a in [*level, *derived] if a.asset_id not in seen]
@@ -620,60 +842,7 @@ class ErasureCoordinator:
         return {"own": sorted(own_ids), "own_counts": counts, "closure": closure}
 
     def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
-        if "replay" in req.doc:
-            return self._replay_destroy(req)
-        if "assets" in req.doc:
-            return {"key_ids": [], "tombstone_id": None, "at": _iso(_now()), "cache_evicted": 0}
-        # Under the partition lock: a writer that passed its guard check before the
-        # suppression finishes first; every later one sees the suppression.
-        with self._ks.memories.locked(req.subject_ref):
-            result = self._ks.keyring.destroy(req.subject_ref, req.scope)
-        self._ks.vectors.evict(req.subject_ref)
-        if self._ks.memories.pme is not None:
-            self._ks.memories.pme.forget()
-        at = _now()
-        tombstone = result.tombstone
-        if not tombstone.key_ids:
-            # Resumed after the keys were already destroyed: take the tombstone's.
-            previous = [
-                t
-                for t in self._ks.keyring.store.tombstones()
-                if t.subject_ref == req.subject_ref and t.scope == req.scope
-            ]
-            if previous:
-                tombstone = previous[-1]
-                at = tombstone.erased_at
-        return {
-            "key_ids": [k.hex() for k in tombstone.key_ids],
-            "tombstone_id": tombstone.tombstone_id if tombstone.key_ids else None,
-            "at": _iso(at),
-            "cache_evicted": result.cache_entries_evicted,
-        }
-
-    def _replay_destroy(self, req: ErasureRequest) -> dict[str, Any]:
-        """A restored copy replays a live tombstone: the same key ids, the same
-        tombstone id and time (a subject who came back later has other key ids)."""
-        t = req.doc["replay"]
-        tombstone = Tombstone(
-            t["tombstone_id"],
-            req.subject_ref,
-            req.scope,
-            tuple(bytes.fromhex(k) for k in t["key_ids"]),
-            datetime.fromisoformat(t["erased_at"]),
-        )
-        with self._ks.memories.locked(req.subject_ref):
-            destroyed = self._ks.keyring.store.destroy(tombstone.key_ids, tombstone)
-        self._ks.keyring.cache.clear()
-        self._ks.vectors.evict(req.subject_ref)
-        if self._ks.memories.pme is not None:
-            self._ks.memories.pme.forget()
-        return {
-            "key_ids": t["key_ids"],
-            "tombstone_id": tombstone.tombstone_id,
-            "at": t["erased_at"],
-            "cache_evicted": 0,
-            "present": destroyed,
-        }
+        return self._extent(req).destroy_keys()
 
     def replay(self, tombstone: Tombstone) -> ErasureRequest:
         """Replay a tombstone from elsewhere (a restore): the same steps as an
@@ -696,48 +865,20 @@ class ErasureCoordinator:
         return self.run(request_id)
 
     def _step_drop_memories(self, req: ErasureRequest) -> dict[str, Any]:
-        if "assets" in req.doc:
-            n = self._ks.memories.delete_ids(req.subject_ref, req.doc["assets"])
-            return {"count": n, "at": _iso(_now())}
-        if req.scope is None:
-            n = self._ks.memories.drop_subject(req.subject_ref)
-        else:
-            n = self._ks.memories.drop_scope(req.subject_ref, req.scope)
-        return {"count": n, "at": _iso(_now())}
+        return {"count": self._extent(req).drop_memories(), "at": _iso(_now())}
 
     def _step_drop_vectors(self, req: ErasureRequest) -> dict[str, Any]:
-        if "assets" in req.doc:  # removed with their memories
-            return {"count": 0, "at": _iso(_now())}
-        # Under the freeze lock, like every partition write: a backup never links
-        # half of a dataset being removed.
-        with self._ks.memories.freeze.shared():
-            if req.scope is None:
-                n = 1 if self._ks.vectors.drop(req.subject_ref) else 0
-            else:
-                n = self._ks.vectors.delete_scope(req.subject_ref, req.scope)
-        return {"count": n, "at": _iso(_now())}
+        return {"count": self._extent(req).drop_vectors(), "at": _iso(_now())}
 
     def _step_drop_tokens(self, req: ErasureRequest) -> dict[str, Any]:
-        if "assets" in req.doc:
-            return {"count": 0, "at": _iso(_now())}
-        n = self._ks.vault.drop_subject(req.subject_ref, req.scope)
-        return {"count": n, "at": _iso(_now())}
+        return {"count": self._extent(req).drop_tokens(), "at": _iso(_now())}
 
     def _step_drop_checkpoints(self, req: ErasureRequest) -> dict[str, Any]:
-        if "assets" in req.doc:
-            return {"count": 0, "at": _iso(_now())}
-        n = self._ks.checkpoints.drop_subject(req.subject_ref, req.scope)
-        return {"count": n, "at": _iso(_now())}
+        return {"count": self._extent(req).drop_checkpoints(), "at": _iso(_now())}
 
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
-        if "assets" in req.doc:
-            own = req.doc["details"]["closure"]["own"]
-            return {"assets": self._catalog.delete(own), "consents": 0, "at": _iso(_now())}
-        n = self._catalog.delete_subject_assets(req.subject_ref, scope=req.scope)
-        consents = 0
-        if req.scope is None:
-            consents = self._catalog.delete_consents(req.subject_ref)
-        return {"assets": n, "consents": consents, "at": _iso(_now())}
+        assets, consents = self._extent(req).drop_catalog()
+        return {"assets": assets, "consents": consents, "at": _iso(_now())}
 
     def _step_derived(self, req: ErasureRequest) -> dict[str, Any]:
         erased = set(req.doc["details"]["closure"]["own"])
@@ -761,8 +902,8 @@ class ErasureCoordinator:
         self, req: ErasureRequest, asset: AssetRow, erased: set[str]
     ) -> dict[str, Any] | None:
         owner = asset.subject_ref
-        if owner == req.subject_ref and req.scope is None and "assets" not in req.doc:
-            return None
+        if owner == req.subject_ref and self._extent(req).whole_subject:
+            return None  # the subject's own derived assets go with it
         try:
             self._catalog.check_guard(owner)
         except SubjectSuppressed:
@@ -823,8 +964,8 @@ class ErasureCoordinator:
         return out
 
     def _step_external(self, req: ErasureRequest) -> dict[str, Any]:
-        if "replay" in req.doc or "assets" in req.doc:
-            return {"calls": []}  # the live erasure called them
+        if not self._extent(req).calls_processors:
+            return {"calls": []}
         calls = list(req.doc.get("external_done", []))
         answered = {c["processor"] for c in calls}
         for processor in self._processors:
@@ -859,7 +1000,7 @@ class ErasureCoordinator:
         return {"tombstone_id": keys["tombstone_id"], "keys": len(keys["key_ids"])}
 
     def _step_backups(self, req: ErasureRequest) -> dict[str, Any]:
-        if "replay" in req.doc:
+        if not self._extent(req).deletes_backups:
             return {"targets": 0, "objects_deleted": 0}
         keys = req.doc["details"]["destroy_keys"]
         if not keys["key_ids"]:
@@ -885,32 +1026,20 @@ class ErasureCoordinator:
                 pass
         check("keys fail to unwrap", not unwrapped, f"{len(keys)} keys raise SubjectErased")
 
-        path = self._ks.memories.partition_path(req.subject_ref)
-        if "assets" in req.doc:
-            rows = self._ks.memories.rows_by_id(req.subject_ref, req.doc["assets"])
-            check("memories removed", not rows, f"{len(rows)} of {len(req.doc['assets'])} left")
-        elif req.scope is None:
-            left = [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
-            check("memory partition removed", not left, f"{len(left)} files left")
-            gone = not self._ks.vectors.exists(req.subject_ref)
-            check("vector partition removed", gone, "dataset absent" if gone else "still there")
-        else:
-            manifest = path / "MANIFEST"
-            scopes = json.loads(manifest.read_text())["segments"] if manifest.exists() else {}
-            check("scope segment removed", req.scope not in scopes, f"scopes left: {len(scopes)}")
-
-        own = self._subject_assets(req)
+        extent = self._extent(req)
+        extent.verify_stores(check)
+        own = extent.own_assets()
         check("catalog holds no asset", not own, f"{len(own)} assets left")
-        whole = req.scope is None and "assets" not in req.doc
-        tokens_left = self._ks.vault.count(req.subject_ref) if whole else 0
-        check("tokens unresolvable and removed", not tokens_left, f"{tokens_left} tokens left")
-        if req.scope is None and "assets" not in req.doc:
+        if extent.drops_tokens:
+            tokens_left = self._ks.vault.count(req.subject_ref, req.scope)
+            check("tokens unresolvable and removed", not tokens_left, f"{tokens_left} tokens left")
+        if extent.whole_subject:
             threads_left = self._ks.checkpoints.count(req.subject_ref)
             check("no thread or checkpoint left", not threads_left, f"{threads_left} rows left")
         erased = req.doc["details"]["closure"]["own"]
         still = self._catalog.any_source_in(erased)
         check("no provenance points at erased assets", not still, f"{still} edges")
-        if req.scope is None and "assets" not in req.doc:
+        if extent.whole_subject:
             mentions = self._catalog.mentioning(req.subject_ref)
             check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")
 
@@ -956,11 +1085,9 @@ class ErasureCoordinator:
         d = req.doc["details"]
         keys = d["destroy_keys"]
         completed = _now()
-        if "replay" in req.doc:
-            if req.scope is None:
-                self._catalog.set_guard(req.subject_ref, ERASED)
-            else:
-                self._catalog.release_scope(req.subject_ref, req.scope)
+        extent = self._extent(req)
+        if not extent.signs_receipt:
+            extent.finish()
             self._audit.record(
                 "erasure.replayed",
                 subject_ref=req.subject_ref,
@@ -974,17 +1101,13 @@ class ErasureCoordinator:
             ),
             StoreAction(
                 store="memories",
-                action="memories-deleted"
-                if "assets" in req.doc
-                else "partition-dropped"
-                if req.scope is None
-                else "scope-dropped",
+                action=extent.memories_action,
                 count=d["drop_memories"]["count"],
                 at=d["drop_memories"]["at"],
             ),
             StoreAction(
                 store="vectors",
-                action="dataset-dropped" if req.scope is None else "scope-deleted",
+                action=extent.vectors_action,
                 count=d["drop_vectors"]["count"],
                 at=d["drop_vectors"]["at"],
             ),
@@ -1041,24 +1164,15 @@ class ErasureCoordinator:
             derived=[DerivedAction(**a) for a in d["derived"]["actions"]],
             external=[ExternalCall(**c) for c in d["external"]["calls"]],
             verification=[Check(**c) for c in d["verify"]["checks"]],
-            backups=self._ks.backup.coverage_unkeyed(datetime.fromisoformat(keys["at"]))
-            if "assets" in req.doc
-            else self._ks.backup.coverage(
-                req.subject_ref,
-                datetime.fromisoformat(keys["at"]),
-                deleted=d.get("backups", {}).get("objects_deleted", 0),
+            backups=extent.backup_coverage(
+                datetime.fromisoformat(keys["at"]), d.get("backups", {}).get("objects_deleted", 0)
             ),
             legal_hold_history=bool(req.doc.get("held")),
             kind=req.doc.get("kind", "erasure"),
             assets=list(req.doc.get("assets", [])),
         )
         signed = sign_receipt(receipt, self._ks.keyring.signer())
-        if "assets" in req.doc:
-            pass  # the subject stays active: only those memories went
-        elif req.scope is None:
-            self._catalog.set_guard(req.subject_ref, ERASED)
-        else:
-            self._catalog.release_scope(req.subject_ref, req.scope)
+        extent.finish()
         self._save(req, receipt=signed.to_json())
         self._ks.metrics.completion_latency((completed - req.created_at).total_seconds())
         self._audit.record(

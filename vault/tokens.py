@@ -457,12 +457,14 @@ class TokenVault:
         with self._catalog.transaction() as conn:
             return int(conn.execute(tokens.delete().where(where)).rowcount)
 
-    def count(self, subject_ref: str) -> int:
+    def count(self, subject_ref: str, scope: str | None = None) -> int:
+        """Stored tokens of the subject (or of one of its scopes)."""
+        where = tokens.c.subject_ref == subject_ref
+        if scope is not None:
+            where = sa.and_(where, tokens.c.scope == scope)
         with self._catalog.engine.connect() as conn:
             return int(
                 conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(tokens)
-                    .where(tokens.c.subject_ref == subject_ref)
+                    sa.select(sa.func.count()).select_from(tokens).where(where)
                 ).scalar_one()
             )
