@@ -90,6 +90,8 @@ class PromptGuard:
         ]
 
     def restore_answer(self, text: str, *, caller: str, purpose: str) -> str:
-        """Resolve the answer's tokens for ``purpose`` (an authorized tool purpose);
-        tokens issued for any other purpose stay tokens."""
-        return self._vault.restore(text, purpose, caller)
+        """Resolve the answer's tokens for ``purpose`` (an authorized tool purpose)
+        and this guard's subject only: tokens issued for another purpose, and tokens
+        of other subjects that a model may repeat from elsewhere (or make up), stay
+        tokens."""
+        return self._vault.restore(text, purpose, caller, subject=self._subject)

@@ -431,13 +431,14 @@ class TokenVault:
         place = Place(row.subject_ref, row.scope, "tokens", token, "value")
         return key.open(bytes(row.value), place).decode("utf-8"), row.subject_ref
 
-    def restore(self, text: str, purpose: str, caller: str) -> str:
-        """Replace the tokens in ``text`` that resolve for ``purpose``; tokens that
-        do not (other purpose, expired, erased, forged) stay as they are."""
+    def restore(self, text: str, purpose: str, caller: str, *, subject: Any = None) -> str:
+        """Replace the tokens in ``text`` that resolve for ``purpose`` (and, given
+        ``subject``, belong to that subject); tokens that do not (other purpose or
+        subject, expired, erased, forged) stay as they are."""
 
         def one(m: re.Match[str]) -> str:
             try:
-                return self.detokenize(m.group(0), purpose, caller)
+                return self.detokenize(m.group(0), purpose, caller, subject=subject)
             except (TokenError, SubjectSuppressed, SubjectErased):
                 return m.group(0)
 

@@ -177,6 +177,14 @@ def test_prompt_guard_restores_only_for_the_tool_purpose(ks: Keyshred) -> None:
         "I will call 13812345678"
     )
     assert guard.restore_answer(answer, caller="chat", purpose="chat") == answer
+    # Another subject's token for the same tool purpose, repeated by the model: it
+    # stays a token (and the refusal is audited).
+    other = ks.vault.sanitize("call 13912345678", "bob", "booking-tool", HOUR).tokens[0]
+    mixed = f"{answer} and {other}"
+    assert guard.restore_answer(mixed, caller="booking", purpose="booking-tool") == (
+        f"I will call 13812345678 and {other}"
+    )
+    assert "TokenSubjectMismatch" in refusals(ks)
 
 
 def test_sanitize_many_is_one_batch_with_the_same_rules(ks: Keyshred) -> None:
