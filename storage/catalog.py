@@ -32,7 +32,13 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from keyshred.errors import ConfigError, InvalidInput, StaleEpoch, SubjectSuppressed
+from keyshred.errors import (
+    ConfigError,
+    InvalidInput,
+    StaleEpoch,
+    SubjectSuppressed,
+    TokenCollision,
+)
 
 __all__ = [
     "ACTIVE",
@@ -798,13 +804,42 @@ class Catalog:
         params: Sequence[Any] = rows
         if self.dialect != "sqlite":
             params = [dict(zip(self.token_columns, row, strict=True)) for row in rows]
-        with self._hot(write=True) as cur:
-            for ref, scope, epoch in scopes:
-                self.enforce(ref, self._guard_row(cur, ref, True), epoch, scope)
-            if len(params) == 1:
-                cur.execute(self._sql["insert_token"], params[0])
-            else:
-                cur.executemany(self._sql["insert_token"], params)
+        try:
+            with self._hot(write=True) as cur:
+                for ref, scope, epoch in scopes:
+                    self.enforce(ref, self._guard_row(cur, ref, True), epoch, scope)
+                if len(params) == 1:
+                    cur.execute(self._sql["insert_token"], params[0])
+                else:
+                    cur.executemany(self._sql["insert_token"], params)
+        except self.engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]
+            # The only constraint a token row can break is its token's uniqueness.
+            raise TokenCollision("a token id of this batch is taken") from None
+
+    def existing_tokens(self, candidates: Sequence[str]) -> dict[str, tuple[str, str, str, bool]]:
+        """token -> (subject_ref, scope, purpose, deterministic) of the stored ones."""
+        # On the vault's issue path (group commit, deterministic tokens): one
+        # indexed read on the thread's DBAPI connection, not SQLAlchemy's machinery.
+        out: dict[str, tuple[str, str, str, bool]] = {}
+        if self.dialect == "sqlite" and len(candidates) <= 8:
+            conn = self._conn()
+            for token in candidates:
+                r = conn.execute(_OWNER_OF, (token,)).fetchone()
+                if r is not None:
+                    out[token] = (str(r[0]), str(r[1]), str(r[2]), bool(r[3]))
+            return out
+        mark = "?" if self.dialect == "sqlite" else "%s"
+        with self._hot(write=False) as cur:
+            for chunk in _chunks(list(candidates)):
+                marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
+                sql = (
+                    "SELECT token, subject_ref, scope, purpose, deterministic FROM ks_tokens "  # noqa: S608
+                    f"WHERE token IN ({marks})"
+                )
+                cur.execute(sql, chunk)
+                for r in cur.fetchall():
+                    out[str(r[0])] = (str(r[1]), str(r[2]), str(r[3]), bool(r[4]))
+        return out
 
     def update_assets(self, asset_ids: Sequence[str], **values: Any) -> int:
         """Update metadata columns (status, retain_until, …) of existing assets."""
@@ -1248,6 +1283,9 @@ class _Row:
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.__dict__.update(values)
+
+
+_OWNER_OF = "SELECT subject_ref, scope, purpose, deterministic FROM ks_tokens WHERE token = ?"
 
 
 def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:

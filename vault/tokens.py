@@ -51,6 +51,7 @@ from keyshred.errors import (
     KeyNotFound,
     SubjectErased,
     SubjectSuppressed,
+    TokenCollision,
     TokenError,
     TokenExpired,
     TokenPurposeMismatch,
@@ -74,6 +75,7 @@ class _Row:
         self.__dict__.update(values)
 
 
+_ATTEMPTS = 4  # ids drawn for one call before a collision is given up on
 TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,30})_([0-9a-f]{10})>")
 _PURPOSE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 # ``_sanitize`` builds token rows as tuples in the catalog's column order.
@@ -213,56 +215,97 @@ class TokenVault:
         _check_purpose(purpose)
         if ttl <= timedelta(0):
             raise InvalidInput("a token's ttl must be positive")
-        ref = self._ref(subject)
-        epoch = self._catalog.check_guard(ref, scope=scope)
         if findings is None:
             recognizers = self._recognizers
             findings = [detect(t, recognizers) for t in texts]
+        # Token ids are 40 bits: at scale a new random id is sometimes taken. Nothing
+        # is stored or returned until the ids are settled, so a collision is retried
+        # with fresh ids (deterministic ones move to their next derived id).
+        for _ in range(_ATTEMPTS - 1):
+            try:
+                return self._sanitize_once(
+                    texts,
+                    subject,
+                    purpose,
+                    ttl,
+                    scope=scope,
+                    deterministic=deterministic,
+                    findings=findings,
+                )
+            except TokenCollision:
+                continue
+        return self._sanitize_once(
+            texts,
+            subject,
+            purpose,
+            ttl,
+            scope=scope,
+            deterministic=deterministic,
+            findings=findings,
+        )
+
+    def _sanitize_once(
+        self,
+        texts: list[str],
+        subject: Any,
+        purpose: str,
+        ttl: timedelta,
+        *,
+        scope: str,
+        deterministic: bool,
+        findings: list[list[Finding]],
+    ) -> list[Sanitized]:
+        ref = self._ref(subject)
+        epoch = self._catalog.check_guard(ref, scope=scope)
         if not any(findings):
             return [Sanitized(t, ()) for t in texts]
         now = self._clock()
         key = self._key(ref, scope)
-        det_key = key.derive(b"token:" + purpose.encode()) if deterministic else b""
-        results: list[Sanitized] = []
-        values: dict[str, tuple[str, bytes]] = {}  # token -> (kind, value)
         kind_names = _KIND_NAMES
-        if not deterministic:  # every random token id from one system call
-            ids = os.urandom(5 * sum(map(len, findings))).hex()
-            n = 0
-        for text, found in zip(texts, findings, strict=True):
+        # (finding, kind, value) per text, in text order.
+        entries = [
+            [
+                (f, kind_names.get(f.kind) or _kind_name(f.kind), text[f.start : f.end].encode())
+                for f in (sorted(found, key=_start) if len(found) > 1 else found)
+            ]
+            for text, found in zip(texts, findings, strict=True)
+        ]
+        if deterministic:
+            token_of, fresh = self._deterministic(key, ref, scope, purpose, entries)
+        else:
+            token_of, fresh = self._random(entries)
+        results: list[Sanitized] = []
+        for text, found in zip(texts, entries, strict=True):
             out: list[str] = []
             issued: list[str] = []
             last = 0
-            for f in sorted(found, key=_start) if len(found) > 1 else found:
-                kind = kind_names.get(f.kind) or _kind_name(f.kind)
-                value = text[f.start : f.end].encode("utf-8")
-                if deterministic:
-                    mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value)
-                    token = f"<{kind}_{mac[:5].hex()}>"
-                else:
-                    token = f"<{kind}_{ids[n : n + 10]}>"
-                    n += 10
+            for f, kind, value in found:
+                token = token_of[(kind, value)] if deterministic else token_of[id(f)]
                 out.append(text[last : f.start])
                 out.append(token)
                 last = f.end
                 issued.append(token)
-                values[token] = (kind, value)
             out.append(text[last:])
             results.append(Sanitized("".join(out), tuple(issued)))
-        if deterministic:
-            for token in self._existing(list(values)):
-                del values[token]  # issued before: the same token, stored once
-        if values:
+        if fresh:
             template = _templates(ref, scope)
-            sealed = key.seal_rows([(t, v) for t, (_, v) in values.items()], template)
+            sealed = key.seal_rows([(t, v) for t, (_, v) in fresh.items()], template)
             time_param = self._catalog.time_param
             created, expires = time_param(now), time_param(now + ttl)
             rows = [
                 (token, ref, scope, kind, purpose, deterministic, created, expires, ct)
-                for (token, (kind, _)), ct in zip(values.items(), sealed, strict=True)
+                for (token, (kind, _)), ct in zip(fresh.items(), sealed, strict=True)
             ]
             if self._group:
+                # The text goes out before the row is stored: an id taken in the
+                # database now would make this token resolve to another token's
+                # value. Checked here (one indexed read); the flush drops the rare id
+                # that another process stores in between.
+                if not deterministic and self._catalog.existing_tokens(list(fresh)):
+                    raise TokenCollision("a new token id is taken")
                 with self._pending_lock:
+                    if not fresh.keys().isdisjoint(self._pending):
+                        raise TokenCollision("a token id is pending already")
                     for row in rows:
                         self._pending[row[0]] = (epoch, row)
                 if time.monotonic() - self._flushed_at >= self._group:
@@ -278,6 +321,70 @@ class TokenVault:
                 # is not audited; every resolution and refusal is.)
                 self._catalog.insert_tokens(rows, [(ref, scope, epoch)])
         return results
+
+    @staticmethod
+    def _random(
+        entries: list[list[tuple[Finding, str, bytes]]],
+    ) -> tuple[dict[Any, str], dict[str, tuple[str, bytes]]]:
+        """A fresh random token per finding: (finding id -> token, token -> (kind,
+        value) to store). Every id of the call comes from one system call."""
+        ids = os.urandom(5 * sum(map(len, entries))).hex()
+        n = 0
+        token_of: dict[Any, str] = {}
+        fresh: dict[str, tuple[str, bytes]] = {}
+        for found in entries:
+            for f, kind, value in found:
+                token = f"<{kind}_{ids[n : n + 10]}>"
+                n += 10
+                if token in fresh:
+                    raise TokenCollision("two new token ids of one call are equal")
+                token_of[id(f)] = token
+                fresh[token] = (kind, value)
+        return token_of, fresh
+
+    def _deterministic(
+        self,
+        key: DataKey,
+        ref: str,
+        scope: str,
+        purpose: str,
+        entries: list[list[tuple[Finding, str, bytes]]],
+    ) -> tuple[dict[Any, str], dict[str, tuple[str, bytes]]]:
+        """The same token for the same (kind, value), subject, scope and purpose:
+        ``((kind, value) -> token, token -> (kind, value) to store)``. A token that
+        exists already and is ours is reused; one that belongs to another subject,
+        scope or purpose (a 40-bit collision) moves this value to its next derived
+        id, so a token never resolves to someone else's value."""
+        det_key = key.derive(b"token:" + purpose.encode())
+        wanted = {(kind, value) for found in entries for _, kind, value in found}
+        token_of: dict[Any, str] = {}
+        fresh: dict[str, tuple[str, bytes]] = {}
+        for kind, value in wanted:
+            for counter in range(_ATTEMPTS):
+                salt = b"" if counter == 0 else b"\x00" + str(counter).encode()
+                mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value + salt)
+                token = f"<{kind}_{mac[:5].hex()}>"
+                owner = self._owner(token)
+                if owner is None:
+                    if token in fresh:
+                        continue  # another value of this call took it
+                    fresh[token] = (kind, value)
+                    break
+                if owner == (ref, scope, purpose, True):
+                    break  # issued before: the same token, stored once
+            else:
+                raise TokenCollision("no free deterministic token id for a value")
+            token_of[(kind, value)] = token
+        return token_of, fresh
+
+    def _owner(self, token: str) -> tuple[str, str, str, bool] | None:
+        """(subject_ref, scope, purpose, deterministic) of a pending or stored token."""
+        with self._pending_lock:
+            pending = self._pending.get(token)
+        if pending is not None:
+            row = pending[1]
+            return (row[1], row[2], row[4], bool(row[5]))
+        return self._catalog.existing_tokens([token]).get(token)
 
     def _key(self, ref: str, scope: str) -> DataKey:
         """The subject's scope key. The usual case, a key that exists, needs no lock:
@@ -333,25 +440,40 @@ class TokenVault:
             batch = list(self._pending.values())
         if not batch:
             return 0
+        rows = [row for _, row in batch]
+        try:
+            stored = self._store_group(batch)
+        except TokenCollision:
+            # A pending token's id was taken in the database meanwhile (another
+            # process, 40-bit ids): its text already went out, so it cannot get a
+            # new id. It is dropped, unresolvable like a token lost in a crash, and
+            # never resolves to the other token's value; the rest is stored.
+            taken = set(self._catalog.existing_tokens([row[0] for row in rows]))
+            self._audit.record("vault.collision", tokens=len(taken))
+            stored = self._store_group([(e, r) for e, r in batch if r[0] not in taken])
+        with self._pending_lock:
+            for row in rows:
+                self._pending.pop(row[0], None)
+        return stored
+
+    def _store_group(self, batch: list[tuple[int, tuple[Any, ...]]]) -> int:
         groups: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
         for epoch, row in batch:
             groups.setdefault((row[1], row[2], epoch), []).append(row)
-        stored = 0
         try:
             self._catalog.insert_tokens([row for _, row in batch], list(groups))
-            stored = len(batch)
+            return len(batch)
         except SubjectSuppressed:
-            # A subject went under suppression meanwhile: write the others group by
-            # group; the suppressed subject's tokens are never stored.
-            for guard, rows in groups.items():
-                try:
-                    self._catalog.insert_tokens(rows, [guard])
-                    stored += len(rows)
-                except SubjectSuppressed:
-                    continue
-        with self._pending_lock:
-            for _, row in batch:
-                self._pending.pop(row[0], None)
+            pass
+        # A subject went under suppression meanwhile: write the others group by
+        # group; the suppressed subject's tokens are never stored.
+        stored = 0
+        for guard, rows in groups.items():
+            try:
+                self._catalog.insert_tokens(rows, [guard])
+                stored += len(rows)
+            except SubjectSuppressed:
+                continue
         return stored
 
     def close(self) -> None:
@@ -361,21 +483,6 @@ class TokenVault:
             self._flusher.join(timeout=10)
             self._flusher = None
         self.flush()
-
-    def _existing(self, candidates: list[str]) -> list[str]:
-        """Which of ``candidates`` are stored or pending already."""
-        with self._pending_lock:
-            found = [t for t in candidates if t in self._pending]
-        rest = [t for t in candidates if t not in found]
-        with self._catalog.engine.connect() as conn:
-            for i in range(0, len(rest), 500):
-                found += [
-                    str(t)
-                    for (t,) in conn.execute(
-                        sa.select(tokens.c.token).where(tokens.c.token.in_(rest[i : i + 500]))
-                    )
-                ]
-        return found
 
     # -- resolving -----------------------------------------------------------------
 

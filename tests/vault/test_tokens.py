@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -253,3 +254,120 @@ def test_no_key_is_created_for_a_subject_suppressed_after_the_first_check(
         ks.vault.sanitize("mail dora@example.com", "dora", "support", HOUR)
     assert ks.keyring.store.find(ref, "default") is None
     assert ks.vault.count(ref) == 0
+
+
+class _Ids:
+    """``os.urandom`` that hands out chosen 5-byte token ids first (the vault draws
+    its ids five bytes per value), real randomness otherwise."""
+
+    def __init__(self, *ids: str) -> None:
+        self.ids = [bytes.fromhex(i) for i in ids]
+        self.real = os.urandom
+
+    def __call__(self, n: int) -> bytes:
+        if n == 5 and self.ids:
+            return self.ids.pop(0)
+        return self.real(n)
+
+
+def _hex(token: str) -> str:
+    return token.rsplit("_", 1)[1].rstrip(">")
+
+
+def test_a_taken_random_id_is_drawn_again(ks: Keyshred, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40-bit ids collide at scale: a new token whose id is taken gets a new id, never
+    a raw database error and never another token's value."""
+    first = ks.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
+    monkeypatch.setattr(os, "urandom", _Ids(_hex(first)))
+    s = ks.vault.sanitize("call 13912345678", "bob", "support", HOUR)
+    monkeypatch.undo()
+    (second,) = s.tokens
+    assert second != first and _hex(second) != _hex(first)
+    assert ks.vault.detokenize(first, "support", "t") == "13812345678"
+    assert ks.vault.detokenize(second, "support", "t") == "13912345678"
+
+
+def test_group_commit_never_hands_out_a_taken_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from keyshred import Config
+
+    cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})  # flush by hand
+    store = Keyshred.init(tmp_path / "g", cfg)
+    try:
+        stored = store.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
+        store.vault.flush()
+        pending = store.vault.sanitize("call 13712345678", "carol", "support", HOUR).tokens[0]
+        # The next two ids drawn are taken: one in the database, one pending.
+        monkeypatch.setattr(os, "urandom", _Ids(_hex(stored), _hex(pending)))
+        (fresh,) = store.vault.sanitize("call 13912345678", "bob", "support", HOUR).tokens
+        monkeypatch.undo()
+        assert fresh not in (stored, pending)
+        store.vault.flush()
+        assert store.vault.detokenize(stored, "support", "t") == "13812345678"
+        assert store.vault.detokenize(pending, "support", "t") == "13712345678"
+        assert store.vault.detokenize(fresh, "support", "t") == "13912345678"
+    finally:
+        store.close()
+
+
+def test_a_deterministic_collision_moves_to_the_next_id(ks: Keyshred) -> None:
+    """A deterministic token whose id another subject's token holds moves on; the same
+    value keeps getting the same (moved) token."""
+    mail = "mail dora.probe@example.com"
+    natural = ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0]
+    # Make the natural id someone else's: store it for erin, then erase it for dora.
+    ref = ks.subject_ref("dora")
+    ks.vault.drop_subject(ref)
+    with ks.catalog.engine.begin() as conn:
+        conn.execute(
+            tokens.insert().values(
+                token=natural,
+                subject_ref=ks.subject_ref("erin"),
+                scope="default",
+                kind="EMAIL",
+                purpose="join",
+                deterministic=False,
+                created_at=datetime.now(UTC),
+                expires_at=datetime.now(UTC) + HOUR,
+                value=b"not dora's",
+            )
+        )
+    again = ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0]
+    assert again != natural
+    assert ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0] == again
+    assert ks.vault.detokenize(again, "join", "t", subject="dora") == "dora.probe@example.com"
+
+
+def test_a_flush_drops_a_pending_id_taken_meanwhile_and_stores_the_rest(tmp_path: Path) -> None:
+    """Another process stores the same id between issue and flush (a 20 ms window):
+    the pending token is dropped (unresolvable, like one lost in a crash) and
+    audited; the rest of the batch is stored; the flush never gets stuck."""
+    from keyshred import Config
+
+    cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})
+    store = Keyshred.init(tmp_path / "g", cfg)
+    try:
+        a = store.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
+        b = store.vault.sanitize("call 13912345678", "bob", "support", HOUR).tokens[0]
+        with store.catalog.engine.begin() as conn:  # "another process"
+            conn.execute(
+                tokens.insert().values(
+                    token=a,
+                    subject_ref=store.subject_ref("zed"),
+                    scope="default",
+                    kind="PHONE",
+                    purpose="other",
+                    deterministic=False,
+                    created_at=datetime.now(UTC),
+                    expires_at=datetime.now(UTC) + HOUR,
+                    value=b"zed's",
+                )
+            )
+        assert store.vault.flush() == 1
+        assert store.vault.detokenize(b, "support", "t") == "13912345678"
+        with pytest.raises(TokenPurposeMismatch):  # the row is zed's, not alice's
+            store.vault.detokenize(a, "support", "t")
+        assert [e for e in store.audit.events() if e.event == "vault.collision"]
+    finally:
+        store.close()
