@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -111,6 +111,18 @@ def _start(f: Finding) -> int:
 @functools.lru_cache(maxsize=4096)
 def _templates(subject_ref: str, scope: str) -> PlaceTemplate:
     return PlaceTemplate(subject_ref, scope, "tokens", "value")
+
+
+class _Call(NamedTuple):
+    """One sanitize call, validated, as its attempts share it."""
+
+    texts: list[str]
+    subject: Any
+    purpose: str
+    ttl: timedelta
+    scope: str
+    deterministic: bool
+    findings: list[list[Finding]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,40 +233,17 @@ class TokenVault:
         # Token ids are 40 bits: at scale a new random id is sometimes taken. Nothing
         # is stored or returned until the ids are settled, so a collision is retried
         # with fresh ids (deterministic ones move to their next derived id).
-        for _ in range(_ATTEMPTS - 1):
+        call = _Call(texts, subject, purpose, ttl, scope, deterministic, findings)
+        for attempt in range(_ATTEMPTS):
             try:
-                return self._sanitize_once(
-                    texts,
-                    subject,
-                    purpose,
-                    ttl,
-                    scope=scope,
-                    deterministic=deterministic,
-                    findings=findings,
-                )
+                return self._sanitize_once(call)
             except TokenCollision:
-                continue
-        return self._sanitize_once(
-            texts,
-            subject,
-            purpose,
-            ttl,
-            scope=scope,
-            deterministic=deterministic,
-            findings=findings,
-        )
+                if attempt == _ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    def _sanitize_once(
-        self,
-        texts: list[str],
-        subject: Any,
-        purpose: str,
-        ttl: timedelta,
-        *,
-        scope: str,
-        deterministic: bool,
-        findings: list[list[Finding]],
-    ) -> list[Sanitized]:
+    def _sanitize_once(self, call: _Call) -> list[Sanitized]:
+        texts, subject, purpose, ttl, scope, deterministic, findings = call
         ref = self._ref(subject)
         epoch = self._catalog.check_guard(ref, scope=scope)
         if not any(findings):

@@ -319,20 +319,7 @@ def test_a_deterministic_collision_moves_to_the_next_id(ks: Keyshred) -> None:
     # Make the natural id someone else's: store it for erin, then erase it for dora.
     ref = ks.subject_ref("dora")
     ks.vault.drop_subject(ref)
-    with ks.catalog.engine.begin() as conn:
-        conn.execute(
-            tokens.insert().values(
-                token=natural,
-                subject_ref=ks.subject_ref("erin"),
-                scope="default",
-                kind="EMAIL",
-                purpose="join",
-                deterministic=False,
-                created_at=datetime.now(UTC),
-                expires_at=datetime.now(UTC) + HOUR,
-                value=b"not dora's",
-            )
-        )
+    _store_foreign_token(ks, natural, "erin", "EMAIL", "join")
     again = ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0]
     assert again != natural
     assert ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0] == again
@@ -350,20 +337,7 @@ def test_a_flush_drops_a_pending_id_taken_meanwhile_and_stores_the_rest(tmp_path
     try:
         a = store.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
         b = store.vault.sanitize("call 13912345678", "bob", "support", HOUR).tokens[0]
-        with store.catalog.engine.begin() as conn:  # "another process"
-            conn.execute(
-                tokens.insert().values(
-                    token=a,
-                    subject_ref=store.subject_ref("zed"),
-                    scope="default",
-                    kind="PHONE",
-                    purpose="other",
-                    deterministic=False,
-                    created_at=datetime.now(UTC),
-                    expires_at=datetime.now(UTC) + HOUR,
-                    value=b"zed's",
-                )
-            )
+        _store_foreign_token(store, a, "zed", "PHONE", "other")
         assert store.vault.flush() == 1
         assert store.vault.detokenize(b, "support", "t") == "13912345678"
         with pytest.raises(TokenPurposeMismatch):  # the row is zed's, not alice's
@@ -371,3 +345,21 @@ def test_a_flush_drops_a_pending_id_taken_meanwhile_and_stores_the_rest(tmp_path
         assert [e for e in store.audit.events() if e.event == "vault.collision"]
     finally:
         store.close()
+
+
+def _store_foreign_token(store: Keyshred, token: str, owner: str, kind: str, purpose: str) -> None:
+    """A token row of another subject, as another process would have stored it."""
+    with store.catalog.engine.begin() as conn:
+        conn.execute(
+            tokens.insert().values(
+                token=token,
+                subject_ref=store.subject_ref(owner),
+                scope="default",
+                kind=kind,
+                purpose=purpose,
+                deterministic=False,
+                created_at=datetime.now(UTC),
+                expires_at=datetime.now(UTC) + HOUR,
+                value=b"someone else's",
+            )
+        )
