@@ -346,7 +346,7 @@ def default_recognizers() -> list[Recognizer]:
 class _DefaultDetector:
     """The default recognizers in one function: same patterns, validators and
     overlap rule as running ``default_recognizers()`` one by one (a test compares
-    both on the corpus and on random glued text), at about half the cost.
+    both on the corpus and on random glued text), for about two thirds of the cost.
 
     Where the time goes otherwise is Python, not the regex engine: a generator and
     a ``Finding`` per candidate and recognizer, eight full scans. Here the four
