@@ -93,10 +93,10 @@ class Keyshred:
             self.subject_ref,
             self.audit,
             group_commit_ms=config.tokens.group_commit_ms,
-            locked=self.memories.locked,
+            first_key=self.memories.first_key,
         )
         self.checkpoints = CheckpointStore(
-            catalog, keyring, tenant=config.tenant, locked=self.memories.locked
+            catalog, keyring, tenant=config.tenant, first_key=self.memories.first_key
         )
         self.erasure = ErasureCoordinator(self)
         self.backup = BackupManager(self)

@@ -818,27 +818,24 @@ class Catalog:
 
     def existing_tokens(self, candidates: Sequence[str]) -> dict[str, tuple[str, str, str, bool]]:
         """token -> (subject_ref, scope, purpose, deterministic) of the stored ones."""
-        # On the vault's issue path (group commit, deterministic tokens): one
-        # indexed read on the thread's DBAPI connection, not SQLAlchemy's machinery.
+        # On the vault's issue path (group commit, deterministic tokens): on SQLite
+        # an autocommit read on the thread's connection, like ``guard``.
         out: dict[str, tuple[str, str, str, bool]] = {}
-        if self.dialect == "sqlite" and len(candidates) <= 8:
-            conn = self._conn()
-            for token in candidates:
-                r = conn.execute(_OWNER_OF, (token,)).fetchone()
-                if r is not None:
-                    out[token] = (str(r[0]), str(r[1]), str(r[2]), bool(r[3]))
-            return out
         mark = "?" if self.dialect == "sqlite" else "%s"
-        with self._hot(write=False) as cur:
-            for chunk in _chunks(list(candidates)):
-                marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
-                sql = (
-                    "SELECT token, subject_ref, scope, purpose, deterministic FROM ks_tokens "  # noqa: S608
-                    f"WHERE token IN ({marks})"
-                )
-                cur.execute(sql, chunk)
-                for r in cur.fetchall():
-                    out[str(r[0])] = (str(r[1]), str(r[2]), str(r[3]), bool(r[4]))
+        for chunk in _chunks(list(candidates)):
+            marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
+            sql = (
+                "SELECT token, subject_ref, scope, purpose, deterministic FROM ks_tokens "  # noqa: S608
+                f"WHERE token IN ({marks})"
+            )
+            if self.dialect == "sqlite":
+                found = self._conn().execute(sql, chunk).fetchall()
+            else:
+                with self._hot(write=False) as cur:
+                    cur.execute(sql, chunk)
+                    found = cur.fetchall()
+            for r in found:
+                out[str(r[0])] = (str(r[1]), str(r[2]), str(r[3]), bool(r[4]))
         return out
 
     def update_assets(self, asset_ids: Sequence[str], **values: Any) -> int:
@@ -868,9 +865,11 @@ class Catalog:
         with self._write() as conn:
             return self._delete_ids(conn, asset_ids)
 
-    def _subject_filter(self, subject_ref: str, scope: str | None) -> Any:
-        where = assets.c.subject_ref == subject_ref
-        return where if scope is None else sa.and_(where, assets.c.scope == scope)
+    @staticmethod
+    def subject_filter(subject_ref: str, scope: str | None, table: sa.Table = assets) -> Any:
+        """The rows of ``table`` (assets, tokens) of a subject, or of one scope."""
+        where = table.c.subject_ref == subject_ref
+        return where if scope is None else sa.and_(where, table.c.scope == scope)
 
     def asset_kinds(self, subject_ref: str, scope: str | None = None) -> dict[str, str]:
         """Asset id -> kind of every asset of the subject (or one of its scopes)."""
@@ -879,13 +878,11 @@ class Catalog:
                 str(a): str(k)
                 for a, k in conn.execute(
                     sa.select(assets.c.asset_id, assets.c.kind).where(
-                        self._subject_filter(subject_ref, scope)
+                        self.subject_filter(subject_ref, scope)
                     )
                 )
             }
-            where = tokens.c.subject_ref == subject_ref
-            if scope is not None:
-                where = sa.and_(where, tokens.c.scope == scope)
+            where = self.subject_filter(subject_ref, scope, tokens)
             for (t,) in conn.execute(sa.select(tokens.c.token).where(where)):
                 out[str(t)] = TOKEN_KIND
         return out
@@ -893,13 +890,13 @@ class Catalog:
     def delete_subject_assets(self, subject_ref: str, scope: str | None = None) -> int:
         """Delete every asset of the subject (or scope) and its provenance edges in
         three statements, however many assets there are."""
-        own = sa.select(assets.c.asset_id).where(self._subject_filter(subject_ref, scope))
+        own = sa.select(assets.c.asset_id).where(self.subject_filter(subject_ref, scope))
         with self._write() as conn:
             conn.execute(asset_sources.delete().where(asset_sources.c.asset_id.in_(own)))
             conn.execute(asset_mentions.delete().where(asset_mentions.c.asset_id.in_(own)))
             return int(
                 conn.execute(
-                    assets.delete().where(self._subject_filter(subject_ref, scope))
+                    assets.delete().where(self.subject_filter(subject_ref, scope))
                 ).rowcount
             )
 
@@ -953,9 +950,7 @@ class Catalog:
         kind: str | None = None,
         status: str | None = None,
     ) -> list[AssetRow]:
-        where = assets.c.subject_ref == subject_ref
-        if scope is not None:
-            where = sa.and_(where, assets.c.scope == scope)
+        where = self.subject_filter(subject_ref, scope)
         if kind is not None:
             where = sa.and_(where, assets.c.kind == kind)
         if status is not None:
@@ -963,10 +958,7 @@ class Catalog:
         with self._read() as conn:
             rows = self._rows(conn, where)
             if kind in (None, TOKEN_KIND) and status in (None, "live"):
-                tw = tokens.c.subject_ref == subject_ref
-                if scope is not None:
-                    tw = sa.and_(tw, tokens.c.scope == scope)
-                rows += self._token_rows(conn, tw)
+                rows += self._token_rows(conn, self.subject_filter(subject_ref, scope, tokens))
         return rows
 
     @staticmethod
@@ -1068,7 +1060,7 @@ class Catalog:
     def derived_from_subject(self, subject_ref: str, scope: str | None = None) -> list[AssetRow]:
         """Assets of other subjects (or scopes) whose provenance names any asset of
         this subject (scope): one join, however many assets the subject has."""
-        own = sa.select(assets.c.asset_id).where(self._subject_filter(subject_ref, scope))
+        own = sa.select(assets.c.asset_id).where(self.subject_filter(subject_ref, scope))
         with self._read() as conn:
             ids = set(
                 conn.execute(
@@ -1283,9 +1275,6 @@ class _Row:
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.__dict__.update(values)
-
-
-_OWNER_OF = "SELECT subject_ref, scope, purpose, deterministic FROM ks_tokens WHERE token = ?"
 
 
 def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:

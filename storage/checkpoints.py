@@ -20,12 +20,10 @@ so nothing is written for a subject after the transaction that suppressed it.
 
 from __future__ import annotations
 
-import contextlib
 import struct
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -114,14 +112,14 @@ class CheckpointStore:
         keyring: Keyring,
         *,
         tenant: str,
-        locked: Callable[[str], AbstractContextManager[None]] | None = None,
+        first_key: Callable[[str, str, str | None], DataKey],
     ) -> None:
         self._catalog = catalog
         self._keyring = keyring
         self._tenant = tenant
-        # The subject's partition lock, under which an erasure destroys keys after
-        # suppressing: a thread's key is created under it (see ``_create``).
-        self._locked = locked
+        # Makes a thread's key safely against a racing erasure
+        # (``MemoryStore.first_key``).
+        self._first_key = first_key
         self._threads: dict[str, _Thread] = {}
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
@@ -253,9 +251,7 @@ class CheckpointStore:
         th = _Thread(ref, subject_ref, scope)
         # The thread's key is created here and only here, under the subject's
         # partition lock with the guard read in it: never for a subject being erased.
-        with self._locked(subject_ref) if self._locked is not None else contextlib.nullcontext():
-            self._catalog.check_guard(subject_ref)
-            key = self._keyring.data_key(subject_ref, thread_scope(ref))
+        key = self._first_key(subject_ref, thread_scope(ref), None)
         sealed = key.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
         now = datetime.now(UTC)
         asset = AssetRow(

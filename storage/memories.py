@@ -30,8 +30,9 @@ from keyshred.errors import (
     SubjectSuppressed,
     ValueTooLarge,
 )
+from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
+from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
@@ -115,6 +116,27 @@ class PutItem:
     mentions: Sequence[str] = ()
     index: bool | Sequence[str] | None = None
     ttl: timedelta | None = None  # shortens retention (never beyond the policy's)
+
+
+# ``_register_rows`` binds memory assets as tuples in the catalog's column order.
+_ASSET_ORDER = (
+    "asset_id",
+    "subject_ref",
+    "scope",
+    "kind",
+    "storage_system",
+    "storage_key",
+    "purpose",
+    "category",
+    "created_at",
+    "retain_until",
+    "status",
+    "lookup",
+    "producer",
+    "producer_version",
+)
+if _ASSET_ORDER != ASSET_COLUMNS:  # pragma: no cover - a schema edit
+    raise ImportError("keyshred.storage.memories does not match the ks_assets columns")
 
 
 def _vector_ids(row: MemoryRow) -> list[str]:
@@ -1091,6 +1113,16 @@ class MemoryStore:
         part = self._partition(ref)
         with part.flocked(refresh=False):
             yield
+
+    def first_key(self, ref: str, key_scope: str, guard_scope: str | None = None) -> DataKey:
+        """The subject's key for ``key_scope``, created if need be under the
+        partition lock with the guard read again there: the lock an erasure destroys
+        keys under after suppressing, so no key is ever created for a subject being
+        erased. For stores outside the partition (tokens, agent threads) that make
+        a subject's first key; memory writes do the same inside their own lock."""
+        with self.locked(ref):
+            self._catalog.check_guard(ref, scope=guard_scope)
+            return self._keyring.data_key(ref, key_scope)
 
     def drop_subject(self, ref: str) -> int:
         """Remove the subject's whole partition folder; returns files removed."""

@@ -32,14 +32,12 @@ nobody): the trade a hot-path sanitizer (log filters, prompt guards) usually wan
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -93,15 +91,11 @@ _ROW = (
 if _ROW != TOKEN_COLUMNS:  # pragma: no cover - a schema edit
     raise ImportError("keyshred.vault.tokens does not match the ks_tokens columns")
 
-_KIND_NAMES: dict[str, str] = {}
 
-
+@functools.lru_cache(maxsize=1024)
 def _kind_name(kind: str) -> str:
-    """A finding's kind as it appears in a token (``<PHONE_…>``), memoized."""
-    name = re.sub(r"[^A-Z0-9_]", "_", kind.upper())[:30] or "PII"
-    if len(_KIND_NAMES) < 1024:
-        _KIND_NAMES[kind] = name
-    return name
+    """A finding's kind as it appears in a token (``<PHONE_…>``)."""
+    return re.sub(r"[^A-Z0-9_]", "_", kind.upper())[:30] or "PII"
 
 
 def _start(f: Finding) -> int:
@@ -155,12 +149,12 @@ class TokenVault:
         recognizers: Sequence[Recognizer] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         group_commit_ms: float = 0.0,
-        locked: Callable[[str], AbstractContextManager[None]] | None = None,
+        first_key: Callable[[str, str, str | None], DataKey],
     ) -> None:
         self._catalog = catalog
-        # The subject's partition lock: an erasure destroys keys under it, after
-        # suppressing; a first key is created under it (see ``_key``).
-        self._locked = locked
+        # Makes a subject's first key safely against a racing erasure
+        # (``MemoryStore.first_key``).
+        self._first_key = first_key
         self._keyring = keyring
         self._ref = subject_ref
         self._audit = audit
@@ -250,11 +244,10 @@ class TokenVault:
             return [Sanitized(t, ()) for t in texts]
         now = self._clock()
         key = self._key(ref, scope)
-        kind_names = _KIND_NAMES
         # (finding, kind, value) per text, in text order.
         entries = [
             [
-                (f, kind_names.get(f.kind) or _kind_name(f.kind), text[f.start : f.end].encode())
+                (f, _kind_name(f.kind), text[f.start : f.end].encode())
                 for f in (sorted(found, key=_start) if len(found) > 1 else found)
             ]
             for text, found in zip(texts, findings, strict=True)
@@ -346,34 +339,44 @@ class TokenVault:
         id, so a token never resolves to someone else's value."""
         det_key = key.derive(b"token:" + purpose.encode())
         wanted = {(kind, value) for found in entries for _, kind, value in found}
+
+        def token(kind: str, value: bytes, counter: int) -> str:
+            salt = b"" if counter == 0 else b"\x00" + str(counter).encode()
+            mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value + salt)
+            return f"<{kind}_{mac[:5].hex()}>"
+
+        ours = (ref, scope, purpose, True)
+        # Every value's first id, and whose they are, in one read.
+        first = {(kind, value): token(kind, value, 0) for kind, value in wanted}
+        owners = self._owners(list(first.values()))
         token_of: dict[Any, str] = {}
         fresh: dict[str, tuple[str, bytes]] = {}
-        for kind, value in wanted:
+        for (kind, value), natural in first.items():
+            candidate = natural
             for counter in range(_ATTEMPTS):
-                salt = b"" if counter == 0 else b"\x00" + str(counter).encode()
-                mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value + salt)
-                token = f"<{kind}_{mac[:5].hex()}>"
-                owner = self._owner(token)
-                if owner is None:
-                    if token in fresh:
-                        continue  # another value of this call took it
-                    fresh[token] = (kind, value)
-                    break
-                if owner == (ref, scope, purpose, True):
+                if counter:  # the rare collision: the next derived id, read on its own
+                    candidate = token(kind, value, counter)
+                    owners.update(self._owners([candidate]))
+                owner = owners.get(candidate)
+                if owner == ours:
                     break  # issued before: the same token, stored once
+                if owner is None and candidate not in fresh:
+                    fresh[candidate] = (kind, value)
+                    break
             else:
                 raise TokenCollision("no free deterministic token id for a value")
-            token_of[(kind, value)] = token
+            token_of[(kind, value)] = candidate
         return token_of, fresh
 
-    def _owner(self, token: str) -> tuple[str, str, str, bool] | None:
-        """(subject_ref, scope, purpose, deterministic) of a pending or stored token."""
+    def _owners(self, candidates: list[str]) -> dict[str, tuple[str, str, str, bool]]:
+        """(subject_ref, scope, purpose, deterministic) of the pending or stored ones."""
         with self._pending_lock:
-            pending = self._pending.get(token)
-        if pending is not None:
-            row = pending[1]
-            return (row[1], row[2], row[4], bool(row[5]))
-        return self._catalog.existing_tokens([token]).get(token)
+            pending = [(t, self._pending[t][1]) for t in candidates if t in self._pending]
+        out = {t: (row[1], row[2], row[4], bool(row[5])) for t, row in pending}
+        rest = [t for t in candidates if t not in out]
+        if rest:
+            out.update(self._catalog.existing_tokens(rest))
+        return out
 
     def _key(self, ref: str, scope: str) -> DataKey:
         """The subject's scope key. The usual case, a key that exists, needs no lock:
@@ -385,9 +388,7 @@ class TokenVault:
             return self._keyring.data_key(ref, scope, create=False)
         except (KeyNotFound, SubjectErased):
             pass
-        with self._locked(ref) if self._locked is not None else contextlib.nullcontext():
-            self._catalog.check_guard(ref, scope=scope)
-            return self._keyring.data_key(ref, scope)
+        return self._first_key(ref, scope, scope)
 
     # -- group commit ----------------------------------------------------------------
 
@@ -548,17 +549,13 @@ class TokenVault:
             for token, (_, row) in list(self._pending.items()):
                 if row[1] == subject_ref and (scope is None or row[2] == scope):
                     del self._pending[token]
-        where = tokens.c.subject_ref == subject_ref
-        if scope is not None:
-            where = sa.and_(where, tokens.c.scope == scope)
+        where = self._catalog.subject_filter(subject_ref, scope, tokens)
         with self._catalog.transaction() as conn:
             return int(conn.execute(tokens.delete().where(where)).rowcount)
 
     def count(self, subject_ref: str, scope: str | None = None) -> int:
         """Stored tokens of the subject (or of one of its scopes)."""
-        where = tokens.c.subject_ref == subject_ref
-        if scope is not None:
-            where = sa.and_(where, tokens.c.scope == scope)
+        where = self._catalog.subject_filter(subject_ref, scope, tokens)
         with self._catalog.engine.connect() as conn:
             return int(
                 conn.execute(
