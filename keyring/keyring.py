@@ -7,8 +7,8 @@
   without touching any data; ``destroy_kek_epochs_before`` then retires old epochs;
 - ``destroy`` crypto-erases a subject (or one scope): wrapped DEKs deleted and a
   tombstone written in one transaction, caches evicted, then verified;
-- system secrets (the subject-ref HMAC key, the receipt signing key) are wrapped
-  like DEKs and re-wrapped on rotation.
+- system secrets (the subject-ref HMAC key, the receipt signing key, the vault's
+  token-id key) are wrapped like DEKs and re-wrapped on rotation.
 
 Opening a ciphertext reads its key id first; a key id with a tombstone raises
 ``SubjectErased`` before any decryption is attempted.
@@ -39,11 +39,13 @@ from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import KEY_ID_BYTES, Place, PlaceTemplate, key_id_of
 from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey
 from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, Tombstone
+from keyshred.keyring.tokenid import TokenIds
 
 __all__ = ["DestroyResult", "Keyring", "RotationResult", "Signer", "verify_signature"]
 
 _REF_KEY = "subject-ref-key"
 _SIGNING_KEY = "receipt-signing-key"
+_TOKEN_ID_KEY = "token-id-key"
 _REF_DOMAIN = b"keyshred/subject-ref\x00"
 _REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
 _LEN = struct.Struct(">I")
@@ -144,6 +146,7 @@ class Keyring:
         self._create_lock = threading.Lock()
         self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
         self._signer: Signer | None = None
+        self._token_ids: TokenIds | None = None
         self._refs: dict[tuple[str, str], str] = {}
 
     # -- system secrets ------------------------------------------------------------
@@ -165,6 +168,12 @@ class Keyring:
             )
             self._signer = Signer(raw)
         return self._signer
+
+    def token_ids(self) -> TokenIds:
+        """The cipher of the vault's token ids (its key created on first use)."""
+        if self._token_ids is None:
+            self._token_ids = TokenIds(self._system_secret(_TOKEN_ID_KEY, prim.random_key))
+        return self._token_ids
 
     # -- subject refs --------------------------------------------------------------
 

@@ -21,9 +21,7 @@ class (or a branch of it) and never see a backend's own exception type::
     │   ├── UnknownToken            not a token this store issued (forged, or removed)
     │   ├── TokenExpired            past its expiry
     │   ├── TokenPurposeMismatch    issued for another purpose
-    │   ├── TokenSubjectMismatch    issued for another subject than the caller expects
-    │   └── TokenCollision          a new token's id is taken (ids are 40 bits); sanitize
-    │                               draws new ones, so callers see it only if that fails
+    │   └── TokenSubjectMismatch    issued for another subject than the caller expects
     ├── SubjectSuppressed           the subject is suppressed or erased: nothing is read
     │   └── StaleEpoch              or written; a job carrying an older deletion epoch
     │                               is refused with StaleEpoch
@@ -53,7 +51,6 @@ __all__ = [
     "StaleEpoch",
     "SubjectErased",
     "SubjectSuppressed",
-    "TokenCollision",
     "TokenError",
     "TokenExpired",
     "TokenPurposeMismatch",
@@ -157,8 +154,3 @@ class TokenPurposeMismatch(TokenError):
 class TokenSubjectMismatch(TokenError):
     """The token belongs to another subject than the one the caller expects."""
 
-
-class TokenCollision(TokenError):
-    """A new token's id is already taken by another token. Token ids are 40 bits, so
-    this happens at scale; ``sanitize`` draws new ids (or, for deterministic tokens,
-    the next derived id) and callers see it only when that keeps failing."""

@@ -227,6 +227,8 @@ class Keyshred:
 
     def subject_ref(self, subject: SubjectLike) -> str:
         """The pseudonymous reference that stands for ``subject`` everywhere."""
+        if type(subject) is str:  # the hot case: no Subject built (every put, sanitize)
+            return self.keyring.subject_ref(subject, self.config.tenant)
         s: Subject = as_subject(subject, self.config.tenant)
         return self.keyring.subject_ref(s.id, s.tenant)
 

@@ -173,16 +173,7 @@ class Lifecycle:
         """Delete tokens past their expiry plus ``retention.tokens_grace_days``."""
         cutoff = now - timedelta(days=self._ks.config.retention.tokens_grace_days)
         with self._ks.catalog.transaction() as conn:
-            doomed = [
-                str(t)
-                for (t,) in conn.execute(
-                    sa.select(tokens.c.token).where(tokens.c.expires_at <= cutoff)
-                )
-            ]
-            for start in range(0, len(doomed), 500):
-                part = doomed[start : start + 500]
-                conn.execute(tokens.delete().where(tokens.c.token.in_(part)))
-        return len(doomed)
+            return int(conn.execute(tokens.delete().where(tokens.c.expires_at <= cutoff)).rowcount)
 
     # -- what is configured ------------------------------------------------------------
 

@@ -37,13 +37,13 @@ from keyshred.errors import (
     InvalidInput,
     StaleEpoch,
     SubjectSuppressed,
-    TokenCollision,
 )
 
 __all__ = [
     "ACTIVE",
     "ASSET_COLUMNS",
     "SUPPRESSED",
+    "TOKEN_BLOCK",
     "TOKEN_COLUMNS",
     "TOKEN_KIND",
     "AssetRow",
@@ -173,25 +173,50 @@ audit_anchor = sa.Table(
 # The vault's tokens. Each row is a token asset in full (subject_ref, scope, purpose,
 # retain-until = expires_at, storage = this table; tokens derive from nothing), so
 # tokens get no second row in ``ks_assets``: ``assets()`` and ``asset_kinds()`` list
-# them with kind ``token``. One row per token halves what a sanitize writes. The
-# table keeps its rowid: rows append in insertion order and only the small index of
-# random token keys takes random inserts (3-4x cheaper per row than clustering the
-# whole rows by token once the table is large).
+# them with kind ``token``. One row per token halves what a sanitize writes. The key
+# is the token's number, which its id enciphers (``keyshred.keyring.tokenid``):
+# numbers come in blocks per process, so rows append, and a token finds its row by
+# primary key; no index of random ids takes random inserts. ``lookup`` (deterministic
+# tokens only) is the HMAC of the value under a key derived from the subject's DEK.
 TOKEN_KIND = "token"  # noqa: S105 - an asset kind, not a secret
+TOKEN_BLOCK = 1024  # numbers a process takes at a time
 
 tokens = sa.Table(
     "ks_tokens",
     metadata,
-    sa.Column("token", sa.String(64), primary_key=True),
+    # INTEGER PRIMARY KEY on SQLite: the rowid itself.
+    sa.Column(
+        "number",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    sa.Column("token", sa.String(64), nullable=False),
     sa.Column("subject_ref", sa.String(64), nullable=False),
     sa.Column("scope", sa.String(128), nullable=False),
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("purpose", sa.String(128), nullable=False),
     sa.Column("deterministic", sa.Boolean, nullable=False),
+    sa.Column("lookup", sa.LargeBinary(32), nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("value", sa.LargeBinary, nullable=False),  # envelope ciphertext
     sa.Index("ks_tokens_subject", "subject_ref", "scope"),
+)
+sa.Index(
+    "ks_tokens_lookup",
+    tokens.c.lookup,
+    sqlite_where=tokens.c.lookup.is_not(None),
+    postgresql_where=tokens.c.lookup.is_not(None),
+)
+# One row per block of token numbers handed to a process; never deleted, so a number
+# is never issued twice (block b holds b * TOKEN_BLOCK .. b * TOKEN_BLOCK + 1023).
+token_blocks = sa.Table(
+    "ks_token_blocks",
+    metadata,
+    sa.Column("block", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("taken_at", sa.DateTime(timezone=True), nullable=False),
+    sqlite_autoincrement=True,
 )
 TOKEN_COLUMNS = tuple(c.name for c in tokens.columns)
 
@@ -403,6 +428,8 @@ class Catalog:
             except sa.exc.OperationalError:
                 raise ConfigError("the catalog database cannot be reached") from None
         self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
+        # token -> its row number (set by the vault; None for what is not a token)
+        self.token_number: Callable[[str], int | None] | None = None
         self._local = threading.local()
         self._raw: list[Any] = []
         self._raw_lock = threading.Lock()
@@ -565,6 +592,23 @@ class Catalog:
     def _guard_row(self, cur: Any, subject_ref: str, lock: bool) -> GuardState:
         cur.execute(self._sql["guard_lock" if lock else "guard"], {"subject_ref": subject_ref})
         return _guard_state(cur.fetchone())
+
+    def _guard_rows(self, cur: Any, refs: Iterable[str]) -> dict[str, GuardState]:
+        """The guards of many subjects in one read per chunk (locked ``FOR SHARE`` on
+        PostgreSQL, inside the caller's write transaction); absent ones are active."""
+        mark = "?" if self.dialect == "sqlite" else "%s"
+        lock = " FOR SHARE" if self.dialect == "postgresql" else ""
+        out: dict[str, GuardState] = {}
+        for chunk in _chunks(sorted(refs)):
+            marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
+            cur.execute(
+                "SELECT subject_ref, status, deletion_epoch, suppressed_scopes "  # noqa: S608
+                f"FROM ks_subject_guard WHERE subject_ref IN ({marks}){lock}",
+                chunk,
+            )
+            for row in cur.fetchall():
+                out[str(row[0])] = _guard_state(row[1:])
+        return out
 
     def _sqlite_setup(self, url: str) -> None:
         path = self.engine.url.database
@@ -804,38 +848,53 @@ class Catalog:
         params: Sequence[Any] = rows
         if self.dialect != "sqlite":
             params = [dict(zip(self.token_columns, row, strict=True)) for row in rows]
-        try:
-            with self._hot(write=True) as cur:
+        with self._hot(write=True) as cur:
+            scopes = list(scopes)
+            if len(scopes) == 1:
+                ref, scope, epoch = scopes[0]
+                self.enforce(ref, self._guard_row(cur, ref, True), epoch, scope)
+            else:  # a group commit: every subject's guard in one read
+                states = self._guard_rows(cur, {ref for ref, _, _ in scopes})
                 for ref, scope, epoch in scopes:
-                    self.enforce(ref, self._guard_row(cur, ref, True), epoch, scope)
-                if len(params) == 1:
-                    cur.execute(self._sql["insert_token"], params[0])
-                else:
-                    cur.executemany(self._sql["insert_token"], params)
-        except self.engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]
-            # The only constraint a token row can break is its token's uniqueness.
-            raise TokenCollision("a token id of this batch is taken") from None
+                    self.enforce(ref, states.get(ref, _OPEN), epoch, scope)
+            if len(params) == 1:
+                cur.execute(self._sql["insert_token"], params[0])
+            else:
+                cur.executemany(self._sql["insert_token"], params)
 
-    def existing_tokens(self, candidates: Sequence[str]) -> dict[str, tuple[str, str, str, bool]]:
-        """token -> (subject_ref, scope, purpose, deterministic) of the stored ones."""
-        # On the vault's issue path (group commit, deterministic tokens): on SQLite
-        # an autocommit read on the thread's connection, like ``guard``.
-        out: dict[str, tuple[str, str, str, bool]] = {}
+    def token_block(self) -> int:
+        """A fresh block of token numbers, never handed out before: its first number
+        (``TOKEN_BLOCK`` numbers from there on are the caller's)."""
+        with self._write() as conn:
+            block = conn.execute(
+                token_blocks.insert().values(taken_at=datetime.now(UTC))
+            ).inserted_primary_key
+        assert block is not None  # noqa: S101 - an insert has a key
+        return int(block[0]) * TOKEN_BLOCK
+
+    def token_lookups(
+        self, subject_ref: str, scope: str, purpose: str, lookups: Sequence[bytes]
+    ) -> dict[bytes, str]:
+        """lookup -> token of the subject's stored deterministic tokens for ``purpose``
+        (the lowest-numbered, if racing processes issued two)."""
+        out: dict[bytes, str] = {}
         mark = "?" if self.dialect == "sqlite" else "%s"
-        for chunk in _chunks(list(candidates)):
+        for start in range(0, len(lookups), 500):
+            chunk = list(lookups[start : start + 500])
             marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
             sql = (
-                "SELECT token, subject_ref, scope, purpose, deterministic FROM ks_tokens "  # noqa: S608
-                f"WHERE token IN ({marks})"
+                "SELECT lookup, token FROM ks_tokens WHERE lookup IN "  # noqa: S608
+                f"({marks}) AND subject_ref = {mark} AND scope = {mark} AND purpose = {mark} "
+                "ORDER BY number DESC"
             )
+            params = [*chunk, subject_ref, scope, purpose]
             if self.dialect == "sqlite":
-                found = self._conn().execute(sql, chunk).fetchall()
+                found = self._conn().execute(sql, params).fetchall()
             else:
                 with self._hot(write=False) as cur:
-                    cur.execute(sql, chunk)
+                    cur.execute(sql, params)
                     found = cur.fetchall()
-            for r in found:
-                out[str(r[0])] = (str(r[1]), str(r[2]), str(r[3]), bool(r[4]))
+            out.update({bytes(r[0]): str(r[1]) for r in found})  # the lowest number wins
         return out
 
     def update_assets(self, asset_ids: Sequence[str], **values: Any) -> int:
@@ -999,7 +1058,13 @@ class Catalog:
         with self._read() as conn:
             rows = self._rows(conn, assets.c.asset_id == asset_id)
             if not rows and asset_id.startswith("<"):
-                rows = self._token_rows(conn, tokens.c.token == asset_id)
+                # A token's row by its number when the vault has said how to read
+                # one (``token_number``); without it, a scan.
+                number = self.token_number(asset_id) if self.token_number else None
+                where = tokens.c.token == asset_id
+                if number is not None:
+                    where = sa.and_(tokens.c.number == number, where)
+                rows = self._token_rows(conn, where)
         return rows[0] if rows else None
 
     def count(self, subject_ref: str | None = None, kind: str | None = None) -> int:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -49,7 +49,6 @@ from keyshred.errors import (
     KeyNotFound,
     SubjectErased,
     SubjectSuppressed,
-    TokenCollision,
     TokenError,
     TokenExpired,
     TokenPurposeMismatch,
@@ -60,7 +59,7 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import TOKEN_COLUMNS, Catalog, tokens, utc
+from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, tokens, utc
 from keyshred.vault.detect import Finding, Recognizer, detect
 
 __all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
@@ -73,17 +72,18 @@ class _Row:
         self.__dict__.update(values)
 
 
-_ATTEMPTS = 4  # ids drawn for one call before a collision is given up on
 TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,30})_([0-9a-f]{10})>")
 _PURPOSE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 # ``_sanitize`` builds token rows as tuples in the catalog's column order.
 _ROW = (
+    "number",
     "token",
     "subject_ref",
     "scope",
     "kind",
     "purpose",
     "deterministic",
+    "lookup",
     "created_at",
     "expires_at",
     "value",
@@ -107,18 +107,6 @@ def _templates(subject_ref: str, scope: str) -> PlaceTemplate:
     return PlaceTemplate(subject_ref, scope, "tokens", "value")
 
 
-class _Call(NamedTuple):
-    """One sanitize call, validated, as its attempts share it."""
-
-    texts: list[str]
-    subject: Any
-    purpose: str
-    ttl: timedelta
-    scope: str
-    deterministic: bool
-    findings: list[list[Finding]]
-
-
 @dataclass(frozen=True, slots=True)
 class Sanitized:
     """The sanitized text and the tokens it carries (never the values)."""
@@ -128,6 +116,10 @@ class Sanitized:
 
     def __repr__(self) -> str:
         return f"Sanitized(tokens={len(self.tokens)})"
+
+
+_ZERO = timedelta(0)
+_valid_purposes: set[str] = set()  # purposes checked once already (a hot-path cache)
 
 
 def _check_purpose(purpose: str) -> str:
@@ -163,6 +155,11 @@ class TokenVault:
         self._group = max(0.0, group_commit_ms) / 1000.0
         # token -> (guard epoch at issue, row in the catalog's token_columns order)
         self._pending: dict[str, tuple[int, tuple[Any, ...]]] = {}
+        # (subject_ref, scope, purpose, lookup) -> token of pending deterministic rows
+        self._pending_lookups: dict[tuple[str, str, str, bytes], str] = {}
+        catalog.token_number = self.number_of
+        self._free: list[tuple[int, str]] = []  # (number, id), taken from the end
+        self._numbers_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._wake = threading.Event()
@@ -216,28 +213,17 @@ class TokenVault:
         deterministic: bool,
         findings: list[list[Finding]] | None = None,
     ) -> list[Sanitized]:
-        if not all(isinstance(t, str) for t in texts):
+        if not all(type(t) is str or isinstance(t, str) for t in texts):
             raise InvalidInput("sanitize takes strings")
-        _check_purpose(purpose)
-        if ttl <= timedelta(0):
+        if type(purpose) is not str or purpose not in _valid_purposes:
+            _check_purpose(purpose)
+            if len(_valid_purposes) < 1024:
+                _valid_purposes.add(purpose)
+        if ttl <= _ZERO:
             raise InvalidInput("a token's ttl must be positive")
         if findings is None:
             recognizers = self._recognizers
             findings = [detect(t, recognizers) for t in texts]
-        # Token ids are 40 bits: at scale a new random id is sometimes taken. Nothing
-        # is stored or returned until the ids are settled, so a collision is retried
-        # with fresh ids (deterministic ones move to their next derived id).
-        call = _Call(texts, subject, purpose, ttl, scope, deterministic, findings)
-        for attempt in range(_ATTEMPTS):
-            try:
-                return self._sanitize_once(call)
-            except TokenCollision:
-                if attempt == _ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _sanitize_once(self, call: _Call) -> list[Sanitized]:
-        texts, subject, purpose, ttl, scope, deterministic, findings = call
         ref = self._ref(subject)
         epoch = self._catalog.check_guard(ref, scope=scope)
         if not any(findings):
@@ -271,31 +257,28 @@ class TokenVault:
             results.append(Sanitized("".join(out), tuple(issued)))
         if fresh:
             template = _templates(ref, scope)
-            sealed = key.seal_rows([(t, v) for t, (_, v) in fresh.items()], template)
+            sealed = key.seal_rows([(t, v[2]) for t, v in fresh.items()], template)
             time_param = self._catalog.time_param
             created, expires = time_param(now), time_param(now + ttl)
             rows = [
-                (token, ref, scope, kind, purpose, deterministic, created, expires, ct)
-                for (token, (kind, _)), ct in zip(fresh.items(), sealed, strict=True)
+                (n, token, ref, scope, kind, purpose, deterministic, lookup, created, expires, ct)
+                for (token, (n, kind, _, lookup)), ct in zip(fresh.items(), sealed, strict=True)
             ]
             if self._group:
-                # The text goes out before the row is stored: an id taken in the
-                # database now would make this token resolve to another token's
-                # value. Checked here (one indexed read); the flush drops the rare id
-                # that another process stores in between.
-                if not deterministic and self._catalog.existing_tokens(list(fresh)):
-                    raise TokenCollision("a new token id is taken")
+                # Ids are unique by construction (enciphered unique numbers), so the
+                # text may go out before its rows are stored.
                 with self._pending_lock:
-                    if not fresh.keys().isdisjoint(self._pending):
-                        raise TokenCollision("a token id is pending already")
+                    pending = self._pending
                     for row in rows:
-                        self._pending[row[0]] = (epoch, row)
+                        pending[row[1]] = (epoch, row)
+                        if row[7] is not None:
+                            self._pending_lookups[(ref, scope, purpose, row[7])] = row[1]
                 if time.monotonic() - self._flushed_at >= self._group:
                     # Busy: the caller flushes, once per interval. A background
                     # thread flushing while callers run would trade the GIL back
                     # and forth on every row the database steps through.
                     self.flush()
-                else:
+                elif self._flusher is None:
                     self._start_flusher()
             else:
                 # One transaction that re-checks the guard (and the epoch read
@@ -304,24 +287,38 @@ class TokenVault:
                 self._catalog.insert_tokens(rows, [(ref, scope, epoch)])
         return results
 
-    @staticmethod
+    def _numbers(self, count: int) -> list[tuple[int, str]]:
+        """``count`` fresh (number, id) pairs: numbers from this process's blocks,
+        ids enciphered a block at a time."""
+        if count == 0:
+            return []
+        with self._numbers_lock:
+            free = self._free
+            while len(free) < count:
+                start = self._catalog.token_block()
+                block = range(start, start + TOKEN_BLOCK)
+                # Handed out from the end: reversed, so numbers rise within a block.
+                free[:0] = list(zip(block, self._keyring.token_ids().encode_many(block), strict=True))[::-1]
+            taken = free[-count:]
+            del free[-count:]
+        return taken
+
     def _random(
-        entries: list[list[tuple[Finding, str, bytes]]],
-    ) -> tuple[dict[Any, str], dict[str, tuple[str, bytes]]]:
-        """A fresh random token per finding: (finding id -> token, token -> (kind,
-        value) to store). Every id of the call comes from one system call."""
-        ids = os.urandom(5 * sum(map(len, entries))).hex()
-        n = 0
+        self, entries: list[list[tuple[Finding, str, bytes]]]
+    ) -> tuple[dict[Any, str], dict[str, tuple[int, str, bytes, bytes | None]]]:
+        """A fresh token per finding: (finding id -> token, token -> (number, kind,
+        value, lookup) to store)."""
+        numbers = self._numbers(sum(map(len, entries)))
         token_of: dict[Any, str] = {}
-        fresh: dict[str, tuple[str, bytes]] = {}
+        fresh: dict[str, tuple[int, str, bytes, bytes | None]] = {}
+        k = len(numbers)
         for found in entries:
             for f, kind, value in found:
-                token = f"<{kind}_{ids[n : n + 10]}>"
-                n += 10
-                if token in fresh:
-                    raise TokenCollision("two new token ids of one call are equal")
+                k -= 1
+                n, hex_id = numbers[k]
+                token = f"<{kind}_{hex_id}>"
                 token_of[id(f)] = token
-                fresh[token] = (kind, value)
+                fresh[token] = (n, kind, value, None)
         return token_of, fresh
 
     def _deterministic(
@@ -331,52 +328,42 @@ class TokenVault:
         scope: str,
         purpose: str,
         entries: list[list[tuple[Finding, str, bytes]]],
-    ) -> tuple[dict[Any, str], dict[str, tuple[str, bytes]]]:
+    ) -> tuple[dict[Any, str], dict[str, tuple[int, str, bytes, bytes | None]]]:
         """The same token for the same (kind, value), subject, scope and purpose:
-        ``((kind, value) -> token, token -> (kind, value) to store)``. A token that
-        exists already and is ours is reused; one that belongs to another subject,
-        scope or purpose (a 40-bit collision) moves this value to its next derived
-        id, so a token never resolves to someone else's value."""
+        ``((kind, value) -> token, token -> (number, kind, value, lookup) to
+        store)``. A value's lookup is its HMAC under a key derived from the
+        subject's DEK and the purpose; a value seen before gets its stored (or
+        pending) token, a new one a fresh number."""
         det_key = key.derive(b"token:" + purpose.encode())
         wanted = {(kind, value) for found in entries for _, kind, value in found}
-
-        def token(kind: str, value: bytes, counter: int) -> str:
-            salt = b"" if counter == 0 else b"\x00" + str(counter).encode()
-            mac = prim.hmac_sha256(det_key, kind.encode() + b"\x00" + value + salt)
-            return f"<{kind}_{mac[:5].hex()}>"
-
-        ours = (ref, scope, purpose, True)
-        # Every value's first id, and whose they are, in one read.
-        first = {(kind, value): token(kind, value, 0) for kind, value in wanted}
-        owners = self._owners(list(first.values()))
-        token_of: dict[Any, str] = {}
-        fresh: dict[str, tuple[str, bytes]] = {}
-        for (kind, value), natural in first.items():
-            candidate = natural
-            for counter in range(_ATTEMPTS):
-                if counter:  # the rare collision: the next derived id, read on its own
-                    candidate = token(kind, value, counter)
-                    owners.update(self._owners([candidate]))
-                owner = owners.get(candidate)
-                if owner == ours:
-                    break  # issued before: the same token, stored once
-                if owner is None and candidate not in fresh:
-                    fresh[candidate] = (kind, value)
-                    break
-            else:
-                raise TokenCollision("no free deterministic token id for a value")
-            token_of[(kind, value)] = candidate
+        lookup_of = {
+            kv: prim.hmac_sha256(det_key, kv[0].encode() + b"\x00" + kv[1])[:16] for kv in wanted
+        }
+        known: dict[bytes, str] = {}
+        with self._pending_lock:
+            for lookup in lookup_of.values():
+                token = self._pending_lookups.get((ref, scope, purpose, lookup))
+                if token is not None:
+                    known[lookup] = token
+        rest = [lookup for lookup in lookup_of.values() if lookup not in known]
+        if rest:
+            known.update(self._catalog.token_lookups(ref, scope, purpose, rest))
+        new = [kv for kv, lookup in lookup_of.items() if lookup not in known]
+        numbers = self._numbers(len(new))
+        token_of: dict[Any, str] = {
+            kv: known[lookup] for kv, lookup in lookup_of.items() if lookup in known
+        }
+        fresh: dict[str, tuple[int, str, bytes, bytes | None]] = {}
+        for (kind, value), (n, hex_id) in zip(new, numbers, strict=True):
+            token = f"<{kind}_{hex_id}>"
+            token_of[(kind, value)] = token
+            fresh[token] = (n, kind, value, lookup_of[(kind, value)])
         return token_of, fresh
 
-    def _owners(self, candidates: list[str]) -> dict[str, tuple[str, str, str, bool]]:
-        """(subject_ref, scope, purpose, deterministic) of the pending or stored ones."""
-        with self._pending_lock:
-            pending = [(t, self._pending[t][1]) for t in candidates if t in self._pending]
-        out = {t: (row[1], row[2], row[4], bool(row[5])) for t, row in pending}
-        rest = [t for t in candidates if t not in out]
-        if rest:
-            out.update(self._catalog.existing_tokens(rest))
-        return out
+    def number_of(self, token: str) -> int | None:
+        """The row number a well-formed token's id enciphers (None otherwise)."""
+        m = TOKEN_RE.fullmatch(token) if isinstance(token, str) else None
+        return None if m is None else self._keyring.token_ids().decode(m.group(2))
 
     def _key(self, ref: str, scope: str) -> DataKey:
         """The subject's scope key. The usual case, a key that exists, needs no lock:
@@ -430,26 +417,18 @@ class TokenVault:
             batch = list(self._pending.values())
         if not batch:
             return 0
-        rows = [row for _, row in batch]
-        try:
-            stored = self._store_group(batch)
-        except TokenCollision:
-            # A pending token's id was taken in the database meanwhile (another
-            # process, 40-bit ids): its text already went out, so it cannot get a
-            # new id. It is dropped, unresolvable like a token lost in a crash, and
-            # never resolves to the other token's value; the rest is stored.
-            taken = set(self._catalog.existing_tokens([row[0] for row in rows]))
-            self._audit.record("vault.collision", tokens=len(taken))
-            stored = self._store_group([(e, r) for e, r in batch if r[0] not in taken])
+        stored = self._store_group(batch)
         with self._pending_lock:
-            for row in rows:
-                self._pending.pop(row[0], None)
+            for _, row in batch:
+                self._pending.pop(row[1], None)
+                if row[7] is not None:
+                    self._pending_lookups.pop((row[2], row[3], row[5], row[7]), None)
         return stored
 
     def _store_group(self, batch: list[tuple[int, tuple[Any, ...]]]) -> int:
         groups: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
         for epoch, row in batch:
-            groups.setdefault((row[1], row[2], epoch), []).append(row)
+            groups.setdefault((row[2], row[3], epoch), []).append(row)
         try:
             self._catalog.insert_tokens([row for _, row in batch], list(groups))
             return len(batch)
@@ -500,7 +479,8 @@ class TokenVault:
         return value
 
     def _resolve(self, token: str, purpose: str, subject: Any) -> tuple[str, str]:
-        if not isinstance(token, str) or not TOKEN_RE.fullmatch(token):
+        number = self.number_of(token)
+        if number is None:
             raise UnknownToken("not a keyshred token")
         with self._pending_lock:
             pending = self._pending.get(token)
@@ -509,7 +489,9 @@ class TokenVault:
             row = _Row(dict(zip(TOKEN_COLUMNS, pending[1], strict=True)))
         else:
             with self._catalog.engine.connect() as conn:
-                row = conn.execute(sa.select(tokens).where(tokens.c.token == token)).first()
+                row = conn.execute(sa.select(tokens).where(tokens.c.number == number)).first()
+            if row is not None and row.token != token:
+                row = None  # the number of another token (another kind): forged
         if row is None:
             raise UnknownToken("no such token (forged, or erased with its subject)")
         # Decide before decrypting: subject, purpose, expiry, guard.
@@ -547,8 +529,10 @@ class TokenVault:
         """Delete the subject's (scope's) token rows physically (pending ones too)."""
         with self._pending_lock:
             for token, (_, row) in list(self._pending.items()):
-                if row[1] == subject_ref and (scope is None or row[2] == scope):
+                if row[2] == subject_ref and (scope is None or row[3] == scope):
                     del self._pending[token]
+                    if row[7] is not None:
+                        self._pending_lookups.pop((row[2], row[3], row[5], row[7]), None)
         where = self._catalog.subject_filter(subject_ref, scope, tokens)
         with self._catalog.transaction() as conn:
             return int(conn.execute(tokens.delete().where(where)).rowcount)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.errors import (
@@ -256,111 +257,95 @@ def test_no_key_is_created_for_a_subject_suppressed_after_the_first_check(
     assert ks.vault.count(ref) == 0
 
 
-class _Ids:
-    """``os.urandom`` that hands out chosen 5-byte token ids first (the vault draws
-    its ids five bytes per value), real randomness otherwise."""
-
-    def __init__(self, *ids: str) -> None:
-        self.ids = [bytes.fromhex(i) for i in ids]
-        self.real = os.urandom
-
-    def __call__(self, n: int) -> bytes:
-        if n == 5 and self.ids:
-            return self.ids.pop(0)
-        return self.real(n)
-
-
-def _hex(token: str) -> str:
-    return token.rsplit("_", 1)[1].rstrip(">")
-
-
-def test_a_taken_random_id_is_drawn_again(ks: Keyshred, monkeypatch: pytest.MonkeyPatch) -> None:
-    """40-bit ids collide at scale: a new token whose id is taken gets a new id, never
-    a raw database error and never another token's value."""
-    first = ks.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
-    monkeypatch.setattr(os, "urandom", _Ids(_hex(first)))
-    s = ks.vault.sanitize("call 13912345678", "bob", "support", HOUR)
-    monkeypatch.undo()
-    (second,) = s.tokens
-    assert second != first and _hex(second) != _hex(first)
-    assert ks.vault.detokenize(first, "support", "t") == "13812345678"
-    assert ks.vault.detokenize(second, "support", "t") == "13912345678"
-
-
-def test_group_commit_never_hands_out_a_taken_id(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _group(path: Path) -> Keyshred:
     from keyshred import Config
 
     cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})  # flush by hand
-    store = Keyshred.init(tmp_path / "g", cfg)
+    return Keyshred.init(path, cfg, exist_ok=True)
+
+
+def test_token_ids_encipher_unique_numbers(ks: Keyshred) -> None:
+    """Every id is FF1 of a fresh row number: all distinct, in no visible order, and
+    the number finds the row."""
+    texts = [f"call 139{n:08d} or mail u{n}@example.com" for n in range(300)]
+    issued = [t for s in ks.vault.sanitize_many(texts, "alice", "support", HOUR) for t in s.tokens]
+    issued += ks.vault.sanitize("call 13812345678", "bob", "support", HOUR).tokens
+    numbers = [ks.vault.number_of(t) for t in issued]
+    assert len(set(issued)) == len(issued) == 601 and len(set(numbers)) == 601
+    ids = [t.rsplit("_", 1)[1][:-1] for t in issued]
+    assert ids != sorted(ids) and len({i[:3] for i in ids}) > 100  # no shared prefix, no order
+    with ks.catalog.engine.connect() as conn:
+        stored = dict(conn.execute(sa.select(tokens.c.token, tokens.c.number)).all())
+    assert {t: stored[t] for t in issued} == dict(zip(issued, numbers, strict=True))
+    assert ks.vault.number_of("<PHONE_zz>") is None and ks.vault.number_of("13812345678") is None
+
+
+def test_an_id_under_another_kind_is_forged(ks: Keyshred) -> None:
+    (token,) = ks.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens
+    forged = "<EMAIL_" + token.rsplit("_", 1)[1]
+    with pytest.raises(UnknownToken):
+        ks.vault.detokenize(forged, "support", "t")
+    assert refusals(ks) == ["UnknownToken"]
+    assert ks.catalog.asset(forged) is None and ks.catalog.asset(token) is not None
+
+
+def test_two_vaults_on_one_catalog_never_share_a_number(tmp_path: Path) -> None:
+    """Two processes' vaults (here two instances) take disjoint blocks of numbers."""
+    a = _group(tmp_path / "d")
+    b = Keyshred.open(tmp_path / "d")
     try:
-        stored = store.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
+        out: list[tuple[str, str]] = []
+        for n in range(50):
+            for store in (a, b):
+                value = f"13{n % 10}{n:08d}"
+                (t,) = store.vault.sanitize(f"call {value}", f"s{n}", "support", HOUR).tokens
+                out.append((t, value))
+        a.vault.flush()
+        b.vault.flush()
+        assert len({t for t, _ in out}) == 100
+        for store in (a, b):
+            for t, value in out:
+                assert store.vault.detokenize(t, "support", "t") == value
+    finally:
+        a.close()
+        b.close()
+
+
+def test_deterministic_tokens_while_pending_and_stored(tmp_path: Path) -> None:
+    store = _group(tmp_path / "g")
+    try:
+        mail = "mail dora.probe@example.com"
+        first = store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
+        assert store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens == first
         store.vault.flush()
-        pending = store.vault.sanitize("call 13712345678", "carol", "support", HOUR).tokens[0]
-        # The next two ids drawn are taken: one in the database, one pending.
-        monkeypatch.setattr(os, "urandom", _Ids(_hex(stored), _hex(pending)))
-        (fresh,) = store.vault.sanitize("call 13912345678", "bob", "support", HOUR).tokens
-        monkeypatch.undo()
-        assert fresh not in (stored, pending)
-        store.vault.flush()
-        assert store.vault.detokenize(stored, "support", "t") == "13812345678"
-        assert store.vault.detokenize(pending, "support", "t") == "13712345678"
-        assert store.vault.detokenize(fresh, "support", "t") == "13912345678"
+        assert store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens == first
+        # Other subject, scope or purpose: another token.
+        for subject, purpose, scope in (("erin", "join", "default"), ("dora", "other", "default")):
+            other = store.vault.sanitize(mail, subject, purpose, HOUR, deterministic=True, scope=scope)
+            assert other.tokens != first
+        assert store.vault.detokenize(first[0], "join", "t") == "dora.probe@example.com"
     finally:
         store.close()
 
 
-def test_a_deterministic_collision_moves_to_the_next_id(ks: Keyshred) -> None:
-    """A deterministic token whose id another subject's token holds moves on; the same
-    value keeps getting the same (moved) token."""
-    mail = "mail dora.probe@example.com"
-    natural = ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0]
-    # Make the natural id someone else's: store it for erin, then erase it for dora.
-    ref = ks.subject_ref("dora")
-    ks.vault.drop_subject(ref)
-    _store_foreign_token(ks, natural, "erin", "EMAIL", "join")
-    again = ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0]
-    assert again != natural
-    assert ks.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens[0] == again
-    assert ks.vault.detokenize(again, "join", "t", subject="dora") == "dora.probe@example.com"
-
-
-def test_a_flush_drops_a_pending_id_taken_meanwhile_and_stores_the_rest(tmp_path: Path) -> None:
-    """Another process stores the same id between issue and flush (a 20 ms window):
-    the pending token is dropped (unresolvable, like one lost in a crash) and
-    audited; the rest of the batch is stored; the flush never gets stuck."""
-    from keyshred import Config
-
-    cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})
-    store = Keyshred.init(tmp_path / "g", cfg)
+def test_racing_deterministic_issuers_both_resolve_and_the_first_wins(tmp_path: Path) -> None:
+    """Two processes issue the same deterministic value at once (one still pending):
+    both tokens resolve; afterwards everyone gets the lower-numbered one."""
+    a = _group(tmp_path / "d")
+    b = Keyshred.open(tmp_path / "d")
     try:
-        a = store.vault.sanitize("call 13812345678", "alice", "support", HOUR).tokens[0]
-        b = store.vault.sanitize("call 13912345678", "bob", "support", HOUR).tokens[0]
-        _store_foreign_token(store, a, "zed", "PHONE", "other")
-        assert store.vault.flush() == 1
-        assert store.vault.detokenize(b, "support", "t") == "13912345678"
-        with pytest.raises(TokenPurposeMismatch):  # the row is zed's, not alice's
-            store.vault.detokenize(a, "support", "t")
-        collisions = [e for e in store.audit.events() if e.event == "vault.collision"]
-        assert collisions and all("13812345678" not in json.dumps(e.data) for e in collisions)
+        mail = "mail dora.probe@example.com"
+        (ta,) = a.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
+        (tb,) = b.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
+        assert ta != tb
+        a.vault.flush()
+        b.vault.flush()
+        first = min((ta, tb), key=lambda t: a.vault.number_of(t) or 0)
+        for store in (a, b):
+            for t in (ta, tb):
+                assert store.vault.detokenize(t, "join", "x") == "dora.probe@example.com"
+            again = store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
+            assert again == (first,)
     finally:
-        store.close()
-
-
-def _store_foreign_token(store: Keyshred, token: str, owner: str, kind: str, purpose: str) -> None:
-    """A token row of another subject, as another process would have stored it."""
-    with store.catalog.engine.begin() as conn:
-        conn.execute(
-            tokens.insert().values(
-                token=token,
-                subject_ref=store.subject_ref(owner),
-                scope="default",
-                kind=kind,
-                purpose=purpose,
-                deterministic=False,
-                created_at=datetime.now(UTC),
-                expires_at=datetime.now(UTC) + HOUR,
-                value=b"someone else's",
-            )
-        )
+        a.close()
+        b.close()
