@@ -165,7 +165,7 @@ class TokenVault:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._flushed_at = time.monotonic()
+        self._flushed_at = self._issued_at = time.monotonic()
 
     # -- issuing -------------------------------------------------------------------
 
@@ -273,7 +273,8 @@ class TokenVault:
                         pending[row[1]] = (epoch, row)
                         if row[7] is not None:
                             self._pending_lookups[(ref, scope, purpose, row[7])] = row[1]
-                if time.monotonic() - self._flushed_at >= self._group:
+                self._issued_at = now_mono = time.monotonic()
+                if now_mono - self._flushed_at >= self._group:
                     # Busy: the caller flushes, once per interval. A background
                     # thread flushing while callers run would trade the GIL back
                     # and forth on every row the database steps through.
@@ -395,8 +396,12 @@ class TokenVault:
         # Idle: what callers left pending is written within the interval.
         while not self._stop.is_set():
             self._stop.wait(self._group)
-            if not self._pending or time.monotonic() - self._flushed_at < self._group:
+            now = time.monotonic()
+            if not self._pending or now - self._flushed_at < self._group:
                 continue
+            if now - self._issued_at < self._group / 2 and now - self._flushed_at < 2 * self._group:
+                continue  # callers are busy: the next one flushes inline
+
             try:
                 self.flush()
             except Exception:  # noqa: BLE001, S112 - retried next interval; never kills the flusher
