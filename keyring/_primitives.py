@@ -189,8 +189,15 @@ def _ff1_setup(
 
 
 def _ff1_round(
-    ciph: Callable[[bytes], bytes], tweak: bytes, state: bytes, b: int, d: int, i: int, num: int
+    ciph: Callable[[bytes], bytes],
+    tweak: bytes,
+    state: bytes,
+    sizes: tuple[int, int],
+    *,
+    i: int,
+    num: int,
 ) -> int:
+    b, d = sizes
     q = tweak + bytes((-len(tweak) - b - 1) % 16) + bytes([i]) + num.to_bytes(b, "big")
     r = state
     for start in range(0, len(q), 16):  # the CBC-MAC over Q, chained from P's block
@@ -230,7 +237,7 @@ def ff1_encrypt(key: bytes, tweak: bytes, radix: int, digits: list[int]) -> list
     a, bb = _num(digits[:u], radix), _num(digits[u:], radix)
     for i in range(10):
         m = u if i % 2 == 0 else v
-        y = _ff1_round(ciph, tweak, state, b, d, i, bb)
+        y = _ff1_round(ciph, tweak, state, (b, d), i=i, num=bb)
         a, bb = bb, (a + y) % radix**m
     return _str(a, radix, u) + _str(bb, radix, v)
 
@@ -243,6 +250,6 @@ def ff1_decrypt(key: bytes, tweak: bytes, radix: int, digits: list[int]) -> list
     a, bb = _num(digits[:u], radix), _num(digits[u:], radix)
     for i in range(9, -1, -1):
         m = u if i % 2 == 0 else v
-        y = _ff1_round(ciph, tweak, state, b, d, i, a)
+        y = _ff1_round(ciph, tweak, state, (b, d), i=i, num=a)
         a, bb = (bb - y) % radix**m, a
     return _str(a, radix, u) + _str(bb, radix, v)

@@ -62,6 +62,7 @@ class TokenIds:
         state = np.frombuffer(self._state, dtype=np.uint8)
         q = np.empty((len(x), 16), dtype=np.uint8)
         q[:, :12] = state[:12]
+        mask = np.uint32(_MASK)
         for i in range(10):
             q[:, 12] = state[12] ^ i
             q[:, 13] = state[13] ^ (b >> 16).astype(np.uint8)
@@ -73,8 +74,8 @@ class TokenIds:
                 (r[:, 5].astype(np.uint32) << 16)
                 | (r[:, 6].astype(np.uint32) << 8)
                 | r[:, 7].astype(np.uint32)
-            ) & _MASK
-            a, b = b, (a + y) & _MASK
+            ) & mask
+            a, b = b, (a + y) & mask
         out = (a.astype(np.uint64) << np.uint64(_HALF)) | b.astype(np.uint64)
         return [f"{n:010x}" for n in out.tolist()]
 

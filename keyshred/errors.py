@@ -153,4 +153,3 @@ class TokenPurposeMismatch(TokenError):
 
 class TokenSubjectMismatch(TokenError):
     """The token belongs to another subject than the one the caller expects."""
-

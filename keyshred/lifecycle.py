@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
 from keyshred.errors import KeyshredError, SubjectSuppressed
 from keyshred.storage.catalog import tokens
 

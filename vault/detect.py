@@ -169,10 +169,18 @@ def _phone_validator() -> Any:
                 national = digits[n:]
                 if not national:
                     return False
-                if len(regions) == 1 and regions[0] != "001" and national[0] != "0":
-                    # One region, no leading zero: its compiled patterns decide.
-                    general, types = _region_patterns(regions[0], len(national))
-                    return bool(general.fullmatch(national) and types.fullmatch(national))
+                if regions[0] != "001" and national[0] != "0":
+                    # Geographic regions, no leading zero: their compiled patterns
+                    # decide, as ``is_valid_number`` does (``_region_rules``).
+                    for leading, general, types in _region_rules(code, len(national)):
+                        if leading is not None:
+                            if leading.match(national):
+                                return bool(
+                                    general.fullmatch(national) and types.fullmatch(national)
+                                )
+                        elif general.fullmatch(national) and types.fullmatch(national):
+                            return True
+                    return False
                 number = phonenumbers.PhoneNumber(country_code=code, national_number=int(national))
                 zeros = len(national) - len(national.lstrip("0"))
                 if zeros:
@@ -204,6 +212,27 @@ def _cn_mobile_validator() -> Any:
         return bool(general.fullmatch(national) and types.fullmatch(national))
 
     return valid
+
+
+@functools.lru_cache(maxsize=4096)
+def _region_rules(
+    code: int, length: int
+) -> tuple[tuple[re.Pattern[str] | None, re.Pattern[str], re.Pattern[str]], ...]:
+    """How ``phonenumbers`` picks the region of a number of calling code ``code``
+    with ``length`` national digits, compiled: regions in order; one with leading
+    digits is picked if they match the number's start, one without if the number
+    is of a known type there; the number is valid if it is a known type of the
+    region picked (general pattern, then the alternation of the types)."""
+    from phonenumbers import COUNTRY_CODE_TO_REGION_CODE, PhoneMetadata
+
+    rules = []
+    for region in COUNTRY_CODE_TO_REGION_CODE.get(code, ()):
+        md: Any = PhoneMetadata.metadata_for_region(region)
+        if md is None:
+            continue
+        leading = re.compile(md.leading_digits) if md.leading_digits is not None else None
+        rules.append((leading, *_region_patterns(region, length)))
+    return tuple(rules)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -19,6 +19,15 @@ Token rows are the token assets: ``ks_tokens`` holds every field an asset has
 (subject_ref, scope, purpose, expiry as retain-until; tokens derive from nothing), and
 the catalog lists them as assets of kind ``token``; there is no second row per token.
 
+A token's 10 hex digits are its row number enciphered with FF1 under a keyring
+secret (``keyshred.keyring.tokenid``). Numbers come from blocks of 1,024 that each
+process takes from the catalog, so two tokens never share an id and nothing has to be
+looked up before a token goes out; ids show no order and are as hard to guess as
+random ones; resolution deciphers the id and reads the row by primary key, and a row
+whose token differs (the same digits under another kind) is a forgery. A
+deterministic token is found by ``lookup``: the value's HMAC under a key derived from
+the subject's DEK and the purpose.
+
 Group commit (``tokens.group_commit_ms > 0``): ``sanitize`` returns as soon as the
 values are sealed; the token rows are written many texts per transaction, within that
 many milliseconds (by the caller that finds the interval over, or by a background
@@ -33,7 +42,6 @@ nobody): the trade a hot-path sanitizer (log filters, prompt guards) usually wan
 from __future__ import annotations
 
 import functools
-import os
 import re
 import threading
 import time
@@ -299,7 +307,9 @@ class TokenVault:
                 start = self._catalog.token_block()
                 block = range(start, start + TOKEN_BLOCK)
                 # Handed out from the end: reversed, so numbers rise within a block.
-                free[:0] = list(zip(block, self._keyring.token_ids().encode_many(block), strict=True))[::-1]
+                free[:0] = list(
+                    zip(block, self._keyring.token_ids().encode_many(block), strict=True)
+                )[::-1]
             taken = free[-count:]
             del free[-count:]
         return taken

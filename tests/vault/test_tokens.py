@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -321,7 +320,9 @@ def test_deterministic_tokens_while_pending_and_stored(tmp_path: Path) -> None:
         assert store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens == first
         # Other subject, scope or purpose: another token.
         for subject, purpose, scope in (("erin", "join", "default"), ("dora", "other", "default")):
-            other = store.vault.sanitize(mail, subject, purpose, HOUR, deterministic=True, scope=scope)
+            other = store.vault.sanitize(
+                mail, subject, purpose, HOUR, deterministic=True, scope=scope
+            )
             assert other.tokens != first
         assert store.vault.detokenize(first[0], "join", "t") == "dora.probe@example.com"
     finally:
