@@ -78,6 +78,7 @@ RESTORE_REPORT = "RESTORE.json"
 _SKIP = {"LOCK", "FREEZE"}
 _COPY_BELOW = 256 * 1024  # small files are copied; large immutable ones hard-linked
 _INCOMPLETE_AFTER = timedelta(hours=6)
+_TOKEN_BLOCK_MARGIN = 1024  # blocks of token numbers (1,024 each) skipped past the live mark
 
 
 @dataclass(frozen=True)
@@ -833,6 +834,12 @@ class BackupManager:
                         "erased_at": tomb.erased_at.isoformat(),
                     }
                 )
+            # 5b. Token numbers: skip every block the live catalog has handed out
+            #     (plus a margin for a process that takes one meanwhile), so no
+            #     token issued after the snapshot ever gets its id reissued.
+            restored.catalog.skip_token_blocks(
+                self._ks.catalog.token_block_mark() + _TOKEN_BLOCK_MARGIN
+            )
             # 6. Verify what remains: every live subject's partition opens, every
             #    file authenticates and matches the catalog.
             self._verify_restored(restored, report)

@@ -872,6 +872,30 @@ class Catalog:
         assert block is not None  # noqa: S101 - an insert has a key
         return int(block[0]) * TOKEN_BLOCK
 
+    def token_block_mark(self) -> int:
+        """The highest block of token numbers handed out so far (0 for none)."""
+        with self._read() as conn:
+            return int(conn.execute(sa.select(sa.func.max(token_blocks.c.block))).scalar() or 0)
+
+    def skip_token_blocks(self, through: int) -> None:
+        """Hand out no block up to ``through`` from now on. A restored catalog gets the
+        live one's mark: blocks taken after the snapshot were used by tokens that are
+        gone with the restore but may still sit in texts and logs, and a number
+        issued twice would make such a token resolve to the new token's value."""
+        if through <= self.token_block_mark():
+            return
+        with self._write() as conn:
+            conn.execute(token_blocks.insert().values(block=through, taken_at=datetime.now(UTC)))
+            if self.dialect == "postgresql":
+                # An explicit key does not move a serial's sequence; SQLite's
+                # AUTOINCREMENT continues above the largest key by itself.
+                conn.execute(
+                    sa.text(
+                        "SELECT setval(pg_get_serial_sequence('ks_token_blocks', 'block'), :n)"
+                    ),
+                    {"n": through},
+                )
+
     def token_lookups(
         self, subject_ref: str, scope: str, purpose: str, lookups: Sequence[bytes]
     ) -> dict[bytes, str]:

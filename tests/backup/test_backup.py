@@ -24,6 +24,7 @@ from keyshred.errors import (
     KekEpochDestroyed,
     SubjectErased,
     SubjectSuppressed,
+    UnknownToken,
 )
 from keyshred.keyring.kek import WrappedKey
 from keyshred.keyring.keystore import SQLiteKeyStore
@@ -364,3 +365,39 @@ def test_retention_classes_and_prune(ks: Keyshred) -> None:
     assert after < before  # objects only the daily generation used are gone
     assert ks.backup.prune(now=monthly.created_at + timedelta(days=91)) == [monthly.generation]
     assert target.keys("objects") == []
+
+
+def test_a_restore_never_reissues_the_id_of_a_token_issued_after_its_snapshot(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """Tokens issued after the snapshot are gone with the restore but may sit in logs:
+    the restored catalog hands out numbers above every block the live one took."""
+    hour = timedelta(hours=1)
+    kept = ks.vault.sanitize("call 13812345678", "ivy", "support", hour).tokens[0]
+    gen = ks.backup.create()
+    # Another process takes its block of numbers after the snapshot.
+    with Keyshred.open(ks.path, embeddings=bag_of_words) as other:
+        later = [
+            t
+            for s in other.vault.sanitize_many(
+                [f"call 139{n:08d}" for n in range(50)], "jon", "support", hour
+            )
+            for t in s.tokens
+        ]
+    restored_path = tmp_path / "restored"
+    ks.backup.restore(gen.generation, restored_path)
+    with Keyshred.open(restored_path, embeddings=bag_of_words) as restored:
+        assert restored.vault.detokenize(kept, "support", "t") == "13812345678"
+        for t in later:  # gone with the restore: refused, never someone else's value
+            with pytest.raises(UnknownToken):
+                restored.vault.detokenize(t, "support", "t")
+        fresh = [
+            t
+            for s in restored.vault.sanitize_many(
+                [f"call 137{n:08d}" for n in range(200)], "kim", "support", hour
+            )
+            for t in s.tokens
+        ]
+        assert not set(fresh) & set(later)
+        live_mark = ks.catalog.token_block_mark()
+        assert min(restored.vault.number_of(t) or 0 for t in fresh) >= (live_mark + 1) * 1024
