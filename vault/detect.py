@@ -399,10 +399,15 @@ class _DefaultDetector:
         self._ipv4 = re.compile(_IPV4)
         self._dotted = re.compile(r"\d\.\d")  # every IPv4 address has one
         self._ipv6 = _IPv6Recognizer()
+        # Two colons with only hex digits between: a candidate IPv6 run needs it
+        # (times such as "10:30" and labels such as "Note:" do not pass).
+        self._two_colons = re.compile(r":[0-9A-Fa-f]*:")
         self._phone_ok = _phone_validator()
         self._mobile_ok = _cn_mobile_validator()
 
-    def __call__(self, text: str) -> list[Finding]:
+    def winners(self, text: str) -> list[tuple[int, int, int, int, str, str]]:
+        """The findings as ``(priority, -length, start, end, kind, value)`` tuples,
+        non-overlapping, in text order (``redact`` needs no ``Finding``)."""
         cands: list[tuple[int, int, int, int, str, str]] = []
         add = cands.append
         if "@" in text:
@@ -466,15 +471,11 @@ class _DefaultDetector:
             for m in self._ipv4.finditer(text):
                 s, e = m.span()
                 add((5, s - e, s, e, "IP", m.group()))
-        if text.count(":") >= 2:  # the recognizer's own gate, without its generator
+        if self._two_colons.search(text) is not None:  # else no run has two colons
             for f in self._ipv6.find(text):
                 add((5, f.start - f.end, f.start, f.end, "IP", f.value))
-        if not cands:
-            return []
-        new = tuple.__new__  # a Finding without its Python-level __new__ frame
-        if len(cands) == 1:
-            c = cands[0]
-            return [new(Finding, (c[4], c[2], c[3], c[5], 1.0))]
+        if len(cands) < 2:
+            return cands
         cands.sort()
         taken: list[tuple[int, int, int, int, str, str]] = []
         for c in cands:
@@ -485,7 +486,11 @@ class _DefaultDetector:
             else:
                 taken.append(c)
         taken.sort(key=_start_of)
-        return [new(Finding, (c[4], c[2], c[3], c[5], 1.0)) for c in taken]
+        return taken
+
+    def __call__(self, text: str) -> list[Finding]:
+        new = tuple.__new__  # a Finding without its Python-level __new__ frame
+        return [new(Finding, (c[4], c[2], c[3], c[5], 1.0)) for c in self.winners(text)]
 
 
 def _start_of(c: tuple[int, int, int, int, str, str]) -> int:
@@ -520,9 +525,22 @@ def detect(text: str, recognizers: Sequence[Recognizer] | None = None) -> list[F
 def redact(text: str, recognizers: Sequence[Recognizer] | None = None) -> str:
     """``text`` with every detected value replaced by ``<KIND>`` (no vault, no
     tokens: for logs and traces that must not keep values at all)."""
-    if recognizers is None:  # the default detector, without detect()'s dispatch
-        return redact_findings(text, (_DEFAULT or _default())(text))
+    if recognizers is None:  # the default detector's tuples, no Finding built
+        winners = (_DEFAULT or _default()).winners(text)
+        if not winners:
+            return text
+        out: list[str] = []
+        last = 0
+        for c in winners:
+            out.append(text[last : c[2]])
+            out.append(_MARKS.get(c[4]) or f"<{c[4]}>")
+            last = c[3]
+        out.append(text[last:])
+        return "".join(out)
     return redact_findings(text, detect(text, recognizers))
+
+
+_MARKS = {kind: f"<{kind}>" for kind in KINDS}
 
 
 def redact_findings(text: str, found: Sequence[Finding]) -> str:

@@ -19,6 +19,8 @@ from keyshred.vault.detect import (
     from_presidio,
     iban_valid,
     luhn_valid,
+    redact,
+    redact_findings,
     resident_id_valid,
 )
 
@@ -157,6 +159,25 @@ def test_fast_default_path_equals_the_recognizers() -> None:
     for _ in range(20_000):
         text = _glued(rng)
         assert _as_tuples(detect(text)) == _as_tuples(detect(text, reference)), text
+
+
+def test_redact_replaces_exactly_the_findings() -> None:
+    """``redact``'s own path (no ``Finding`` built) gives what the recognizers' findings
+    give, and leaves no value of the corpus behind."""
+    reference = default_recognizers()
+    rng = random.Random(7)
+    texts = [str(m["text"]) for m in load()] + [_glued(rng) for _ in range(5_000)]
+    for text in texts:
+        expected = redact_findings(text, detect(text, reference))
+        assert redact(text) == expected == redact(text, reference), text
+    assert redact("no values here") == "no values here"
+    for m in load():
+        text = str(m["text"])
+        out = redact(text)
+        labels: list[dict[str, int]] = m["labels"]  # type: ignore[assignment]
+        for label in labels:
+            assert text[label["start"] : label["end"]] not in out
+        assert out.count("<") >= len(labels)
 
 
 def test_compiled_phone_rules_equal_phonenumbers() -> None:
