@@ -15,7 +15,9 @@ registered for a subject after the transaction that suppressed it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import mmap
 import os
 import sqlite3
 import threading
@@ -418,6 +420,7 @@ class Catalog:
         except (sa.exc.ArgumentError, ImportError) as exc:
             raise ConfigError(f"cannot use catalog URL: {type(exc).__name__}") from None
         self.dialect = self.engine.dialect.name
+        self._generation: _GuardGeneration | None = None
         if self.dialect == "sqlite":
             self._sqlite_setup(url)
         elif self.dialect != "postgresql":
@@ -434,6 +437,8 @@ class Catalog:
         self._raw: list[Any] = []
         self._raw_lock = threading.Lock()
         self._sql = self._compile_hot_statements()
+        # subject_ref -> (guard generation when read, guard): embedded catalogs only
+        self._guards: dict[str, tuple[int, GuardState]] = {}
 
     # -- the hot path: SQLAlchemy Core statements, compiled once per dialect -------
     #
@@ -617,6 +622,7 @@ class Catalog:
             p.parent.mkdir(parents=True, exist_ok=True)
             if not p.exists():
                 os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
+            self._generation = _GuardGeneration(p.with_name(p.name + ".guardgen"))
 
         @event.listens_for(self.engine, "connect")
         def _connect(dbapi: Any, _: Any) -> None:
@@ -665,9 +671,25 @@ class Catalog:
     # -- the subject guard ---------------------------------------------------------
 
     def guard(self, subject_ref: str) -> GuardState:
-        if self.dialect == "sqlite":
-            # The hottest read of all (every put, get and sanitize): one autocommit
-            # SELECT on this thread's connection, no cursor or context manager.
+        generation = self._generation
+        if generation is not None:
+            # The hottest read of all (every put, get and sanitize). Every guard
+            # change bumps the shared generation after its commit, so a guard read
+            # at the current generation is still the guard: no statement at all.
+            # The generation is read before the row, so a change that lands in
+            # between only makes the cached read look older than it is.
+            current = generation.value()
+            hit = self._guards.get(subject_ref)
+            if hit is not None and hit[0] == current:
+                return hit[1]
+            # One autocommit SELECT on this thread's connection.
+            row = self._conn().execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
+            state = _guard_state(row)
+            if len(self._guards) >= _GUARD_CACHE:
+                self._guards.clear()
+            self._guards[subject_ref] = (current, state)
+            return state
+        if self.dialect == "sqlite":  # in memory: one connection, no other process
             row = self._conn().execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
             return _guard_state(row)
         with self._hot(write=False) as cur:
@@ -712,6 +734,7 @@ class Catalog:
             else:
                 status, scopes = state.status, state.scopes | {scope}
             self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
+        self._guard_changed()
         return state.epoch + 1
 
     def set_guard(self, subject_ref: str, status: str) -> None:
@@ -720,6 +743,7 @@ class Catalog:
         with self._write() as conn:
             state = self._lock_guard(conn, subject_ref)
             self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
+        self._guard_changed()
 
     def release_scope(self, subject_ref: str, scope: str) -> None:
         """Lift a scope's suppression (after its erasure): new writes get a new key."""
@@ -729,6 +753,12 @@ class Catalog:
             self._upsert_guard(
                 conn, subject_ref, state.status, state.epoch, now, scopes=state.scopes - {scope}
             )
+        self._guard_changed()
+
+    def _guard_changed(self) -> None:
+        """After a guard change has committed: every process's cached guards are old."""
+        if self._generation is not None:
+            self._generation.bump()
 
     def _upsert_guard(
         self,
@@ -1315,6 +1345,9 @@ class Catalog:
             conn.close()
 
     def close(self) -> None:
+        if self._generation is not None:
+            self._generation.close()
+            self._generation = None
         with self._raw_lock:
             for conn in self._raw:
                 with contextlib.suppress(Exception):  # closing is best effort
@@ -1325,6 +1358,49 @@ class Catalog:
 
     def __repr__(self) -> str:
         return f"Catalog(dialect={self.dialect!r})"
+
+
+_GUARD_CACHE = 100_000  # subjects whose guard a process keeps
+
+
+class _GuardGeneration:
+    """A counter shared by every process of an embedded catalog (an 8-byte file next
+    to it, mapped into memory) that each guard change increments after its commit.
+    Reading it costs a memory load instead of a statement; a process whose cached
+    guard carries an older value reads the guard again. An increment holds the
+    file's lock, so two changes never write the same value."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            # Created with its content in one step (a link), so no process ever
+            # maps a half-made file or resets a counter another one has moved.
+            tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, bytes(8))
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            tmp.unlink()
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, 8)
+
+    def value(self) -> int:
+        return int.from_bytes(self._map[:8], "little")
+
+    def bump(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            self._map[:8] = ((self.value() + 1) % 2**64).to_bytes(8, "little")
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, BufferError):
+            self._map.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
 
 
 class CatalogSnapshot:

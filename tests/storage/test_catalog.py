@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from keyshred.errors import StaleEpoch, SubjectSuppressed
-from keyshred.storage.catalog import ACTIVE, SUPPRESSED, AssetRow, Catalog
+from keyshred.storage.catalog import ACTIVE, SUPPRESSED, AssetRow, Catalog, sqlite_url
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -103,3 +106,37 @@ def test_consent_history_and_windows(cat: Catalog) -> None:
     assert [c.status for c in history] == ["revoked", "active"]
     assert history[0].consent_id == first.consent_id and history[0].revoked_at is not None
     assert [c.policy_version for c in history] == ["1", "2"]
+
+
+def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None:
+    """Embedded catalogs keep guards in memory; a change from another process (or
+    another catalog object) is seen by the next read, never later."""
+    url = sqlite_url(tmp_path / "catalog.db")
+    cat = Catalog(url)
+    other = Catalog(url)
+    try:
+        ref = "ref-cached"
+        assert cat.guard(ref).status == ACTIVE
+        real = cat._conn
+        cat._conn = lambda: pytest.fail("a cached guard read reached the database")  # type: ignore[method-assign]
+        assert cat.check_guard(ref) == 0  # no statement: the generation has not moved
+        cat._conn = real  # type: ignore[method-assign]
+        code = (
+            "from keyshred.storage.catalog import Catalog\n"
+            f"c = Catalog({url!r})\n"
+            "c.suppress('ref-cached')\n"
+            "c.close()\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        with pytest.raises(SubjectSuppressed):
+            cat.check_guard(ref)
+        other.set_guard(ref, ACTIVE)  # another object in this process
+        assert cat.check_guard(ref) == 1
+        other.suppress(ref, scope="health")
+        with pytest.raises(SubjectSuppressed):
+            cat.check_guard(ref, scope="health")
+        other.release_scope(ref, "health")
+        assert cat.check_guard(ref, scope="health") == 2
+    finally:
+        cat.close()
+        other.close()
