@@ -430,6 +430,17 @@ class Catalog:
                 metadata.create_all(self.engine)
             except sa.exc.OperationalError:
                 raise ConfigError("the catalog database cannot be reached") from None
+            # ``create_all`` leaves an existing table as it is: a vault table from
+            # before token numbers would fail on the first sanitize instead.
+            columns = {c["name"] for c in sa.inspect(self.engine).get_columns("ks_tokens")}
+            if "number" not in columns:
+                self.engine.dispose()
+                if self._generation is not None:
+                    self._generation.close()
+                raise ConfigError(
+                    "this catalog's ks_tokens table predates token numbers (keyshred 0.1 "
+                    "development builds); export what you need and start a new folder"
+                )
         self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
         # token -> its row number (set by the vault; None for what is not a token)
         self.token_number: Callable[[str], int | None] | None = None

@@ -140,3 +140,15 @@ def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None
     finally:
         cat.close()
         other.close()
+
+
+def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path) -> None:
+    import sqlite3
+
+    from keyshred.errors import ConfigError
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE ks_tokens (token VARCHAR(64) PRIMARY KEY, value BLOB)")
+    with pytest.raises(ConfigError, match="predates token numbers"):
+        Catalog(sqlite_url(path))
