@@ -411,7 +411,6 @@ class TokenVault:
                 continue
             if now - self._issued_at < self._group / 2 and now - self._flushed_at < 2 * self._group:
                 continue  # callers are busy: the next one flushes inline
-
             try:
                 self.flush()
             except Exception:  # noqa: BLE001, S112 - retried next interval; never kills the flusher

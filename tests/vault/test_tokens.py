@@ -266,11 +266,12 @@ def _group(path: Path) -> Keyshred:
 def test_token_ids_encipher_unique_numbers(ks: Keyshred) -> None:
     """Every id is FF1 of a fresh row number: all distinct, in no visible order, and
     the number finds the row."""
-    texts = [f"call 139{n:08d} or mail u{n}@example.com" for n in range(300)]
+    # 2,401 tokens: one call spans three blocks of 1,024 numbers.
+    texts = [f"call 139{n:08d} or mail u{n}@example.com" for n in range(1200)]
     issued = [t for s in ks.vault.sanitize_many(texts, "alice", "support", HOUR) for t in s.tokens]
     issued += ks.vault.sanitize("call 13812345678", "bob", "support", HOUR).tokens
     numbers = [ks.vault.number_of(t) for t in issued]
-    assert len(set(issued)) == len(issued) == 601 and len(set(numbers)) == 601
+    assert len(set(issued)) == len(issued) == 2401 and len(set(numbers)) == 2401
     ids = [t.rsplit("_", 1)[1][:-1] for t in issued]
     assert ids != sorted(ids) and len({i[:3] for i in ids}) > 100  # no shared prefix, no order
     with ks.catalog.engine.connect() as conn:
