@@ -218,6 +218,9 @@ token_blocks = sa.Table(
     metadata,
     sa.Column("block", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("taken_at", sa.DateTime(timezone=True), nullable=False),
+    # The taking process's group-commit interval: how long its tokens may wait in
+    # its memory before they are written (0: written before they are handed out).
+    sa.Column("group_commit_ms", sa.Float, nullable=False, server_default="0"),
     sqlite_autoincrement=True,
 )
 TOKEN_COLUMNS = tuple(c.name for c in tokens.columns)
@@ -432,8 +435,10 @@ class Catalog:
                 raise ConfigError("the catalog database cannot be reached") from None
             # ``create_all`` leaves an existing table as it is: a vault table from
             # before token numbers would fail on the first sanitize instead.
-            columns = {c["name"] for c in sa.inspect(self.engine).get_columns("ks_tokens")}
-            if "number" not in columns:
+            inspector = sa.inspect(self.engine)
+            columns = {c["name"] for c in inspector.get_columns("ks_tokens")}
+            columns |= {c["name"] for c in inspector.get_columns("ks_token_blocks")}
+            if not {"number", "group_commit_ms"} <= columns:
                 self.engine.dispose()
                 if self._generation is not None:
                     self._generation.close()
@@ -903,15 +908,37 @@ class Catalog:
             else:
                 cur.executemany(self._sql["insert_token"], params)
 
-    def token_block(self) -> int:
+    def token_block(self, group_commit_ms: float = 0.0) -> int:
         """A fresh block of token numbers, never handed out before: its first number
-        (``TOKEN_BLOCK`` numbers from there on are the caller's)."""
+        (``TOKEN_BLOCK`` numbers from there on are the caller's, whose tokens wait
+        up to ``group_commit_ms`` before they are written)."""
         with self._write() as conn:
             block = conn.execute(
-                token_blocks.insert().values(taken_at=datetime.now(UTC))
+                token_blocks.insert().values(
+                    taken_at=datetime.now(UTC), group_commit_ms=group_commit_ms
+                )
             ).inserted_primary_key
         assert block is not None  # noqa: S101 - an insert has a key
         return int(block[0]) * TOKEN_BLOCK
+
+    def token_pending_window(self, number: int) -> float:
+        """How long (seconds) a token number without a row may still wait in its
+        issuing process's group commit: 0 unless its block was handed out to a
+        process with group commit and no later number of the block is stored yet
+        (a flush stores every number its process issued before)."""
+        block = number // TOKEN_BLOCK
+        with self._read() as conn:
+            window = conn.execute(
+                sa.select(token_blocks.c.group_commit_ms).where(token_blocks.c.block == block)
+            ).scalar()
+            if not window:
+                return 0.0  # never issued (forged), or issued by a commit per call
+            later = conn.execute(
+                sa.select(tokens.c.number)
+                .where(tokens.c.number > number, tokens.c.number < (block + 1) * TOKEN_BLOCK)
+                .limit(1)
+            ).first()
+        return 0.0 if later is not None else float(window) / 1000.0
 
     def token_block_mark(self) -> int:
         """The highest block of token numbers handed out so far (0 for none)."""

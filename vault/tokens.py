@@ -32,7 +32,10 @@ Group commit (``tokens.group_commit_ms > 0``): ``sanitize`` returns as soon as t
 values are sealed; the token rows are written many texts per transaction, within that
 many milliseconds (by the caller that finds the interval over, or by a background
 flusher when calls stop). They resolve at once in this process
-(from the pending buffer) and in every process after the flush. The flush re-checks
+(from the pending buffer), and another process that meets one before the flush
+waits for it, up to the interval (``ks_token_blocks`` records each block's interval;
+a number of which a later one of its block is stored cannot be pending, and a forged
+or deleted one is refused without waiting). The flush re-checks
 each subject's guard in its transaction, so a subject suppressed meanwhile has its
 pending tokens dropped, never stored; an erasure drops them too. A crash before the
 flush loses those tokens' values (their texts keep the tokens, which resolve for
@@ -127,6 +130,8 @@ class Sanitized:
 
 
 _ZERO = timedelta(0)
+# Beyond another process's group-commit interval: the time its flush may take.
+_PENDING_SLACK = 0.5
 _valid_purposes: set[str] = set()  # purposes checked once already (a hot-path cache)
 
 
@@ -167,6 +172,7 @@ class TokenVault:
         self._pending_lookups: dict[tuple[str, str, str, bytes], str] = {}
         catalog.token_number = self.number_of
         self._free: list[tuple[int, str]] = []  # (number, id), taken from the end
+        self._own_blocks: set[int] = set()  # blocks of numbers this vault took
         self._numbers_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -304,7 +310,8 @@ class TokenVault:
         with self._numbers_lock:
             free = self._free
             while len(free) < count:
-                start = self._catalog.token_block()
+                start = self._catalog.token_block(self._group * 1000.0)
+                self._own_blocks.add(start // TOKEN_BLOCK)
                 block = range(start, start + TOKEN_BLOCK)
                 # Handed out from the end: reversed, so numbers rise within a block.
                 free[:0] = list(
@@ -502,8 +509,17 @@ class TokenVault:
         if pending is not None:
             row = _Row(dict(zip(TOKEN_COLUMNS, pending[1], strict=True)))
         else:
-            with self._catalog.engine.connect() as conn:
-                row = conn.execute(sa.select(tokens).where(tokens.c.number == number)).first()
+            row = self._stored(number)
+            window = 0.0
+            if row is None and number // TOKEN_BLOCK not in self._own_blocks:
+                window = self._catalog.token_pending_window(number)
+            if window:
+                # Issued by another process with group commit and not written yet:
+                # wait for its flush rather than refuse a token that exists.
+                deadline = time.monotonic() + window + _PENDING_SLACK
+                while row is None and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                    row = self._stored(number)
             if row is not None and row.token != token:
                 row = None  # the number of another token (another kind): forged
         if row is None:
@@ -523,6 +539,10 @@ class TokenVault:
             raise UnknownToken("the token's key is gone") from None
         place = Place(row.subject_ref, row.scope, "tokens", token, "value")
         return key.open(bytes(row.value), place).decode("utf-8"), row.subject_ref
+
+    def _stored(self, number: int) -> Any:
+        with self._catalog.engine.connect() as conn:
+            return conn.execute(sa.select(tokens).where(tokens.c.number == number)).first()
 
     def restore(self, text: str, purpose: str, caller: str, *, subject: Any = None) -> str:
         """Replace the tokens in ``text`` that resolve for ``purpose`` (and, given

@@ -351,3 +351,46 @@ def test_racing_deterministic_issuers_both_resolve_and_the_first_wins(tmp_path: 
     finally:
         a.close()
         b.close()
+
+
+def test_another_process_waits_for_a_pending_token_instead_of_refusing(tmp_path: Path) -> None:
+    import threading
+
+    a = _group(tmp_path / "d")
+    b = Keyshred.open(tmp_path / "d")
+    try:
+        (pending,) = a.vault.sanitize("call 13812345678", "ivy", "support", HOUR).tokens
+        number = a.vault.number_of(pending)
+        assert number is not None and b.catalog.token_pending_window(number) == 10.0
+        flusher = threading.Timer(0.2, a.vault.flush)
+        flusher.start()
+        assert b.vault.detokenize(pending, "support", "t") == "13812345678"
+        flusher.join()
+        assert "UnknownToken" not in refusals(b)
+        # Stored now, and a later number of the block too: nothing waits any more.
+        (later,) = a.vault.sanitize("call 13912345678", "jo", "support", HOUR).tokens
+        a.vault.flush()
+        assert b.vault.detokenize(later, "support", "t") == "13912345678"
+        assert b.catalog.token_pending_window(number) == 0
+        # A deleted token (a later number of its block is stored) is refused at once.
+        a.vault.drop_subject(a.subject_ref("ivy"))
+        assert b.catalog.token_pending_window(number) == 0
+        with pytest.raises(UnknownToken):
+            b.vault.detokenize(pending, "support", "t")
+        # A forged number (its block was never handed out) is refused at once too, and
+        # so is a number of a vault that commits per call (never pending).
+        from keyshred import Config
+
+        per_call = Config.model_validate({"tokens": {"group_commit_ms": 0}})
+        with Keyshred.open(tmp_path / "d", per_call) as c:
+            (direct,) = c.vault.sanitize("call 13712345678", "kay", "support", HOUR).tokens
+            c_number = c.vault.number_of(direct)
+        assert c_number is not None and a.catalog.token_pending_window(c_number) == 0
+        assert b.catalog.token_pending_window(2**39) == 0
+        with pytest.raises(UnknownToken):
+            b.vault.detokenize(
+                "<PHONE_" + a.keyring.token_ids().encode(2**39) + ">", "support", "t"
+            )
+    finally:
+        a.close()
+        b.close()
