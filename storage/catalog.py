@@ -1398,7 +1398,7 @@ class Catalog:
         return f"Catalog(dialect={self.dialect!r})"
 
 
-_GUARD_CACHE = 100_000  # subjects whose guard a process keeps
+_GUARD_CACHE = 20_000  # subjects whose guard a process keeps (then it starts over)
 
 
 class _GuardGeneration:
@@ -1421,13 +1421,20 @@ class _GuardGeneration:
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)
             tmp.unlink()
+        self._path = path
         self._fd = os.open(path, os.O_RDWR)
+        self._pid = os.getpid()
         self._map = mmap.mmap(self._fd, 8)
 
     def value(self) -> int:
         return int.from_bytes(self._map[:8], "little")
 
     def bump(self) -> None:
+        if self._pid != os.getpid():
+            # A forked child shares the parent's open file, and with it the lock:
+            # its own descriptor makes the two increments exclude each other.
+            self._fd = os.open(self._path, os.O_RDWR)
+            self._pid = os.getpid()
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             self._map[:8] = ((self.value() + 1) % 2**64).to_bytes(8, "little")

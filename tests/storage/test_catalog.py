@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from keyshred.errors import StaleEpoch, SubjectSuppressed
-from keyshred.storage.catalog import ACTIVE, SUPPRESSED, AssetRow, Catalog, sqlite_url
+from keyshred.storage.catalog import (
+    ACTIVE,
+    SUPPRESSED,
+    TOKEN_BLOCK,
+    AssetRow,
+    Catalog,
+    sqlite_url,
+)
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -152,3 +159,20 @@ def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path) 
         conn.execute("CREATE TABLE ks_tokens (token VARCHAR(64) PRIMARY KEY, value BLOB)")
     with pytest.raises(ConfigError, match="predates token numbers"):
         Catalog(sqlite_url(path))
+
+
+def test_token_blocks_never_repeat_and_a_restore_can_skip_them(cat: Catalog) -> None:
+    first = cat.token_block()
+    second = cat.token_block(group_commit_ms=20.0)
+    assert second == first + TOKEN_BLOCK and first >= TOKEN_BLOCK
+    mark = cat.token_block_mark()
+    assert mark == second // TOKEN_BLOCK
+    cat.skip_token_blocks(mark + 5)
+    assert cat.token_block_mark() == mark + 5
+    assert cat.token_block() == (mark + 6) * TOKEN_BLOCK
+    cat.skip_token_blocks(2)  # below the mark: nothing changes
+    assert cat.token_block() == (mark + 7) * TOKEN_BLOCK
+    # Only a block taken with group commit, with nothing later stored, may be pending.
+    assert cat.token_pending_window(second + 3) == pytest.approx(0.02)
+    assert cat.token_pending_window(first + 3) == 0
+    assert cat.token_pending_window((mark + 100) * TOKEN_BLOCK) == 0  # never handed out
