@@ -921,11 +921,16 @@ class Catalog:
         assert block is not None  # noqa: S101 - an insert has a key
         return int(block[0]) * TOKEN_BLOCK
 
-    def token_pending_window(self, number: int) -> float:
+    def token_pending_window(
+        self, number: int, slack: float = 0.5, now: datetime | None = None
+    ) -> float:
         """How long (seconds) a token number without a row may still wait in its
         issuing process's group commit: 0 unless its block was handed out to a
-        process with group commit and no later number of the block is stored yet
-        (a flush stores every number its process issued before)."""
+        process with group commit and the block's next stored number (if any) was
+        issued less than that interval plus ``slack`` ago. A process flushes what
+        it issued within its interval, so an older later number means this one was
+        flushed too (and deleted since); a very recent one may have overtaken it
+        between two threads."""
         block = number // TOKEN_BLOCK
         with self._read() as conn:
             window = conn.execute(
@@ -934,11 +939,17 @@ class Catalog:
             if not window:
                 return 0.0  # never issued (forged), or issued by a commit per call
             later = conn.execute(
-                sa.select(tokens.c.number)
+                sa.select(tokens.c.created_at)
                 .where(tokens.c.number > number, tokens.c.number < (block + 1) * TOKEN_BLOCK)
+                .order_by(tokens.c.number)
                 .limit(1)
-            ).first()
-        return 0.0 if later is not None else float(window) / 1000.0
+            ).scalar()
+        seconds = float(window) / 1000.0
+        if later is not None:
+            age = ((now or datetime.now(UTC)) - utc(later)).total_seconds()  # type: ignore[operator]
+            if age >= seconds + slack:
+                return 0.0
+        return seconds + slack
 
     def token_block_mark(self) -> int:
         """The highest block of token numbers handed out so far (0 for none)."""

@@ -34,8 +34,8 @@ many milliseconds (by the caller that finds the interval over, or by a backgroun
 flusher when calls stop). They resolve at once in this process
 (from the pending buffer), and another process that meets one before the flush
 waits for it, up to the interval (``ks_token_blocks`` records each block's interval;
-a number of which a later one of its block is stored cannot be pending, and a forged
-or deleted one is refused without waiting). The flush re-checks
+a number whose block's next stored number is older than that cannot be pending, and
+a forged one or one issued per call is refused without waiting). The flush re-checks
 each subject's guard in its transaction, so a subject suppressed meanwhile has its
 pending tokens dropped, never stored; an erasure drops them too. A crash before the
 flush loses those tokens' values (their texts keep the tokens, which resolve for
@@ -512,11 +512,11 @@ class TokenVault:
             row = self._stored(number)
             window = 0.0
             if row is None and number // TOKEN_BLOCK not in self._own_blocks:
-                window = self._catalog.token_pending_window(number)
+                window = self._catalog.token_pending_window(number, _PENDING_SLACK, self._clock())
             if window:
                 # Issued by another process with group commit and not written yet:
                 # wait for its flush rather than refuse a token that exists.
-                deadline = time.monotonic() + window + _PENDING_SLACK
+                deadline = time.monotonic() + window
                 while row is None and time.monotonic() < deadline:
                     time.sleep(0.002)
                     row = self._stored(number)
