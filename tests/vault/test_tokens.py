@@ -3,6 +3,7 @@ logging filter and the prompt guard leak nothing."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Iterator
@@ -127,14 +128,31 @@ def test_swapped_token_values_raise(ks: Keyshred) -> None:
         ks.vault.detokenize(s.tokens[0], "support", "agent")
 
 
-def test_no_value_in_any_file(tmp_path: Path) -> None:
+def test_no_value_or_key_in_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No value, and no raw key (DEKs, the token-id key), in any file of the folder."""
+    from keyshred.keyring import _primitives as prim
+
+    made: list[bytes] = []
+    real = prim.random_key
+
+    def recording() -> bytes:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(prim, "random_key", recording)
     with Keyshred.init(tmp_path / "data") as ks:
         for i in range(20):
             ks.vault.sanitize(TEXT, f"subject-{i}", "support", HOUR, deterministic=i % 2 == 0)
+        ks.vault.restore(ks.vault.sanitize(TEXT, "x", "support", HOUR).text, "support", "t")
+    assert len(made) >= 22  # the KEK epoch, the token-id key, a DEK per subject
     for path in (p for p in (tmp_path / "data").rglob("*") if p.is_file()):
         data = path.read_bytes()
         for value in VALUES:
             assert value.encode() not in data, path
+        if path.name != "kek.local.json":  # the local KEK file holds the KEK, by design
+            for key in made:
+                for form in (key, key.hex().encode(), base64.b64encode(key)):
+                    assert form not in data, path
 
 
 def test_debug_logging_through_the_filter_leaks_nothing(tmp_path: Path) -> None:
