@@ -17,12 +17,13 @@ never leave a key deleted without the tombstone that lets restores replay it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -188,8 +189,12 @@ def _ts(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def _record(row: tuple[Any, ...]) -> KeyRecord:
+def _record(row: Sequence[Any]) -> KeyRecord:
+    """A key row of either SQL store (SQLite keeps times as ISO text, PostgreSQL as
+    ``timestamptz``)."""
     key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created = row
+    if isinstance(created, str):
+        created = datetime.fromisoformat(created)
     return KeyRecord(
         bytes(key_id),
         str(tenant),
@@ -198,11 +203,148 @@ def _record(row: tuple[Any, ...]) -> KeyRecord:
         str(provider),
         int(epoch),
         bytes(wrapped),
-        datetime.fromisoformat(str(created)),
+        created if created.tzinfo else created.replace(tzinfo=UTC),
     )
 
 
-class SQLiteKeyStore(KeyStore):
+@functools.cache
+def _statements(mark: str, prefix: str) -> dict[str, str]:
+    """The statements both SQL stores share, for one placeholder style and table
+    prefix (constants only: nothing here comes from input)."""
+    dek, secret = f"{prefix}dek", f"{prefix}secret"
+    select = f"SELECT {_DEK_COLUMNS} FROM {dek} WHERE "  # noqa: S608
+    secret_columns = "name, kek_provider, kek_epoch, wrapped"  # noqa: S105 - column names
+    upsert = ", ".join(f"{c} = excluded.{c}" for c in ("kek_provider", "kek_epoch", "wrapped"))
+    sql = {
+        "get": select + "key_id = ?",
+        "find": select + "subject_ref = ? AND scope = ?",
+        "for_subject": select + "subject_ref = ?",
+        "older_than": select + "kek_epoch < ? LIMIT ?",
+        "insert": f"INSERT INTO {dek} ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?) "  # noqa: S608
+        "ON CONFLICT DO NOTHING",
+        "update_wrapped": f"UPDATE {dek} SET kek_epoch = ?, wrapped = ? WHERE key_id = ?",  # noqa: S608
+        "is_tombstoned": f"SELECT 1 FROM {prefix}tombstone WHERE subject_ref = ? "  # noqa: S608
+        "AND (scope IS NULL OR scope = ?) LIMIT 1",
+        "get_secret": f"SELECT {secret_columns} FROM {secret} WHERE name = ?",  # noqa: S608
+        "secrets": f"SELECT {secret_columns} FROM {secret} ORDER BY name",  # noqa: S608
+        "put_secret": f"INSERT INTO {secret} ({secret_columns}) VALUES (?,?,?,?) "  # noqa: S608
+        "ON CONFLICT (name) DO NOTHING",
+        "replace_secret": f"INSERT INTO {secret} ({secret_columns}) VALUES (?,?,?,?) "  # noqa: S608
+        f"ON CONFLICT (name) DO UPDATE SET {upsert}",
+    }
+    sql.update(
+        {f"count_{t}": f"SELECT COUNT(*) FROM {prefix}{t}" for t in ("dek", "tombstone", "secret")}  # noqa: S608
+    )
+    return {name: text.replace("?", mark) for name, text in sql.items()}
+
+
+class _SqlKeyStore(KeyStore):
+    """What the SQLite and PostgreSQL stores share: the statements on keys,
+    tombstone checks and secrets. A subclass gives its placeholder (``_mark``),
+    table prefix, transactions (``_tx`` yields something with ``execute`` and
+    ``executemany``), queries and how it binds a time."""
+
+    _mark = "?"
+    _prefix = ""
+
+    @abstractmethod
+    def _tx(self) -> Any: ...
+
+    @abstractmethod
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    @abstractmethod
+    def _bind_time(self, value: datetime) -> Any: ...
+
+    @property
+    def _sql(self) -> dict[str, str]:
+        return _statements(self._mark, self._prefix)
+
+    # -- keys ----------------------------------------------------------------------
+
+    def get(self, key_id: bytes) -> KeyRecord | None:
+        rows = self._query(self._sql["get"], (key_id,))
+        return _record(rows[0]) if rows else None
+
+    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
+        rows = self._query(self._sql["find"], (subject_ref, scope))
+        return _record(rows[0]) if rows else None
+
+    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
+        if scope is None:
+            rows = self._query(self._sql["for_subject"], (subject_ref,))
+        else:
+            rows = self._query(self._sql["find"], (subject_ref, scope))
+        return [_record(r) for r in rows]
+
+    def insert(self, record: KeyRecord) -> KeyRecord:
+        with self._tx() as db:
+            db.execute(
+                self._sql["insert"],
+                (
+                    record.key_id,
+                    record.tenant,
+                    record.subject_ref,
+                    record.scope,
+                    record.kek_provider,
+                    record.kek_epoch,
+                    record.wrapped,
+                    self._bind_time(record.created_at),
+                ),
+            )
+        existing = self.find(record.subject_ref, record.scope)
+        if existing is None:  # pragma: no cover - only if destroyed in between
+            raise KeyshredError("the key was destroyed while it was being created")
+        return existing
+
+    def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
+        return [_record(r) for r in self._query(self._sql["older_than"], (epoch, limit))]
+
+    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                self._sql["update_wrapped"],
+                [(epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
+            )
+
+    # -- tombstones ----------------------------------------------------------------
+
+    def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
+        return bool(self._query(self._sql["is_tombstoned"], (subject_ref, scope)))
+
+    # -- secrets -------------------------------------------------------------------
+
+    def get_secret(self, name: str) -> SecretRecord | None:
+        rows = self._query(self._sql["get_secret"], (name,))
+        if not rows:
+            return None
+        n, provider, epoch, wrapped = rows[0]
+        return SecretRecord(str(n), str(provider), int(epoch), bytes(wrapped))
+
+    def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
+        with self._tx() as db:
+            db.execute(
+                self._sql["replace_secret" if replace else "put_secret"],
+                (record.name, record.kek_provider, record.kek_epoch, record.wrapped),
+            )
+        stored = self.get_secret(record.name)
+        assert stored is not None  # noqa: S101 - just written in a committed transaction
+        return stored
+
+    def secrets(self) -> list[SecretRecord]:
+        return [
+            SecretRecord(str(n), str(p), int(e), bytes(w))
+            for n, p, e, w in self._query(self._sql["secrets"])
+        ]
+
+    def counts(self) -> dict[str, int]:
+        return {
+            t: int(self._query(self._sql[f"count_{t}"])[0][0])
+            for t in ("dek", "tombstone", "secret")
+        }
+
+
+class SQLiteKeyStore(_SqlKeyStore):
     """The embedded profile's key store: one SQLite file, mode 0600."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -231,15 +373,14 @@ class SQLiteKeyStore(KeyStore):
     def _tx(self) -> _Tx:
         return _Tx(self._db, self._lock)
 
-    def _query(self, sql: str, args: Iterable[object] = ()) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, tuple(args)).fetchall()
 
-    # -- keys ----------------------------------------------------------------------
+    def _bind_time(self, value: datetime) -> str:
+        return _ts(value)
 
-    def get(self, key_id: bytes) -> KeyRecord | None:
-        rows = self._query(f"SELECT {_DEK_COLUMNS} FROM dek WHERE key_id = ?", (key_id,))  # noqa: S608
-        return _record(rows[0]) if rows else None
+    # -- keys ----------------------------------------------------------------------
 
     def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]:
         out: dict[bytes, KeyRecord] = {}
@@ -253,60 +394,6 @@ class SQLiteKeyStore(KeyStore):
                 rec = _record(row)
                 out[rec.key_id] = rec
         return out
-
-    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
-        rows = self._query(
-            f"SELECT {_DEK_COLUMNS} FROM dek WHERE subject_ref = ? AND scope = ?",  # noqa: S608
-            (subject_ref, scope),
-        )
-        return _record(rows[0]) if rows else None
-
-    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
-        if scope is None:
-            rows = self._query(
-                f"SELECT {_DEK_COLUMNS} FROM dek WHERE subject_ref = ?",  # noqa: S608
-                (subject_ref,),
-            )
-        else:
-            rows = self._query(
-                f"SELECT {_DEK_COLUMNS} FROM dek WHERE subject_ref = ? AND scope = ?",  # noqa: S608
-                (subject_ref, scope),
-            )
-        return [_record(r) for r in rows]
-
-    def insert(self, record: KeyRecord) -> KeyRecord:
-        with self._tx() as db:
-            db.execute(
-                f"INSERT OR IGNORE INTO dek ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",  # noqa: S608
-                (
-                    record.key_id,
-                    record.tenant,
-                    record.subject_ref,
-                    record.scope,
-                    record.kek_provider,
-                    record.kek_epoch,
-                    record.wrapped,
-                    _ts(record.created_at),
-                ),
-            )
-        existing = self.find(record.subject_ref, record.scope)
-        if existing is None:  # pragma: no cover - only if destroyed in between
-            raise KeyshredError("the key was destroyed while it was being created")
-        return existing
-
-    def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
-        rows = self._query(
-            f"SELECT {_DEK_COLUMNS} FROM dek WHERE kek_epoch < ? LIMIT ?",  # noqa: S608
-            (epoch, limit),
-        )
-        return [_record(r) for r in rows]
-
-    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
-        with self._tx() as db:
-            db.executemany(
-                "UPDATE dek SET kek_epoch = ?, wrapped = ? WHERE key_id = ?",
-                [(epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
-            )
 
     def destroy(self, key_ids: Sequence[bytes], tombstone: Tombstone) -> int:
         with self._tx() as db:
@@ -375,47 +462,6 @@ class SQLiteKeyStore(KeyStore):
                 (_ts(since),),
             )
         return [self._tombstone(r) for r in rows]
-
-    def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
-        rows = self._query(
-            "SELECT 1 FROM tombstone WHERE subject_ref = ? AND (scope IS NULL OR scope = ?) "
-            "LIMIT 1",
-            (subject_ref, scope),
-        )
-        return bool(rows)
-
-    # -- secrets -------------------------------------------------------------------
-
-    def get_secret(self, name: str) -> SecretRecord | None:
-        rows = self._query("SELECT * FROM secret WHERE name = ?", (name,))
-        if not rows:
-            return None
-        n, provider, epoch, wrapped = rows[0]
-        return SecretRecord(str(n), str(provider), int(epoch), bytes(wrapped))
-
-    def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
-        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
-        with self._tx() as db:
-            db.execute(
-                f"{verb} INTO secret VALUES (?,?,?,?)",
-                (record.name, record.kek_provider, record.kek_epoch, record.wrapped),
-            )
-        stored = self.get_secret(record.name)
-        assert stored is not None  # noqa: S101 - just written in a committed transaction
-        return stored
-
-    def secrets(self) -> list[SecretRecord]:
-        return [
-            SecretRecord(str(n), str(p), int(e), bytes(w))
-            for n, p, e, w in self._query("SELECT * FROM secret ORDER BY name")
-        ]
-
-    def counts(self) -> dict[str, int]:
-        out = {}
-        for table in ("dek", "tombstone", "secret"):
-            (n,) = self._query(f"SELECT COUNT(*) FROM {table}")[0]  # noqa: S608
-            out[table] = int(n)
-        return out
 
     def snapshot(self) -> bytes:
         with self._lock:

@@ -23,17 +23,19 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from keyshred._extras import require
-from keyshred.errors import ConfigError, KeyshredError
+from keyshred.errors import ConfigError
 from keyshred.keyring.keystore import (
+    _DEK_COLUMNS,
     _SCHEMA,
     KeyRecord,
-    KeyStore,
-    SecretRecord,
     Tombstone,
+    _record,
+    _SqlKeyStore,
+    _ts,
 )
 
 __all__ = ["PostgresKeyStore"]
@@ -70,22 +72,6 @@ CREATE TABLE IF NOT EXISTS ks_secret (
 );
 """
 
-_COLS = "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at"
-
-
-def _record(row: Sequence[Any]) -> KeyRecord:
-    key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created = row
-    return KeyRecord(
-        bytes(key_id),
-        str(tenant),
-        str(subject_ref),
-        str(scope),
-        str(provider),
-        int(epoch),
-        bytes(wrapped),
-        created if created.tzinfo else created.replace(tzinfo=UTC),
-    )
-
 
 def _dsn(url: str) -> str:
     """A libpq connection string from a SQLAlchemy-style or libpq URL."""
@@ -97,8 +83,11 @@ def _dsn(url: str) -> str:
     raise ConfigError("keyring.store_url is a postgresql:// URL")
 
 
-class PostgresKeyStore(KeyStore):
+class PostgresKeyStore(_SqlKeyStore):
     """Wrapped DEKs, tombstones and wrapped secrets in PostgreSQL."""
+
+    _mark = "%s"
+    _prefix = "ks_"
 
     def __init__(self, url: str) -> None:
         self._psycopg = require("psycopg", extra="postgres")
@@ -139,75 +128,19 @@ class PostgresKeyStore(KeyStore):
             cur.execute(sql, tuple(args))
             return list(cur.fetchall())
 
-    # -- keys ------------------------------------------------------------------------
+    def _bind_time(self, value: datetime) -> datetime:
+        return value
 
-    def get(self, key_id: bytes) -> KeyRecord | None:
-        rows = self._query(f"SELECT {_COLS} FROM ks_dek WHERE key_id = %s", (key_id,))  # noqa: S608
-        return _record(rows[0]) if rows else None
+    # -- keys ------------------------------------------------------------------------
 
     def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]:
         if not key_ids:
             return {}
         rows = self._query(
-            f"SELECT {_COLS} FROM ks_dek WHERE key_id = ANY(%s)",  # noqa: S608
+            f"SELECT {_DEK_COLUMNS} FROM ks_dek WHERE key_id = ANY(%s)",  # noqa: S608
             (list(key_ids),),
         )
         return {bytes(r[0]): _record(r) for r in rows}
-
-    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
-        rows = self._query(
-            f"SELECT {_COLS} FROM ks_dek WHERE subject_ref = %s AND scope = %s",  # noqa: S608
-            (subject_ref, scope),
-        )
-        return _record(rows[0]) if rows else None
-
-    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
-        if scope is None:
-            rows = self._query(
-                f"SELECT {_COLS} FROM ks_dek WHERE subject_ref = %s",  # noqa: S608
-                (subject_ref,),
-            )
-        else:
-            rows = self._query(
-                f"SELECT {_COLS} FROM ks_dek WHERE subject_ref = %s AND scope = %s",  # noqa: S608
-                (subject_ref, scope),
-            )
-        return [_record(r) for r in rows]
-
-    def insert(self, record: KeyRecord) -> KeyRecord:
-        with self._tx() as cur:
-            cur.execute(
-                f"INSERT INTO ks_dek ({_COLS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) "  # noqa: S608
-                "ON CONFLICT DO NOTHING",
-                (
-                    record.key_id,
-                    record.tenant,
-                    record.subject_ref,
-                    record.scope,
-                    record.kek_provider,
-                    record.kek_epoch,
-                    record.wrapped,
-                    record.created_at,
-                ),
-            )
-        existing = self.find(record.subject_ref, record.scope)
-        if existing is None:  # pragma: no cover - only if destroyed in between
-            raise KeyshredError("the key was destroyed while it was being created")
-        return existing
-
-    def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
-        rows = self._query(
-            f"SELECT {_COLS} FROM ks_dek WHERE kek_epoch < %s LIMIT %s",  # noqa: S608
-            (epoch, limit),
-        )
-        return [_record(r) for r in rows]
-
-    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
-        with self._tx() as cur:
-            cur.executemany(
-                "UPDATE ks_dek SET kek_epoch = %s, wrapped = %s WHERE key_id = %s",
-                [(epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
-            )
 
     def destroy(self, key_ids: Sequence[bytes], tombstone: Tombstone) -> int:
         with self._tx() as cur:
@@ -273,66 +206,12 @@ class PostgresKeyStore(KeyStore):
             return self._tombstones("", ())
         return self._tombstones("WHERE t.erased_at > %s", (since,))
 
-    def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
-        return bool(
-            self._query(
-                "SELECT 1 FROM ks_tombstone WHERE subject_ref = %s "
-                "AND (scope IS NULL OR scope = %s) LIMIT 1",
-                (subject_ref, scope),
-            )
-        )
-
-    # -- secrets -------------------------------------------------------------------------
-
-    def get_secret(self, name: str) -> SecretRecord | None:
-        rows = self._query(
-            "SELECT name, kek_provider, kek_epoch, wrapped FROM ks_secret WHERE name = %s", (name,)
-        )
-        if not rows:
-            return None
-        n, provider, epoch, wrapped = rows[0]
-        return SecretRecord(str(n), str(provider), int(epoch), bytes(wrapped))
-
-    def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
-        conflict = (
-            "ON CONFLICT (name) DO UPDATE SET kek_provider = EXCLUDED.kek_provider, "
-            "kek_epoch = EXCLUDED.kek_epoch, wrapped = EXCLUDED.wrapped"
-            if replace
-            else "ON CONFLICT (name) DO NOTHING"
-        )
-        with self._tx() as cur:
-            cur.execute(
-                f"INSERT INTO ks_secret VALUES (%s,%s,%s,%s) {conflict}",  # noqa: S608
-                (record.name, record.kek_provider, record.kek_epoch, record.wrapped),
-            )
-        stored = self.get_secret(record.name)
-        assert stored is not None  # noqa: S101 - just written in a committed transaction
-        return stored
-
-    def secrets(self) -> list[SecretRecord]:
-        return [
-            SecretRecord(str(n), str(p), int(e), bytes(w))
-            for n, p, e, w in self._query(
-                "SELECT name, kek_provider, kek_epoch, wrapped FROM ks_secret ORDER BY name"
-            )
-        ]
-
-    def counts(self) -> dict[str, int]:
-        out = {}
-        for name, table in (
-            ("dek", "ks_dek"),
-            ("tombstone", "ks_tombstone"),
-            ("secret", "ks_secret"),
-        ):
-            out[name] = int(self._query(f"SELECT COUNT(*) FROM {table}")[0][0])  # noqa: S608
-        return out
-
     # -- snapshots -----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
         with self._psycopg.connect(self._dsn, autocommit=False) as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            dek = conn.execute(f"SELECT {_COLS} FROM ks_dek").fetchall()  # noqa: S608
+            dek = conn.execute(f"SELECT {_DEK_COLUMNS} FROM ks_dek").fetchall()  # noqa: S608
             tombs = conn.execute(
                 "SELECT tombstone_id, subject_ref, scope, erased_at FROM ks_tombstone"
             ).fetchall()
@@ -344,17 +223,13 @@ class PostgresKeyStore(KeyStore):
         db = sqlite3.connect(":memory:")
         try:
             db.executescript(_SCHEMA)
-
-            def ts(value: datetime) -> str:
-                return value.astimezone(UTC).isoformat(timespec="microseconds")
-
             db.executemany(
                 "INSERT INTO dek VALUES (?,?,?,?,?,?,?,?)",
-                [(bytes(k), t, r, s, p, e, bytes(w), ts(c)) for k, t, r, s, p, e, w, c in dek],
+                [(bytes(k), t, r, s, p, e, bytes(w), _ts(c)) for k, t, r, s, p, e, w, c in dek],
             )
             db.executemany(
                 "INSERT INTO tombstone VALUES (?,?,?,?)",
-                [(i, r, s, ts(at)) for i, r, s, at in tombs],
+                [(i, r, s, _ts(at)) for i, r, s, at in tombs],
             )
             db.executemany(
                 "INSERT INTO tombstone_key VALUES (?,?)", [(bytes(k), i) for k, i in tkeys]

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 _MISSING = object()
+_T = TypeVar("_T")
 ACTIVE = "active"
 SUPPRESSED = "suppressed"
 ERASED = "erased"
@@ -423,6 +424,7 @@ class Catalog:
         except (sa.exc.ArgumentError, ImportError) as exc:
             raise ConfigError(f"cannot use catalog URL: {type(exc).__name__}") from None
         self.dialect = self.engine.dialect.name
+        self._mark = "?" if self.dialect == "sqlite" else "%s"  # DBAPI placeholders
         self._generation: _GuardGeneration | None = None
         if self.dialect == "sqlite":
             self._sqlite_setup(url)
@@ -610,6 +612,10 @@ class Catalog:
         finally:
             cur.close()
 
+    def _marks(self, n: int) -> str:
+        """``n`` positional placeholders of this dialect (never values)."""
+        return ", ".join([self._mark] * n)
+
     def _guard_row(self, cur: Any, subject_ref: str, lock: bool) -> GuardState:
         cur.execute(self._sql["guard_lock" if lock else "guard"], {"subject_ref": subject_ref})
         return _guard_state(cur.fetchone())
@@ -617,14 +623,12 @@ class Catalog:
     def _guard_rows(self, cur: Any, refs: Iterable[str]) -> dict[str, GuardState]:
         """The guards of many subjects in one read per chunk (locked ``FOR SHARE`` on
         PostgreSQL, inside the caller's write transaction); absent ones are active."""
-        mark = "?" if self.dialect == "sqlite" else "%s"
         lock = " FOR SHARE" if self.dialect == "postgresql" else ""
         out: dict[str, GuardState] = {}
         for chunk in _chunks(sorted(refs)):
-            marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
             cur.execute(
                 "SELECT subject_ref, status, deletion_epoch, suppressed_scopes "  # noqa: S608
-                f"FROM ks_subject_guard WHERE subject_ref IN ({marks}){lock}",
+                f"FROM ks_subject_guard WHERE subject_ref IN ({self._marks(len(chunk))}){lock}",
                 chunk,
             )
             for row in cur.fetchall():
@@ -981,22 +985,15 @@ class Catalog:
         """lookup -> token of the subject's stored deterministic tokens for ``purpose``
         (the lowest-numbered, if racing processes issued two)."""
         out: dict[bytes, str] = {}
-        mark = "?" if self.dialect == "sqlite" else "%s"
-        for start in range(0, len(lookups), 500):
-            chunk = list(lookups[start : start + 500])
-            marks = ", ".join([mark] * len(chunk))  # placeholders only: values are bound
-            sql = (
-                "SELECT lookup, token FROM ks_tokens WHERE lookup IN "  # noqa: S608
-                f"({marks}) AND subject_ref = {mark} AND scope = {mark} AND purpose = {mark} "
-                "ORDER BY number DESC"
-            )
-            params = [*chunk, subject_ref, scope, purpose]
-            if self.dialect == "sqlite":
-                found = self._conn().execute(sql, params).fetchall()
-            else:
-                with self._hot(write=False) as cur:
-                    cur.execute(sql, params)
-                    found = cur.fetchall()
+        for chunk in _chunks(lookups):
+            with self._hot(write=False) as cur:
+                cur.execute(
+                    "SELECT lookup, token FROM ks_tokens WHERE "  # noqa: S608
+                    f"lookup IN ({self._marks(len(chunk))}) AND subject_ref = {self._mark} "
+                    f"AND scope = {self._mark} AND purpose = {self._mark} ORDER BY number DESC",
+                    [*chunk, subject_ref, scope, purpose],
+                )
+                found = cur.fetchall()
             out.update({bytes(r[0]): str(r[1]) for r in found})  # the lowest number wins
         return out
 
@@ -1498,6 +1495,6 @@ class _Row:
         self.__dict__.update(values)
 
 
-def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:
+def _chunks(items: Sequence[_T], size: int = 500) -> Iterator[list[_T]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])

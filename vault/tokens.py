@@ -227,7 +227,7 @@ class TokenVault:
         deterministic: bool,
         findings: list[list[Finding]] | None = None,
     ) -> list[Sanitized]:
-        if not all(type(t) is str or isinstance(t, str) for t in texts):
+        if not all(isinstance(t, str) for t in texts):
             raise InvalidInput("sanitize takes strings")
         if type(purpose) is not str or purpose not in _valid_purposes:
             _check_purpose(purpose)
