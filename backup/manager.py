@@ -368,6 +368,8 @@ class BackupManager:
         generation = _generation_id(now)
         staging = self._ks.path / STAGING / generation
         staging.mkdir(parents=True, mode=0o700)
+        # Tokens issued before the backup belong in it, group commit or not.
+        self._ks.vault.flush()
         try:
             with contextlib.ExitStack() as stack:
                 with self._ks.memories.freeze.exclusive():

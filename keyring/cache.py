@@ -52,7 +52,15 @@ class KeyCache:
 
     def get_owner(self, subject_ref: str, scope: str) -> DataKey | None:
         key_id = self._by_owner.get((subject_ref, scope))
-        return None if key_id is None else self.get(key_id)
+        if key_id is None:
+            return None
+        with self._lock:  # ``get`` inline: this runs on every seal
+            entry = self._by_id.get(key_id)
+            if entry is not None and entry[1] > self._clock():
+                self._by_id.move_to_end(key_id)
+                self.hits += 1
+                return entry[0]
+        return self.get(key_id)  # gone or expired meanwhile: counted and dropped there
 
     def put(self, key: DataKey) -> None:
         if self._max == 0:

@@ -203,7 +203,7 @@ def seal_rows(
     pack = _LEN.pack
     encrypt = aead.encrypt
     size = prim.NONCE_BYTES
-    nonces = prim.random_bytes(size * len(items))  # one system call for the batch
+    nonces = prim.nonces(len(items))
     out = []
     for i, (record_id, plaintext) in enumerate(items):
         raw = record_id.encode("utf-8")

@@ -180,12 +180,15 @@ class Keyring:
     def subject_ref(self, subject_id: str, tenant: str | None = None) -> str:
         """``HMAC-SHA256(ref_key, tenant || subject_id)``, base32, 26 characters."""
         tenant = self.tenant if tenant is None else tenant
+        try:
+            cached = self._refs.get((tenant, subject_id))  # only ever holds checked names
+        except TypeError:  # unhashable: refused below
+            cached = None
+        if cached is not None:
+            return cached
         _check_name("tenant", tenant)
         if not isinstance(subject_id, str) or not subject_id:
             raise InvalidInput("a subject id must be a non-empty string")
-        cached = self._refs.get((tenant, subject_id))
-        if cached is not None:
-            return cached
         t, s = tenant.encode("utf-8"), subject_id.encode("utf-8")
         mac = prim.hmac_sha256(self._ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
         # 20 bytes encode to 32 base32 characters, of which the first 26 are kept.

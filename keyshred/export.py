@@ -83,6 +83,7 @@ def export_subject(
         raise InvalidInput("an export expires within 1 second to 90 days")
     ref = ks.subject_ref(subject)
     ks.catalog.check_guard(ref)  # an erased or suppressed subject is refused early
+    ks.vault.flush()  # tokens held for group commit are the subject's too
     export_id = uuid.uuid4().hex
     now = datetime.now(UTC)
     expires_at = now + expires_in

@@ -39,6 +39,7 @@ __all__ = ["Keyshred"]
 CATALOG_DIR = "catalog"
 VECTORS_DIR = "vectors"
 CATALOG_FILE = "catalog.db"
+JOURNAL_DIR = "tokens"  # the vault's group-commit journals (keyshred.vault.journal)
 
 
 class Keyshred:
@@ -92,7 +93,8 @@ class Keyshred:
             keyring,
             self.subject_ref,
             self.audit,
-            group_commit_ms=config.tokens.group_commit_ms,
+            group_commit_ms=config.tokens.commit_ms(catalog.dialect),
+            journal=path / JOURNAL_DIR,
             first_key=self.memories.first_key,
         )
         self.checkpoints = CheckpointStore(

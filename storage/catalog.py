@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import mmap
 import os
@@ -23,10 +24,12 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,16 +56,49 @@ __all__ = [
     "CatalogSnapshot",
     "ConsentRecord",
     "GuardState",
+    "Micros",
+    "micros",
     "sqlite_url",
 ]
 
 _MISSING = object()
+# Token rows per INSERT statement in a group commit (11 parameters a row; SQLite
+# takes 32,766): chunks of 256, then 32, then the rest one by one.
+_ROWS_PER_INSERT = (256, 32)
 _T = TypeVar("_T")
 ACTIVE = "active"
 SUPPRESSED = "suppressed"
 ERASED = "erased"
 
 metadata = sa.MetaData()
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(value: datetime) -> int:
+    """A datetime as integer microseconds since 1970 UTC (naive means UTC)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+class Micros(sa.types.TypeDecorator[datetime]):
+    """A UTC datetime stored as integer microseconds since 1970: the vault's hot path
+    binds integers, because formatting two datetimes cost more than the rest of a
+    token's row. SQLAlchemy statements still bind and return aware datetimes."""
+
+    impl = sa.BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        return micros(value)
+
+    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+        return None if value is None else _EPOCH + timedelta(microseconds=int(value))
+
 
 assets = sa.Table(
     "ks_assets",
@@ -201,8 +237,9 @@ tokens = sa.Table(
     sa.Column("purpose", sa.String(128), nullable=False),
     sa.Column("deterministic", sa.Boolean, nullable=False),
     sa.Column("lookup", sa.LargeBinary(32), nullable=True),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    # Microseconds since 1970 UTC (``Micros``): bound as integers on the hot path.
+    sa.Column("created_at", Micros, nullable=False),
+    sa.Column("expires_at", Micros, nullable=False),
     sa.Column("value", sa.LargeBinary, nullable=False),  # envelope ciphertext
     sa.Index("ks_tokens_subject", "subject_ref", "scope"),
 )
@@ -438,22 +475,30 @@ class Catalog:
             # ``create_all`` leaves an existing table as it is: a vault table from
             # before token numbers would fail on the first sanitize instead.
             inspector = sa.inspect(self.engine)
-            columns = {c["name"] for c in inspector.get_columns("ks_tokens")}
+            token_cols = {c["name"]: c["type"] for c in inspector.get_columns("ks_tokens")}
+            columns = set(token_cols)
             columns |= {c["name"] for c in inspector.get_columns("ks_token_blocks")}
-            if not {"number", "group_commit_ms"} <= columns:
+            if not {"number", "group_commit_ms"} <= columns or not isinstance(
+                token_cols.get("created_at"), sa.Integer
+            ):
                 self.engine.dispose()
                 if self._generation is not None:
                     self._generation.close()
                 raise ConfigError(
-                    "this catalog's ks_tokens table predates token numbers (keyshred 0.1 "
+                    "this catalog's ks_tokens table predates token numbers and integer "
+                    "times (keyshred 0.1 "
                     "development builds); export what you need and start a new folder"
                 )
         self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
         # token -> its row number (set by the vault; None for what is not a token)
         self.token_number: Callable[[str], int | None] | None = None
+        # The vault's flush: reads of token assets first store this process's tokens
+        # held for group commit, so a process reads its own writes.
+        self.flush_tokens: Callable[[], object] | None = None
         self._local = threading.local()
         self._raw: list[Any] = []
         self._raw_lock = threading.Lock()
+        _CATALOGS.add(self)
         self._sql = self._compile_hot_statements()
         # subject_ref -> (guard generation when read, guard): embedded catalogs only
         self._guards: dict[str, tuple[int, GuardState]] = {}
@@ -512,6 +557,8 @@ class Catalog:
         out = self.compile(
             statements, positional={"insert_asset", "insert_token", "guard_positional"}
         )
+        # Both dialects take ON CONFLICT ... DO NOTHING after the VALUES list.
+        out["insert_token_replay"] = out["insert_token"] + " ON CONFLICT (number) DO NOTHING"
         # The bulk insert binds positionally on SQLite (cheaper per row than a dict).
         self.token_columns = TOKEN_COLUMNS
         # Constant binds (status = 'active') compile as parameters; give their values.
@@ -737,6 +784,18 @@ class Catalog:
             )
         return state.epoch
 
+    def active_epoch(self, subject_ref: str, scope: str) -> int:
+        """``check_guard(subject_ref, scope=scope)`` for the hottest callers: a cached
+        guard of an active subject and scope answers inline."""
+        generation = self._generation
+        if generation is not None:
+            hit = self._guards.get(subject_ref)
+            if hit is not None and hit[0] == generation.value():
+                state = hit[1]
+                if state.status == ACTIVE and scope not in state.scopes:
+                    return state.epoch
+        return self.check_guard(subject_ref, scope=scope)
+
     def check_guard(
         self, subject_ref: str, expected_epoch: int | None = None, scope: str | None = None
     ) -> int:
@@ -887,12 +946,17 @@ class Catalog:
         return _sqlite_time(value) if self.dialect == "sqlite" else value
 
     def insert_tokens(
-        self, rows: Sequence[Sequence[Any]], scopes: Iterable[tuple[str, str, int | None]]
+        self,
+        rows: Sequence[Sequence[Any]],
+        scopes: Iterable[tuple[str, str, int | None]],
+        *,
+        existing_ok: bool = False,
     ) -> None:
-        """Store token rows (values in ``token_columns`` order, times from
-        ``time_param``), re-checking the guard of every ``(subject_ref, scope,
+        """Store token rows (values in ``token_columns`` order, times as ``micros``),
+        re-checking the guard of every ``(subject_ref, scope,
         expected epoch)`` in the same write transaction: nothing is stored if any
-        of them is suppressed or its epoch is stale."""
+        of them is suppressed or its epoch is stale. ``existing_ok`` skips rows whose
+        number is stored already (a journal replayed after its rows were stored)."""
         if not rows:
             return
         params: Sequence[Any] = rows
@@ -907,10 +971,30 @@ class Catalog:
                 states = self._guard_rows(cur, {ref for ref, _, _ in scopes})
                 for ref, scope, epoch in scopes:
                     self.enforce(ref, states.get(ref, _OPEN), epoch, scope)
+            sql = self._sql["insert_token_replay" if existing_ok else "insert_token"]
+            if self.dialect == "sqlite" and len(params) >= _ROWS_PER_INSERT[-1]:
+                # Many rows per statement: one step through SQLite's VM per chunk
+                # instead of a bind, step and reset per row. Few statement sizes, so
+                # each is prepared once and cached.
+                at = 0
+                for size in _ROWS_PER_INSERT:
+                    stmt = self._multi_row(sql, size)
+                    while len(params) - at >= size:
+                        cur.execute(stmt, list(chain.from_iterable(params[at : at + size])))
+                        at += size
+                params = params[at:]
             if len(params) == 1:
-                cur.execute(self._sql["insert_token"], params[0])
-            else:
-                cur.executemany(self._sql["insert_token"], params)
+                cur.execute(sql, params[0])
+            elif params:
+                cur.executemany(sql, params)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def _multi_row(sql: str, rows: int) -> str:
+        """``INSERT … VALUES (…)`` with ``rows`` value lists."""
+        head, _, tail = sql.partition(" VALUES ")
+        values, close, rest = tail.partition(")")
+        return f"{head} VALUES {', '.join([values + close] * rows)}{rest}"
 
     def token_block(self, group_commit_ms: float = 0.0) -> int:
         """A fresh block of token numbers, never handed out before: its first number
@@ -1032,6 +1116,7 @@ class Catalog:
 
     def asset_kinds(self, subject_ref: str, scope: str | None = None) -> dict[str, str]:
         """Asset id -> kind of every asset of the subject (or one of its scopes)."""
+        self._settle_tokens()
         with self._read() as conn:
             out = {
                 str(a): str(k)
@@ -1114,11 +1199,18 @@ class Catalog:
             where = sa.and_(where, assets.c.kind == kind)
         if status is not None:
             where = sa.and_(where, assets.c.status == status)
+        with_tokens = kind in (None, TOKEN_KIND) and status in (None, "live")
+        if with_tokens:
+            self._settle_tokens()
         with self._read() as conn:
             rows = self._rows(conn, where)
-            if kind in (None, TOKEN_KIND) and status in (None, "live"):
+            if with_tokens:
                 rows += self._token_rows(conn, self.subject_filter(subject_ref, scope, tokens))
         return rows
+
+    def _settle_tokens(self) -> None:
+        if self.flush_tokens is not None:
+            self.flush_tokens()
 
     @staticmethod
     def _token_rows(conn: Connection, where: Any) -> list[AssetRow]:
@@ -1155,6 +1247,8 @@ class Catalog:
             return {row[0]: row[1] for row in cur.fetchall()}
 
     def asset(self, asset_id: str) -> AssetRow | None:
+        if asset_id.startswith("<"):
+            self._settle_tokens()
         with self._read() as conn:
             rows = self._rows(conn, assets.c.asset_id == asset_id)
             if not rows and asset_id.startswith("<"):
@@ -1402,8 +1496,27 @@ class Catalog:
         self._local = threading.local()
         self.engine.dispose()
 
+    def _forked(self) -> None:
+        """In a forked child: the parent's connections stay the parent's (a database
+        connection must not cross a fork); the child opens its own."""
+        self._raw = []
+        self._raw_lock = threading.Lock()
+        self._local = threading.local()
+        self.engine.dispose(close=False)
+
     def __repr__(self) -> str:
         return f"Catalog(dialect={self.dialect!r})"
+
+
+_CATALOGS: weakref.WeakSet[Catalog] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for catalog in list(_CATALOGS):
+        catalog._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _GUARD_CACHE = 20_000  # subjects whose guard a process keeps (then it starts over)

@@ -28,34 +28,40 @@ whose token differs (the same digits under another kind) is a forgery. A
 deterministic token is found by ``lookup``: the value's HMAC under a key derived from
 the subject's DEK and the purpose.
 
-Group commit (``tokens.group_commit_ms > 0``): ``sanitize`` returns as soon as the
-values are sealed; the token rows are written many texts per transaction, within that
-many milliseconds (by the caller that finds the interval over, or by a background
-flusher when calls stop). They resolve at once in this process
-(from the pending buffer), and another process that meets one before the flush
-waits for it, up to the interval (``ks_token_blocks`` records each block's interval;
-a number whose block's next stored number is older than that cannot be pending, and
-a forged one or one issued per call is refused without waiting). The flush re-checks
-each subject's guard in its transaction, so a subject suppressed meanwhile has its
-pending tokens dropped, never stored; an erasure drops them too. A crash before the
-flush loses those tokens' values (their texts keep the tokens, which resolve for
-nobody): the trade a hot-path sanitizer (log filters, prompt guards) usually wants.
+Group commit (``tokens.group_commit_ms > 0``, the embedded default): ``sanitize``
+journals its sealed rows (``keyshred.vault.journal``: a copy into a file of this
+process mapped into memory, which a crash of the process does not lose) and returns;
+the rows are written many texts per transaction within that many milliseconds (by
+the caller that finds the interval over, or by a background flusher when calls
+stop). They resolve at once in this process (from the held rows), and another
+process that meets one before the flush waits for it, up to the interval
+(``ks_token_blocks`` records each block's interval; a number whose block's next
+stored number is older than that cannot be pending, and a forged one or one issued
+per call is refused without waiting). The flush re-checks each subject's guard in
+its transaction, so a subject suppressed meanwhile has its held tokens dropped,
+never stored; an erasure drops them too. The journal of a process that died is
+replayed by the next vault that opens the folder (``recover``), under the same
+guard rules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from keyshred.errors import (
+    IntegrityError,
     InvalidInput,
     KeyNotFound,
     SubjectErased,
@@ -70,8 +76,9 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, tokens, utc
-from keyshred.vault.detect import Finding, Recognizer, detect
+from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, micros, tokens
+from keyshred.vault.detect import KINDS, Finding, Recognizer, default_spans, detect
+from keyshred.vault.journal import Segment, TokenJournal, encode
 
 __all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
 
@@ -81,6 +88,59 @@ class _Row:
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.__dict__.update(values)
+
+
+class _Held:
+    """Token rows held for group commit: one generation. The vault fills one while
+    a flush stores the one before, and both resolve; a flush takes a generation
+    whole, so nothing is done row by row on the way out."""
+
+    __slots__ = ("epochs", "guards", "lookups", "rows", "tokens")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []  # in issue order (ks_tokens columns)
+        self.epochs: list[int] = []  # each row's guard epoch when it was issued
+        self.guards: set[tuple[str, str, int]] = set()  # (subject_ref, scope, epoch)
+        self.tokens: dict[str, tuple[Any, ...]] = {}  # token -> row
+        # (subject_ref, scope, purpose, lookup) -> token, of deterministic rows
+        self.lookups: dict[tuple[str, str, str, bytes], str] = {}
+
+    def add(self, epoch: int, rows: list[tuple[Any, ...]]) -> None:
+        """The rows of one call (one subject, scope, purpose and mode)."""
+        first = rows[0]
+        self.rows += rows
+        self.epochs += [epoch] * len(rows)
+        self.guards.add((first[2], first[3], epoch))
+        tokens = self.tokens
+        for row in rows:
+            tokens[row[1]] = row
+        if first[6]:
+            for row in rows:
+                self.lookups[(row[2], row[3], row[5], row[7])] = row[1]
+
+    def extend(self, later: _Held) -> None:
+        """Append a later generation (a failed flush's rows go back in front)."""
+        self.rows += later.rows
+        self.epochs += later.epochs
+        self.guards |= later.guards
+        self.tokens.update(later.tokens)
+        self.lookups.update(later.lookups)
+
+    def drop(self, subject_ref: str, scope: str | None) -> int:
+        """Forget the rows of a subject (or one scope of it); returns how many."""
+        kept = [
+            (epoch, row)
+            for epoch, row in zip(self.epochs, self.rows, strict=True)
+            if row[2] != subject_ref or (scope is not None and row[3] != scope)
+        ]
+        dropped = len(self.rows) - len(kept)
+        if dropped:
+            self.rows = [row for _, row in kept]
+            self.epochs = [epoch for epoch, _ in kept]
+            self.guards = {(row[2], row[3], epoch) for epoch, row in kept}
+            self.tokens = {row[1]: row for row in self.rows}
+            self.lookups = {k: t for k, t in self.lookups.items() if t in self.tokens}
+        return dropped
 
 
 TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,30})_([0-9a-f]{10})>")
@@ -109,8 +169,11 @@ def _kind_name(kind: str) -> str:
     return re.sub(r"[^A-Z0-9_]", "_", kind.upper())[:30] or "PII"
 
 
-def _start(f: Finding) -> int:
-    return f.start
+def _start(span: tuple[Any, ...]) -> int:
+    return int(span[2])
+
+
+_KIND_NAMES = {kind: kind for kind in KINDS}  # the default kinds are token-ready
 
 
 @functools.lru_cache(maxsize=4096)
@@ -118,8 +181,7 @@ def _templates(subject_ref: str, scope: str) -> PlaceTemplate:
     return PlaceTemplate(subject_ref, scope, "tokens", "value")
 
 
-@dataclass(frozen=True, slots=True)
-class Sanitized:
+class Sanitized(NamedTuple):
     """The sanitized text and the tokens it carries (never the values)."""
 
     text: str
@@ -129,10 +191,29 @@ class Sanitized:
         return f"Sanitized(tokens={len(self.tokens)})"
 
 
+def _sanitized(fields: tuple[str, tuple[str, ...]]) -> Sanitized:
+    # Without the named tuple's Python-level __new__ (one per sanitized text).
+    return tuple.__new__(Sanitized, fields)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 _ZERO = timedelta(0)
+_MICROSECOND = timedelta(microseconds=1)
 # Beyond another process's group-commit interval: the time its flush may take.
 _PENDING_SLACK = 0.5
 _valid_purposes: set[str] = set()  # purposes checked once already (a hot-path cache)
+_VAULTS: weakref.WeakSet[TokenVault] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for vault in list(_VAULTS):
+        vault._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_purpose(purpose: str) -> str:
@@ -152,8 +233,9 @@ class TokenVault:
         audit: Any,
         *,
         recognizers: Sequence[Recognizer] | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = _utcnow,
         group_commit_ms: float = 0.0,
+        journal: Path | None = None,
         first_key: Callable[[str, str, str | None], DataKey],
     ) -> None:
         self._catalog = catalog
@@ -166,20 +248,25 @@ class TokenVault:
         self._recognizers = recognizers
         self._clock = clock
         self._group = max(0.0, group_commit_ms) / 1000.0
-        # token -> (guard epoch at issue, row in the catalog's token_columns order)
-        self._pending: dict[str, tuple[int, tuple[Any, ...]]] = {}
-        # (subject_ref, scope, purpose, lookup) -> token of pending deterministic rows
-        self._pending_lookups: dict[tuple[str, str, str, bytes], str] = {}
+        # Group commit: the rows being held, and the ones a flush is storing.
+        self._held = _Held()
+        self._storing = _Held()
         catalog.token_number = self.number_of
+        catalog.flush_tokens = self.flush
         self._free: list[tuple[int, str]] = []  # (number, id), taken from the end
         self._own_blocks: set[int] = set()  # blocks of numbers this vault took
         self._numbers_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flushed_at = self._issued_at = time.monotonic()
+        # Group commit journals every held row (``keyshred.vault.journal``); the
+        # folder also holds what dead processes left, stored here and now.
+        self._journal = None if journal is None else TokenJournal(journal)
+        self._detached: list[Segment] = []  # segments whose rows a flush has taken
+        _VAULTS.add(self)
+        self._recover_quietly()
 
     # -- issuing -------------------------------------------------------------------
 
@@ -227,84 +314,121 @@ class TokenVault:
         deterministic: bool,
         findings: list[list[Finding]] | None = None,
     ) -> list[Sanitized]:
-        if not all(isinstance(t, str) for t in texts):
-            raise InvalidInput("sanitize takes strings")
+        for text in texts:
+            if not isinstance(text, str):
+                raise InvalidInput("sanitize takes strings")
         if type(purpose) is not str or purpose not in _valid_purposes:
             _check_purpose(purpose)
             if len(_valid_purposes) < 1024:
                 _valid_purposes.add(purpose)
         if ttl <= _ZERO:
             raise InvalidInput("a token's ttl must be positive")
-        if findings is None:
-            recognizers = self._recognizers
-            findings = [detect(t, recognizers) for t in texts]
-        ref = self._ref(subject)
-        epoch = self._catalog.check_guard(ref, scope=scope)
-        if not any(findings):
-            return [Sanitized(t, ()) for t in texts]
-        now = self._clock()
-        key = self._key(ref, scope)
-        # (finding, kind, value) per text, in text order.
-        entries = [
-            [
-                (f, _kind_name(f.kind), text[f.start : f.end].encode())
-                for f in (sorted(found, key=_start) if len(found) > 1 else found)
-            ]
-            for text, found in zip(texts, findings, strict=True)
-        ]
-        if deterministic:
-            token_of, fresh = self._deterministic(key, ref, scope, purpose, entries)
+        # Per text, its findings as (_, _, start, end, kind, value) tuples in text
+        # order: the default detector's own (no Finding built), or converted.
+        if findings is None and self._recognizers is None:
+            spans = [default_spans(text) for text in texts]
         else:
-            token_of, fresh = self._random(entries)
-        results: list[Sanitized] = []
-        for text, found in zip(texts, entries, strict=True):
-            out: list[str] = []
-            issued: list[str] = []
-            last = 0
-            for f, kind, value in found:
-                token = token_of[(kind, value)] if deterministic else token_of[id(f)]
-                out.append(text[last : f.start])
-                out.append(token)
-                last = f.end
-                issued.append(token)
-            out.append(text[last:])
-            results.append(Sanitized("".join(out), tuple(issued)))
-        if fresh:
-            template = _templates(ref, scope)
-            sealed = key.seal_rows([(t, v[2]) for t, v in fresh.items()], template)
-            time_param = self._catalog.time_param
-            created, expires = time_param(now), time_param(now + ttl)
-            rows = [
-                (n, token, ref, scope, kind, purpose, deterministic, lookup, created, expires, ct)
-                for (token, (n, kind, _, lookup)), ct in zip(fresh.items(), sealed, strict=True)
+            if findings is None:
+                findings = [detect(text, self._recognizers) for text in texts]
+            spans = [
+                [(0, 0, f.start, f.end, f.kind, text[f.start : f.end]) for f in found]
+                for text, found in zip(texts, findings, strict=True)
             ]
-            if self._group:
-                # Ids are unique by construction (enciphered unique numbers), so the
-                # text may go out before its rows are stored.
-                with self._pending_lock:
-                    pending = self._pending
-                    for row in rows:
-                        pending[row[1]] = (epoch, row)
-                        if row[7] is not None:
-                            self._pending_lookups[(ref, scope, purpose, row[7])] = row[1]
-                self._issued_at = now_mono = time.monotonic()
-                if now_mono - self._flushed_at >= self._group:
-                    # Busy: the caller flushes, once per interval. A background
-                    # thread flushing while callers run would trade the GIL back
-                    # and forth on every row the database steps through.
-                    self.flush()
-                elif self._flusher is None:
-                    self._start_flusher()
-            else:
-                # One transaction that re-checks the guard (and the epoch read
-                # above): no token of a suppressed subject is ever stored. (Issuing
-                # is not audited; every resolution and refusal is.)
-                self._catalog.insert_tokens(rows, [(ref, scope, epoch)])
+            for found in spans:
+                found.sort(key=_start)
+        ref = self._ref(subject)
+        epoch = self._catalog.active_epoch(ref, scope)
+        count = sum(map(len, spans))
+        if not count:
+            return [Sanitized(text, ()) for text in texts]
+        clock = self._clock
+        created = time.time_ns() // 1000 if clock is _utcnow else micros(clock())
+        expires = created + ttl // _MICROSECOND
+        key = self._key(ref, scope)
+        names = _KIND_NAMES
+        issued: list[str] | None = None  # deterministic: every finding's token, given
+        fresh: list[tuple[int, int, bytes | None]] = []  # (finding, number, lookup) to store
+        if deterministic:
+            kinds = [names.get(c[4]) or _kind_name(c[4]) for found in spans for c in found]
+            values = [c[5].encode() for found in spans for c in found]
+            issued, fresh = self._deterministic(
+                key, ref, scope, purpose, kinds=kinds, values=values
+            )
+        else:
+            numbers = self._numbers(count)
+        # One pass over the findings: the texts, and (random mode) the new tokens.
+        results: list[Sanitized] = []
+        items: list[tuple[str, bytes]] = []  # (token, value) to seal, random mode
+        meta: list[tuple[int, str]] = []  # (number, kind) of each of those
+        k = 0
+        for text, found in zip(texts, spans, strict=True):
+            out: list[str] = []
+            toks: list[str] = []
+            at = 0
+            for c in found:
+                if issued is None:
+                    kind = names.get(c[4]) or _kind_name(c[4])
+                    n, hex_id = numbers[k]
+                    token = f"<{kind}_{hex_id}>"
+                    items.append((token, c[5].encode()))
+                    meta.append((n, kind))
+                else:
+                    token = issued[k]
+                out.append(text[at : c[2]])
+                out.append(token)
+                toks.append(token)
+                at = c[3]
+                k += 1
+            out.append(text[at:])
+            results.append(_sanitized(("".join(out), tuple(toks))))
+        template = _templates(ref, scope)
+        rows: list[tuple[Any, ...]]
+        if issued is None:
+            sealed = key.seal_rows(items, template)
+            rows = [
+                (n, token, ref, scope, kind, purpose, False, None, created, expires, ct)
+                for (n, kind), (token, _), ct in zip(meta, items, sealed, strict=True)
+            ]
+        elif fresh:
+            sealed = key.seal_rows([(issued[i], values[i]) for i, _, _ in fresh], template)
+            rows = [
+                (n, issued[i], ref, scope, kinds[i], purpose, True, lookup, created, expires, ct)
+                for (i, n, lookup), ct in zip(fresh, sealed, strict=True)
+            ]
+        else:
+            return results  # every value had its token already
+        if self._group:
+            record = None
+            if self._journal is not None:
+                record = encode(epoch, rows)
+            self._hold(epoch, rows, record)
+        else:
+            # One transaction that re-checks the guard (and the epoch read above):
+            # no token of a suppressed subject is ever stored. (Issuing is not
+            # audited; every resolution and refusal is.)
+            self._catalog.insert_tokens(rows, [(ref, scope, epoch)])
         return results
 
+    def _hold(self, epoch: int, rows: list[tuple[Any, ...]], record: bytes | None) -> None:
+        """Group commit: journal the rows (``record``) and keep them pending until a
+        flush. Ids are unique by construction (enciphered unique numbers), so the
+        text may go out before its rows are stored."""
+        with self._pending_lock:
+            if record is not None:
+                self._journal.append(record)  # type: ignore[union-attr]
+            self._held.add(epoch, rows)
+        self._issued_at = now = time.monotonic()
+        if now - self._flushed_at >= self._group:
+            # Busy: the caller flushes, once per interval. A background thread
+            # flushing while callers run would trade the GIL back and forth on
+            # every row the database steps through.
+            self.flush()
+        elif self._flusher is None:
+            self._start_flusher()
+
     def _numbers(self, count: int) -> list[tuple[int, str]]:
-        """``count`` fresh (number, id) pairs: numbers from this process's blocks,
-        ids enciphered a block at a time."""
+        """``count`` fresh (number, id) pairs, numbers rising: from this process's
+        blocks, ids enciphered a block at a time."""
         if count == 0:
             return []
         with self._numbers_lock:
@@ -317,27 +441,11 @@ class TokenVault:
                 free[:0] = list(
                     zip(block, self._keyring.token_ids().encode_many(block), strict=True)
                 )[::-1]
+            if count == 1:
+                return [free.pop()]
             taken = free[-count:]
             del free[-count:]
-        return taken
-
-    def _random(
-        self, entries: list[list[tuple[Finding, str, bytes]]]
-    ) -> tuple[dict[Any, str], dict[str, tuple[int, str, bytes, bytes | None]]]:
-        """A fresh token per finding: (finding id -> token, token -> (number, kind,
-        value, lookup) to store)."""
-        numbers = self._numbers(sum(map(len, entries)))
-        token_of: dict[Any, str] = {}
-        fresh: dict[str, tuple[int, str, bytes, bytes | None]] = {}
-        k = len(numbers)
-        for found in entries:
-            for f, kind, value in found:
-                k -= 1
-                n, hex_id = numbers[k]
-                token = f"<{kind}_{hex_id}>"
-                token_of[id(f)] = token
-                fresh[token] = (n, kind, value, None)
-        return token_of, fresh
+        return taken[::-1]  # rising
 
     def _deterministic(
         self,
@@ -345,38 +453,41 @@ class TokenVault:
         ref: str,
         scope: str,
         purpose: str,
-        entries: list[list[tuple[Finding, str, bytes]]],
-    ) -> tuple[dict[Any, str], dict[str, tuple[int, str, bytes, bytes | None]]]:
+        *,
+        kinds: list[str],
+        values: list[bytes],
+    ) -> tuple[list[str], list[tuple[int, int, bytes | None]]]:
         """The same token for the same (kind, value), subject, scope and purpose:
-        ``((kind, value) -> token, token -> (number, kind, value, lookup) to
-        store)``. A value's lookup is its HMAC under a key derived from the
-        subject's DEK and the purpose; a value seen before gets its stored (or
-        pending) token, a new one a fresh number."""
+        ``(token per finding, (index, number, lookup) of each new one)``. A value's
+        lookup is its HMAC under a key derived from the subject's DEK and the
+        purpose; a value seen before gets its stored (or pending) token, a new one a
+        fresh number."""
         det_key = key.derive(b"token:" + purpose.encode())
-        wanted = {(kind, value) for found in entries for _, kind, value in found}
-        lookup_of = {
-            kv: prim.hmac_sha256(det_key, kv[0].encode() + b"\x00" + kv[1])[:16] for kv in wanted
-        }
+        lookup_of: dict[tuple[str, bytes], bytes] = {}
+        for kv in zip(kinds, values, strict=True):
+            if kv not in lookup_of:
+                lookup_of[kv] = prim.hmac_sha256(det_key, kv[0].encode() + b"\x00" + kv[1])[:16]
         known: dict[bytes, str] = {}
         with self._pending_lock:
-            for lookup in lookup_of.values():
-                token = self._pending_lookups.get((ref, scope, purpose, lookup))
-                if token is not None:
-                    known[lookup] = token
+            for held in (self._held, self._storing):
+                for lookup in lookup_of.values():
+                    token = held.lookups.get((ref, scope, purpose, lookup))
+                    if token is not None:
+                        known[lookup] = token
         rest = [lookup for lookup in lookup_of.values() if lookup not in known]
         if rest:
             known.update(self._catalog.token_lookups(ref, scope, purpose, rest))
-        new = [kv for kv, lookup in lookup_of.items() if lookup not in known]
-        numbers = self._numbers(len(new))
-        token_of: dict[Any, str] = {
-            kv: known[lookup] for kv, lookup in lookup_of.items() if lookup in known
-        }
-        fresh: dict[str, tuple[int, str, bytes, bytes | None]] = {}
-        for (kind, value), (n, hex_id) in zip(new, numbers, strict=True):
-            token = f"<{kind}_{hex_id}>"
-            token_of[(kind, value)] = token
-            fresh[token] = (n, kind, value, lookup_of[(kind, value)])
-        return token_of, fresh
+        new: dict[tuple[str, bytes], int] = {}  # (kind, value) -> its first finding
+        for i, kv in enumerate(zip(kinds, values, strict=True)):
+            if lookup_of[kv] not in known:
+                new.setdefault(kv, i)
+        numbers = iter(self._numbers(len(new)))
+        fresh: list[tuple[int, int, bytes | None]] = []
+        for kv, i in new.items():
+            n, hex_id = next(numbers)
+            known[lookup_of[kv]] = f"<{kv[0]}_{hex_id}>"
+            fresh.append((i, n, lookup_of[kv]))
+        return [known[lookup_of[kv]] for kv in zip(kinds, values, strict=True)], fresh
 
     def number_of(self, token: str) -> int | None:
         """The row number a well-formed token's id enciphers (None otherwise)."""
@@ -414,7 +525,7 @@ class TokenVault:
         while not self._stop.is_set():
             self._stop.wait(self._group)
             now = time.monotonic()
-            if not self._pending or now - self._flushed_at < self._group:
+            if not self._held.rows or now - self._flushed_at < self._group:
                 continue
             if now - self._issued_at < self._group / 2 and now - self._flushed_at < 2 * self._group:
                 continue  # callers are busy: the next one flushes inline
@@ -435,44 +546,123 @@ class TokenVault:
 
     def _flush(self) -> int:
         with self._pending_lock:
-            batch = list(self._pending.values())
-        if not batch:
-            return 0
-        stored = self._store_group(batch)
+            batch = self._storing = self._held
+            self._held = _Held()
+            # The segments that journaled these rows leave with them (appends hold
+            # the same lock): they are emptied once the rows are stored.
+            if self._journal is not None:
+                self._detached += self._journal.detach()
+        try:
+            stored = self._store_group(batch.rows, batch.epochs, batch.guards)
+        except BaseException:
+            with self._pending_lock:  # held again, in front of what came meanwhile
+                batch.extend(self._held)
+                self._held, self._storing = batch, _Held()
+            raise
         with self._pending_lock:
-            for _, row in batch:
-                self._pending.pop(row[1], None)
-                if row[7] is not None:
-                    self._pending_lookups.pop((row[2], row[3], row[5], row[7]), None)
+            self._storing = _Held()
+        if self._detached and self._journal is not None:
+            # Every row of these segments was in this batch or an earlier one, or
+            # was dropped with its erased subject.
+            self._journal.release(self._detached)
+            self._detached = []
         return stored
 
-    def _store_group(self, batch: list[tuple[int, tuple[Any, ...]]]) -> int:
-        groups: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
-        for epoch, row in batch:
-            groups.setdefault((row[2], row[3], epoch), []).append(row)
+    def _store_group(
+        self,
+        rows: list[tuple[Any, ...]],
+        epochs: list[int],
+        guards: set[tuple[str, str, int]],
+        *,
+        existing_ok: bool = False,
+    ) -> int:
+        if not rows:
+            return 0
+        insert = self._catalog.insert_tokens
         try:
-            self._catalog.insert_tokens([row for _, row in batch], list(groups))
-            return len(batch)
+            insert(rows, guards, existing_ok=existing_ok)
+            return len(rows)
         except SubjectSuppressed:
             pass
         # A subject went under suppression meanwhile: write the others group by
         # group; the suppressed subject's tokens are never stored.
+        groups: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
+        for epoch, row in zip(epochs, rows, strict=True):
+            groups.setdefault((row[2], row[3], epoch), []).append(row)
         stored = 0
-        for guard, rows in groups.items():
+        for guard, group in groups.items():
             try:
-                self._catalog.insert_tokens(rows, [guard])
-                stored += len(rows)
+                insert(group, [guard], existing_ok=existing_ok)
+                stored += len(group)
             except SubjectSuppressed:
                 continue
         return stored
 
+    def recover(self) -> int:
+        """Store what processes that died with group commit left in their journals
+        (``keyshred.vault.journal``); returns how many rows were stored. Rows already
+        stored are skipped; rows of a subject suppressed or erased since (its
+        deletion epoch moved) and expired rows are dropped. Runs when a vault opens,
+        before an erasure drops tokens and when a token cannot be found. A segment
+        that fails its checks is set aside as ``*.corrupt``, audited, and reported
+        with ``IntegrityError`` once the others are done."""
+        journal = self._journal
+        if journal is None:
+            return 0
+        stored, corrupt = 0, 0
+        for segment in journal.orphans():
+            try:
+                records = segment.read()
+            except IntegrityError:
+                corrupt += 1
+                with contextlib.suppress(OSError):
+                    segment.path.rename(segment.path.with_suffix(".corrupt"))
+                journal.retire([segment])
+                self._audit.record("vault.journal_corrupt", segment=segment.path.stem)
+                continue
+            now = micros(self._clock())
+            live = [(epoch, row) for epoch, row in records if row[9] > now]
+            rows = [row for _, row in live]
+            epochs = [epoch for epoch, _ in live]
+            guards = {(row[2], row[3], epoch) for epoch, row in live}
+            stored += self._store_group(rows, epochs, guards, existing_ok=True)
+            journal.retire([segment])
+        if corrupt:
+            raise IntegrityError(f"{corrupt} token journal segment(s) failed their checks")
+        return stored
+
+    def _recover_quietly(self) -> None:
+        # A corrupt segment is already audited and set aside; a catalog that cannot
+        # be written now leaves the segments for the next try.
+        with contextlib.suppress(IntegrityError, SubjectSuppressed):
+            self.recover()
+
     def close(self) -> None:
-        """Stop the flusher and write what is pending."""
+        """Stop the flusher and write what is pending (its journal then goes)."""
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join(timeout=10)
             self._flusher = None
         self.flush()
+        if self._journal is not None:
+            self._journal.close()
+
+    def _forked(self) -> None:
+        """In a forked child: what is pending, the free numbers and the journal are
+        the parent's (the child would store the parent's rows twice and issue its
+        numbers again); locks may have been held by a thread that is not here."""
+        self._numbers_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher = None
+        self._held = _Held()
+        self._storing = _Held()
+        self._free = []
+        self._own_blocks = set()
+        self._detached = []
+        if self._journal is not None:
+            self._journal.forget()
 
     # -- resolving -----------------------------------------------------------------
 
@@ -504,15 +694,22 @@ class TokenVault:
         if number is None:
             raise UnknownToken("not a keyshred token")
         with self._pending_lock:
-            pending = self._pending.get(token)
+            held = self._held.tokens.get(token) or self._storing.tokens.get(token)
         row: Any
-        if pending is not None:
-            row = _Row(dict(zip(TOKEN_COLUMNS, pending[1], strict=True)))
+        if held is not None:
+            row = _Row(dict(zip(TOKEN_COLUMNS, held, strict=True)))
         else:
             row = self._stored(number)
             window = 0.0
             if row is None and number // TOKEN_BLOCK not in self._own_blocks:
-                window = self._catalog.token_pending_window(number, _PENDING_SLACK, self._clock())
+                # Issued by a process that died before its flush: in its journal.
+                if self._journal is not None:
+                    self._recover_quietly()
+                    row = self._stored(number)
+                if row is None:
+                    window = self._catalog.token_pending_window(
+                        number, _PENDING_SLACK, self._clock()
+                    )
             if window:
                 # Issued by another process with group commit and not written yet:
                 # wait for its flush rather than refuse a token that exists.
@@ -529,8 +726,8 @@ class TokenVault:
             raise TokenSubjectMismatch("the token belongs to another subject")
         if row.purpose != purpose:
             raise TokenPurposeMismatch("the token was issued for another purpose")
-        expires = utc(row.expires_at)
-        if expires is not None and self._clock() >= expires:
+        expires = row.expires_at  # microseconds while pending, a datetime once read
+        if micros(self._clock()) >= (expires if isinstance(expires, int) else micros(expires)):
             raise TokenExpired("the token has expired")
         self._catalog.check_guard(row.subject_ref, scope=row.scope)
         try:
@@ -560,16 +757,21 @@ class TokenVault:
     # -- erasure -------------------------------------------------------------------
 
     def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
-        """Delete the subject's (scope's) token rows physically (pending ones too)."""
+        """Delete the subject's (scope's) token rows physically (pending ones too, and
+        what dead processes' journals hold: the subject is suppressed by now, so
+        recovery drops its rows and deletes the segments). Returns how many tokens
+        went, held ones included."""
+        self._recover_quietly()
         with self._pending_lock:
-            for token, (_, row) in list(self._pending.items()):
-                if row[2] == subject_ref and (scope is None or row[3] == scope):
-                    del self._pending[token]
-                    if row[7] is not None:
-                        self._pending_lookups.pop((row[2], row[3], row[5], row[7]), None)
+            dropped = self._held.drop(subject_ref, scope)
+            # A flush storing this generation re-checks the guard in its transaction.
+            self._storing.drop(subject_ref, scope)
+        # Store what else is held and zero the journal segments that still hold the
+        # dropped rows (sealed under keys destroyed by now, but gone all the same).
+        self.flush()
         where = self._catalog.subject_filter(subject_ref, scope, tokens)
         with self._catalog.transaction() as conn:
-            return int(conn.execute(tokens.delete().where(where)).rowcount)
+            return dropped + int(conn.execute(tokens.delete().where(where)).rowcount)
 
     def count(self, subject_ref: str, scope: str | None = None) -> int:
         """Stored tokens of the subject (or of one of its scopes)."""

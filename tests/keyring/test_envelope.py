@@ -105,3 +105,35 @@ def test_data_key_never_leaks() -> None:
         with pytest.raises(TypeError):
             attempt(key)
     assert not hasattr(key, "__dict__")
+
+
+def test_nonces_are_fresh_across_threads_and_forks() -> None:
+    """Nonces come from a per-thread pool of os.urandom bytes; a forked child draws
+    anew instead of handing out what the parent will hand out next."""
+    import os
+    import threading
+
+    from keyshred.keyring import _primitives as prim
+
+    seen = [prim.nonces(1) for _ in range(2000)]  # several refills of the pool
+    batch = prim.nonces(500)
+    seen += [batch[i : i + 12] for i in range(0, len(batch), 12)]
+    others: list[bytes] = []
+    workers = [threading.Thread(target=lambda: others.extend(prim.nonces(1) for _ in range(300)))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seen += others
+    assert all(len(n) == 12 for n in seen) and len(set(seen)) == len(seen)
+    if hasattr(os, "fork"):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            os.write(write, prim.nonces(10))
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        child = os.read(read, 200)
+        os.close(read)
+        assert child != prim.nonces(10)

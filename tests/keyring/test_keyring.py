@@ -212,3 +212,10 @@ def test_tampered_wrapped_key_in_store_raises(ring: Keyring, tmp_path: Path) -> 
     ring.cache.clear()
     with pytest.raises(IntegrityError):
         ring.open(ct, place(ref))
+
+
+def test_subject_ids_are_checked_before_the_cache(ring: Keyring) -> None:
+    for bad in ("", ["alice"], {"id": "alice"}, None, 7):
+        with pytest.raises(InvalidInput):
+            ring.subject_ref(bad)  # type: ignore[arg-type]
+    assert ring.subject_ref("alice") == ring.subject_ref("alice")

@@ -16,6 +16,8 @@ from keyshred.storage.catalog import (
     TOKEN_BLOCK,
     AssetRow,
     Catalog,
+    Micros,
+    micros,
     sqlite_url,
 )
 
@@ -149,16 +151,83 @@ def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None
         other.close()
 
 
-def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "table",
+    [
+        "CREATE TABLE ks_tokens (token VARCHAR(64) PRIMARY KEY, value BLOB)",
+        # token numbers, but times as text (a development build of the same day)
+        "CREATE TABLE ks_tokens (number INTEGER PRIMARY KEY, token VARCHAR(64), "
+        "created_at DATETIME, expires_at DATETIME, value BLOB)",
+    ],
+)
+def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path, table: str) -> None:
     import sqlite3
 
     from keyshred.errors import ConfigError
 
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE ks_tokens (token VARCHAR(64) PRIMARY KEY, value BLOB)")
+        conn.execute(table)
     with pytest.raises(ConfigError, match="predates token numbers"):
         Catalog(sqlite_url(path))
+
+
+def _token_rows(numbers: range, ref: str = "ref-a") -> list[tuple[object, ...]]:
+    created = micros(NOW)
+    return [
+        (
+            n,
+            f"<PHONE_{n:010x}>",
+            ref,
+            "default",
+            "PHONE",
+            "support",
+            False,
+            None,
+            created,
+            created + 3_600_000_000,
+            b"sealed",
+        )
+        for n in numbers
+    ]
+
+
+def test_token_rows_in_many_row_statements_and_replays_skip_stored_ones(cat: Catalog) -> None:
+    """A group commit writes chunks of 256 and 32 rows per statement and the rest one
+    by one; a journal replayed after its rows were stored skips them."""
+    from sqlalchemy import func, select
+
+    from keyshred.storage.catalog import tokens
+
+    base = cat.token_block()
+    cat.insert_tokens(_token_rows(range(base, base + 300)), [("ref-a", "default", 0)])
+    replay = _token_rows(range(base + 250, base + 590))  # 50 stored, 290 new
+    cat.insert_tokens(replay, [("ref-a", "default", 0)], existing_ok=True)
+    with cat.engine.connect() as conn:
+        numbers = [r[0] for r in conn.execute(select(tokens.c.number).order_by(tokens.c.number))]
+        times = conn.execute(select(tokens.c.created_at, tokens.c.expires_at).limit(1)).one()
+        assert conn.execute(select(func.count()).select_from(tokens)).scalar_one() == 590
+    assert numbers == list(range(base, base + 590))
+    # Times are integer microseconds in the table and aware datetimes through SQLAlchemy.
+    assert times == (NOW, NOW + timedelta(hours=1))
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        cat.insert_tokens(_token_rows(range(base, base + 40)), [("ref-a", "default", 0)])
+    cat.suppress("ref-a")
+    with pytest.raises(SubjectSuppressed):  # nothing of a suppressed subject, replay or not
+        cat.insert_tokens(
+            _token_rows(range(base + 600, base + 640)), [("ref-a", "default", 1)], existing_ok=True
+        )
+
+
+def test_micros_is_exact() -> None:
+    for value in (
+        NOW,
+        datetime(1999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        NOW.replace(tzinfo=None),
+    ):
+        us = micros(value)
+        assert isinstance(us, int)
+        assert Micros().process_result_value(us, None) == value.replace(tzinfo=UTC)
 
 
 def test_token_blocks_never_repeat_and_a_restore_can_skip_them(cat: Catalog) -> None:

@@ -119,6 +119,7 @@ def test_erasure_makes_tokens_unresolvable_and_removes_them(ks: Keyshred) -> Non
 
 def test_swapped_token_values_raise(ks: Keyshred) -> None:
     s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
+    ks.vault.flush()  # group commit (the embedded default): store them now
     with ks.catalog.transaction() as conn:
         a, b = (
             conn.execute(tokens.select().where(tokens.c.token == t)).first() for t in s.tokens[:2]
@@ -140,19 +141,26 @@ def test_no_value_or_key_in_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
         return made[-1]
 
     monkeypatch.setattr(prim, "random_key", recording)
+
+    def scan() -> int:
+        files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
+        for path in files:
+            data = path.read_bytes()
+            for value in VALUES:
+                assert value.encode() not in data, path
+            if path.name != "kek.local.json":  # the local KEK file holds the KEK, by design
+                for key in made:
+                    for form in (key, key.hex().encode(), base64.b64encode(key)):
+                        assert form not in data, path
+        return sum(1 for p in files if p.suffix == ".journal" and p.read_bytes().strip(b"\0"))
+
     with Keyshred.init(tmp_path / "data") as ks:
         for i in range(20):
             ks.vault.sanitize(TEXT, f"subject-{i}", "support", HOUR, deterministic=i % 2 == 0)
+        assert scan() == 1  # the tokens held for group commit, journaled: sealed only
         ks.vault.restore(ks.vault.sanitize(TEXT, "x", "support", HOUR).text, "support", "t")
     assert len(made) >= 22  # the KEK epoch, the token-id key, a DEK per subject
-    for path in (p for p in (tmp_path / "data").rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        for value in VALUES:
-            assert value.encode() not in data, path
-        if path.name != "kek.local.json":  # the local KEK file holds the KEK, by design
-            for key in made:
-                for form in (key, key.hex().encode(), base64.b64encode(key)):
-                    assert form not in data, path
+    assert scan() == 0
 
 
 def test_debug_logging_through_the_filter_leaks_nothing(tmp_path: Path) -> None:
@@ -292,6 +300,7 @@ def test_token_ids_encipher_unique_numbers(ks: Keyshred) -> None:
     assert len(set(issued)) == len(issued) == 2401 and len(set(numbers)) == 2401
     ids = [t.rsplit("_", 1)[1][:-1] for t in issued]
     assert ids != sorted(ids) and len({i[:3] for i in ids}) > 100  # no shared prefix, no order
+    ks.vault.flush()
     with ks.catalog.engine.connect() as conn:
         stored = dict(conn.execute(sa.select(tokens.c.token, tokens.c.number)).all())
     assert {t: stored[t] for t in issued} == dict(zip(issued, numbers, strict=True))
