@@ -198,10 +198,10 @@ class TokenJournal:
 
     def release(self, segments: Sequence[Segment]) -> None:
         """This journal's segments whose rows are stored (or dropped): zeroed and
-        kept as spares (two at most; the others are deleted)."""
+        kept as spares (two of the usual size at most; the others are deleted)."""
         for segment in segments:
             mapping = segment.map
-            if mapping is not None and len(self._spare) < 2:
+            if mapping is not None and len(mapping) == _SEGMENT_BYTES and len(self._spare) < 2:
                 mapping[len(_MAGIC) : segment.used] = bytes(segment.used - len(_MAGIC))
                 segment.used = len(_MAGIC)
                 self._spare.append(segment)
