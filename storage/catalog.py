@@ -486,8 +486,8 @@ class Catalog:
                     self._generation.close()
                 raise ConfigError(
                     "this catalog's ks_tokens table predates token numbers and integer "
-                    "times (keyshred 0.1 "
-                    "development builds); export what you need and start a new folder"
+                    "times (keyshred 0.1 development builds); export what you need and "
+                    "start a new folder"
                 )
         self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
         # token -> its row number (set by the vault; None for what is not a token)
@@ -784,22 +784,19 @@ class Catalog:
             )
         return state.epoch
 
-    def active_epoch(self, subject_ref: str, scope: str) -> int:
-        """``check_guard(subject_ref, scope=scope)`` for the hottest callers: a cached
-        guard of an active subject and scope answers inline."""
-        generation = self._generation
-        if generation is not None:
-            hit = self._guards.get(subject_ref)
-            if hit is not None and hit[0] == generation.value():
-                state = hit[1]
-                if state.status == ACTIVE and scope not in state.scopes:
-                    return state.epoch
-        return self.check_guard(subject_ref, scope=scope)
-
     def check_guard(
         self, subject_ref: str, expected_epoch: int | None = None, scope: str | None = None
     ) -> int:
         """Raise ``SubjectSuppressed``/``StaleEpoch`` or return the current epoch."""
+        generation = self._generation
+        if generation is not None and expected_epoch is None:
+            # The usual answer, inline (every put, get and sanitize): a cached guard
+            # of an active subject whose scope is not suppressed.
+            hit = self._guards.get(subject_ref)
+            if hit is not None and hit[0] == generation.value():
+                state = hit[1]
+                if state.status == ACTIVE and (scope is None or scope not in state.scopes):
+                    return state.epoch
         return self.enforce(subject_ref, self.guard(subject_ref), expected_epoch, scope)
 
     def suppress(self, subject_ref: str, scope: str | None = None) -> int:

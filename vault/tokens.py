@@ -337,7 +337,7 @@ class TokenVault:
             for found in spans:
                 found.sort(key=_start)
         ref = self._ref(subject)
-        epoch = self._catalog.active_epoch(ref, scope)
+        epoch = self._catalog.check_guard(ref, scope=scope)
         count = sum(map(len, spans))
         if not count:
             return [Sanitized(text, ()) for text in texts]
