@@ -281,7 +281,10 @@ class TokenJournal:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, size)  # sparse: pages are allocated as records land
+            # Allocated now, not sparse: a copy into a mapped page the file system
+            # cannot allocate would kill the process (SIGBUS) where a full disk
+            # should be an error here, before any record depends on the segment.
+            os.posix_fallocate(fd, 0, size)
             os.pwrite(fd, _MAGIC, 0)
             mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             path = self.directory / f"{name}{_SUFFIX}"

@@ -63,6 +63,8 @@ def _used(raw: bytes) -> int:
 def test_records_round_trip_and_an_unfinished_record_ends_the_segment(tmp_path: Path) -> None:
     path = _orphan(tmp_path, [record(3, [ROW]), record(5, [DET, DET2]), record(4, [ROW])])
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+    # Allocated up front (a full disk fails the segment's creation, not a copy into it).
+    assert path.stat().st_blocks * 512 >= path.stat().st_size == 1 << 20
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
     (orphan,) = TokenJournal(tmp_path / "j").orphans()
     assert orphan.read() == [(3, ROW), (5, DET), (5, DET2), (4, ROW)]
