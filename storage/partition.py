@@ -256,9 +256,28 @@ class Partition:
                     if refresh:
                         self._refresh()
                     yield
+            except SubjectSuppressed:
+                # The holder found the subject suppressed. A folder with nothing but
+                # the lock file was made by taking the lock (after an erasure dropped
+                # the partition, say): leave nothing behind for the erasure to find.
+                self._remove_if_bare()
+                raise
             finally:
                 if self._lock_fd is not None:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _remove_if_bare(self) -> None:
+        """Delete the folder if it holds nothing but its lock file (held by us)."""
+        try:
+            if os.listdir(self.root) != ["LOCK"]:
+                return
+            os.unlink(self.root / "LOCK")
+            os.rmdir(self.root)
+        except OSError:
+            return  # someone else's files arrived meanwhile: not ours to remove
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def _manifest_path(self) -> Path:
         return self.root / "MANIFEST"

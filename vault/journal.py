@@ -251,6 +251,8 @@ class TokenJournal:
                 fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue  # retired meanwhile
+            except OSError:
+                continue  # not ours to replay (permissions, a read-only folder): left
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

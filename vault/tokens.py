@@ -632,9 +632,9 @@ class TokenVault:
         return stored
 
     def _recover_quietly(self) -> None:
-        # A corrupt segment is already audited and set aside; a catalog that cannot
-        # be written now leaves the segments for the next try.
-        with contextlib.suppress(IntegrityError, SubjectSuppressed):
+        # A corrupt segment is already audited and set aside; a segment that cannot
+        # be read or deleted now stays for the next try.
+        with contextlib.suppress(IntegrityError, SubjectSuppressed, OSError):
             self.recover()
 
     def close(self) -> None:

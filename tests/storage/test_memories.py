@@ -196,6 +196,37 @@ def test_suppressed_subject_fails_reads_and_writes(ks: Keyshred) -> None:
     assert ks.memories.get("bob", NS, "k") is None  # others unaffected
 
 
+def test_a_writer_that_finds_the_subject_erased_leaves_no_folder(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer past its first guard read when an erasure suppresses the subject and
+    drops the partition: its check under the partition lock refuses, and the folder
+    its lock re-made is gone again (the erasure's check finds no file left)."""
+    from keyshred.storage.catalog import ACTIVE, GuardState
+
+    ks.memories.put("alice", NS, "k", 1)
+    ref = ks.subject_ref("alice")
+    ks.erase("alice", requested_by="dpo", reason="test")
+    path = ks.memories.partition_path(ref)
+    assert not path.exists()
+    real = ks.catalog.guard
+    reads: list[str] = []
+
+    def first_read_stale(subject_ref: str) -> GuardState:
+        reads.append(subject_ref)
+        return GuardState(ACTIVE, 0) if len(reads) == 1 else real(subject_ref)
+
+    monkeypatch.setattr(ks.catalog, "guard", first_read_stale)
+    with pytest.raises(SubjectSuppressed):
+        ks.memories.put("alice", NS, "k2", 2)
+    assert len(reads) >= 2  # the second read, under the lock, refused
+    assert not path.exists(), list(path.rglob("*"))
+    # The same for the first key of a subject being erased (the vault's first token).
+    with pytest.raises(SubjectSuppressed):
+        ks.memories.first_key(ref, "default")
+    assert not path.exists()
+
+
 def test_persistence_across_reopen_and_compaction(tmp_path: Path, catalog_url: str) -> None:
     cfg = make_config(catalog_url, flush_records=7)
     with Keyshred.init(tmp_path / "d", cfg) as ks:

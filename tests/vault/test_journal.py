@@ -297,3 +297,23 @@ def test_rows_held_past_a_suppression_are_dropped_and_zeroed(tmp_path: Path) -> 
         for path in (tmp_path / "d" / "tokens").iterdir():
             assert ref.encode() not in path.read_bytes()
         assert ks.vault.count(ref) == 0
+
+
+def test_a_segment_it_may_not_open_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's segment, a read-only folder: recovery leaves it (and a vault
+    still opens) instead of failing."""
+    import keyshred.vault.journal as journal_module
+
+    path = _orphan(tmp_path, [record(3, [ROW])])
+    real_open = os.open
+
+    def refusing(file: object, flags: int, *args: object) -> int:
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied")
+        return real_open(file, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(journal_module.os, "open", refusing)
+    assert list(TokenJournal(tmp_path / "j").orphans()) == []
+    assert path.exists()
