@@ -284,3 +284,35 @@ def test_bad_requests_are_rejected(ks: Keyshred) -> None:
     assert req.state == "rejected"
     with pytest.raises(Exception, match="scope"):
         ks.erase("kim", "no-such-scope", requested_by="dpo", reason="x")
+
+
+def test_a_lock_file_on_its_way_out_passes_verification_and_one_that_stays_fails(
+    ks: Keyshred,
+) -> None:
+    """A writer racing the erasure may re-make the partition folder with its lock file
+    for a moment (it removes both when it finds the subject suppressed); the check
+    waits for that, and fails for a lock file that stays or any other file."""
+    import threading
+
+    ks.memories.put("alice", ("n",), "k", 1)
+    req = ks.erase("alice", requested_by="dpo", reason="test")
+    assert req.state == "completed", req.error
+    path = ks.memories.partition_path(ks.subject_ref("alice"))
+    extent = ks.erasure._extent(req)
+
+    def verify() -> dict[str, bool]:
+        results: dict[str, bool] = {}
+        extent.verify_stores(lambda name, ok, _detail: results.__setitem__(name, ok))
+        return results
+
+    path.mkdir(parents=True)
+    (path / "LOCK").touch()
+    going = threading.Timer(0.2, lambda: ((path / "LOCK").unlink(), path.rmdir()))
+    going.start()
+    assert verify()["memory partition removed"]
+    going.join()
+    (path / "LOCK").parent.mkdir(parents=True)
+    (path / "LOCK").touch()
+    assert not verify()["memory partition removed"]  # it stays: not removed
+    (path / "MANIFEST").touch()
+    assert not verify()["memory partition removed"]
