@@ -69,13 +69,19 @@ def random_nonce() -> bytes:
 _NONCE_POOL = 4096  # bytes of os.urandom drawn at once for nonces
 
 
-class _NoncePool(threading.local):
-    buf = b""
-    at = 0
-    generation = -1
+class _NoncePool:
+    __slots__ = ("at", "buf", "generation")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.at = 0
+        self.generation = -1
 
 
-_nonce_pool = _NoncePool()
+# Each thread's pool. One thread-local lookup per call: every attribute read on a
+# ``threading.local`` goes through its per-thread dictionary, several of them cost
+# more than the slicing itself.
+_threads = threading.local()
 _fork_generation = 0
 
 
@@ -94,7 +100,10 @@ def nonces(count: int) -> bytes:
     draws anew, so parent and child never hand out the same bytes. (Keys and
     secrets never come from this pool.)"""
     n = count * NONCE_BYTES
-    pool = _nonce_pool
+    try:
+        pool: _NoncePool = _threads.pool
+    except AttributeError:
+        pool = _threads.pool = _NoncePool()
     at = pool.at
     if at + n > len(pool.buf) or pool.generation != _fork_generation:
         if n > _NONCE_POOL:

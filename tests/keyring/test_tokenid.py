@@ -57,6 +57,9 @@ def test_token_ids_are_ff1_radix_16_and_invert() -> None:
     # A block of consecutive numbers: distinct ids in no visible order.
     block = ids.encode_many(range(4096, 4096 + 1024))
     assert len(set(block)) == 1024 and block != sorted(block)
+    # A range (enciphered without a Python int per number) as the same numbers listed.
+    assert ids.encode_many(range(5, 5000, 7)) == ids.encode_many(list(range(5, 5000, 7)))
+    assert block == [ids.encode(n) for n in range(4096, 4096 + 1024)]
     # Another key, other ids.
     assert TokenIds(prim.random_key()).encode_many(range(4096, 4096 + 1024)) != block
 
