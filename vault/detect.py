@@ -405,7 +405,11 @@ class _DefaultDetector:
         self._e164 = re.compile(_E164)
         self._iban = re.compile(_IBAN)
         self._ipv4 = re.compile(_IPV4)
-        self._dotted = re.compile(r"\d\.\d")  # every IPv4 address has one
+        # Where an IPv4 address can start: a digit after no digit or dot, then up to
+        # two digits, a dot and a digit. The digit comes before the lookbehind, so the
+        # engine skips to digits instead of testing the lookbehind (and the octet
+        # alternation) at every position; the full pattern runs only there.
+        self._ipv4_start = re.compile(r"\d(?<![0-9.]\d)\d{0,2}\.\d")
         self._ipv6 = _IPv6Recognizer()
         # Two colons with only hex digits between: a candidate IPv6 run needs it
         # (times such as "10:30" and labels such as "Note:" do not pass).
@@ -475,10 +479,12 @@ class _DefaultDetector:
             if iban_valid(v):
                 s, e = m.span()
                 add((1, s - e, s, e, "IBAN", v))
-        if "." in text and self._dotted.search(text):
-            for m in self._ipv4.finditer(text):
-                s, e = m.span()
-                add((5, s - e, s, e, "IP", m.group()))
+        if "." in text:
+            for c in self._ipv4_start.finditer(text):
+                m = self._ipv4.match(text, c.start())
+                if m is not None:
+                    s, e = m.span()
+                    add((5, s - e, s, e, "IP", m.group()))
         if text.count(":") > 1 and self._two_colons.search(text) is not None:
             for s, e, v in self._ipv6.spans(text):
                 add((5, s - e, s, e, "IP", v))
