@@ -287,10 +287,24 @@ class _IPv6Recognizer:
 
     def spans(self, text: str) -> list[tuple[int, int, str]]:
         """``(start, end, value)`` of every address (``find`` without ``Finding``s)."""
-        out: list[tuple[int, int, str]] = []
         if text.count(":") < 2:
-            return out
-        for m in self._run.finditer(text):
+            return []
+        # Only runs that hold colons can hold an address: start with the run that
+        # holds the first colon (from its own start: a run longer than 41 characters
+        # is cut in pieces counted from there), stop after the one holding the last.
+        # Before the first colon only hex digits can belong to that run.
+        at = text.find(":")
+        while at > 0 and text[at - 1] in _HEX_DIGITS:
+            at -= 1
+        return self.scan(text, at, text.rfind(":"))
+
+    def scan(self, text: str, at: int, last: int) -> list[tuple[int, int, str]]:
+        """The addresses in the runs that start from ``at`` (a run's start) up to
+        ``last``; ``scan(text, 0, len(text))`` looks at every run."""
+        out: list[tuple[int, int, str]] = []
+        for m in self._run.finditer(text, at):
+            if m.start() > last:
+                break
             if m.group().count(":") < 2:
                 continue  # a time, a label: no address has fewer than two colons
             start, end = m.start(), m.end()
@@ -306,6 +320,7 @@ class _IPv6Recognizer:
         return out
 
 
+_HEX_DIGITS = frozenset("0123456789ABCDEFabcdef")
 _H = r"[0-9A-Fa-f]{1,4}"
 # What ``ipaddress.IPv6Address`` accepts among strings of hex digits and colons
 # (eight groups, or fewer around one "::"), without its per-call parsing; a test
@@ -480,11 +495,11 @@ class _DefaultDetector:
                 s, e = m.span()
                 add((1, s - e, s, e, "IBAN", v))
         if "." in text:
-            for c in self._ipv4_start.finditer(text):
-                m = self._ipv4.match(text, c.start())
-                if m is not None:
-                    s, e = m.span()
-                    add((5, s - e, s, e, "IP", m.group()))
+            for hit in self._ipv4_start.finditer(text):
+                ip = self._ipv4.match(text, hit.start())
+                if ip is not None:
+                    s, e = ip.span()
+                    add((5, s - e, s, e, "IP", ip.group()))
         if text.count(":") > 1 and self._two_colons.search(text) is not None:
             for s, e, v in self._ipv6.spans(text):
                 add((5, s - e, s, e, "IP", v))

@@ -242,6 +242,34 @@ def test_ipv6_rule_equals_ipaddress() -> None:
         assert _ipv6_valid(value) == reference(value), value
 
 
+def test_ipv6_window_equals_a_scan_of_every_run() -> None:
+    """IPv6 addresses are looked for only from the run holding the first colon to the
+    one holding the last: the same addresses as a scan of every run of the text,
+    hex words before and after, runs longer than one piece (41 characters) included."""
+    from keyshred.vault.detect import _IPv6Recognizer
+
+    ipv6 = _IPv6Recognizer()
+    rng = random.Random(41)
+    hexdigits = "0123456789abcdefABCDEF"
+    pieces = [
+        lambda: "".join(rng.choice(hexdigits) for _ in range(rng.randint(1, 60))),
+        lambda: ":".join(f"{rng.randint(0, 65535):x}" for _ in range(rng.randint(1, 9))),
+        lambda: "::" + f"{rng.randint(0, 65535):x}",
+        lambda: rng.choice(["fe80::1", "2001:db8::", "::", ":", "10:30", "Note:", "cafe:"]),
+        lambda: rng.choice([" ", "地址", "，", "x", "g", "-", ".", "face", "added"]),
+    ]
+    texts = [str(m["text"]) for m in load()]
+    texts += [
+        "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 10))) for _ in range(20_000)
+    ]
+    found = 0
+    for text in texts:
+        expected = ipv6.scan(text, 0, len(text))
+        assert ipv6.spans(text) == expected, text
+        found += len(expected)
+    assert found > 2_000
+
+
 def test_checksums_equal_their_definitions() -> None:
     def luhn(digits: str) -> bool:
         total = 0
