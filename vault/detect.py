@@ -287,16 +287,16 @@ class _IPv6Recognizer:
 
     def spans(self, text: str) -> list[tuple[int, int, str]]:
         """``(start, end, value)`` of every address (``find`` without ``Finding``s)."""
-        if text.count(":") < 2:
-            return []
+        at, last = text.find(":"), text.rfind(":")
+        if at == last:
+            return []  # fewer than two colons: no address
         # Only runs that hold colons can hold an address: start with the run that
         # holds the first colon (from its own start: a run longer than 41 characters
         # is cut in pieces counted from there), stop after the one holding the last.
         # Before the first colon only hex digits can belong to that run.
-        at = text.find(":")
         while at > 0 and text[at - 1] in _HEX_DIGITS:
             at -= 1
-        return self.scan(text, at, text.rfind(":"))
+        return self.scan(text, at, last)
 
     def scan(self, text: str, at: int, last: int) -> list[tuple[int, int, str]]:
         """The addresses in the runs that start from ``at`` (a run's start) up to
