@@ -1,10 +1,10 @@
 """Detection of personal data in free text: pluggable recognizers, one result type.
 
 Built-in recognizers (``default_recognizers``): email, phone (mainland China mobile
-``1[3-9]\\d{9}`` and international E.164, validated with ``phonenumbers``), mainland
-resident ID (18 digits, ISO 7064 MOD 11-2 check digit, trailing ``X``), bank and
-credit cards (13–19 digits, Luhn; UnionPay included), IBAN (ISO 13616 mod-97) and
-IPv4/IPv6 (validated with ``ipaddress``).
+``1[3-9]`` and nine digits, recognized by its shape in context; international E.164,
+validated with ``phonenumbers``), mainland resident ID (18 digits, ISO 7064 MOD 11-2
+check digit, trailing ``X``), bank and credit cards (13–19 digits, Luhn; UnionPay
+included), IBAN (ISO 13616 mod-97) and IPv4/IPv6 (validated with ``ipaddress``).
 
 Boundaries are explicit ASCII lookarounds, not ``\\b``: in Python's Unicode regexes
 Chinese characters are word characters, so ``\\b`` would miss ``电话13812345678谢谢``.
@@ -197,24 +197,6 @@ def _phone_validator() -> Any:
     return valid
 
 
-def _cn_mobile_validator() -> Any:
-    """Mainland mobiles arrive normalized as ``+86`` and 11 digits. ``phonenumbers``
-    decides validity by the region's metadata: the general pattern and then each
-    number type's pattern (with its possible lengths), one Python call each. The
-    same decision for one region and one length, made by two compiled patterns:
-    the general one and the alternation of every type that admits the length (a
-    test compares it with ``is_valid_number`` on random numbers)."""
-    general, types = _region_patterns("CN", 11)
-
-    def valid(value: str) -> bool:
-        national = value[3:]
-        if len(national) != 11 or not national.isdigit() or not national.isascii():
-            return False
-        return bool(general.fullmatch(national) and types.fullmatch(national))
-
-    return valid
-
-
 @functools.lru_cache(maxsize=4096)
 def _region_rules(
     code: int, length: int
@@ -360,8 +342,22 @@ _CN_ID = (
     r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])"
     r"(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?![0-9A-Za-z])"
 )
-_CARD = r"(?<![0-9A-Za-z+\-])\d(?:[ \-]?\d){12,18}(?![0-9A-Za-z])"
-_CN_MOBILE = r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ \-]?)?1[3-9]\d(?:[ \-]?\d){8}(?![0-9A-Za-z])"
+# No card number starts with 0 (ISO/IEC 7812: industry identifier 0 is not issued to
+# card issuers); a digit run that does is a mobile after its ``0086`` prefix, or a
+# serial, not a card that would take the mobile's place.
+_CARD = r"(?<![0-9A-Za-z+\-])[1-9](?:[ \-]?\d){12,18}(?![0-9A-Za-z])"
+# A mainland mobile is ``1[3-9]`` and nine digits by the numbering plan, whatever
+# prefix is allocated today: no ``phonenumbers`` metadata check (a number of a prefix
+# allocated after the metadata was published, or mistyped, is still someone's
+# number). Precision comes from the context instead: the digits stand alone, not
+# inside a longer run, a longer alphanumeric token, a dash-joined chain of digit
+# groups (``2026-13812345678``), a decimal (``0.13812345678``, ``13812345678.00``)
+# or after a currency sign (``¥13800138000``). ASCII digits only. Lookarounds see at
+# most two characters on each side (``_DefaultDetector`` relies on it).
+_CN_MOBILE = (
+    r"(?<![0-9A-Za-z+¥￥$€£])(?<![0-9][.\-])(?:(?:\+|00)86[ \-]?)?"
+    r"1[3-9][0-9](?:[ \-]?[0-9]){8}(?![0-9A-Za-z]|[.\-][0-9])"
+)
 _E164 = r"(?<![0-9A-Za-z+])\+[1-9](?:[ \-]?\d){6,14}(?![0-9A-Za-z])"
 # The first letter comes before the lookbehind (same language; the regex engine can
 # then skip to candidate letters instead of testing the lookbehind everywhere).
@@ -372,22 +368,17 @@ _IPV4 = (
 )
 
 
-def _cn_mobile_normal(value: str) -> str:
-    return "+86" + _digits(value)[-11:]
-
-
 def _card_valid(digits: str) -> bool:
     return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
 
 def default_recognizers() -> list[Recognizer]:
     phone_ok = _phone_validator()
-    cn_mobile_ok = _cn_mobile_validator()
     return [
         RegexRecognizer("EMAIL", _EMAIL, needs="@"),
         RegexRecognizer("CN_ID", _CN_ID, resident_id_valid),
         RegexRecognizer("CARD", _CARD, _card_valid, normalize=_digits),
-        RegexRecognizer("PHONE", _CN_MOBILE, cn_mobile_ok, normalize=_cn_mobile_normal),
+        RegexRecognizer("PHONE", _CN_MOBILE),
         RegexRecognizer("PHONE", _E164, phone_ok, normalize=_digits, needs="+"),
         RegexRecognizer("IBAN", _IBAN, iban_valid),
         RegexRecognizer("IP", _IPV4, needs="."),
@@ -405,9 +396,10 @@ class _DefaultDetector:
     digit kinds (resident ID, card, mainland mobile, E.164) scan only the runs of
     ``[+0-9 -Xx]`` found by one pass, and candidates are plain tuples until the
     overlap rule has picked the winners. Scanning a run ``[s, e)`` with
-    ``endpos = e + 1`` is exact: lookbehinds see the real text before ``s``, the
-    lookahead at ``e`` sees the real character there, and no match can use that
-    character (it is outside every digit pattern's alphabet).
+    ``endpos = e + 2`` is exact: lookbehinds see the real text before ``s``, the
+    lookaheads at ``e`` see the real two characters there (the mobile's refuses
+    ``.5`` and ``-5``), and no match can use them (the character at ``e`` is
+    outside every digit pattern's alphabet).
     """
 
     _RUN = re.compile(r"[+0-9][0-9 \-+Xx]{6,}")
@@ -430,7 +422,6 @@ class _DefaultDetector:
         # (times such as "10:30" and labels such as "Note:" do not pass).
         self._two_colons = re.compile(r":[0-9A-Fa-f]*:")
         self._phone_ok = _phone_validator()
-        self._mobile_ok = _cn_mobile_validator()
 
     def winners(self, text: str) -> list[tuple[int, int, int, int, str, str]]:
         """The findings as ``(priority, -length, start, end, kind, value)`` tuples,
@@ -444,7 +435,7 @@ class _DefaultDetector:
         for run in self._RUN.finditer(text):
             lo, hi = run.span()
             size = hi - lo  # shorter runs cannot hold the longer kinds
-            hi += 1
+            hi += 2
             g = run.group()
             if g.isdigit():
                 # Only digits: every digit pattern's lookbehind refuses a digit, so
@@ -458,10 +449,10 @@ class _DefaultDetector:
                     add((0, -18, lo, lo + 18, "CN_ID", g))
                 if 13 <= size <= 19 and luhn_valid(g) and self._card.match(text, lo, hi):
                     add((3, -size, lo, lo + size, "CARD", g))
-                if (size == 11 and g[0] == "1") or (size == 15 and g[:5] == "00861"):
-                    one = self._mobile.match(text, lo, hi)
-                    if one is not None and self._mobile_ok("+86" + g[-11:]):
-                        add((4, -size, lo, lo + size, "PHONE", g))
+                if (
+                    (size == 11 and g[0] == "1") or (size == 15 and g[:5] == "00861")
+                ) and self._mobile.match(text, lo, hi) is not None:
+                    add((4, -size, lo, lo + size, "PHONE", g))
                 continue
             digits = size - g.count(" ") - g.count("-") - g.count("+")
             if size >= 18 and digits >= 17:
@@ -479,10 +470,8 @@ class _DefaultDetector:
                         add((3, s - e, s, e, "CARD", v))
             if digits >= 11:
                 for m in self._mobile.finditer(text, lo, hi):
-                    v = m.group()
-                    if self._mobile_ok(_cn_mobile_normal(v)):
-                        s, e = m.span()
-                        add((4, s - e, s, e, "PHONE", v))
+                    s, e = m.span()
+                    add((4, s - e, s, e, "PHONE", m.group()))
             if "+" in g:
                 for m in self._e164.finditer(text, lo, hi):
                     v = m.group()
