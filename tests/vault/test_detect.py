@@ -432,6 +432,9 @@ def test_mobile_shapes_inside_other_values_are_not_phones(text: str) -> None:
         ("call 14412345678.", ["14412345678"]),
         ("(+86-162-1234-5678)", ["+86-162-1234-5678"]),
         ("手机 +86 16512345678 微信同号", ["+86 16512345678"]),
+        # Luhn-valid: taken for a card on the base; no card number starts with 0.
+        ("tel 008613812345603", ["008613812345603"]),
+        ("tel 0086-138-1234-5603", ["0086-138-1234-5603"]),
     ],
 )
 def test_mobiles_next_to_punctuation_and_each_other(text: str, values: list[str]) -> None:
