@@ -351,12 +351,18 @@ _CARD = r"(?<![0-9A-Za-z+\-])[1-9](?:[ \-]?\d){12,18}(?![0-9A-Za-z])"
 # allocated after the metadata was published, or mistyped, is still someone's
 # number). Precision comes from the context instead: the digits stand alone, not
 # inside a longer run, a longer alphanumeric token, a dash-joined chain of digit
-# groups (``2026-13812345678``), a decimal (``0.13812345678``, ``13812345678.00``)
-# or after a currency sign (``¥13800138000``). ASCII digits only. Lookarounds see at
-# most two characters on each side (``_DefaultDetector`` relies on it).
+# groups (``2026-13812345678``, ``138-1234-5678-0002``: unless the neighbour is a
+# whole mobile, ``13812345678-13912345678`` is a list), before a decimal part
+# (``13812345678.00``), after a currency sign (``¥13800138000``) or ``0.`` (a
+# fraction). Another digit and a dot before do not refuse it: ``1.13812345678``
+# numbers a list more often than it is a decimal of eleven places. ``86`` before it
+# is a country code even without ``+`` when a space or a dash follows. ASCII digits
+# only. Past the end of a match, only digits, a dash and the two characters after
+# them are looked at (``_DefaultDetector`` relies on it).
 _CN_MOBILE = (
-    r"(?<![0-9A-Za-z+¥￥$€£])(?<![0-9][.\-])(?:(?:\+|00)86[ \-]?)?"
-    r"1[3-9][0-9](?:[ \-]?[0-9]){8}(?![0-9A-Za-z]|[.\-][0-9])"
+    r"(?<![0-9A-Za-z+¥￥$€£])(?<!0\.)(?:(?<![0-9]-)|(?<=1[3-9][0-9]{9}-))"
+    r"(?:(?:\+|00)86[ \-]?|86[ \-])?1[3-9][0-9](?:[ \-]?[0-9]){8}"
+    r"(?![0-9A-Za-z]|\.[0-9]|-(?!1[3-9][0-9]{9}(?![0-9A-Za-z]))[0-9])"
 )
 _E164 = r"(?<![0-9A-Za-z+])\+[1-9](?:[ \-]?\d){6,14}(?![0-9A-Za-z])"
 # The first letter comes before the lookbehind (same language; the regex engine can
@@ -397,9 +403,9 @@ class _DefaultDetector:
     ``[+0-9 -Xx]`` found by one pass, and candidates are plain tuples until the
     overlap rule has picked the winners. Scanning a run ``[s, e)`` with
     ``endpos = e + 2`` is exact: lookbehinds see the real text before ``s``, the
-    lookaheads at ``e`` see the real two characters there (the mobile's refuses
-    ``.5`` and ``-5``), and no match can use them (the character at ``e`` is
-    outside every digit pattern's alphabet).
+    lookaheads see the real run and the two characters after it (the mobile's
+    refuses ``.5``), and no match can use them (the character at ``e`` is outside
+    every digit pattern's alphabet).
     """
 
     _RUN = re.compile(r"[+0-9][0-9 \-+Xx]{6,}")
