@@ -146,6 +146,7 @@ def _glued(rng: random.Random) -> str:
         lambda: f"user{digits(2)}@ex{digits(1)}.com",
         lambda: rng.choice(["电话", "号码", "邮箱", "备注:", "，", "。", "谢谢", "ID", "abc", "X"]),
         lambda: rng.choice([" ", "-", "+", ":", ".", "@", "(", ")", "#", "/", "¥", ".5", "-5"]),
+        lambda: rng.choice(["86 ", "86-", "0.", "1.", "-1"]),
     ]
     return "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 8)))
 
