@@ -431,7 +431,14 @@ class _DefaultDetector:
 
     def winners(self, text: str) -> list[tuple[int, int, int, int, str, str]]:
         """The findings as ``(priority, -length, start, end, kind, value)`` tuples,
-        non-overlapping, in text order (``redact`` needs no ``Finding``)."""
+        non-overlapping, in text order (``redact`` needs no ``Finding``); full-width
+        digits and letters read as ASCII, values as written."""
+        narrow = _narrow(text)
+        if narrow is text:
+            return self._winners(text)
+        return [(*c[:5], text[c[2] : c[3]]) for c in self._winners(narrow)]
+
+    def _winners(self, text: str) -> list[tuple[int, int, int, int, str, str]]:
         cands: list[tuple[int, int, int, int, str, str]] = []
         add = cands.append
         if "@" in text:
@@ -531,12 +538,36 @@ def _default() -> _DefaultDetector:
     return _DEFAULT
 
 
+# A Chinese input method's full-width mode types digits and Latin letters as their
+# full-width forms (``１３８１２３４５６７８``): the same number to every reader. Detection
+# reads them as ASCII, one code point for one so that spans do not move, and reports
+# the values as written. Full-width punctuation (``，：（）``) is not touched: it is in
+# most Chinese texts and is no part of any value.
+_NARROW = {0xFF10 + i: 0x30 + i for i in range(10)}
+_NARROW |= {0xFF21 + i: 0x41 + i for i in range(26)}
+_NARROW |= {0xFF41 + i: 0x61 + i for i in range(26)}
+_NARROW |= {0xFF0B: ord("+"), 0xFF0D: ord("-"), 0xFF0E: ord("."), 0xFF20: ord("@")}
+_WIDE = re.compile("[\uff0b\uff0d\uff0e\uff10-\uff19\uff20-\uff3a\uff41-\uff5a]")
+
+
+def _narrow(text: str) -> str:
+    """``text`` with full-width digits, letters and ``＋－．＠`` as ASCII; ``text``
+    itself (the same object) when it has none."""
+    if text.isascii() or _WIDE.search(text) is None:
+        return text
+    return text.translate(_NARROW)
+
+
 def detect(text: str, recognizers: Sequence[Recognizer] | None = None) -> list[Finding]:
     """Non-overlapping findings in ``text``, in order: of ``recognizers``, or of
-    the default set (the same answers as ``default_recognizers()``, faster)."""
+    the default set (the same answers as ``default_recognizers()``, faster).
+    Full-width digits and letters are read as ASCII; values are as written."""
     if recognizers is None:
         return (_DEFAULT or _default())(text)
-    found = [f for r in recognizers for f in r.find(text)]
+    narrow = _narrow(text)
+    found = [f for r in recognizers for f in r.find(narrow)]
+    if narrow is not text:
+        found = [f._replace(value=text[f.start : f.end]) for f in found]
     found.sort(key=lambda f: (_PRIORITY.get(f.kind, 9), -(f.end - f.start), f.start))
     taken: list[Finding] = []
     for f in found:

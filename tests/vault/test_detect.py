@@ -115,6 +115,9 @@ def test_presidio_results_are_accepted() -> None:
 # -- the fast default path decides exactly as the recognizers one by one ------------
 
 
+WIDE = {ord(c): 0xFF10 + i for i, c in enumerate("0123456789")}
+
+
 def _as_tuples(findings: list[Finding]) -> list[tuple[str, int, int, str]]:
     return [(f.kind, f.start, f.end, f.value) for f in findings]
 
@@ -147,6 +150,13 @@ def _glued(rng: random.Random) -> str:
         lambda: rng.choice(["电话", "号码", "邮箱", "备注:", "，", "。", "谢谢", "ID", "abc", "X"]),
         lambda: rng.choice([" ", "-", "+", ":", ".", "@", "(", ")", "#", "/", "¥", ".5", "-5"]),
         lambda: rng.choice(["86 ", "86-", "0.", "1.", "-1"]),
+        # Full-width digits and letters, read as ASCII by both paths.
+        lambda: (
+            rng.choice([digits(rng.randint(8, 19)), "1" + rng.choice("3456789") + digits(9)])
+            .translate(WIDE)
+            .replace("-", "－")
+        ),
+        lambda: rng.choice(["ＳＦ", "＋８６", "ｘ", "＠", "．", "ｆｅ８０"]),
     ]
     return "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 8)))
 
@@ -447,8 +457,46 @@ def test_mobiles_next_to_punctuation_and_each_other(text: str, values: list[str]
     assert all(f.kind == "PHONE" for f in detect(text))
 
 
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        ("电话１３８１２３４５６７８谢谢", "PHONE", "１３８１２３４５６７８"),
+        ("新号码１９２ １２３４ ５６７８。", "PHONE", "１９２ １２３４ ５６７８"),
+        ("call ＋８６１４４１２３４５６７８", "PHONE", "＋８６１４４１２３４５６７８"),
+        (
+            "卡号４１１１－１１１１－１１１１－１１１１",
+            "CARD",
+            "４１１１－１１１１－１１１１－１１１１",
+        ),
+        (
+            "身份证１１０１０５１９４９１２３１００２Ｘ",
+            "CN_ID",
+            "１１０１０５１９４９１２３１００２Ｘ",
+        ),
+        (
+            "邮箱ａｌｉｃｅ＠ｅｘａｍｐｌｅ．ｃｏｍ，好",
+            "EMAIL",
+            "ａｌｉｃｅ＠ｅｘａｍｐｌｅ．ｃｏｍ",
+        ),
+        ("地址１９２．１６８．１．２０，", "IP", "１９２．１６８．１．２０"),
+    ],
+)
+def test_full_width_values_are_found_as_written(text: str, kind: str, value: str) -> None:
+    """A Chinese input method's full-width mode types the same number in full-width
+    digits: found by both paths, the value as written, redacted."""
+    for found in (detect(text), detect(text, default_recognizers())):
+        assert [(f.kind, f.value, text[f.start : f.end]) for f in found] == [(kind, value, value)]
+    assert value not in redact(text) and f"<{kind}>" in redact(text)
+
+
+def test_full_width_letters_still_refuse_a_mobile_inside_a_token() -> None:
+    assert detect("运单ＳＦ１３８１２３４５６７８") == []
+    assert detect("ｓｎ19212345678Ａ", default_recognizers()) == []
+
+
 def test_vault_tokenizes_mobiles_of_new_prefixes(catalog_url: str, tmp_path: Path) -> None:
-    """The vault's sanitize (the default detector's spans) tokenizes them as well."""
+    """The vault's sanitize (the default detector's spans) tokenizes them as well,
+    full-width ones too, and restores them as written."""
     from datetime import timedelta
 
     from keyshred import Keyshred
@@ -456,9 +504,10 @@ def test_vault_tokenizes_mobiles_of_new_prefixes(catalog_url: str, tmp_path: Pat
 
     ks = Keyshred.init(tmp_path / "data", make_config(catalog_url))
     try:
-        text = "请联系19212345678或+86 141 2345 6789谢谢"
+        text = "请联系19212345678或+86 141 2345 6789谢谢，新号１４４１２３４５６７８"
         s = ks.vault.sanitize(text, "alice", "support", timedelta(hours=1))
-        assert len(s.tokens) == 2 and "1921234" not in s.text and "141 2345" not in s.text
+        assert len(s.tokens) == 3 and "1921234" not in s.text and "141 2345" not in s.text
+        assert "１４４１２３４" not in s.text
         assert ks.vault.restore(s.text, "support", "agent-7") == text
     finally:
         ks.close()
