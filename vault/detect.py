@@ -6,6 +6,10 @@ validated with ``phonenumbers``), mainland resident ID (18 digits, ISO 7064 MOD 
 check digit, trailing ``X``), bank and credit cards (13–19 digits, Luhn; UnionPay
 included), IBAN (ISO 13616 mod-97) and IPv4/IPv6 (validated with ``ipaddress``).
 
+Full-width digits and letters (``１３８１２３４５６７８``, typed in a Chinese input
+method's full-width mode) are read as their ASCII forms; values are reported as
+written.
+
 Boundaries are explicit ASCII lookarounds, not ``\\b``: in Python's Unicode regexes
 Chinese characters are word characters, so ``\\b`` would miss ``电话13812345678谢谢``.
 Overlapping candidates are resolved by validation strength (a checksummed ID beats a
