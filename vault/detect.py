@@ -1,10 +1,14 @@
 """Detection of personal data in free text: pluggable recognizers, one result type.
 
 Built-in recognizers (``default_recognizers``): email, phone (mainland China mobile
-``1[3-9]\\d{9}`` and international E.164, validated with ``phonenumbers``), mainland
-resident ID (18 digits, ISO 7064 MOD 11-2 check digit, trailing ``X``), bank and
-credit cards (13–19 digits, Luhn; UnionPay included), IBAN (ISO 13616 mod-97) and
-IPv4/IPv6 (validated with ``ipaddress``).
+``1[3-9]`` and nine digits, recognized by its shape in context; international E.164,
+validated with ``phonenumbers``), mainland resident ID (18 digits, ISO 7064 MOD 11-2
+check digit, trailing ``X``), bank and credit cards (13–19 digits, Luhn; UnionPay
+included), IBAN (ISO 13616 mod-97) and IPv4/IPv6 (validated with ``ipaddress``).
+
+Full-width digits and letters (``１３８１２３４５６７８``, typed in a Chinese input
+method's full-width mode) are read as their ASCII forms; values are reported as
+written.
 
 Boundaries are explicit ASCII lookarounds, not ``\\b``: in Python's Unicode regexes
 Chinese characters are word characters, so ``\\b`` would miss ``电话13812345678谢谢``.
@@ -197,24 +201,6 @@ def _phone_validator() -> Any:
     return valid
 
 
-def _cn_mobile_validator() -> Any:
-    """Mainland mobiles arrive normalized as ``+86`` and 11 digits. ``phonenumbers``
-    decides validity by the region's metadata: the general pattern and then each
-    number type's pattern (with its possible lengths), one Python call each. The
-    same decision for one region and one length, made by two compiled patterns:
-    the general one and the alternation of every type that admits the length (a
-    test compares it with ``is_valid_number`` on random numbers)."""
-    general, types = _region_patterns("CN", 11)
-
-    def valid(value: str) -> bool:
-        national = value[3:]
-        if len(national) != 11 or not national.isdigit() or not national.isascii():
-            return False
-        return bool(general.fullmatch(national) and types.fullmatch(national))
-
-    return valid
-
-
 @functools.lru_cache(maxsize=4096)
 def _region_rules(
     code: int, length: int
@@ -360,8 +346,28 @@ _CN_ID = (
     r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])"
     r"(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?![0-9A-Za-z])"
 )
-_CARD = r"(?<![0-9A-Za-z+\-])\d(?:[ \-]?\d){12,18}(?![0-9A-Za-z])"
-_CN_MOBILE = r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ \-]?)?1[3-9]\d(?:[ \-]?\d){8}(?![0-9A-Za-z])"
+# No card number starts with 0 (ISO/IEC 7812: industry identifier 0 is not issued to
+# card issuers); a digit run that does is a mobile after its ``0086`` prefix, or a
+# serial, not a card that would take the mobile's place.
+_CARD = r"(?<![0-9A-Za-z+\-])[1-9](?:[ \-]?\d){12,18}(?![0-9A-Za-z])"
+# A mainland mobile is ``1[3-9]`` and nine digits by the numbering plan, whatever
+# prefix is allocated today: no ``phonenumbers`` metadata check (a number of a prefix
+# allocated after the metadata was published, or mistyped, is still someone's
+# number). Precision comes from the context instead: the digits stand alone, not
+# inside a longer run, a longer alphanumeric token, a dash-joined chain of digit
+# groups (``2026-13812345678``, ``138-1234-5678-0002``: unless the neighbour is a
+# whole mobile, ``13812345678-13912345678`` is a list), before a decimal part
+# (``13812345678.00``), after a currency sign (``¥13800138000``) or ``0.`` (a
+# fraction). Another digit and a dot before do not refuse it: ``1.13812345678``
+# numbers a list more often than it is a decimal of eleven places. ``86`` before it
+# is a country code even without ``+`` when a space or a dash follows. ASCII digits
+# only. Past the end of a match, only digits, a dash and the two characters after
+# them are looked at (``_DefaultDetector`` relies on it).
+_CN_MOBILE = (
+    r"(?<![0-9A-Za-z+¥￥$€£])(?<!0\.)(?:(?<![0-9]-)|(?<=1[3-9][0-9]{9}-))"
+    r"(?:(?:\+|00)86[ \-]?|86[ \-])?1[3-9][0-9](?:[ \-]?[0-9]){8}"
+    r"(?![0-9A-Za-z]|\.[0-9]|-(?!1[3-9][0-9]{9}(?![0-9A-Za-z]))[0-9])"
+)
 _E164 = r"(?<![0-9A-Za-z+])\+[1-9](?:[ \-]?\d){6,14}(?![0-9A-Za-z])"
 # The first letter comes before the lookbehind (same language; the regex engine can
 # then skip to candidate letters instead of testing the lookbehind everywhere).
@@ -372,22 +378,17 @@ _IPV4 = (
 )
 
 
-def _cn_mobile_normal(value: str) -> str:
-    return "+86" + _digits(value)[-11:]
-
-
 def _card_valid(digits: str) -> bool:
     return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
 
 def default_recognizers() -> list[Recognizer]:
     phone_ok = _phone_validator()
-    cn_mobile_ok = _cn_mobile_validator()
     return [
         RegexRecognizer("EMAIL", _EMAIL, needs="@"),
         RegexRecognizer("CN_ID", _CN_ID, resident_id_valid),
         RegexRecognizer("CARD", _CARD, _card_valid, normalize=_digits),
-        RegexRecognizer("PHONE", _CN_MOBILE, cn_mobile_ok, normalize=_cn_mobile_normal),
+        RegexRecognizer("PHONE", _CN_MOBILE),
         RegexRecognizer("PHONE", _E164, phone_ok, normalize=_digits, needs="+"),
         RegexRecognizer("IBAN", _IBAN, iban_valid),
         RegexRecognizer("IP", _IPV4, needs="."),
@@ -405,9 +406,10 @@ class _DefaultDetector:
     digit kinds (resident ID, card, mainland mobile, E.164) scan only the runs of
     ``[+0-9 -Xx]`` found by one pass, and candidates are plain tuples until the
     overlap rule has picked the winners. Scanning a run ``[s, e)`` with
-    ``endpos = e + 1`` is exact: lookbehinds see the real text before ``s``, the
-    lookahead at ``e`` sees the real character there, and no match can use that
-    character (it is outside every digit pattern's alphabet).
+    ``endpos = e + 2`` is exact: lookbehinds see the real text before ``s``, the
+    lookaheads see the real run and the two characters after it (the mobile's
+    refuses ``.5``), and no match can use them (the character at ``e`` is outside
+    every digit pattern's alphabet).
     """
 
     _RUN = re.compile(r"[+0-9][0-9 \-+Xx]{6,}")
@@ -430,11 +432,17 @@ class _DefaultDetector:
         # (times such as "10:30" and labels such as "Note:" do not pass).
         self._two_colons = re.compile(r":[0-9A-Fa-f]*:")
         self._phone_ok = _phone_validator()
-        self._mobile_ok = _cn_mobile_validator()
 
     def winners(self, text: str) -> list[tuple[int, int, int, int, str, str]]:
         """The findings as ``(priority, -length, start, end, kind, value)`` tuples,
-        non-overlapping, in text order (``redact`` needs no ``Finding``)."""
+        non-overlapping, in text order (``redact`` needs no ``Finding``); full-width
+        digits and letters read as ASCII, values as written."""
+        narrow = _narrow(text)
+        if narrow is text:
+            return self._winners(text)
+        return [(*c[:5], text[c[2] : c[3]]) for c in self._winners(narrow)]
+
+    def _winners(self, text: str) -> list[tuple[int, int, int, int, str, str]]:
         cands: list[tuple[int, int, int, int, str, str]] = []
         add = cands.append
         if "@" in text:
@@ -444,7 +452,7 @@ class _DefaultDetector:
         for run in self._RUN.finditer(text):
             lo, hi = run.span()
             size = hi - lo  # shorter runs cannot hold the longer kinds
-            hi += 1
+            hi += 2
             g = run.group()
             if g.isdigit():
                 # Only digits: every digit pattern's lookbehind refuses a digit, so
@@ -458,10 +466,10 @@ class _DefaultDetector:
                     add((0, -18, lo, lo + 18, "CN_ID", g))
                 if 13 <= size <= 19 and luhn_valid(g) and self._card.match(text, lo, hi):
                     add((3, -size, lo, lo + size, "CARD", g))
-                if (size == 11 and g[0] == "1") or (size == 15 and g[:5] == "00861"):
-                    one = self._mobile.match(text, lo, hi)
-                    if one is not None and self._mobile_ok("+86" + g[-11:]):
-                        add((4, -size, lo, lo + size, "PHONE", g))
+                if (
+                    (size == 11 and g[0] == "1") or (size == 15 and g[:5] == "00861")
+                ) and self._mobile.match(text, lo, hi) is not None:
+                    add((4, -size, lo, lo + size, "PHONE", g))
                 continue
             digits = size - g.count(" ") - g.count("-") - g.count("+")
             if size >= 18 and digits >= 17:
@@ -479,10 +487,8 @@ class _DefaultDetector:
                         add((3, s - e, s, e, "CARD", v))
             if digits >= 11:
                 for m in self._mobile.finditer(text, lo, hi):
-                    v = m.group()
-                    if self._mobile_ok(_cn_mobile_normal(v)):
-                        s, e = m.span()
-                        add((4, s - e, s, e, "PHONE", v))
+                    s, e = m.span()
+                    add((4, s - e, s, e, "PHONE", m.group()))
             if "+" in g:
                 for m in self._e164.finditer(text, lo, hi):
                     v = m.group()
@@ -536,12 +542,36 @@ def _default() -> _DefaultDetector:
     return _DEFAULT
 
 
+# A Chinese input method's full-width mode types digits and Latin letters as their
+# full-width forms (``１３８１２３４５６７８``): the same number to every reader. Detection
+# reads them as ASCII, one code point for one so that spans do not move, and reports
+# the values as written. Full-width punctuation (``，：（）``) is not touched: it is in
+# most Chinese texts and is no part of any value.
+_NARROW = {0xFF10 + i: 0x30 + i for i in range(10)}
+_NARROW |= {0xFF21 + i: 0x41 + i for i in range(26)}
+_NARROW |= {0xFF41 + i: 0x61 + i for i in range(26)}
+_NARROW |= {0xFF0B: ord("+"), 0xFF0D: ord("-"), 0xFF0E: ord("."), 0xFF20: ord("@")}
+_WIDE = re.compile("[\uff0b\uff0d\uff0e\uff10-\uff19\uff20-\uff3a\uff41-\uff5a]")
+
+
+def _narrow(text: str) -> str:
+    """``text`` with full-width digits, letters and ``＋－．＠`` as ASCII; ``text``
+    itself (the same object) when it has none."""
+    if text.isascii() or _WIDE.search(text) is None:
+        return text
+    return text.translate(_NARROW)
+
+
 def detect(text: str, recognizers: Sequence[Recognizer] | None = None) -> list[Finding]:
     """Non-overlapping findings in ``text``, in order: of ``recognizers``, or of
-    the default set (the same answers as ``default_recognizers()``, faster)."""
+    the default set (the same answers as ``default_recognizers()``, faster).
+    Full-width digits and letters are read as ASCII; values are as written."""
     if recognizers is None:
         return (_DEFAULT or _default())(text)
-    found = [f for r in recognizers for f in r.find(text)]
+    narrow = _narrow(text)
+    found = [f for r in recognizers for f in r.find(narrow)]
+    if narrow is not text:
+        found = [f._replace(value=text[f.start : f.end]) for f in found]
     found.sort(key=lambda f: (_PRIORITY.get(f.kind, 9), -(f.end - f.start), f.start))
     taken: list[Finding] = []
     for f in found:

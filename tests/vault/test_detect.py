@@ -115,6 +115,9 @@ def test_presidio_results_are_accepted() -> None:
 # -- the fast default path decides exactly as the recognizers one by one ------------
 
 
+WIDE = {ord(c): 0xFF10 + i for i, c in enumerate("0123456789")}
+
+
 def _as_tuples(findings: list[Finding]) -> list[tuple[str, int, int, str]]:
     return [(f.kind, f.start, f.end, f.value) for f in findings]
 
@@ -145,7 +148,15 @@ def _glued(rng: random.Random) -> str:
         lambda: "::" + f"{rng.randint(0, 65535):x}",
         lambda: f"user{digits(2)}@ex{digits(1)}.com",
         lambda: rng.choice(["电话", "号码", "邮箱", "备注:", "，", "。", "谢谢", "ID", "abc", "X"]),
-        lambda: rng.choice([" ", "-", "+", ":", ".", "@", "(", ")", "#", "/"]),
+        lambda: rng.choice([" ", "-", "+", ":", ".", "@", "(", ")", "#", "/", "¥", ".5", "-5"]),
+        lambda: rng.choice(["86 ", "86-", "0.", "1.", "-1"]),
+        # Full-width digits and letters, read as ASCII by both paths.
+        lambda: (
+            rng.choice([digits(rng.randint(8, 19)), "1" + rng.choice("3456789") + digits(9)])
+            .translate(WIDE)
+            .replace("-", "－")
+        ),
+        lambda: rng.choice(["ＳＦ", "＋８６", "ｘ", "＠", "．", "ｆｅ８０"]),
     ]
     return "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 8)))
 
@@ -184,7 +195,7 @@ def test_compiled_phone_rules_equal_phonenumbers() -> None:
     import phonenumbers
     from phonenumbers import COUNTRY_CODE_TO_REGION_CODE
 
-    from keyshred.vault.detect import _cn_mobile_validator, _phone_validator
+    from keyshred.vault.detect import _phone_validator
 
     def parsed_valid(value: str) -> bool:
         try:
@@ -193,10 +204,7 @@ def test_compiled_phone_rules_equal_phonenumbers() -> None:
             return False
 
     rng = random.Random(7)
-    mobile, e164 = _cn_mobile_validator(), _phone_validator()
-    for _ in range(20_000):
-        n = "+861" + rng.choice("3456789") + "".join(rng.choice("0123456789") for _ in range(9))
-        assert mobile(n) == parsed_valid(n), n
+    e164 = _phone_validator()
     valid = 0
     for code in COUNTRY_CODE_TO_REGION_CODE:
         for region in COUNTRY_CODE_TO_REGION_CODE[code]:
@@ -305,3 +313,201 @@ def test_checksums_equal_their_definitions() -> None:
         v = "".join(rng.choice("0123456789") for _ in range(17)) + rng.choice("0123456789Xx")
         assert resident_id_valid(v) == resident(v)
     assert not luhn_valid("4111 1111") and not luhn_valid("４１１１１１１１１１１１１１１１")
+
+
+# -- mainland mobiles by shape, whatever phonenumbers' metadata knows (issue #18) ----
+
+MOBILES = CORPUS.with_name("mobile_corpus.jsonl")
+NEGATIVES = CORPUS.with_name("phone_negatives.jsonl")
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line]
+
+
+def _known_to_phonenumbers(value: str) -> bool:
+    import phonenumbers
+
+    national = "".join(c for c in value if c.isdigit())[-11:]
+    number = phonenumbers.PhoneNumber(country_code=86, national_number=int(national))
+    return bool(phonenumbers.is_valid_number(number))
+
+
+def test_mobiles_of_every_prefix_and_shape_are_found() -> None:
+    """Recall and precision 1.0 on mainland mobiles of every prefix 130-199 in every
+    written shape, many of them of prefixes ``phonenumbers`` does not know."""
+    unknown: Counter[str] = Counter()
+    labels, missed = 0, []
+    for m in _rows(MOBILES):
+        text = str(m["text"])
+        truth = [(lab["kind"], lab["start"], lab["end"]) for lab in m["labels"]]  # type: ignore[attr-defined]
+        found = detect(text)
+        assert {f.kind for f in found} <= {"PHONE", "CARD"}, text
+        phones = [(f.kind, f.start, f.end) for f in found if f.kind == "PHONE"]
+        assert set(phones) <= set(truth), text  # no PHONE that is not a label
+        for _, start, end in truth:
+            labels += 1
+            known = _known_to_phonenumbers(text[start:end])
+            if not known:
+                unknown["".join(c for c in text[start:end] if c.isdigit())[-11:][:3]] += 1
+            if ("PHONE", start, end) not in phones:
+                # "167 8159 7531 18212743541": a spaced mobile, a space, a mobile;
+                # "8159 7531 18212743541" is Luhn-valid, and a card beats a phone.
+                assert known and any(f.start < end and f.end > start for f in found), text
+                missed.append(text)
+    assert labels > 2_000 and len(missed) <= labels // 1000, missed
+    # phonenumbers 9.0.43 knows no number of 140-144, 146, 148, 149, 154, 160, 163, 164,
+    # 168, 169, 179 or 194 (a newer version may know more: the floor is loose).
+    assert sum(unknown.values()) > 300
+    assert len([prefix for prefix, n in unknown.items() if n > 10]) >= 8, unknown
+
+
+# The issue's examples, then prefixes that phonenumbers 9.0.43 knows no number of.
+NEW_PREFIXES = ["192", "196", "197", "199", "162", "165", "167", "141", "144"]
+NEW_PREFIXES += ["140", "154", "163", "168", "179", "194"]
+
+
+@pytest.mark.parametrize("prefix", NEW_PREFIXES)
+@pytest.mark.parametrize(
+    "shape",
+    ["{n}", "+86{n}", "+86 {n}", "0086-{n}", "{a} {b} {c}", "{a}-{b}-{c}", "+86 {a} {b} {c}"],
+)
+def test_mobiles_of_new_prefixes_are_redacted(prefix: str, shape: str) -> None:
+    """Every sanitizer without a vault (``redact``, ``detect`` through a custom list,
+    the logging filter) removes them, glued to Chinese text."""
+    import logging
+
+    from keyshred import vault
+    from keyshred.vault.sanitizers import RedactingFilter
+
+    n = prefix + "70215836"
+    value = shape.format(n=n, a=n[:3], b=n[3:7], c=n[7:])
+    text = f"新号码{value}，谢谢"
+    assert vault.redact(text) == "新号码<PHONE>，谢谢"
+    assert redact(text, default_recognizers()) == "新号码<PHONE>，谢谢"
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "call %s", (text,), None)
+    RedactingFilter().filter(record)
+    assert n[-4:] not in record.getMessage() and "<PHONE>" in record.getMessage()
+
+
+def test_negative_corpus_has_no_phone() -> None:
+    """Order numbers, timestamps, amounts, tracking numbers and mobile-shaped digits
+    inside longer tokens hold no phone: PHONE precision 1.0 on 1,400 messages, and no
+    email or IP either (some order, timestamp and tracking numbers pass the Luhn check
+    by chance, one tracking number the IBAN check: counted by
+    benchmarks/eval_detect.py, not this item's)."""
+    rows = _rows(NEGATIVES)
+    assert len(rows) >= 1_000
+    assert {str(m["category"]) for m in rows} == {
+        "order",
+        "timestamp",
+        "amount",
+        "tracking",
+        "serial",
+    }
+    for m in rows:
+        text = str(m["text"])
+        kinds = {f.kind for f in detect(text)}
+        assert not kinds & {"PHONE", "EMAIL", "IP"}, text
+        assert not kinds & {"PHONE"} and "<PHONE>" not in redact(text), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ts=1733059200000",  # 13-digit millis: 11-digit runs inside, not a phone
+        "时间戳1733059200123ms",
+        "订单号 202612011234567890",
+        "合计¥13,800,138,000.00",
+        "¥13800138000",
+        "金额13800138000.00元",
+        "batch 20261201-13812345678-01",
+        "138-1234-5678-0002",
+        "ratio 0.13812345678",
+        "SF13812345678",
+        "IMG13812345678.jpg",
+        "sn19212345678A",
+    ],
+)
+def test_mobile_shapes_inside_other_values_are_not_phones(text: str) -> None:
+    assert [f.kind for f in detect(text) if f.kind == "PHONE"] == []
+    assert [f.kind for f in detect(text, default_recognizers()) if f.kind == "PHONE"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("13812345678,19212345678", ["13812345678", "19212345678"]),
+        ("13812345678 19612345678", ["13812345678", "19612345678"]),
+        ("电话：19712345678。", ["19712345678"]),
+        ("call 14412345678.", ["14412345678"]),
+        ("(+86-162-1234-5678)", ["+86-162-1234-5678"]),
+        ("手机 +86 16512345678 微信同号", ["+86 16512345678"]),
+        # Luhn-valid: taken for a card on the base; no card number starts with 0.
+        ("tel 008613812345603", ["008613812345603"]),
+        ("13812345678-19212345678", ["13812345678", "19212345678"]),
+        ("1.13812345678 2.14412345678", ["13812345678", "14412345678"]),
+        ("Tel 86-13812345671", ["86-13812345671"]),
+        ("86 192 1234 5678", ["86 192 1234 5678"]),
+        ("tel 0086-138-1234-5603", ["0086-138-1234-5603"]),
+    ],
+)
+def test_mobiles_next_to_punctuation_and_each_other(text: str, values: list[str]) -> None:
+    assert [text[f.start : f.end] for f in detect(text)] == values
+    assert all(f.kind == "PHONE" for f in detect(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        ("电话１３８１２３４５６７８谢谢", "PHONE", "１３８１２３４５６７８"),
+        ("新号码１９２ １２３４ ５６７８。", "PHONE", "１９２ １２３４ ５６７８"),
+        ("call ＋８６１４４１２３４５６７８", "PHONE", "＋８６１４４１２３４５６７８"),
+        (
+            "卡号４１１１－１１１１－１１１１－１１１１",
+            "CARD",
+            "４１１１－１１１１－１１１１－１１１１",
+        ),
+        (
+            "身份证１１０１０５１９４９１２３１００２Ｘ",
+            "CN_ID",
+            "１１０１０５１９４９１２３１００２Ｘ",
+        ),
+        (
+            "邮箱ａｌｉｃｅ＠ｅｘａｍｐｌｅ．ｃｏｍ，好",
+            "EMAIL",
+            "ａｌｉｃｅ＠ｅｘａｍｐｌｅ．ｃｏｍ",
+        ),
+        ("地址１９２．１６８．１．２０，", "IP", "１９２．１６８．１．２０"),
+    ],
+)
+def test_full_width_values_are_found_as_written(text: str, kind: str, value: str) -> None:
+    """A Chinese input method's full-width mode types the same number in full-width
+    digits: found by both paths, the value as written, redacted."""
+    for found in (detect(text), detect(text, default_recognizers())):
+        assert [(f.kind, f.value, text[f.start : f.end]) for f in found] == [(kind, value, value)]
+    assert value not in redact(text) and f"<{kind}>" in redact(text)
+
+
+def test_full_width_letters_still_refuse_a_mobile_inside_a_token() -> None:
+    assert detect("运单ＳＦ１３８１２３４５６７８") == []
+    assert detect("ｓｎ19212345678Ａ", default_recognizers()) == []
+
+
+def test_vault_tokenizes_mobiles_of_new_prefixes(catalog_url: str, tmp_path: Path) -> None:
+    """The vault's sanitize (the default detector's spans) tokenizes them as well,
+    full-width ones too, and restores them as written."""
+    from datetime import timedelta
+
+    from keyshred import Keyshred
+    from tests.storage.conftest import make_config
+
+    ks = Keyshred.init(tmp_path / "data", make_config(catalog_url))
+    try:
+        text = "请联系19212345678或+86 141 2345 6789谢谢，新号１４４１２３４５６７８"
+        s = ks.vault.sanitize(text, "alice", "support", timedelta(hours=1))
+        assert len(s.tokens) == 3 and "1921234" not in s.text and "141 2345" not in s.text
+        assert "１４４１２３４" not in s.text
+        assert ks.vault.restore(s.text, "support", "agent-7") == text
+    finally:
+        ks.close()
