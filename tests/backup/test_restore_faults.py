@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,24 +28,28 @@ WORKER = Path(__file__).with_name("restore_worker.py")
 NS = ("notes",)
 
 
-def _setup(data: Path, victim: str, probe: str) -> tuple[str, list[bytes], list[bytes]]:
-    """A generation holding the victim, then the victim erased. Returns the
-    generation, the victim's wrapped DEKs (as the generation holds them) and key ids."""
+def _setup(data: Path, victims: list[str], probe: str) -> tuple[str, list[bytes], list[bytes]]:
+    """A generation holding the victims, then each victim erased (two tombstones to
+    replay, so a kill after the first is inside the replay). Returns the generation,
+    the victims' wrapped DEKs (as the generation holds them) and their key ids."""
     with Keyshred.init(data, make_config(None), embeddings=bag_of_words) as ks:
         for i in range(3):
-            ks.memories.put(victim, NS, f"k{i}", {"text": f"{probe} note {i}"}, index=["text"])
+            for victim in victims:
+                text = {"text": f"{probe} {victim} note {i}"}
+                ks.memories.put(victim, NS, f"k{i}", text, index=["text"])
             ks.memories.put("bob", NS, f"k{i}", {"text": f"bob note {i}"}, index=["text"])
-        ks.memories.put("bob", ("facts",), "met", {"text": f"{probe} met bob"}, mentions=[victim])
-        ks.vault.sanitize(f"mail {probe}@example.org", victim, "support", timedelta(days=1))
-        refs = (ks.subject_ref(victim), ks.subject_ref("bob"))
+        ks.memories.put("bob", ("facts",), "met", {"text": f"{probe} met bob"}, mentions=victims)
+        ks.vault.sanitize(f"mail {probe}@example.org", victims[0], "support", timedelta(days=1))
+        refs = [ks.subject_ref(s) for s in (*victims, "bob")]
         wrapped = {r.key_id: r.wrapped for ref in refs for r in ks.keyring.store.for_subject(ref)}
         gen = ks.backup.create().generation
-        req = ks.erase(victim, requested_by="dpo", reason="art17", probes=[probe])
-        assert req.state == "completed", req.error
-        tomb = ks.keyring.store.tombstones()[-1]
-        assert tomb.subject_ref == refs[0]
-    key_ids = list(tomb.key_ids)
-    assert len(key_ids) >= 2  # the victim's own key and the mention's owner-set key
+        for victim in victims:
+            req = ks.erase(victim, requested_by="dpo", reason="art17", probes=[probe])
+            assert req.state == "completed", req.error
+        tombs = ks.keyring.store.tombstones()
+        assert [t.subject_ref for t in tombs] == refs[:-1]
+    key_ids = [k for t in tombs for k in t.key_ids]
+    assert len(key_ids) >= 3  # the victims' own keys and the mention's owner-set key
     return gen, [wrapped[k] for k in key_ids], key_ids
 
 
@@ -81,6 +86,31 @@ def _assert_nothing_erased(
             assert _dek_rows(path, key_ids, scratch) == 0, path
 
 
+@dataclass(frozen=True)
+class Erased:
+    """A data folder with one generation, taken before the victim was erased."""
+
+    data: Path
+    generation: str
+    victims: list[str]
+    probe: str
+    wrapped: list[bytes]
+    key_ids: list[bytes]
+
+    def copy(self, into: Path) -> Path:
+        shutil.copytree(self.data, into, symlinks=True)
+        return into
+
+
+@pytest.fixture(scope="module")
+def erased(tmp_path_factory: pytest.TempPathFactory) -> Erased:
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    victims = [f"victim-{probe}", f"cy-{probe}"]
+    data = tmp_path_factory.mktemp("template") / "data"
+    gen, wrapped, key_ids = _setup(data, victims, probe)
+    return Erased(data, gen, victims, probe, wrapped, key_ids)
+
+
 @pytest.mark.parametrize(
     ("point", "nth"),
     [
@@ -94,13 +124,12 @@ def _assert_nothing_erased(
     ],
 )
 def test_restore_killed_inside_leaves_no_erased_key_and_is_swept(
-    point: str, nth: int, tmp_path: Path
+    point: str, nth: int, erased: Erased, tmp_path: Path
 ) -> None:
     assert point in RESTORE_POINTS
-    probe = f"zq{uuid.uuid4().hex[:10]}"
-    victim = f"victim-{probe}"
-    data = tmp_path / "data"
-    gen, wrapped, key_ids = _setup(data, victim, probe)
+    data = erased.copy(tmp_path / "data")
+    gen, wrapped, key_ids = erased.generation, erased.wrapped, erased.key_ids
+    probe, victims = erased.probe, erased.victims
     parent = tmp_path / "restores"
     into = parent / "r1"
     proc = subprocess.run(
@@ -113,7 +142,7 @@ def test_restore_killed_inside_leaves_no_erased_key_and_is_swept(
     assert proc.returncode == -9, proc.stdout + proc.stderr[-3000:]
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    needles = [probe.encode(), victim.encode()]
+    needles = [probe.encode(), *(v.encode() for v in victims)]
     left = [p for p in parent.iterdir() if RESTORING in p.name]
     assert left, "the kill left no staging (lock) behind: the point was not inside the restore"
     _assert_nothing_erased(parent, wrapped, key_ids, needles, scratch)
@@ -123,23 +152,23 @@ def test_restore_killed_inside_leaves_no_erased_key_and_is_swept(
         assert not [p for p in parent.iterdir() if RESTORING in p.name]
         dest = into if not into.exists() else parent / "r2"
         report = ks.backup.restore(gen, dest)
-        assert [r["subject_ref"] for r in report.replayed] == [ks.subject_ref(victim)]
+        assert [r["subject_ref"] for r in report.replayed] == [ks.subject_ref(v) for v in victims]
     assert not [p for p in parent.iterdir() if RESTORING in p.name]
     _assert_nothing_erased(parent, wrapped, key_ids, needles, scratch)
     with Keyshred.open(dest, embeddings=bag_of_words) as r:
-        with pytest.raises((SubjectErased, SubjectSuppressed)):
-            r.memories.get(victim, NS, "k0")
+        for victim in victims:
+            with pytest.raises((SubjectErased, SubjectSuppressed)):
+                r.memories.get(victim, NS, "k0")
         bob = r.memories.get("bob", NS, "k1")
         assert bob is not None and bob.value == {"text": "bob note 1"}
 
 
-def test_a_restore_sweeps_abandoned_staging_in_its_parent(tmp_path: Path) -> None:
+def test_a_restore_sweeps_abandoned_staging_in_its_parent(erased: Erased, tmp_path: Path) -> None:
     """A staging folder whose process is gone (no lock held; also one from before
     the lock files) is removed by the next restore into the same parent; one whose
     restore is alive (lock held) is left alone."""
-    probe = f"zq{uuid.uuid4().hex[:10]}"
-    data = tmp_path / "data"
-    gen, _, _ = _setup(data, f"victim-{probe}", probe)
+    data = erased.copy(tmp_path / "data")
+    gen = erased.generation
     parent = tmp_path / "restores"
     parent.mkdir()
     dead = parent / f".x{RESTORING}deadbeef"
