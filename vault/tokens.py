@@ -568,20 +568,23 @@ class TokenVault:
 
     def _flush_failed(self, exc: Exception) -> None:
         """Count, log and (first of a run) audit a failed background flush. Only the
-        exception's type: a database error's message can quote the rows."""
+        exception's type: a database error's message can quote the rows. A run of
+        failures is logged at its 1st, 2nd, 4th, 8th... failure (the counter and
+        ``status()`` have every one)."""
         kind = type(exc).__name__
         self._failures += 1
         self._failing += 1
         self._failed_at, self._failure = self._clock(), kind
         if self._on_flush_failure is not None:
             self._on_flush_failure()
-        _log.warning(
-            "token flush failed (%s, %d in a row); the tokens stay held and journaled, "
-            "retried in %.0f ms",
-            kind,
-            self._failing,
-            self._group * 1000,
-        )
+        if self._failing & (self._failing - 1) == 0:  # a power of two: no flood
+            _log.warning(
+                "token flush failed (%s, %d in a row); the tokens stay held and "
+                "journaled, retried in %.0f ms",
+                kind,
+                self._failing,
+                self._group * 1000,
+            )
         if self._failing == 1:
             # The catalog may be what fails: then so does this, and the log stands.
             with contextlib.suppress(Exception):
