@@ -64,15 +64,15 @@ def _lock_still_there(fd: int, path: Path) -> bool:
         return False
 
 
-def _try_lock(path: Path, *, wait: bool) -> int | None:
+def _try_lock(path: Path) -> int | None:
     """An fd holding ``path``'s lock, or ``None`` (held by a live process, or the
     file was swept away meanwhile)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        return None  # its folder is gone
+    except OSError:
+        return None  # its folder is gone, or not ours to write: left as it is
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
@@ -87,9 +87,15 @@ def claim(dest: Path, markers: Path | None) -> Claim:
     the live data folder's staging folder, where the marker goes."""
     while True:
         folder = dest.parent / f".{dest.name}{RESTORING}{uuid.uuid4().hex[:8]}"
-        fd = _try_lock(_lock_path(folder), wait=True)
-        if fd is not None:
+        lock = _lock_path(folder)
+        try:  # other errors (an unwritable parent) raise: no restore without a lock
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _lock_still_there(fd, lock):
             break
+        os.close(fd)  # a sweep took it between open and flock: another name
     marker = None
     try:
         if markers is not None:
@@ -109,12 +115,12 @@ def _sweep_one(folder: Path) -> bool:
     lock = _lock_path(folder)
     if not folder.exists() and not lock.exists():
         return True
-    fd = _try_lock(lock, wait=False)
+    fd = _try_lock(lock)
     if fd is None:
         return not folder.exists() and not lock.exists()
     try:
         shutil.rmtree(folder, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             lock.unlink()
     finally:
         os.close(fd)
@@ -124,7 +130,7 @@ def _sweep_one(folder: Path) -> bool:
 def _candidates(parent: Path) -> Iterator[Path]:
     try:
         names = os.listdir(parent)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         return
     seen: set[str] = set()
     for name in names:
@@ -153,19 +159,19 @@ def sweep_marked(markers: Path) -> int:
     removed = 0
     try:
         names = [n for n in os.listdir(markers) if n.startswith(_MARKER)]
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         return 0
     for name in names:
         marker = markers / name
         try:
             folder = Path(marker.read_text("utf-8").strip())
-        except (FileNotFoundError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError):
             continue
         if RESTORING not in folder.name:
             continue  # not written by ``claim``: never delete what it names
         existed = folder.exists()
         if _sweep_one(folder):
             removed += int(existed)
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 marker.unlink()
     return removed
