@@ -2,10 +2,15 @@
 
 Three mechanisms together bound what a backup can yield after an erasure:
 
-1. **Tombstone replay**: every restore lands in an isolated folder, destroys the key
-   ids of every tombstone recorded after the snapshot (from the live key store and
-   from the target's tombstone journal), drops those subjects' partitions, assets
-   and derived data, verifies, and only then renames the folder into place.
+1. **Tombstone replay**: every restore lands in an isolated folder. The key ids of
+   every tombstone recorded after the snapshot (from the live key store and from
+   the target's tombstone journal) are deleted from the restored key store in
+   memory, before the folder holds anything, so not even a killed restore leaves an
+   erased subject's wrapped keys on disk; a subject erased since is not downloaded.
+   Then the restore drops those subjects' partitions, assets and derived data,
+   verifies, and only then renames the folder into place. A restore killed on the
+   way leaves a locked staging folder that the next restore into the same parent,
+   or the next open of the data folder, removes (``keyshred.backup.staging``).
 2. **Expiring generations**: each generation has a retention class; ``prune``
    deletes expired ones (every S3 object version) and objects no generation needs.
 3. **KEK epochs**: a generation's key store is sealed under the epoch current at
@@ -40,6 +45,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from keyshred.backup import staging as restore_staging
 from keyshred.backup.manifest import (
     GENERATIONS,
     OBJECTS,
@@ -68,7 +74,14 @@ from keyshred.receipts import BackupCoverage
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred
 
-__all__ = ["BackupManager", "Generation", "MaintenanceReport", "Progress", "RestoreReport"]
+__all__ = [
+    "RESTORE_POINTS",
+    "BackupManager",
+    "Generation",
+    "MaintenanceReport",
+    "Progress",
+    "RestoreReport",
+]
 
 Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: phases ``hash``, ``upload``, ``download`` (bytes)."""
@@ -79,6 +92,10 @@ _SKIP = {"LOCK", "FREEZE"}
 _COPY_BELOW = 256 * 1024  # small files are copied; large immutable ones hard-linked
 _INCOMPLETE_AFTER = timedelta(hours=6)
 _TOKEN_BLOCK_MARGIN = 1024  # blocks of token numbers (1,024 each) skipped past the live mark
+RESTORE_POINTS = ("keystore", "segment", "catalog", "opened", "replayed", "verified", "renamed")
+"""Where a restore calls ``on_restore_step`` (fault injection kills the process there):
+after the key store is written, after each segment, after the catalog, once the copy
+is open, after each tombstone replayed, after verification, after the rename."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +196,10 @@ class BackupManager:
         self.clock = clock
         self._targets: dict[str, BackupTarget] = {}
         self._lock = threading.Lock()
+        self.on_restore_step: Callable[[str], None] | None = None
+        # Restores this data folder started and a kill interrupted leave a staging
+        # folder (wherever they went): removed at the next open.
+        restore_staging.sweep_marked(ks.path / STAGING)
         if self._settings.default_class not in self._settings.retention:
             raise ConfigError(
                 f"backup.default_class {self._settings.default_class!r} is not a retention class"
@@ -697,15 +718,17 @@ class BackupManager:
     ) -> RestoreReport:
         """Restore ``generation`` into a new folder ``into``: download and verify
         every object, replay every later tombstone, verify, then expose. A restore
-        that fails or is interrupted leaves no folder at ``into``."""
+        that fails leaves no folder at ``into``; one that is killed leaves a staging
+        folder that holds no erased key and is removed by the next restore or open."""
         tgt = self._resolve(target)
         dest = Path(into)
         if dest.exists() and any(dest.iterdir()):
             raise InvalidInput(f"{dest} exists and is not empty")
         manifest = self.manifest(generation, tgt)
-        staging = dest.parent / f".{dest.name}.restoring-{uuid.uuid4().hex[:8]}"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        staging.mkdir(mode=0o700)
+        restore_staging.sweep(dest.parent)  # what killed restores left here
+        claim = restore_staging.claim(dest, self._ks.path / STAGING)
+        staging = claim.folder
         try:
             report = self._restore_into(manifest, tgt, staging, progress)
             report.path = str(dest)
@@ -713,9 +736,12 @@ class BackupManager:
             if dest.exists():
                 dest.rmdir()
             os.rename(staging, dest)
+            self._point("renamed")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        finally:
+            claim.release()
         self._ks.audit.record(
             "backup.restored",
             generation=generation,
@@ -733,13 +759,14 @@ class BackupManager:
             seen.setdefault(record.tombstone_id, record.tombstone())
         return sorted(seen.values(), key=lambda t: (t.erased_at, t.tombstone_id))
 
-    def _restore_into(
-        self, manifest: Manifest, tgt: BackupTarget, staging: Path, progress: Progress | None
-    ) -> RestoreReport:
-        from keyshred.facade import CATALOG_DIR, CATALOG_FILE, Keyshred
+    def _point(self, name: str) -> None:
+        if self.on_restore_step is not None:
+            self.on_restore_step(name)
 
+    def _open_keystore(self, manifest: Manifest, tgt: BackupTarget) -> bytes:
+        """The generation's key store snapshot, in memory: sealed under the
+        generation's epoch (gone once destroyed)."""
         keyring = self._ks.keyring
-        # 1. The key store: sealed under the generation's epoch (gone once destroyed).
         sealed = tgt.get_bytes(manifest.keystore.object)
         if hashlib.sha256(sealed).hexdigest() != manifest.keystore.sha256:
             raise IntegrityError(
@@ -755,12 +782,26 @@ class BackupManager:
                 f"generation {manifest.generation} was sealed under KEK epoch "
                 f"{manifest.keystore.kek_epoch}, which is destroyed: it can never be restored"
             ) from None
+        return keystore
+
+    def _restore_into(
+        self, manifest: Manifest, tgt: BackupTarget, staging: Path, progress: Progress | None
+    ) -> RestoreReport:
+        from keyshred.facade import CATALOG_DIR, CATALOG_FILE, Keyshred
+
+        # 1. The key store, with every tombstone recorded since the snapshot applied
+        #    in memory first: the folder never holds an erased key, not for a moment.
+        keystore = self._open_keystore(manifest, tgt)
+        _, had = SQLiteKeyStore.describe_snapshot(keystore)
+        tombstones = [t for t in self.tombstones(tgt) if t.tombstone_id not in set(had)]
+        keystore = SQLiteKeyStore.apply_tombstones(keystore, tombstones)
+        (staging / "keys").mkdir(mode=0o700)
         SQLiteKeyStore.from_snapshot(staging / "keys" / "keystore.db", keystore).close()
         del keystore
-        (staging / "keys").chmod(0o700)
+        self._point("keystore")
 
-        # 2. Segments, each checked against its hash; an erased subject's are gone.
-        tombstones = self.tombstones(tgt)
+        # 2. Segments, each checked against its hash. A subject erased since the
+        #    snapshot is not downloaded at all (its keys are gone already).
         erased = {t.subject_ref for t in tombstones if t.scope is None}
         total = sum(s.size for s in manifest.segments)
         done = [0]
@@ -776,14 +817,16 @@ class BackupManager:
             dst = staging / seg.path
             if not _inside(staging, dst):
                 raise IntegrityError(f"segment path {seg.path} leaves the folder")
+            if seg.subject_ref in erased:
+                tick(seg.size)
+                return 1  # replay drops the rest of the subject
             try:
                 tgt.get_file(seg.object, dst, tick)
             except NotFound:
-                if seg.subject_ref in erased:
-                    return 1  # erased from the backups; replay drops the rest
                 raise IntegrityError(f"segment {seg.path} is missing from the backup") from None
             if _sha256_file(dst) != seg.sha256:
                 raise IntegrityError(f"segment {seg.path} fails its SHA-256 check (tampered)")
+            self._point("segment")
             return 0
 
         with ThreadPoolExecutor(self._settings.workers) as pool:
@@ -797,6 +840,7 @@ class BackupManager:
                 f"the catalog copy of generation {manifest.generation} is tampered"
             )
         catalog_path.chmod(0o600)
+        self._point("catalog")
 
         # 4. Configuration: the generation's settings, the live KEK, embedded catalog.
         config = self._restored_config(manifest)
@@ -808,6 +852,7 @@ class BackupManager:
 
         restored = Keyshred.open(staging, config, embeddings=embed)
         try:
+            self._point("opened")
             restored.derived.copy_producers(self._ks.derived)
             report = RestoreReport(
                 generation=manifest.generation,
@@ -817,11 +862,9 @@ class BackupManager:
                 segments=len(manifest.segments),
                 skipped_erased=skipped,
             )
-            # 5. Replay every tombstone the snapshot does not hold yet.
-            have = {t.tombstone_id for t in restored.keyring.store.tombstones()}
+            # 5. Replay every tombstone the snapshot did not hold (their keys are
+            #    gone already): partitions, catalog rows, tokens, derived data.
             for tomb in tombstones:
-                if tomb.tombstone_id in have:
-                    continue
                 req = restored.erasure.replay(tomb)
                 if req.state != "completed":
                     raise IntegrityError(
@@ -836,6 +879,7 @@ class BackupManager:
                         "erased_at": tomb.erased_at.isoformat(),
                     }
                 )
+                self._point("replayed")
             # 5b. Token numbers: skip every block the live catalog has handed out
             #     (plus a margin for a process that takes one meanwhile), so no
             #     token issued after the snapshot ever gets its id reissued.
@@ -845,6 +889,7 @@ class BackupManager:
             # 6. Verify what remains: every live subject's partition opens, every
             #    file authenticates and matches the catalog.
             self._verify_restored(restored, report)
+            self._point("verified")
         finally:
             restored.close()
         return report

@@ -492,6 +492,33 @@ class SQLiteKeyStore(_SqlKeyStore):
             db.close()
         return [str(r) for r in refs], [str(t) for t in tombs]
 
+    @staticmethod
+    def apply_tombstones(data: bytes, tombstones: Sequence[Tombstone]) -> bytes:
+        """A snapshot with ``tombstones`` applied, in memory: their keys deleted and
+        the tombstones recorded. ``VACUUM`` rebuilds the image, so no free page keeps
+        a deleted key's bytes: what a restore writes to disk never held them."""
+        db = sqlite3.connect(":memory:")
+        try:
+            db.deserialize(data)
+            db.execute("PRAGMA secure_delete=ON")
+            with db:
+                for tomb in tombstones:
+                    db.executemany("DELETE FROM dek WHERE key_id = ?", [(k,) for k in tomb.key_ids])
+                    db.execute(
+                        "INSERT OR IGNORE INTO tombstone VALUES (?,?,?,?)",
+                        (tomb.tombstone_id, tomb.subject_ref, tomb.scope, _ts(tomb.erased_at)),
+                    )
+                    db.executemany(
+                        "INSERT OR IGNORE INTO tombstone_key VALUES (?,?)",
+                        [(k, tomb.tombstone_id) for k in tomb.key_ids],
+                    )
+            db.execute("VACUUM")
+            return bytes(db.serialize())
+        except sqlite3.DatabaseError:
+            raise KeyshredError("the key store snapshot cannot be read") from None
+        finally:
+            db.close()
+
     @classmethod
     def from_snapshot(cls, path: str | os.PathLike[str], data: bytes) -> SQLiteKeyStore:
         """Write a snapshot as a new key store file (mode 0600) and open it."""

@@ -102,9 +102,15 @@ class AuditLog:
         return AuditEvent(int(seq), at, event, subject_ref, request_id, data, last, digest)
 
     def events(
-        self, *, subject_ref: str | None = None, request_id: str | None = None
+        self,
+        *,
+        subject_ref: str | None = None,
+        request_id: str | None = None,
+        event: str | None = None,
     ) -> list[AuditEvent]:
         query = sa.select(audit_events).order_by(audit_events.c.seq)
+        if event is not None:
+            query = query.where(audit_events.c.event == event)
         if subject_ref is not None:
             query = query.where(audit_events.c.subject_ref == subject_ref)
         if request_id is not None:

@@ -188,19 +188,29 @@ def keys_status(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
     with Keyshred.open(path) as ks:
         epochs = ks.keyring.kek.epochs()
         counts = ks.keyring.store.counts()
+        flush_failed = ks.audit.events(event="vault.flush_failed")  # any process's
         data = {
             "kek_provider": ks.keyring.kek.name,
             "current_epoch": ks.keyring.kek.current_epoch(),
             "epochs": [{"epoch": e.epoch, "created_at": e.created_at.isoformat()} for e in epochs],
             "keys": counts["dek"],
             "tombstones": counts["tombstone"],
+            "token_flush": {
+                **ks.vault.status().as_dict(),
+                "failure_runs_audited": len(flush_failed),
+                "last_audited_failure_at": (
+                    flush_failed[-1].at.isoformat() if flush_failed else None
+                ),
+            },
         }
     _emit(
         data,
         as_json,
         f"KEK {data['kek_provider']} epoch {data['current_epoch']} "
         f"(live: {[e.epoch for e in epochs]}); {counts['dek']} keys, "
-        f"{counts['tombstone']} tombstones",
+        f"{counts['tombstone']} tombstones; token flush failures: {len(flush_failed)} "
+        f"run(s) audited"
+        + (f", last at {flush_failed[-1].at.isoformat()}" if flush_failed else ""),
     )
 
 

@@ -96,6 +96,7 @@ class Keyshred:
             group_commit_ms=config.tokens.commit_ms(catalog.dialect),
             journal=path / JOURNAL_DIR,
             first_key=self.memories.first_key,
+            on_flush_failure=self.metrics.token_flush_failure,
         )
         self.checkpoints = CheckpointStore(
             catalog, keyring, tenant=config.tenant, first_key=self.memories.first_key

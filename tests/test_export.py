@@ -112,3 +112,34 @@ def test_export_seal_expiry_tamper_and_erasure(ks: Keyshred, tmp_path: Path) -> 
     ks.erase("ivo", requested_by="dpo", reason="art17")
     with pytest.raises((SubjectErased, SubjectSuppressed)):
         ks.open_export(package, private_key=private)
+
+
+def test_a_tampered_kdf_header_is_refused_before_any_work(
+    ks: Keyshred, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scrypt cost is the format's: a header asking for n=2^20 (seconds of work)
+    or missing its KDF is ``IntegrityError`` before any derivation."""
+    from keyshred.keyring import _primitives as prim
+
+    ks.memories.put("jo", NS, "k", {"v": 1})
+    ks.export("jo", tmp_path / "j.ksx", passphrase=PASS)
+    package = (tmp_path / "j.ksx").read_bytes()
+    line, body = package.split(b"\n", 1)
+    header = json.loads(line)
+    derived: list[int] = []
+    real = prim.scrypt_derive
+
+    def spy(passphrase: bytes, *, salt: bytes, n: int, r: int, p: int) -> bytes:
+        derived.append(n)
+        return real(passphrase, salt=salt, n=n, r=r, p=p)
+
+    monkeypatch.setattr(prim, "scrypt_derive", spy)
+    costly = {**header, "kdf": {**header["kdf"], "n": 2**20}}
+    no_kdf = {k: v for k, v in header.items() if k != "kdf"}
+    for bad in (costly, no_kdf):
+        tampered = json.dumps(bad, sort_keys=True, separators=(",", ":")).encode() + b"\n" + body
+        with pytest.raises(IntegrityError):
+            ks.open_export(tampered, passphrase=PASS)
+    assert derived == []
+    assert ks.open_export(package, passphrase=PASS)["memories.json"][0]["value"] == {"v": 1}
+    assert derived == [2**15]

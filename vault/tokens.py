@@ -42,18 +42,25 @@ its transaction, so a subject suppressed meanwhile has its held tokens dropped,
 never stored; an erasure drops them too. The journal of a process that died is
 replayed by the next vault that opens the folder (``recover``), under the same
 guard rules.
+
+A background flush that fails is retried at the next interval (the rows stay held
+and journaled); each failure is counted (``on_flush_failure``: the metrics counter),
+logged with the exception's type only (a message could quote a row), audited once
+per run of failures, and shown by ``status()``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import re
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -80,7 +87,7 @@ from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, micros
 from keyshred.vault.detect import KINDS, Finding, Recognizer, default_spans, detect
 from keyshred.vault.journal import Segment, TokenJournal, encode
 
-__all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
+__all__ = ["TOKEN_RE", "Sanitized", "TokenVault", "VaultStatus"]
 
 
 class _Row:
@@ -216,6 +223,26 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+_log = logging.getLogger("keyshred.vault")
+
+
+@dataclass(frozen=True)
+class VaultStatus:
+    """``ks.vault.status()``: group commit's state in this process."""
+
+    group_commit_ms: float
+    pending: int  # rows issued, not stored yet
+    flush_failures: int  # background flushes that failed (each retried)
+    consecutive_failures: int  # since the last flush that succeeded
+    last_failure_at: datetime | None
+    last_failure: str | None  # the exception's type name, never its message
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()
+        }
+
+
 def _check_purpose(purpose: str) -> str:
     if not isinstance(purpose, str) or not _PURPOSE.fullmatch(purpose):
         raise InvalidInput("a purpose is 1-128 characters of letters, digits and ._:/-")
@@ -237,6 +264,7 @@ class TokenVault:
         group_commit_ms: float = 0.0,
         journal: Path | None = None,
         first_key: Callable[[str, str, str | None], DataKey],
+        on_flush_failure: Callable[[], None] | None = None,
     ) -> None:
         self._catalog = catalog
         # Makes a subject's first key safely against a racing erasure
@@ -261,6 +289,10 @@ class TokenVault:
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flushed_at = self._issued_at = time.monotonic()
+        self._on_flush_failure = on_flush_failure
+        self._failures = self._failing = 0
+        self._failed_at: datetime | None = None
+        self._failure: str | None = None
         # Group commit journals every held row (``keyshred.vault.journal``); the
         # folder also holds what dead processes left, stored here and now.
         self._journal = None if journal is None else TokenJournal(journal)
@@ -531,8 +563,45 @@ class TokenVault:
                 continue  # callers are busy: the next one flushes inline
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001, S112 - retried next interval; never kills the flusher
-                continue
+            except Exception as exc:  # noqa: BLE001 - retried next interval; never kills the flusher
+                self._flush_failed(exc)
+
+    def _flush_failed(self, exc: Exception) -> None:
+        """Count, log and (first of a run) audit a failed background flush. Only the
+        exception's type: a database error's message can quote the rows. A run of
+        failures is logged at its 1st, 2nd, 4th, 8th... failure (the counter and
+        ``status()`` have every one)."""
+        kind = type(exc).__name__
+        self._failures += 1
+        self._failing += 1
+        self._failed_at, self._failure = self._clock(), kind
+        if self._on_flush_failure is not None:
+            self._on_flush_failure()
+        if self._failing & (self._failing - 1) == 0:  # a power of two: no flood
+            _log.warning(
+                "token flush failed (%s, %d in a row); the tokens stay held and "
+                "journaled, retried in %.0f ms",
+                kind,
+                self._failing,
+                self._group * 1000,
+            )
+        if self._failing == 1:
+            # The catalog may be what fails: then so does this, and the log stands.
+            with contextlib.suppress(Exception):
+                self._audit.record("vault.flush_failed", error=kind)
+
+    def status(self) -> VaultStatus:
+        """Group commit in this process: pending rows and background flush failures."""
+        with self._pending_lock:
+            pending = len(self._held.rows) + len(self._storing.rows)
+        return VaultStatus(
+            self._group * 1000,
+            pending,
+            self._failures,
+            self._failing,
+            self._failed_at,
+            self._failure,
+        )
 
     def flush(self) -> int:
         """Write every pending token now (group commit); returns how many were
@@ -540,9 +609,11 @@ class TokenVault:
         pending tokens dropped."""
         with self._flush_lock:  # one flush at a time: a batch is written once
             try:
-                return self._flush()
+                stored = self._flush()
             finally:
                 self._flushed_at = time.monotonic()
+            self._failing = 0  # a run of background failures ends here
+            return stored
 
     def _flush(self) -> int:
         with self._pending_lock:

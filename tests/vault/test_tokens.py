@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -426,3 +427,81 @@ def test_another_process_waits_for_a_pending_token_instead_of_refusing(tmp_path:
     finally:
         a.close()
         b.close()
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    """Poll a background thread's effect (a generous deadline, not a timing claim)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_failing_background_flush_is_counted_logged_audited_and_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from keyshred import Config, Keyshred
+
+    cfg = Config.model_validate({"tokens": {"group_commit_ms": 50}})
+    caplog.set_level(logging.WARNING, logger="keyshred.vault")
+    with Keyshred.init(tmp_path / "g", cfg) as ks:
+        real = ks.catalog.insert_tokens
+
+        def failing(rows: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name != "keyshred-token-flusher":
+                return real(rows, *args, **kwargs)  # a caller's inline flush works
+            # A database error's message quotes the statement's parameters.
+            raise RuntimeError(f"insert failed: {rows!r}")
+
+        monkeypatch.setattr(ks.catalog, "insert_tokens", failing)
+        while True:  # until a token is left to the background flusher
+            ks.vault.flush()
+            s = ks.vault.sanitize(f"mail {VALUES[1]}", "ann", "support", HOUR)
+            if ks.vault.status().pending:
+                break
+        _wait_for(lambda: ks.vault.status().flush_failures >= 3, "three failed flushes")
+        status = ks.vault.status()
+        assert status.pending == 1 and status.consecutive_failures >= 3
+        assert status.last_failure == "RuntimeError" and status.last_failure_at is not None
+        metric = next(
+            line
+            for line in ks.metrics.render().splitlines()
+            if line.startswith("keyshred_token_flush_failures_total ")
+        )
+        assert float(metric.split()[1]) >= 3
+        logged = [r for r in caplog.records if r.name == "keyshred.vault"]
+        # Logged at the 1st, 2nd, 4th... failure of a run, not at every interval.
+        runs = {int(r.getMessage().split(", ")[1].split()[0]) for r in logged}
+        assert {1, 2} <= runs and 3 not in runs
+        for record in logged:
+            text = record.getMessage()
+            assert "RuntimeError" in text and record.exc_info is None
+            assert s.tokens[0] not in text and VALUES[1] not in text and "insert failed" not in text
+        audited = [e.data for e in ks.audit.events() if e.event == "vault.flush_failed"]
+        assert audited == [{"error": "RuntimeError"}]  # once per run of failures
+        # The token still resolves here (held), and is stored once the catalog works.
+        assert ks.vault.restore(s.text, "support", caller="t") == f"mail {VALUES[1]}"
+        monkeypatch.setattr(ks.catalog, "insert_tokens", real)
+        _wait_for(lambda: ks.vault.status().pending == 0, "the retried flush")
+        after = ks.vault.status()
+        assert after.consecutive_failures == 0 and after.flush_failures >= 3
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "keyshred"), "keys", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KEYSHRED_PATH": str(tmp_path / "g")},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)["token_flush"]
+    assert shown["failure_runs_audited"] == 1 and shown["last_audited_failure_at"]
+    with Keyshred.open(tmp_path / "g") as again:
+        assert again.vault.restore(s.text, "support", caller="t") == f"mail {VALUES[1]}"
