@@ -765,6 +765,46 @@ def backup_maintain(
     )
 
 
+@app.command()
+def repair(
+    subject_ref: Annotated[
+        str | None, typer.Argument(help="The subject_ref an error named (default: all).")
+    ] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="Reconcile (default: report).")] = False,
+    forget_lost: Annotated[
+        bool,
+        typer.Option(
+            "--forget-lost",
+            help="With --apply, also drop catalog entries of memories gone without a "
+            "recorded deletion (a truncated file; the tamper alarm).",
+        ),
+    ] = False,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Check memory partitions against the catalog; --apply reconciles what is safe.
+    Exits 1 if something is found (dry run) or left unreconciled (--apply)."""
+    with Keyshred.open(path) as ks:
+        if subject_ref is None:
+            reports = ks.memories.repair_all(apply=apply, forget_lost=forget_lost)
+        else:
+            reports = [ks.memories.repair(subject_ref, apply=apply, forget_lost=forget_lost)]
+    ok = all(r.ok for r in reports)
+    if as_json:
+        data = {"ok": ok, "applied": apply, "partitions": [r.as_dict() for r in reports]}
+        typer.echo(json.dumps(data, sort_keys=True))
+    else:
+        for r in reports:
+            found = {k: len(v) for k, v in r.as_dict().items() if isinstance(v, list) and v}
+            state = ("repaired" if r.ok else "still broken") if r.applied else "found"
+            text = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in found.items())
+            typer.echo(f"{r.subject_ref}: " + (f"{state}: {text}" if found else "clean"))
+        if not ok and not apply:
+            typer.echo("run again with --apply to reconcile (lost memories need --forget-lost)")
+    if not ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console entry point: user errors become one line and exit code 2."""
     try:

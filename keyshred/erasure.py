@@ -948,19 +948,10 @@ class ErasureCoordinator:
         if value is None:
             self._ks.memories.delete_by_id(owner, asset.asset_id)
             return {**base, "action": "dropped"}
-        self._ks.memories.rebuild(owner, row, value, sources=remaining, mentions=mentions)
-        with self._catalog.transaction() as conn:
-            from keyshred.storage.catalog import assets
-
-            conn.execute(
-                assets.update()
-                .where(assets.c.asset_id == asset.asset_id)
-                .values(
-                    kind=asset.kind,
-                    producer=asset.producer,
-                    producer_version=asset.producer_version,
-                )
-            )
+        produced_by = (asset.kind, asset.producer, asset.producer_version)
+        self._ks.memories.rebuild(
+            owner, row, value, sources=remaining, mentions=mentions, produced_by=produced_by
+        )
         return {**base, "action": "rebuilt"}
 
     def _source_memories(self, ids: Sequence[str]) -> list[Memory]:

@@ -12,6 +12,7 @@ import contextlib
 import heapq
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -19,6 +20,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import sqlalchemy as sa
 
 from keyshred.errors import (
     ConsentRequired,
@@ -32,7 +35,8 @@ from keyshred.errors import (
 )
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog
+from keyshred.storage import faults
+from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog, assets
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
@@ -41,12 +45,15 @@ from keyshred.storage.policy import Policy
 from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
 from keyshred.storage.vectors import VectorIndex, VectorItem
 
-__all__ = ["Memory", "MemoryStore", "PutItem", "text_at"]
+__all__ = ["Memory", "MemoryStore", "PutItem", "RepairReport", "text_at"]
 
 MEMORY_KIND = "memory"
 HISTORY = "~history"  # superseded versions of corrected memories live under it
 _VERSION_SEP = "\x1f"
 VECTOR_KIND = "vector"
+# The status of assets whose deletion has started (``_delete_rows``): the rows may be
+# gone from the partition while the catalog still holds them.
+DELETING = "deleting"
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # one encoder, reused
 _MAX_NAMESPACE_DEPTH = 32
 _MAX_LABEL = 512
@@ -118,6 +125,66 @@ class PutItem:
     ttl: timedelta | None = None  # shortens retention (never beyond the policy's)
 
 
+_SUBJECT_REF = re.compile(r"[a-z2-7]{26}")  # Keyring.subject_ref's form
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What ``MemoryStore.repair`` found in one partition (asset ids and file names
+    only: no personal data), and whether it acted.
+
+    - ``lost``: memories the catalog holds that the partition lacks, with no
+      deletion recorded (a truncated or replaced file, or a crash of an older
+      version mid-delete); forgotten only with ``forget_lost``;
+    - ``unfinished_deletes``: rows gone, their assets marked "deleting": finished;
+    - ``pending_deletes``: assets marked "deleting", rows still there: deleted;
+    - ``unregistered``: rows the catalog does not know (a put killed before its
+      catalog write, never acknowledged): registered, so retention, export and
+      erasure find them;
+    - ``leftover_files``: files the manifest does not name: removed.
+    """
+
+    subject_ref: str
+    lost: tuple[str, ...] = ()
+    unfinished_deletes: tuple[str, ...] = ()
+    pending_deletes: tuple[str, ...] = ()
+    unregistered: tuple[str, ...] = ()
+    leftover_files: tuple[str, ...] = ()
+    applied: bool = False
+    forgot_lost: bool = False
+
+    @property
+    def clean(self) -> bool:
+        """Nothing found."""
+        return not (
+            self.lost
+            or self.unfinished_deletes
+            or self.pending_deletes
+            or self.unregistered
+            or self.leftover_files
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Nothing found, or everything found was reconciled by this run."""
+        if not self.applied:
+            return self.clean
+        return not self.lost or self.forgot_lost
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "subject_ref": self.subject_ref,
+            "lost": list(self.lost),
+            "unfinished_deletes": list(self.unfinished_deletes),
+            "pending_deletes": list(self.pending_deletes),
+            "unregistered": list(self.unregistered),
+            "leftover_files": list(self.leftover_files),
+            "applied": self.applied,
+            "forgot_lost": self.forgot_lost,
+            "ok": self.ok,
+        }
+
+
 # ``_register_rows`` binds memory assets as tuples in the catalog's column order.
 _ASSET_ORDER = (
     "asset_id",
@@ -137,6 +204,11 @@ _ASSET_ORDER = (
 )
 if _ASSET_ORDER != ASSET_COLUMNS:  # pragma: no cover - a schema edit
     raise ImportError("keyshred.storage.memories does not match the ks_assets columns")
+
+
+def _storage_key(ref: str) -> str:
+    """The catalog's ``storage_key`` of every asset a subject's partition stores."""
+    return f"memories/subject={ref}"
 
 
 def _vector_ids(row: MemoryRow) -> list[str]:
@@ -232,6 +304,7 @@ class MemoryStore:
         # Held shared by every partition write, exclusive by a backup's snapshot.
         self.freeze = FreezeLock(root / "FREEZE")
         self.audit: Any = None  # the facade's AuditLog: corrections and deletions are events
+        self._sql: str | None = None  # the compiled query of _expected_ids
 
     # -- partitions ----------------------------------------------------------------
 
@@ -250,6 +323,7 @@ class MemoryStore:
                     self.pme,
                     fsync=self._fsync,
                     expected_ids=self._expected_ids,
+                    finish_deletes=self._finish_deletes,
                     freeze=self.freeze,
                 )
                 self._partitions[subject_ref] = part
@@ -268,8 +342,45 @@ class MemoryStore:
             # An erasure is under way (files go before catalog rows) and every read
             # and write is refused anyway: there is nothing to hold the files to.
             return set()
-        ids = self._catalog.asset_ids(subject_ref, MEMORY_KIND)
-        return {a for a, scope in ids.items() if scope not in guard.scopes}
+        # Every asset stored in the partition: memories and derived assets alike.
+        if self._sql is None:
+            stmt = sa.select(assets.c.asset_id, assets.c.scope).where(
+                assets.c.subject_ref == sa.bindparam("subject_ref"),
+                assets.c.storage_key == sa.bindparam("storage_key"),
+            )
+            self._sql = self._catalog.compile({"partition_ids": stmt})["partition_ids"]
+        with self._catalog.hot(write=False) as cur:
+            cur.execute(
+                self._sql, {"subject_ref": subject_ref, "storage_key": _storage_key(subject_ref)}
+            )
+            ids = cur.fetchall()
+        return {a for a, scope in ids if scope not in guard.scopes}
+
+    def _finish_deletes(self, part: Partition, missing: set[str]) -> set[str]:
+        """Finish the deletions ``_delete_rows`` started (their assets marked
+        "deleting") whose rows the partition no longer holds: a flush rewrites
+        their bytes away, then their vectors and catalog rows go. Returns the
+        missing ids no deletion explains. Runs while the partition is being opened;
+        outside the partition lock (a reader catching up while a delete may still
+        be running in another process) it only explains, and acts on nothing."""
+        ref = part.subject_ref
+        marked = {a.asset_id: a.kind for a in self._catalog.assets(ref, status=DELETING)}
+        done = {m for m in missing if marked.get(m) not in (None, VECTOR_KIND)}
+        if done and part.holds_flock:
+            part.flush()
+            self._forget(ref, done, marked)
+            if self.audit is not None:
+                self.audit.record("memory.delete_finished", subject_ref=ref, count=len(done))
+        return missing - done
+
+    def _forget(self, ref: str, memory_ids: set[str], kinds: Mapping[str, str]) -> None:
+        """Remove the vectors and catalog assets of memories the partition lacks."""
+        vector_ids = [
+            a for a, kind in kinds.items() if kind == VECTOR_KIND and a.split("/")[0] in memory_ids
+        ]
+        if self.vectors is not None:
+            self.vectors.delete(ref, memory_ids)
+        self._catalog.delete([*sorted(memory_ids), *vector_ids])
 
     def evict(self, subject_ref: str) -> None:
         """Forget a subject's decrypted rows, vectors and cached keys in this process."""
@@ -361,9 +472,11 @@ class MemoryStore:
         *,
         epoch: int | None = None,
         mention_refs: Sequence[tuple[str, ...]] | None = None,
+        produced_by: tuple[str, str | None, str | None] | None = None,
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
-        mentions as refs already (rebuilding derived assets)."""
+        mentions as refs already, ``produced_by`` the assets' (kind, producer,
+        producer version) (rebuilding derived assets)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -462,17 +575,20 @@ class MemoryStore:
                 for i, f in enumerate(r.index)
             ]
             part.append_puts(rows)
+            faults.reached("put.after_log")
             try:
                 if vec_items or stale:
                     self._vector_store().upsert(
                         ref, vec_items, replace=[p.memory_id for p in previous.values() if p]
                     )
+                    faults.reached("put.after_vectors")
                 self._register_rows(
                     ref,
                     rows,
                     expected_epoch=current_epoch,
                     replace=replaced or bool(vec_items),
                     remove=stale,
+                    produced_by=produced_by,
                 )
             except BaseException:
                 self._undo(part, rows, previous)
@@ -481,6 +597,7 @@ class MemoryStore:
                     with contextlib.suppress(Exception):  # the original error matters
                         self.vectors.delete(ref, fresh)
                 raise
+            faults.reached("put.after_catalog")
             if part.log_records >= self._flush_records:
                 part.flush()
         return [_memory(r) for r in rows]
@@ -542,6 +659,7 @@ class MemoryStore:
         expected_epoch: int,
         replace: bool,
         remove: Sequence[str],
+        produced_by: tuple[str, str | None, str | None] | None = None,
     ) -> None:
         """Register the rows (and their vectors) as assets in one catalog
         transaction. Memory rows go in as parameter tuples built here: the same
@@ -556,13 +674,14 @@ class MemoryStore:
                 value = converted[us] = time_param(from_us(us))
             return value
 
-        storage_key = f"memories/subject={ref}"
+        storage_key = _storage_key(ref)
+        kind, producer, version = produced_by or (MEMORY_KIND, None, None)
         params = [
             (
                 r.memory_id,
                 ref,
                 r.scope,
-                MEMORY_KIND,
+                kind,
                 "parquet",
                 storage_key,
                 r.purpose,
@@ -571,8 +690,8 @@ class MemoryStore:
                 db_time(r.retain_us),
                 "live",
                 r.lookup,
-                None,
-                None,
+                producer,
+                version,
             )
             for r in rows
         ]
@@ -650,7 +769,7 @@ class MemoryStore:
             scope=row.scope,
             kind=MEMORY_KIND,
             storage_system="parquet",
-            storage_key=f"memories/subject={ref}",
+            storage_key=_storage_key(ref),
             purpose=row.purpose,
             category=row.category,
             created_at=created,
@@ -788,15 +907,6 @@ class MemoryStore:
                 }
             )
         return out
-
-    def _delete_row(self, ref: str, part: Partition, row: MemoryRow) -> None:
-        """Delete physically, under the partition lock: the log record, a flush that
-        rewrites the row's segment without it, its vectors, its assets."""
-        part.append_delete(row)
-        part.flush()
-        if row.index and self.vectors is not None:
-            self.vectors.delete(ref, [row.memory_id])
-        self._catalog.delete([row.memory_id, *_vector_ids(row)])
 
     # -- reads ---------------------------------------------------------------------
 
@@ -1013,13 +1123,24 @@ class MemoryStore:
         return len(doomed)
 
     def _delete_rows(self, ref: str, part: Partition, rows: Sequence[MemoryRow]) -> None:
+        """Delete physically, under the partition lock, in an order that leaves a
+        state that opens at every instant: the catalog marks the assets "deleting"
+        first, so a partition found lacking a row is known to have lost it on
+        purpose (``_finish_deletes``); then the log records, a flush that rewrites
+        the rows' segments without them, the vectors, and last the catalog rows."""
+        ids = [a for r in rows for a in (r.memory_id, *_vector_ids(r))]
+        self._catalog.update_assets(ids, status=DELETING)
+        faults.reached("delete.after_mark")
         for row in rows:
             part.append_delete(row)
+        faults.reached("delete.after_log")
         part.flush()
+        faults.reached("delete.after_rewrite")
         indexed = [r.memory_id for r in rows if r.index]
         if indexed and self.vectors is not None:
             self.vectors.delete(ref, indexed)
-        self._catalog.delete([a for r in rows for a in (r.memory_id, *_vector_ids(r))])
+        faults.reached("delete.after_vectors")
+        self._catalog.delete(ids)
 
     def touch(
         self, subject: Any, keys: Sequence[tuple[tuple[str, ...], str]], ttl: timedelta
@@ -1065,6 +1186,113 @@ class MemoryStore:
                     n += len(doomed)
         return n
 
+    # -- repair --------------------------------------------------------------------
+
+    def repair(
+        self, subject_ref: str, *, apply: bool = False, forget_lost: bool = False
+    ) -> RepairReport:
+        """Compare a subject's partition with the catalog; with ``apply`` reconcile
+        what is safe (see ``RepairReport``), audited. Never reads a suppressed or
+        erased subject: an erasure in progress is resumed, not repaired."""
+        if not isinstance(subject_ref, str) or not _SUBJECT_REF.fullmatch(subject_ref):
+            raise InvalidInput("a subject_ref is 26 base32 characters (as errors print it)")
+        guard = self._catalog.guard(subject_ref)
+        epoch = self._catalog.enforce(subject_ref, guard, None)
+        if guard.scopes:
+            raise SubjectSuppressed(
+                f"subject_ref {subject_ref} has suppressed scopes: resume its erasure"
+            )
+        with self._lock:  # the cached object would check the catalog on load
+            cached = self._partitions.pop(subject_ref, None)
+        if cached is not None:
+            cached.close()
+        part = Partition(
+            self.partition_path(subject_ref),
+            subject_ref,
+            self._keyring,
+            self._sealer,
+            self.pme,
+            fsync=self._fsync,
+            freeze=self.freeze,
+        )
+        try:
+            with part.flocked(refresh=False):
+                report = self._repair_findings(subject_ref, part)
+                if apply and not report.clean:
+                    report = self._repair_apply(part, report, epoch, forget_lost=forget_lost)
+        finally:
+            part.close()
+        if report.applied and self.audit is not None:
+            self.audit.record(
+                "memory.repaired",
+                subject_ref=subject_ref,
+                lost=len(report.lost),
+                forgot_lost=report.forgot_lost,
+                unfinished_deletes=len(report.unfinished_deletes),
+                pending_deletes=len(report.pending_deletes),
+                unregistered=len(report.unregistered),
+                leftover_files=len(report.leftover_files),
+            )
+        return report
+
+    def repair_all(self, *, apply: bool = False, forget_lost: bool = False) -> list[RepairReport]:
+        """``repair`` of every partition folder and every subject with memory assets
+        (subjects under erasure are left to their erasure)."""
+        refs = set(self._catalog.subjects_with(MEMORY_KIND))
+        if self._root.exists():
+            refs |= {p.name.removeprefix("subject=") for p in self._root.glob("subject=*")}
+        out = []
+        for ref in sorted(r for r in refs if _SUBJECT_REF.fullmatch(r)):
+            try:
+                out.append(self.repair(ref, apply=apply, forget_lost=forget_lost))
+            except (SubjectSuppressed, SubjectErased):
+                continue
+        return out
+
+    def _repair_findings(self, ref: str, part: Partition) -> RepairReport:
+        rows, leftovers = part.inspect()
+        key = _storage_key(ref)  # memories and derived assets
+        status = {a.asset_id: a.status for a in self._catalog.assets(ref) if a.storage_key == key}
+        present = {r.memory_id for r in rows}
+        missing = status.keys() - present
+        return RepairReport(
+            ref,
+            lost=tuple(sorted(m for m in missing if status[m] != DELETING)),
+            unfinished_deletes=tuple(sorted(m for m in missing if status[m] == DELETING)),
+            pending_deletes=tuple(
+                sorted(m for m in present & status.keys() if status[m] == DELETING)
+            ),
+            unregistered=tuple(sorted(present - status.keys())),
+            leftover_files=tuple(leftovers),
+        )
+
+    def _repair_apply(
+        self, part: Partition, report: RepairReport, epoch: int, *, forget_lost: bool
+    ) -> RepairReport:
+        """Act on the findings, under the partition lock the findings were read
+        under. Loading the partition removes the leftover files."""
+        ref = report.subject_ref
+        part.reload()
+        kinds = {a.asset_id: a.kind for a in self._catalog.assets(ref, kind=VECTOR_KIND)}
+        self._forget(ref, set(report.unfinished_deletes), kinds)
+        if forget_lost and report.lost:
+            self._forget(ref, set(report.lost), kinds)
+        by_id = {r.memory_id: r for r in part.rows.values()}
+        pending = [by_id[m] for m in report.pending_deletes]
+        if pending:
+            self._delete_rows(ref, part, pending)
+        if report.unregistered:
+            self._register_found(ref, [by_id[m] for m in report.unregistered], epoch)
+        return replace(report, applied=True, forgot_lost=forget_lost and bool(report.lost))
+
+    def _register_found(self, ref: str, rows: list[MemoryRow], epoch: int) -> None:
+        """Register rows a killed put left in the partition. Vectors the put wrote
+        are registered with them; a row without its vectors is registered without,
+        and its first semantic search embeds it (``_repair``)."""
+        embedded = self.vectors.memory_ids(ref) if self.vectors is not None else set()
+        found = [r if r.memory_id in embedded else replace(r, index=()) for r in rows]
+        self._register_rows(ref, found, expected_epoch=epoch, replace=True, remove=())
+
     def count_ref(self, ref: str) -> int:
         """How many memories ``ref``'s partition holds (loads it; no guard check)."""
         part = self._partition(ref)
@@ -1081,7 +1309,7 @@ class MemoryStore:
             row = next((r for r in part.rows.values() if r.memory_id == memory_id), None)
             if row is None:
                 return False
-            self._delete_row(ref, part, row)
+            self._delete_rows(ref, part, [row])
         return True
 
     def rebuild(
@@ -1092,8 +1320,12 @@ class MemoryStore:
         *,
         sources: Sequence[str],
         mentions: Sequence[str],
+        produced_by: tuple[str, str | None, str | None] | None = None,
     ) -> Memory:
-        """Replace a derived memory's value and provenance (erasure rebuild)."""
+        """Replace a derived memory's value and provenance (erasure rebuild), and
+        with ``produced_by`` its (kind, producer, producer version) in the same
+        catalog transaction: a crash leaves the old asset or the new, never one
+        that has forgotten how it is rebuilt."""
         item = PutItem(
             row.namespace,
             row.key,
@@ -1105,7 +1337,9 @@ class MemoryStore:
             (),
             None,
         )
-        return self._put_rows(ref, [item], mention_refs=[tuple(mentions)])[0]
+        return self._put_rows(ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by)[
+            0
+        ]
 
     @contextlib.contextmanager
     def locked(self, ref: str) -> Iterator[None]:

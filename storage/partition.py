@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.keyring import Keyring
+from keyshred.storage import faults
 from keyshred.storage.applog import AppendLog
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.pme import PmeCrypto
@@ -202,12 +203,14 @@ class Partition:
         *,
         fsync: bool = True,
         expected_ids: Callable[[str], set[str]] | None = None,
+        finish_deletes: Callable[[Partition, set[str]], set[str]] | None = None,
         freeze: FreezeLock | None = None,
     ) -> None:
         self.root = root
         self._manifest_str = str(root / "MANIFEST")  # stat'ed on every write
         self._freeze = freeze
         self._expected_ids = expected_ids
+        self._finish_deletes = finish_deletes
         self.subject_ref = subject_ref
         self._keyring = keyring
         self._sealer = sealer
@@ -230,6 +233,13 @@ class Partition:
         # the row's value bytes; plaintext like ``rows``, dropped with them.
         self._parsed: dict[str, tuple[bytes, Any]] = {}
         self.loaded = False
+        self._flock_depth = 0  # > 0 while this thread is inside ``flocked``
+
+    @property
+    def holds_flock(self) -> bool:
+        """Whether the caller (holding ``lock``) is inside ``flocked``: a refresh
+        outside it may only read."""
+        return self._flock_depth > 0
 
     # -- files and locks -----------------------------------------------------------
 
@@ -251,6 +261,7 @@ class Partition:
                 self.root.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self._flock_depth += 1
             try:
                 with self._freeze.shared() if self._freeze else contextlib.nullcontext():
                     if refresh:
@@ -263,6 +274,7 @@ class Partition:
                 self._remove_if_bare()
                 raise
             finally:
+                self._flock_depth -= 1
                 if self._lock_fd is not None:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
@@ -367,6 +379,11 @@ class Partition:
         self._read_files()
         if expected is not None:
             missing = expected - {r.memory_id for r in self.rows.values()}
+            if missing and self._finish_deletes is not None:
+                # Rows the store itself was deleting (marked in the catalog before
+                # their bytes went) are not lost: that deletion is finished now. The
+                # rest stays what it is, a truncated or replaced file.
+                missing = self._finish_deletes(self, missing)
             if missing:
                 self.loaded = False
                 raise IntegrityError(
@@ -374,7 +391,7 @@ class Partition:
                     "holds (a truncated or replaced file)"
                 )
 
-    def _read_files(self) -> None:
+    def _read_files(self, *, cleanup: bool = True) -> None:
         self._erased_scopes = set()
         self.rows = {}
         self._pending = 0
@@ -395,7 +412,8 @@ class Partition:
                 continue
             for row in rows:
                 self.rows[row.lookup] = row
-        self._cleanup()
+        if cleanup:
+            self._cleanup()
         self._log = AppendLog(
             self.root / f"log-{self._gen + 1:08d}.ksl",
             self._gen + 1,
@@ -530,13 +548,31 @@ class Partition:
                 raise IntegrityError(f"log {log.path.name} holds a malformed record") from None
             self._dirty.add(scope)
 
-    def _cleanup(self) -> None:
-        """Remove files the manifest does not name (leftovers of a crash or flush)."""
+    def _leftovers(self) -> list[Path]:
+        """Files the manifest does not name (leftovers of a crash or flush)."""
         keep = {seg["file"] for seg in self._segments.values()}
         keep |= {"MANIFEST", "LOCK", f"log-{self._gen + 1:08d}.ksl"}
-        for path in self.root.iterdir() if self.root.exists() else ():
-            if path.name not in keep:
-                path.unlink(missing_ok=True)
+        found = self.root.iterdir() if self.root.exists() else iter(())
+        return sorted(path for path in found if path.name not in keep)
+
+    def _cleanup(self) -> None:
+        """Remove files the manifest does not name (leftovers of a crash or flush)."""
+        for path in self._leftovers():
+            path.unlink(missing_ok=True)
+
+    def inspect(self) -> tuple[list[MemoryRow], list[str]]:
+        """Every row the files hold and the names of leftover files, with nothing
+        removed (repair reports before it acts). Callers hold ``flocked``."""
+        try:
+            self._read_files(cleanup=False)
+            return list(self.rows.values()), [p.name for p in self._leftovers()]
+        finally:
+            self.rows, self._parsed, self.loaded = {}, {}, False
+
+    def reload(self) -> None:
+        """Read the files again, checked against the catalog if this partition was
+        given ``expected_ids``, removing leftover files. Callers hold ``flocked``."""
+        self._load()
 
     # -- writes (callers hold ``flocked``) -----------------------------------------
 
@@ -582,6 +618,7 @@ class Partition:
             name = f"seg-g{gen:08d}-{n:03d}.parquet"
             key_id = self._write_segment(self.root / name, scope, rows)
             segments[scope] = {"file": name, "rows": len(rows), "key_id": key_id}
+            faults.reached("flush.after_segment")
         manifest = {"format": "keyshred-partition/1", "gen": gen, "segments": segments}
         tmp = self.root / "MANIFEST.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -592,6 +629,7 @@ class Partition:
             os.close(fd)
         os.replace(tmp, self._manifest_path())
         _fsync_dir(self.root)
+        faults.reached("flush.after_manifest")
         assert self._log is not None  # noqa: S101
         self._log.close()
         self._gen, self._segments, self._dirty = gen, segments, set()
@@ -668,7 +706,14 @@ class Partition:
                 self.rows, self.loaded, self.dropped = {}, False, True
                 return 0
             with self.flocked(refresh=False):
-                n = sum(1 for p in self.root.rglob("*") if p.is_file())
+                files = sorted(p for p in self.root.rglob("*") if p.is_file())
+                n = len(files)
+                # One by one (the lock file with the folder, last): a kill midway
+                # leaves a partial folder, which the resumed erasure drops again.
+                for i, path in enumerate(p for p in files if p.name != "LOCK"):
+                    path.unlink(missing_ok=True)
+                    if i == 0:
+                        faults.reached("drop.after_first_file")
                 shutil.rmtree(self.root, ignore_errors=True)
                 self.dropped = True
             self._close_files()

@@ -1,7 +1,11 @@
-"""Helper process for the erasure fault-injection and race tests.
+"""Helper process for the fault-injection and race tests.
 
-``python erasure_worker.py erase DATA REQUEST_ID CRASH_STEP`` runs an erasure of the
-synthetic victim and SIGKILLs itself right after CRASH_STEP completed.
+``python erasure_worker.py erase DATA REQUEST_ID POINT`` runs an erasure of the
+synthetic victim and SIGKILLs itself at POINT: right after the erasure step of that
+name, or inside a step at a storage fault point (``keyshred.storage.faults.POINTS``).
+``python erasure_worker.py store DATA OP POINT`` writes a few memories (printing
+``ACK subject key`` for each), then runs OP (``delete``, ``update`` or ``compact``)
+on the store's own subject and SIGKILLs itself at POINT.
 ``python erasure_worker.py write DATA`` writes memories of the victim until the
 store refuses, then prints how many writes were acknowledged.
 """
@@ -12,29 +16,77 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from keyshred import Keyshred
 from keyshred.errors import SubjectSuppressed
+from keyshred.storage import faults
+from keyshred.storage.memories import Memory
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
 VICTIM = "victim@example.org"
+# The store test's subject, its memory the operations act on, and a bystander.
+OWNER, BYSTANDER = "alice@example.org", "bob@example.org"
+TARGET = (("m",), "k1")
+UPDATED = {"text": "updated value"}
+
+
+def digest(sources: list[Memory]) -> Any:
+    """The rebuild function of the "digest" producer (derived assets)."""
+    return f"digest of {len(sources)} memories"
+
+
+def kill_at(ks: Keyshred, point: str) -> None:
+    """SIGKILL this process the first time ``point`` is reached: the end of the
+    erasure step of that name, or a storage fault point inside a step."""
+
+    def kill(reached: str, *_: object) -> None:
+        if reached == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    ks.erasure.on_step = kill
+    faults.hook = kill
+
+
+def late_writes(ks: Keyshred) -> None:
+    """Acknowledged writes of this process, before the operation that is killed."""
+    for subject in (OWNER, BYSTANDER):
+        ks.memories.put(subject, ("late",), "late", {"text": f"late {subject}"}, index=True)
+        print(f"ACK {subject}", flush=True)
+
+
+def store_op(ks: Keyshred, op: str) -> None:
+    if op == "delete":
+        ks.memories.delete(OWNER, *TARGET)
+    elif op == "update":
+        ks.memories.update(OWNER, *TARGET, UPDATED)
+    elif op == "compact":
+        ks.memories.flush(OWNER)
+    else:
+        raise SystemExit(f"unknown operation {op}")
 
 
 def main() -> None:
     mode, data = sys.argv[1], Path(sys.argv[2])
-    ks = Keyshred.open(data, make_config(None), embeddings=bag_of_words)
+    # An update flushes (flush_records=1), so flushes happen inside it too.
+    flush_records = 1 if sys.argv[3:4] == ["update"] else 1000
+    ks = Keyshred.open(
+        data, make_config(None, flush_records=flush_records), embeddings=bag_of_words
+    )
+    ks.derived.register_producer("digest", "1", digest)
     if mode == "erase":
-        request_id, crash_step = sys.argv[3], sys.argv[4]
-
-        def crash(step: str, _req: object) -> None:
-            if step == crash_step:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        ks.erasure.on_step = crash
+        request_id, point = sys.argv[3], sys.argv[4]
+        kill_at(ks, point)
         ks.erase(VICTIM, requested_by="dpo", reason="fault-injection", request_id=request_id)
+        print("finished without crashing")
+    elif mode == "store":
+        op, point = sys.argv[3], sys.argv[4]
+        late_writes(ks)
+        kill_at(ks, point)
+        store_op(ks, op)
         print("finished without crashing")
     else:
         n = 0

@@ -1,4 +1,5 @@
-"""Erasure under faults: SIGKILL after every step, and writers racing the erasure."""
+"""Erasure under faults: SIGKILL after every step and inside steps (at every storage
+fault point), and writers racing the erasure."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from keyshred import Keyshred
 from keyshred.erasure import STEPS
 from keyshred.errors import StaleEpoch, SubjectErased, SubjectSuppressed
 from keyshred.receipts import verify_receipt
+from keyshred.storage.faults import POINTS
+from tests.erasure_worker import digest
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -38,6 +41,17 @@ def populate(data: Path) -> None:
             producer="concat",
             producer_version="1",
         )
+        ks.derived.register(  # rebuilt by the erasure (the worker knows "digest")
+            "digest",
+            subject="bob",
+            namespace=("s",),
+            key="digest",
+            value=f"{PROBE.decode()} digest",
+            produced_from=[victim_src.memory_id, src.memory_id],
+            producer="digest",
+            producer_version="1",
+            index=True,  # its rebuild writes vectors too
+        )
 
 
 def victim_unreadable(ks: Keyshred) -> None:
@@ -50,21 +64,46 @@ def victim_unreadable(ks: Keyshred) -> None:
             call()
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
+def kill_erasure_at(point: str, tmp_path: Path) -> Path:
+    """Populate a data folder, run the erasure in a worker killed at ``point``."""
     data = tmp_path / "data"
     populate(data)
     proc = subprocess.run(
-        [sys.executable, str(WORKER), "erase", str(data), "req-fault", step],
+        [sys.executable, str(WORKER), "erase", str(data), "req-fault", point],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert proc.returncode == -9, proc.stdout + proc.stderr[-2000:]
+    return data
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
+    data = kill_erasure_at(step, tmp_path)
     with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
-        req = ks.erasure.status("req-fault")
-        assert step in req.steps_done
+        assert step in ks.erasure.status("req-fault").steps_done
+    resume_and_check(data)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_sigkill_inside_a_step_then_resume(point: str, tmp_path: Path) -> None:
+    """Killed inside drop_memories (the victim's folder half removed) or inside the
+    derived step (a bystander's derived memory half deleted or half rebuilt): the
+    bystander's partition opens and the resumed erasure completes."""
+    data = kill_erasure_at(point, tmp_path)
+    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+        assert ks.erasure.status("req-fault").state != "completed"
+        assert ks.memories.get("bob", ("m",), "b") is not None  # opens, at once
+        (report,) = [r for r in ks.memories.repair_all() if r.subject_ref == ks.subject_ref("bob")]
+        assert not (report.lost or report.unfinished_deletes or report.unregistered), report
+    resume_and_check(data)
+
+
+def resume_and_check(data: Path) -> None:
+    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+        ks.derived.register_producer("digest", "1", digest)
         victim_unreadable(ks)  # at every moment after suppressed
         done = ks.erasure.resume("req-fault")
         assert done.state == "completed", done.error
@@ -75,6 +114,11 @@ def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
         assert {s.store for s in receipt.stores} >= {"keyring", "memories", "vectors", "catalog"}
         victim_unreadable(ks)
         assert ks.memories.get("bob", ("m",), "b") is not None
+        assert ks.memories.get("bob", ("s",), "summary") is None  # no rebuilder: dropped
+        rebuilt = ks.memories.get("bob", ("s",), "digest")
+        assert rebuilt is not None and rebuilt.value == "digest of 1 memories"
+        assert ks.catalog.asset(rebuilt.memory_id).producer == "digest"  # type: ignore[union-attr]
+        assert all(r.clean for r in ks.memories.repair_all())
     for path in (p for p in data.rglob("*") if p.is_file()):
         assert PROBE not in path.read_bytes(), path
 

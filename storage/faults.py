@@ -1,0 +1,43 @@
+"""Named points inside multi-step writes, where fault-injection tests stop a process.
+
+A write that touches several stores (the partition's log and segments, the vector
+index, the catalog) must leave a state that opens whatever instant the process dies.
+Each such instant is a named point here; the code calls ``reached(point)`` there.
+In production ``hook`` is ``None`` and ``reached`` does nothing. Crash tests run a
+worker process that sets ``hook`` to a function sending itself SIGKILL at one point
+(the erasure coordinator's ``on_step`` does the same between erasure steps), then
+reopen the data folder in the parent and check what survived.
+
+``POINTS`` lists every point, so tests parametrize over all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["POINTS", "hook", "reached"]
+
+POINTS = (
+    # MemoryStore._delete_rows: delete, retention, derived-asset drops
+    "delete.after_mark",  # the catalog marks the assets "deleting"
+    "delete.after_log",  # the delete records are in the log
+    "delete.after_rewrite",  # the segments were rewritten without the rows
+    "delete.after_vectors",  # the vectors are gone; the catalog rows are next
+    # MemoryStore._put_rows: put, update, correct, derived rebuilds
+    "put.after_log",  # the rows are in the log, not yet in the catalog
+    "put.after_vectors",  # the vectors are written, not yet in the catalog
+    "put.after_catalog",  # registered; a flush may follow
+    # Partition.flush: the segment rewrite (compaction of log into segments)
+    "flush.after_segment",  # a new segment file is written, the manifest is old
+    "flush.after_manifest",  # the new manifest is committed, old files remain
+    # Partition.drop: the erasure's removal of a whole partition folder
+    "drop.after_first_file",
+)
+
+hook: Callable[[str], None] | None = None
+
+
+def reached(point: str) -> None:
+    """Tell the fault hook (if a test installed one) that ``point`` was reached."""
+    if hook is not None:
+        hook(point)
