@@ -283,10 +283,25 @@ class BackupManager:
         if not due:
             return []
         keyring.rewrap_to_current()
-        destroyed = keyring.destroy_kek_epochs_before(max(due) + 1)
+        # The schedule's own date: every generation sealed under these epochs has
+        # expired by design (and receipts promise this date), so no check blocks it.
+        destroyed = keyring.destroy_kek_epochs_before(max(due) + 1, force=True)
         for d in destroyed:
             self._ks.audit.record("kek.epoch_destroyed", epoch=d.epoch)
         return destroyed
+
+    def generations_needing(self, before: int, *, now: datetime | None = None) -> list[Generation]:
+        """Unexpired generations (on the targets in use) whose key store is sealed
+        under a live KEK epoch older than ``before``: destroying it breaks them.
+        Read-only."""
+        now = now or self.clock()
+        live = self._epoch_created()
+        return [
+            g
+            for tgt in self._targets_in_use()
+            for g in self.generations(tgt)
+            if g.kek_epoch < before and g.kek_epoch in live and g.expires_at > now
+        ]
 
     def maintain(
         self, target: BackupTarget | str | None = None, *, now: datetime | None = None

@@ -26,9 +26,11 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from keyshred.errors import (
+    EpochInUse,
     IntegrityError,
     InvalidInput,
     KekEpochDestroyed,
+    KekMismatch,
     KeyNotFound,
     KeyshredError,
     SubjectErased,
@@ -148,6 +150,9 @@ class Keyring:
         self._signer: Signer | None = None
         self._token_ids: TokenIds | None = None
         self._refs: dict[tuple[str, str], str] = {}
+        # Who still needs KEK epochs before N (descriptions, safe to print); the
+        # facade points it at the retained backup generations.
+        self.epoch_users: Callable[[int], list[str]] | None = None
 
     # -- system secrets ------------------------------------------------------------
 
@@ -158,7 +163,19 @@ class Keyring:
             record = self.store.put_secret(
                 SecretRecord(name, self.kek.name, wrapped.epoch, wrapped.blob)
             )
-        return self.kek.unwrap(WrappedKey(record.kek_epoch, record.wrapped), _secret_context(name))
+        try:
+            return self.kek.unwrap(
+                WrappedKey(record.kek_epoch, record.wrapped), _secret_context(name)
+            )
+        except IntegrityError:
+            # The epoch exists here but its key does not open the secret: the store
+            # was made with another KEK (a destroyed epoch raises KekEpochDestroyed).
+            raise KekMismatch(
+                f"this KEK ({self.kek.name}) cannot unwrap the key store: it was created "
+                f"with another KEK (its {name} is wrapped by {record.kek_provider} KEK "
+                f"epoch {record.kek_epoch}), or the key store was altered; configure that "
+                "KEK (kek.provider and its settings)"
+            ) from None
 
     def signer(self) -> Signer:
         """The receipt signing key (created on first use)."""
@@ -372,13 +389,23 @@ class Keyring:
                 secrets += 1
         return keys, secrets
 
-    def destroy_kek_epochs_before(self, epoch: int) -> list[DestroyedEpoch]:
-        """Destroy KEK epochs older than ``epoch`` after checking nothing live needs them."""
+    def destroy_kek_epochs_before(self, epoch: int, *, force: bool = False) -> list[DestroyedEpoch]:
+        """Destroy KEK epochs older than ``epoch`` after checking nothing live needs
+        them. ``EpochInUse`` while ``epoch_users`` (set by the facade: unexpired
+        backup generations) still needs one, unless ``force``."""
         if self.store.older_than(epoch, 1) or any(
             s.kek_epoch < epoch for s in self.store.secrets()
         ):
             raise KeyshredError(
                 f"keys are still wrapped by epochs before {epoch}; run rotate/rewrap first"
+            )
+        users = [] if force or self.epoch_users is None else self.epoch_users(epoch)
+        if users:
+            raise EpochInUse(
+                f"KEK epochs before {epoch} still seal unexpired backup generations "
+                f"({', '.join(users)}): destroying them makes those backups, and copies "
+                "restored from them, unreadable; wait until they expire or force it",
+                tuple(users),
             )
         destroyed = self.kek.destroy_epochs_before(epoch)
         self.cache.clear()

@@ -43,6 +43,25 @@ app.add_typer(retention_app, name="retention")
 
 out = Console()
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"keyshred {version('keyshred')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """keyshred: erasable-by-design storage for AI-agent memory."""
+
+
 PathOpt = Annotated[
     Path,
     typer.Option("--path", "-p", envvar="KEYSHRED_PATH", help="The keyshred data folder."),
@@ -57,11 +76,30 @@ def _emit(data: dict[str, Any], as_json: bool, text: str) -> None:
         out.print(text)
 
 
+def _refuse_conflict(setting: str, option: str, given: str | None, model: Any) -> None:
+    """Refuse an option that contradicts a setting made in keyshred.toml or the
+    environment (``KEYSHRED_...``)."""
+    field = setting.rsplit(".", 1)[-1]
+    configured = getattr(model, field)
+    if given is not None and field in model.model_fields_set and given != configured:
+        raise KeyshredError(
+            f"{option} {given} contradicts {setting} = {configured!r} in keyshred.toml or "
+            f"the environment; change one of them (or leave out {option})"
+        )
+
+
 @app.command()
 def init(  # noqa: PLR0917 - typer maps every parameter to an argument or option
     path: Annotated[Path, typer.Argument(help="Folder to create.")],
-    kek: Annotated[str, typer.Option(help="KEK provider: local, vault or aws.")] = "local",
-    tenant: Annotated[str, typer.Option(help="Default tenant.")] = "default",
+    kek: Annotated[
+        str | None,
+        typer.Option(
+            help="KEK provider: local, vault or aws (default: keyshred.toml's, or local)."
+        ),
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="Default tenant (default: keyshred.toml's, or default).")
+    ] = None,
     catalog_url: Annotated[
         str | None,
         typer.Option(
@@ -79,12 +117,17 @@ def init(  # noqa: PLR0917 - typer maps every parameter to an argument or option
     """Create a data folder: configuration, KEK (local key file, 0600) and key store."""
     from keyshred.config import BackupSettings, StorageSettings
 
-    if kek not in {"local", "vault", "aws"}:
+    if kek is not None and kek not in {"local", "vault", "aws"}:
         raise KeyshredError(f"unknown KEK provider {kek!r}; choose local, vault or aws")
     config = load_config(path)  # keyshred.toml already there, or the environment
+    # An option left out never overrides the file; one that contradicts it is refused
+    # (a default 'local' once wrapped a shared key store's secrets with a local KEK).
+    _refuse_conflict("kek.provider", "--kek", kek, config.kek)
+    _refuse_conflict("tenant", "--tenant", tenant, config)
+    kek = kek or config.kek.provider
     config = config.model_copy(
         update={
-            "tenant": tenant,
+            "tenant": tenant or config.tenant,
             "kek": config.kek.model_copy(update={"provider": kek}),
             "storage": StorageSettings(
                 **{
@@ -229,12 +272,16 @@ def keys_rotate(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
 @keys_app.command("destroy-epochs")
 def keys_destroy_epochs(
     before: Annotated[int, typer.Option(help="Destroy every epoch older than this one.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Even if unexpired backups need them (audited).")
+    ] = False,
     path: PathOpt = Path("."),
     as_json: JsonOpt = False,
 ) -> None:
-    """Destroy old KEK epochs: key-store copies wrapped by them become useless."""
+    """Destroy old KEK epochs: key-store copies wrapped by them become useless.
+    Refused while an unexpired backup generation is sealed under one (see --force)."""
     with Keyshred.open(path) as ks:
-        gone = ks.keyring.destroy_kek_epochs_before(before)
+        gone = ks.destroy_kek_epochs_before(before, force=force)
     _emit(
         {"destroyed": [{"epoch": d.epoch, "effective_at": d.effective_at} for d in gone]},
         as_json,
@@ -251,7 +298,15 @@ def _request_json(req: Any) -> dict[str, Any]:
         "steps_done": req.steps_done,
         "attempts": req.attempts,
         "error": req.error,
+        "found_data": req.found_data,
     }
+
+
+def _request_text(req: Any) -> str:
+    text = f"request {req.request_id}: {req.state}" + (f" ({req.error})" if req.error else "")
+    if req.found_data is False:
+        text += "; no data found for this subject (it is suppressed all the same)"
+    return text
 
 
 @app.command()
@@ -269,12 +324,7 @@ def erase(  # noqa: PLR0917 - typer maps every parameter to an option
         req = ks.erase(
             subject, scope, requested_by=requested_by, reason=reason, request_id=request_id
         )
-    data = _request_json(req)
-    _emit(
-        data,
-        as_json,
-        f"request {req.request_id}: {req.state}" + (f" ({req.error})" if req.error else ""),
-    )
+    _emit(_request_json(req), as_json, _request_text(req))
     if req.state not in ("completed", "legal_hold"):
         raise typer.Exit(1)
 
@@ -301,7 +351,7 @@ def resume(
     """Continue a request that stopped (a crash, a failed step, a released hold)."""
     with Keyshred.open(path) as ks:
         req = ks.erasure.resume(request_id)
-    _emit(_request_json(req), as_json, f"request {req.request_id}: {req.state}")
+    _emit(_request_json(req), as_json, _request_text(req))
     if req.state not in ("completed", "legal_hold"):
         raise typer.Exit(1)
 
@@ -310,8 +360,13 @@ def resume(
 def receipt_show(
     request_id: Annotated[str, typer.Argument()],
     path: PathOpt = Path("."),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the receipt as JSON (the default too).")
+    ] = False,
 ) -> None:
-    """Print the signed receipt of a completed request (JSON)."""
+    """Print the signed receipt of a completed request (JSON, with or without --json:
+    the receipt is a JSON document; save it to verify it later)."""
+    del as_json  # accepted like every command's --json; the output is JSON either way
     with Keyshred.open(path) as ks:
         receipt = ks.erasure.receipt(request_id)
     if receipt is None:
@@ -319,31 +374,62 @@ def receipt_show(
     typer.echo(receipt.to_json())
 
 
+def _trusted_key(path: Path | None, public_key: str | None, key_file: Path | None) -> bytes:
+    """The one public key a receipt must be signed by; the key inside the receipt
+    proves nothing (anyone can re-sign an edited receipt with a fresh key)."""
+    import base64
+
+    given = [g for g in (path, public_key, key_file) if g is not None]
+    if len(given) != 1:
+        raise KeyshredError(
+            "give the key to trust, exactly one of: --path DATA (the store that signed "
+            "it), --public-key KEY or --public-key-file FILE (from 'keyshred keys public-key')"
+        )
+    if path is not None:
+        with Keyshred.open(path) as ks:
+            return ks.keyring.signer().public_key
+    if key_file is not None:
+        try:
+            public_key = key_file.read_text("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            raise KeyshredError(f"cannot read {key_file}") from None
+    try:
+        return base64.b64decode(public_key or "", validate=True)
+    except ValueError:
+        raise KeyshredError("the trusted public key is not base64") from None
+
+
 @receipt_app.command("verify")
 def receipt_verify(
     file: Annotated[Path, typer.Argument(help="A receipt JSON file.")],
+    path: Annotated[
+        Path | None, typer.Option("--path", "-p", help="Trust this data folder's signing key.")
+    ] = None,
     public_key: Annotated[
-        str | None, typer.Option("--public-key", help="Expected signer (base64).")
+        str | None, typer.Option("--public-key", help="Trust this signer (base64).")
+    ] = None,
+    key_file: Annotated[
+        Path | None, typer.Option("--public-key-file", help="Trust the signer in this file.")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Verify a receipt offline: intact, and signed (by --public-key when given)."""
-    import base64
-
+    """Verify a receipt offline: intact and signed by the key you trust (exit 1 if not)."""
+    from keyshred.errors import IntegrityError, InvalidInput
     from keyshred.receipts import load_receipt, verify_receipt
 
     try:
         text = file.read_text("utf-8")
     except OSError:
         raise KeyshredError(f"cannot read {file}") from None
-    receipt = load_receipt(text)
-    key = None
-    if public_key is not None:
-        try:
-            key = base64.b64decode(public_key, validate=True)
-        except ValueError:
-            raise KeyshredError("--public-key is not base64") from None
-    verify_receipt(receipt, key)
+    key = _trusted_key(path, public_key, key_file)
+    try:
+        receipt = load_receipt(text)
+        verify_receipt(receipt, key)
+    except InvalidInput:
+        raise KeyshredError("the trusted public key is not an Ed25519 public key") from None
+    except IntegrityError as exc:
+        _emit({"valid": False, "error": str(exc)}, as_json, f"[red]receipt NOT valid[/red]: {exc}")
+        raise typer.Exit(1) from None
     _emit(
         {"valid": True, "request_id": receipt.request_id, "subject_ref": receipt.subject_ref},
         as_json,
@@ -371,10 +457,13 @@ def audit_prune(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def metrics(path: PathOpt = Path(".")) -> None:
-    """Print this process's metrics in Prometheus text format."""
+def metrics(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Print this process's metrics in Prometheus text format (or as JSON samples)."""
     with Keyshred.open(path) as ks:
-        typer.echo(ks.metrics.render(), nl=False)
+        if as_json:
+            typer.echo(json.dumps({"samples": ks.metrics.samples()}, sort_keys=True))
+        else:
+            typer.echo(ks.metrics.render(), nl=False)
 
 
 @keys_app.command("public-key")

@@ -175,6 +175,13 @@ class ErasureRequest:
         value = self.doc.get("error")
         return None if value is None else str(value)
 
+    @property
+    def found_data(self) -> bool | None:
+        """Whether anything of the subject was found (a key, a row, a token, an
+        asset); ``False``: it was never stored here. ``None`` until the receipt."""
+        value = self.doc.get("found_data")
+        return None if value is None else bool(value)
+
     def __repr__(self) -> str:
         return (
             f"ErasureRequest(request_id={self.request_id!r}, subject_ref={self.subject_ref!r}, "
@@ -200,6 +207,19 @@ def _safe(kind: str, value: str) -> str:
             "(it lands in receipts and audit events: no personal data)"
         )
     return value
+
+
+def _found_data(details: dict[str, Any]) -> bool:
+    """Whether a request found anything of the subject: a key (every stored value has
+    one), an asset, a token, a thread or a derived asset. File counts do not tell:
+    a partition folder may hold nothing but its lock file."""
+    return bool(
+        details["destroy_keys"]["key_ids"]
+        or details["catalog"]["assets"]
+        or details["drop_tokens"]["count"]
+        or details.get("drop_checkpoints", {}).get("count", 0)
+        or details["derived"]["actions"]
+    )
 
 
 def _now() -> datetime:
@@ -1154,7 +1174,9 @@ class ErasureCoordinator:
                     store="catalog", action=f"{kind}-assets", count=n, at=d["catalog"]["at"]
                 )
             )
+        req.doc["found_data"] = _found_data(d)
         receipt = Receipt(
+            found_data=req.doc["found_data"],
             request_id=req.request_id,
             subject_ref=req.subject_ref,
             scope=req.scope,

@@ -5,6 +5,7 @@ class (or a branch of it) and never see a backend's own exception type::
 
     KeyshredError
     ├── ConfigError                 bad or missing configuration, unknown profile/backend
+    │   └── KekMismatch             this KEK cannot unwrap the key store (another KEK made it)
     ├── MissingExtraError           an optional backend's package is not installed
     │                               (also an ImportError; names the extra to install)
     ├── InvalidInput                a caller passed something malformed (also a ValueError)
@@ -25,6 +26,7 @@ class (or a branch of it) and never see a backend's own exception type::
     ├── SubjectSuppressed           the subject is suppressed or erased: nothing is read
     │   └── StaleEpoch              or written; a job carrying an older deletion epoch
     │                               is refused with StaleEpoch
+    ├── EpochInUse                  a KEK epoch to destroy still seals retained backups
     └── KekError                    the KEK provider failed
         ├── KekUnavailable          the provider cannot be reached (server down, auth)
         └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
@@ -39,10 +41,12 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "ConsentRequired",
+    "EpochInUse",
     "IntegrityError",
     "InvalidInput",
     "KekEpochDestroyed",
     "KekError",
+    "KekMismatch",
     "KekUnavailable",
     "KeyNotFound",
     "KeyshredError",
@@ -67,6 +71,20 @@ class KeyshredError(Exception):
 
 class ConfigError(KeyshredError):
     """The configuration is missing, malformed or names an unknown backend."""
+
+
+class KekMismatch(ConfigError):
+    """This process's KEK cannot unwrap the key store: it was created with another
+    KEK (another provider, key file, transit key or alias), or the store was altered."""
+
+
+class EpochInUse(KeyshredError):
+    """KEK epochs were not destroyed: unexpired backup generations are sealed under
+    them (``generations``) and would become unrestorable."""
+
+    def __init__(self, message: str, generations: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.generations = generations
 
 
 class MissingExtraError(KeyshredError, ImportError):

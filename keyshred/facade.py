@@ -22,6 +22,7 @@ from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
+from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
 from keyshred.lifecycle import Lifecycle
 from keyshred.metrics import Metrics
@@ -105,6 +106,7 @@ class Keyshred:
         self.backup = BackupManager(self)
         self.retention = Lifecycle(self)
         self.memories.audit = self.audit
+        keyring.epoch_users = self._epoch_users
 
     def erase(
         self,
@@ -135,6 +137,22 @@ class Keyshred:
             probes=probes,
         )
         return self.erasure.run(req.request_id)
+
+    def _epoch_users(self, before: int) -> list[str]:
+        return [
+            f"{g.generation} (epoch {g.kek_epoch}, expires {g.expires_at:%Y-%m-%d})"
+            for g in self.backup.generations_needing(before)
+        ]
+
+    def destroy_kek_epochs_before(self, epoch: int, *, force: bool = False) -> list[DestroyedEpoch]:
+        """Destroy KEK epochs older than ``epoch``: ``EpochInUse`` while an unexpired
+        backup generation is sealed under one, unless ``force`` (then audited, with
+        the generations it breaks). ``ks.backup.maintain`` destroys on schedule."""
+        broken = [g.generation for g in self.backup.generations_needing(epoch)] if force else []
+        destroyed = self.keyring.destroy_kek_epochs_before(epoch, force=force)
+        for d in destroyed:
+            self.audit.record("kek.epoch_destroyed", epoch=d.epoch, forced=force, broke=broken)
+        return destroyed
 
     @classmethod
     def init(

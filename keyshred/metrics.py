@@ -76,5 +76,13 @@ class Metrics:
     def completion_latency(self, seconds: float) -> None:
         self._completion.observe(max(0.0, seconds))
 
+    def samples(self) -> list[dict[str, object]]:
+        """Every sample (name, labels, value), for ``keyshred metrics --json``."""
+        return [
+            {"name": sample.name, "labels": dict(sample.labels), "value": sample.value}
+            for family in self.registry.collect()
+            for sample in family.samples
+        ]
+
     def render(self) -> str:
         return generate_latest(self.registry).decode("utf-8")

@@ -3,8 +3,9 @@
 A receipt names the subject only by subject_ref. It is a pydantic model serialized
 as JSON; the signature is Ed25519 over the canonical JSON of every other field
 (sorted keys, no whitespace), made with the keyring's receipt key. ``verify`` needs
-nothing but the receipt (and, to pin trust, the expected public key): it runs
-offline, e.g. ``keyshred receipt verify FILE --public-key KEY``.
+the receipt and the public key the verifier trusts (never the one inside the
+receipt), and runs offline: ``keyshred receipt verify FILE --public-key KEY``, or
+``--path DATA`` for the issuing store's own key.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from keyshred.errors import IntegrityError
+from keyshred.errors import IntegrityError, InvalidInput
 from keyshred.keyring.keyring import Signer, verify_signature
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 FORMAT = "keyshred-receipt/1"
+_ED25519_PUBLIC_BYTES = 32
 
 
 class _Model(BaseModel):
@@ -115,10 +117,15 @@ class Receipt(_Model):
     legal_hold_history: bool = False
     kind: str = "erasure"  # "erasure", "retention" or "consent-withdrawal"
     assets: list[str] = []  # a retention request: exactly these memory assets
+    # False: nothing of the subject was stored here (the id is suppressed all the
+    # same). None in receipts issued before the field existed.
+    found_data: bool | None = None
     signature: Signature | None = None
 
     def canonical(self) -> bytes:
-        body = self.model_dump(mode="json", exclude={"signature"})
+        # A field added later is left out while unset, so older receipts verify.
+        unset = {"found_data"} if self.found_data is None else set()
+        body = self.model_dump(mode="json", exclude={"signature", *unset})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     def to_json(self) -> str:
@@ -133,9 +140,15 @@ def sign_receipt(receipt: Receipt, signer: Signer) -> Receipt:
     return receipt.model_copy(update={"signature": signature})
 
 
-def verify_receipt(receipt: Receipt, public_key: bytes | None = None) -> None:
-    """Raise ``IntegrityError`` unless the receipt is intact and signed (by
-    ``public_key`` when given, which is how a verifier pins trust)."""
+def verify_receipt(receipt: Receipt, public_key: bytes) -> None:
+    """Raise ``IntegrityError`` unless the receipt is intact and signed by
+    ``public_key``, the key the verifier trusts: the signing key of the store that
+    issued it (``ks.keyring.signer().public_key``) or one pinned from it earlier.
+
+    The key written inside the receipt is never trusted by itself: anyone can edit
+    a receipt and re-sign it with a fresh key of their own."""
+    if not isinstance(public_key, bytes) or len(public_key) != _ED25519_PUBLIC_BYTES:
+        raise InvalidInput("verify_receipt needs the trusted Ed25519 public key (32 bytes)")
     if receipt.signature is None:
         raise IntegrityError("the receipt is not signed")
     try:
@@ -143,9 +156,9 @@ def verify_receipt(receipt: Receipt, public_key: bytes | None = None) -> None:
         value = base64.b64decode(receipt.signature.value, validate=True)
     except ValueError:
         raise IntegrityError("the receipt's signature is malformed") from None
-    if public_key is not None and key != public_key:
-        raise IntegrityError("the receipt was signed by another key")
-    verify_signature(key, value, receipt.canonical())
+    if key != public_key:
+        raise IntegrityError("the receipt was signed by another key than the trusted one")
+    verify_signature(public_key, value, receipt.canonical())
 
 
 def load_receipt(text: str) -> Receipt:

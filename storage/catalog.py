@@ -40,6 +40,8 @@ from sqlalchemy.engine import Connection, Engine
 from keyshred.errors import (
     ConfigError,
     InvalidInput,
+    KeyshredError,
+    MissingExtraError,
     StaleEpoch,
     SubjectSuppressed,
 )
@@ -453,6 +455,17 @@ def _consent(row: Any) -> ConsentRecord:
     )
 
 
+def _missing_driver(exc: ImportError) -> KeyshredError:
+    """The catalog URL names a database driver that is not installed: say which
+    package and extra (the URL itself may hold a password, so it is not repeated)."""
+    if exc.name == "psycopg":
+        return MissingExtraError("postgres", "psycopg")
+    return ConfigError(
+        f"the catalog URL's database driver is not installed ({exc.name or 'unknown'}); "
+        "for PostgreSQL write postgresql+psycopg://... and pip install 'keyshred[postgres]'"
+    )
+
+
 class Catalog:
     """The asset index and policy state on SQLite or PostgreSQL."""
 
@@ -460,7 +473,9 @@ class Catalog:
         self.url = url
         try:
             self.engine: Engine = sa.create_engine(url, future=True)
-        except (sa.exc.ArgumentError, ImportError) as exc:
+        except ImportError as exc:
+            raise _missing_driver(exc) from None
+        except sa.exc.ArgumentError as exc:
             raise ConfigError(f"cannot use catalog URL: {type(exc).__name__}") from None
         self.dialect = self.engine.dialect.name
         self._mark = "?" if self.dialect == "sqlite" else "%s"  # DBAPI placeholders

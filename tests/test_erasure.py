@@ -14,6 +14,7 @@ from keyshred import Keyshred
 from keyshred.erasure import ExternalAnswer
 from keyshred.errors import (
     IntegrityError,
+    InvalidInput,
     NotFound,
     StaleEpoch,
     SubjectErased,
@@ -219,11 +220,33 @@ def test_receipt_tampering_and_cli_verification(ks: Keyshred, tmp_path: Path) ->
     text = receipt.to_json()
     doc = json.loads(text)
     doc["completed_at"] = "2020-01-01T00:00:00Z"
+    trusted = ks.keyring.signer().public_key
     with pytest.raises(IntegrityError):
-        verify_receipt(load_receipt(json.dumps(doc)))
+        verify_receipt(load_receipt(json.dumps(doc)), trusted)
     with pytest.raises(IntegrityError):
         verify_receipt(receipt, public_key=b"\x00" * 32)
-    verify_receipt(load_receipt(text))
+    verify_receipt(load_receipt(text), trusted)
+
+
+def test_receipt_verification_needs_the_trusted_key(ks: Keyshred) -> None:
+    """An edited receipt re-signed with a fresh key carries a valid signature by its
+    own embedded key: only the trusted key catches it, so the API demands one."""
+    from keyshred.keyring import _primitives as prim
+    from keyshred.keyring.keyring import Signer
+    from keyshred.receipts import sign_receipt
+
+    ks.memories.put("ida", NS, "k", 1)
+    req = ks.erase("ida", requested_by="dpo", reason="request")
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None
+    edited = receipt.model_copy(update={"reason": "nothing-happened"})
+    forged = sign_receipt(edited, Signer(prim.ed25519_private_bytes(prim.ed25519_generate())))
+    with pytest.raises(TypeError):
+        verify_receipt(forged)  # type: ignore[call-arg]
+    with pytest.raises(IntegrityError, match="another key"):
+        verify_receipt(forged, ks.keyring.signer().public_key)
+    with pytest.raises(InvalidInput):
+        verify_receipt(receipt, b"")
 
 
 def test_audit_chain_detects_edits(ks: Keyshred) -> None:
@@ -316,3 +339,36 @@ def test_a_lock_file_on_its_way_out_passes_verification_and_one_that_stays_fails
     assert not verify()["memory partition removed"]  # it stays: not removed
     (path / "MANIFEST").touch()
     assert not verify()["memory partition removed"]
+
+
+def test_erasing_an_id_never_stored_says_no_data_found(ks: Keyshred) -> None:
+    """The request completes and suppresses the id as usual, and the request and the
+    signed receipt say nothing was found; a subject with data says it was."""
+    ks.memories.put("jo", NS, "k", 1)
+    nobody = ks.erase("never-stored-id", requested_by="dpo", reason="request")
+    assert nobody.state == "completed" and nobody.found_data is False
+    assert ks.erasure.status(nobody.request_id).found_data is False
+    receipt = ks.erasure.receipt(nobody.request_id)
+    assert receipt is not None and receipt.found_data is False
+    verify_receipt(receipt, ks.keyring.signer().public_key)
+    with pytest.raises(SubjectSuppressed):
+        ks.memories.put("never-stored-id", NS, "k", 1)
+
+    jo = ks.erase("jo", requested_by="dpo", reason="request")
+    assert jo.found_data is True
+    jo_receipt = ks.erasure.receipt(jo.request_id)
+    assert jo_receipt is not None and jo_receipt.found_data is True
+    verify_receipt(jo_receipt, ks.keyring.signer().public_key)
+
+
+def test_a_receipt_from_before_found_data_still_verifies(ks: Keyshred) -> None:
+    """Receipts signed before the field existed lack it: they load and verify."""
+    from keyshred.receipts import sign_receipt
+
+    ks.memories.put("kai", NS, "k", 1)
+    receipt = ks.erasure.receipt(ks.erase("kai", requested_by="dpo", reason="r").request_id)
+    assert receipt is not None
+    old = receipt.model_copy(update={"found_data": None, "signature": None})
+    doc = json.loads(sign_receipt(old, ks.keyring.signer()).to_json())
+    del doc["found_data"]
+    verify_receipt(load_receipt(json.dumps(doc)), ks.keyring.signer().public_key)

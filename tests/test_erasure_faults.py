@@ -109,7 +109,7 @@ def resume_and_check(data: Path) -> None:
         assert done.state == "completed", done.error
         receipt = ks.erasure.receipt("req-fault")
         assert receipt is not None
-        verify_receipt(receipt)
+        verify_receipt(receipt, ks.keyring.signer().public_key)
         assert receipt.key_ids and all(c.passed for c in receipt.verification)
         assert {s.store for s in receipt.stores} >= {"keyring", "memories", "vectors", "catalog"}
         victim_unreadable(ks)

@@ -14,6 +14,7 @@ or whose key is not ``Enabled``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,12 +37,15 @@ from keyshred.keyring.kek import (
     KekProvider,
     WrappedKey,
 )
+from keyshred.keyring.kek._quiet import key_operation
 
 __all__ = ["AwsKmsKek"]
 
 boto3 = require("boto3", extra="aws")
 botocore_exceptions = require("botocore.exceptions", extra="aws", package="boto3")
 
+# Calls whose request or answer holds key material: botocore logs neither.
+_KEY_OPERATIONS = frozenset({"encrypt", "decrypt", "re_encrypt", "generate_data_key"})
 _DESTROYED_CODES = {"DisabledException", "KMSInvalidStateException", "NotFoundException"}
 
 
@@ -80,8 +84,10 @@ class AwsKmsKek(KekProvider):
     # -- plumbing ------------------------------------------------------------------
 
     def _call(self, op: str, **kwargs: Any) -> dict[str, Any]:
+        quiet = key_operation() if op in _KEY_OPERATIONS else contextlib.nullcontext()
         try:
-            result: dict[str, Any] = getattr(self._kms, op)(**kwargs)
+            with quiet:
+                result: dict[str, Any] = getattr(self._kms, op)(**kwargs)
             return result
         except botocore_exceptions.ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")

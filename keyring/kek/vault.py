@@ -41,6 +41,7 @@ from keyshred.keyring.kek import (
     WrappedKey,
     encode_context,
 )
+from keyshred.keyring.kek._quiet import key_operation
 
 __all__ = ["VaultKek"]
 
@@ -147,9 +148,10 @@ class VaultKek(KekProvider):
         """POST a Transit data call; ``_TransitRefused`` on a 400 (bad input/blob)."""
         url = f"{self._url.rstrip('/')}/v1/{self._mount}/{action}/{self._key}"
         try:
-            resp = self._http.request(
-                "POST", url, body=json.dumps(body).encode("utf-8"), headers=self._headers
-            )
+            with key_operation():  # the body and the answer carry plaintext keys
+                resp = self._http.request(
+                    "POST", url, body=json.dumps(body).encode("utf-8"), headers=self._headers
+                )
         except urllib3.exceptions.HTTPError:
             raise KekUnavailable(f"cannot reach Vault/OpenBao at {self._url}") from None
         if resp.status in (401, 403):

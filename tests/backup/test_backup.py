@@ -20,6 +20,7 @@ from keyshred import Keyshred
 from keyshred.backup import LocalTarget, Manifest
 from keyshred.config import BackupSettings, Config, save_config
 from keyshred.errors import (
+    EpochInUse,
     IntegrityError,
     KekEpochDestroyed,
     SubjectErased,
@@ -401,3 +402,38 @@ def test_a_restore_never_reissues_the_id_of_a_token_issued_after_its_snapshot(
         assert not set(fresh) & set(later)
         live_mark = ks.catalog.token_block_mark()
         assert min(restored.vault.number_of(t) or 0 for t in fresh) >= (live_mark + 1) * 1024
+
+
+def test_destroying_an_epoch_that_retained_backups_need_is_refused(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """Epoch 1 seals an unexpired generation: destroying it is refused (keyring and
+    facade alike), lists the generation and changes nothing; ``force`` destroys it
+    and is audited; once the generation expired no force is needed."""
+    ks.memories.put("gus", NS, "k", {"text": "gus"})
+    gen = ks.backup.create()
+    ks.keyring.rotate_kek()
+    for destroy in (ks.keyring.destroy_kek_epochs_before, ks.destroy_kek_epochs_before):
+        with pytest.raises(EpochInUse, match=gen.generation) as refused:
+            destroy(gen.kek_epoch + 1)
+        assert [g.split()[0] for g in refused.value.generations] == [gen.generation]
+    assert gen.kek_epoch in [e.epoch for e in ks.keyring.kek.epochs()]
+    report = ks.backup.restore(gen.generation, tmp_path / "restored")  # still restorable
+    assert report.memories_verified == 1
+
+    gone = ks.destroy_kek_epochs_before(gen.kek_epoch + 1, force=True)
+    assert [d.epoch for d in gone] == [gen.kek_epoch]
+    (event,) = [e for e in ks.audit.events() if e.event == "kek.epoch_destroyed"]
+    assert event.data == {"epoch": gen.kek_epoch, "forced": True, "broke": [gen.generation]}
+    with pytest.raises(KekEpochDestroyed):
+        ks.backup.restore(gen.generation, tmp_path / "again")
+
+    # The next epoch seals nothing retained once the second generation has expired.
+    second = ks.backup.create()
+    ks.keyring.rotate_kek()
+    with pytest.raises(EpochInUse):
+        ks.destroy_kek_epochs_before(second.kek_epoch + 1)
+    ks.backup.clock = lambda: second.expires_at + timedelta(seconds=1)
+    assert [d.epoch for d in ks.destroy_kek_epochs_before(second.kek_epoch + 1)] == [
+        second.kek_epoch
+    ]

@@ -31,7 +31,7 @@ def test_drill_passes_every_check(tmp_path: Path) -> None:
     assert all(c["passed"] for c in report["checks"])
     receipt = Path(report["receipt_file"])
     assert receipt.exists()
-    ok = run("receipt", "verify", str(receipt), "--json")
+    ok = run("receipt", "verify", str(receipt), "--path", str(tmp_path / "drill"), "--json")
     assert json.loads(ok.stdout)["valid"] is True
 
 
@@ -41,7 +41,8 @@ def test_drill_prints_a_table_and_keeps_the_receipt(tmp_path: Path) -> None:
     assert "all checks passed" in proc.stdout
     assert "byte scan" in proc.stdout
     (receipt,) = tmp_path.glob("keyshred-drill-receipt-*.json")
-    assert json.loads(run("receipt", "verify", str(receipt), "--json").stdout)["valid"]
+    unpinned = run("receipt", "verify", str(receipt), "--json")  # no key to trust
+    assert unpinned.returncode == 2 and "--public-key" in unpinned.stderr
 
 
 def test_init_and_keys_commands(tmp_path: Path) -> None:
@@ -123,8 +124,8 @@ def test_erasure_commands(tmp_path: Path) -> None:
     ok = run("receipt", "verify", str(file), "--public-key", key["public_key"], "--json")
     assert json.loads(ok.stdout)["valid"] is True
     file.write_text(receipt.stdout.replace('"completed_at": "', '"completed_at": "1'))
-    bad = run("receipt", "verify", str(file))
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    bad = run("receipt", "verify", str(file), "--path", str(data))
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
     audit = json.loads(run("audit", "verify", "--path", str(data), "--json").stdout)
     assert audit["valid"] is True and audit["events"] > 5
     assert "keyshred_erasure_requests_total" in run("metrics", "--path", str(data)).stdout
@@ -332,3 +333,98 @@ def test_lifecycle_commands(tmp_path: Path) -> None:
         str(data),
     )
     assert unset.returncode == 2 and "NOPE_UNSET" in unset.stderr
+
+
+def test_receipt_verify_pins_the_signing_key(tmp_path: Path) -> None:
+    """An edited receipt re-signed with a fresh key (its own key embedded) fails
+    against the store's key, a pinned key and a key file; no trusted key: refused."""
+    from keyshred import Keyshred
+    from keyshred.keyring import _primitives as prim
+    from keyshred.keyring.keyring import Signer
+    from keyshred.receipts import load_receipt, sign_receipt
+
+    data = tmp_path / "d"
+    run("init", str(data))
+    with Keyshred.open(data) as ks:
+        ks.memories.put("pin-subject", ("m",), "k", {"v": "x"})
+        ks.erase("pin-subject", requested_by="dpo", reason="gdpr-art17", request_id="r1")
+        receipt = ks.erasure.receipt("r1")
+    assert receipt is not None
+    genuine, forged = tmp_path / "genuine.json", tmp_path / "forged.json"
+    genuine.write_text(receipt.to_json())
+    edited = load_receipt(receipt.to_json()).model_copy(update={"requested_by": "nobody"})
+    fresh = Signer(prim.ed25519_private_bytes(prim.ed25519_generate()))
+    forged.write_text(sign_receipt(edited, fresh).to_json())
+    key = json.loads(run("keys", "public-key", "--path", str(data), "--json").stdout)
+    key_file = tmp_path / "signer.pub"
+    key_file.write_text(key["public_key"] + "\n")
+    pins = (
+        ("--path", str(data)),
+        ("--public-key", key["public_key"]),
+        ("--public-key-file", str(key_file)),
+    )
+    for pin in pins:
+        ok = run("receipt", "verify", str(genuine), *pin, "--json")
+        assert ok.returncode == 0 and json.loads(ok.stdout)["valid"] is True, ok.stderr
+        bad = run("receipt", "verify", str(forged), *pin, "--json")
+        assert bad.returncode == 1, (pin, bad.stdout, bad.stderr)
+        assert json.loads(bad.stdout)["valid"] is False
+    unpinned = run("receipt", "verify", str(forged))
+    assert unpinned.returncode == 2 and "--public-key" in unpinned.stderr
+    assert unpinned.stderr.startswith("keyshred: error:") and "Traceback" not in unpinned.stderr
+
+
+def test_init_never_overrides_the_configured_kek_provider(tmp_path: Path) -> None:
+    """keyshred.toml says vault: init without --kek uses vault (here unreachable, so
+    it says so), and a contradicting --kek is refused before anything is created."""
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "keyshred.toml").write_text(
+        'tenant = "acme"\n\n[kek]\nprovider = "vault"\n\n[kek.vault]\nurl = "http://127.0.0.1:9"\n'
+    )
+    env = {"VAULT_TOKEN": "x"}
+    implicit = run("init", str(data), env=env)
+    assert implicit.returncode == 2 and "cannot reach Vault" in implicit.stderr, implicit
+    for args in (("--kek", "local"), ("--tenant", "other")):
+        conflict = run("init", str(data), *args, env=env)
+        assert conflict.returncode == 2, conflict
+        assert "contradicts" in conflict.stderr and "Traceback" not in conflict.stderr
+        assert not (data / "keys" / "kek.local.json").exists()
+    plain = tmp_path / "p"
+    made = json.loads(run("init", str(plain), "--kek", "local", "--json").stdout)
+    assert made["kek"] == "local"
+    assert 'tenant = "default"' in (plain / "keyshred.toml").read_text()
+
+
+def test_version_metrics_json_and_no_data_found(tmp_path: Path) -> None:
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("keyshred ")
+    data = tmp_path / "d"
+    run("init", str(data))
+    erased = run(
+        "erase", "never-stored", "--requested-by", "dpo", "--reason", "r", "--path", str(data)
+    )
+    assert erased.returncode == 0 and "no data found" in erased.stdout, erased
+    doc = json.loads(
+        run("status", erased.stdout.split()[1].rstrip(":"), "--path", str(data), "--json").stdout
+    )
+    assert doc["found_data"] is False and doc["state"] == "completed"
+    shown = run("receipt", "show", doc["request_id"], "--path", str(data), "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["found_data"] is False
+    samples = json.loads(run("metrics", "--path", str(data), "--json").stdout)["samples"]
+    assert all({"name", "labels", "value"} <= set(s) for s in samples) and samples
+
+
+def test_destroy_epochs_refuses_while_a_backup_needs_them(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    run("init", str(data))
+    gen = json.loads(run("backup", "create", "--path", str(data), "--json").stdout)
+    run("keys", "rotate-kek", "--path", str(data))
+    refused = run("keys", "destroy-epochs", "--before", "2", "--path", str(data))
+    assert refused.returncode == 2 and gen["generation"] in refused.stderr, refused
+    status = json.loads(run("keys", "status", "--path", str(data), "--json").stdout)
+    assert [e["epoch"] for e in status["epochs"]] == [1, 2]
+    forced = run(
+        "keys", "destroy-epochs", "--before", "2", "--force", "--path", str(data), "--json"
+    )
+    assert [d["epoch"] for d in json.loads(forced.stdout)["destroyed"]] == [1]

@@ -219,3 +219,17 @@ def test_subject_ids_are_checked_before_the_cache(ring: Keyring) -> None:
         with pytest.raises(InvalidInput):
             ring.subject_ref(bad)  # type: ignore[arg-type]
     assert ring.subject_ref("alice") == ring.subject_ref("alice")
+
+
+def test_a_kek_that_cannot_unwrap_the_store_says_so(tmp_path: Path) -> None:
+    """A worker configured with another KEK than the one that made the shared key
+    store is told so, not 'wrapped key failed authentication'."""
+    from keyshred.errors import ConfigError, KekMismatch
+    from keyshred.keyring.kek.local import LocalKek
+
+    Keyring(SQLiteKeyStore(tmp_path / "shared.db"), LocalKek(tmp_path / "a.json", create=True))
+    other = LocalKek(tmp_path / "b.json", create=True)
+    with pytest.raises(KekMismatch, match="cannot unwrap the key store") as info:
+        Keyring(SQLiteKeyStore(tmp_path / "shared.db"), other)
+    assert isinstance(info.value, ConfigError)
+    assert "another KEK" in str(info.value) and "local KEK epoch 1" in str(info.value)

@@ -3,6 +3,7 @@ distributed profile's PostgreSQL (the machine's server, a fresh schema per test)
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -179,3 +180,19 @@ def _distributed(catalog_url: str, store_url: str, tmp_path: Path) -> None:
     finally:
         other.close()
         ks.close()
+
+
+def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """keyring.store_url on PostgreSQL without psycopg: the error names the extra,
+    from the facade as from the store."""
+    from keyshred.errors import MissingExtraError
+    from keyshred.keyring.pgstore import PostgresKeyStore
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r"keyshred\[postgres\]"):
+        PostgresKeyStore("postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    config = Config.model_validate(
+        {"keyring": {"store_url": "postgresql+psycopg://postgres@127.0.0.1:5432/test"}}
+    )
+    with pytest.raises(MissingExtraError, match=r"keyshred\[postgres\]"):
+        Keyshred.init(tmp_path / "d", config)

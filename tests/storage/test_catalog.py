@@ -295,3 +295,16 @@ def test_token_blocks_never_repeat_and_a_restore_can_skip_them(cat: Catalog) -> 
     assert cat.token_pending_window(second + 3, 0.5) == pytest.approx(0.52)
     assert cat.token_pending_window(first + 3, 0.5) == 0
     assert cat.token_pending_window((mark + 100) * TOKEN_BLOCK, 0.5) == 0  # never handed out
+
+
+def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL without psycopg installed: the error says what to install."""
+    from keyshred.errors import ConfigError, MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r"keyshred\[postgres\]"):
+        Catalog("postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    monkeypatch.setitem(sys.modules, "psycopg2", None)
+    with pytest.raises(ConfigError, match=r"psycopg2.*postgresql\+psycopg://") as info:
+        Catalog("postgresql+psycopg2://postgres:secret-pw@127.0.0.1:5432/test")
+    assert "keyshred[postgres]" in str(info.value) and "secret-pw" not in str(info.value)
