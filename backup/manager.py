@@ -150,6 +150,7 @@ class RestoreReport:
     subjects_verified: int = 0
     memories_verified: int = 0
     vectors_verified: int = 0
+    keys_rewrapped: int = 0  # moved from the generation's KEK epoch to the live one
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -904,6 +905,10 @@ class BackupManager:
             # 6. Verify what remains: every live subject's partition opens, every
             #    file authenticates and matches the catalog.
             self._verify_restored(restored, report)
+            # 7. The copy is live data from here on: its keys move from the
+            #    generation's epoch to the live one, so the scheduled (or forced)
+            #    destruction of the generation's epoch leaves the copy readable.
+            report.keys_rewrapped, _ = restored.keyring.rewrap_to_current()
             self._point("verified")
         finally:
             restored.close()

@@ -437,3 +437,24 @@ def test_destroying_an_epoch_that_retained_backups_need_is_refused(
     assert [d.epoch for d in ks.destroy_kek_epochs_before(second.kek_epoch + 1)] == [
         second.kek_epoch
     ]
+
+
+def test_a_restored_copy_outlives_the_destruction_of_its_generations_epoch(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """A restore re-wraps the copy's keys under the live epoch: destroying the
+    generation's epoch afterwards (forced here, scheduled in production) breaks the
+    generation, never the copy that is already in use."""
+    ks.memories.put("hana", NS, "k", {"text": "hana's note"})
+    gen = ks.backup.create()
+    ks.keyring.rotate_kek()
+    report = ks.backup.restore(gen.generation, tmp_path / "restored")
+    assert report.keys_rewrapped >= 1
+    ks.destroy_kek_epochs_before(gen.kek_epoch + 1, force=True)
+    copy = Keyshred.open(tmp_path / "restored")
+    try:
+        assert copy.memories.get("hana", NS, "k").value == {"text": "hana's note"}
+    finally:
+        copy.close()
+    with pytest.raises(KekEpochDestroyed):
+        ks.backup.restore(gen.generation, tmp_path / "again")
