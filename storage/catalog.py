@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import sqlite3
+import threading
 import time
 import uuid
 import weakref
@@ -831,21 +832,27 @@ class Catalog:
         generation = self._generation
         if generation is not None:
             # The hottest read of all (every put, get and sanitize). Every guard
-            # change bumps the shared generation after its commit, so a guard read
-            # at the current generation is still the guard: no statement at all.
-            # The generation is read before the row, so a change that lands in
-            # between only makes the cached read look older than it is.
+            # change makes the shared generation odd before its transaction and
+            # even after its commit, so a guard read at the current (even)
+            # generation is still the guard: no statement at all. The generation
+            # is read before the row, so a change that lands in between only makes
+            # the cached read look older than it is.
             current = generation.value()
             hit = self._guards.get(subject_ref)
             if hit is not None and hit[0] == current:
                 return hit[1]
+            if current & 1:
+                # A guard change is in flight, or its process died during one: read
+                # the row and cache nothing until the change has settled.
+                current = generation.settle_abandoned()
             # One autocommit SELECT on a pooled connection.
             with self._hot(write=False) as cur:
                 row = cur.execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
             state = _guard_state(row)
-            if len(self._guards) >= _GUARD_CACHE:
-                self._guards.clear()
-            self._guards[subject_ref] = (current, state)
+            if not current & 1:
+                if len(self._guards) >= _GUARD_CACHE:
+                    self._guards.clear()
+                self._guards[subject_ref] = (current, state)
             return state
         if self.dialect == "sqlite":  # in memory: one connection, no other process
             with self._hot(write=False) as cur:
@@ -895,38 +902,55 @@ class Catalog:
         """Suppress the subject (or one scope of it) and bump its deletion epoch, in
         one transaction; returns the new epoch."""
         now = datetime.now(UTC)
-        with self._write() as conn:
-            state = self._lock_guard(conn, subject_ref)
-            if scope is None:
-                status, scopes = SUPPRESSED, state.scopes
-            else:
-                status, scopes = state.status, state.scopes | {scope}
-            self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
-        self._guard_changed()
+        with self._changing_guard():
+            with self._write() as conn:
+                state = self._lock_guard(conn, subject_ref)
+                if scope is None:
+                    status, scopes = SUPPRESSED, state.scopes
+                else:
+                    status, scopes = state.status, state.scopes | {scope}
+                self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
+            self._guard_changed()
         return state.epoch + 1
 
     def set_guard(self, subject_ref: str, status: str) -> None:
         """Change the subject-wide status, keeping the epoch (``active`` re-admits)."""
         now = datetime.now(UTC)
-        with self._write() as conn:
-            state = self._lock_guard(conn, subject_ref)
-            self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
-        self._guard_changed()
+        with self._changing_guard():
+            with self._write() as conn:
+                state = self._lock_guard(conn, subject_ref)
+                self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
+            self._guard_changed()
 
     def release_scope(self, subject_ref: str, scope: str) -> None:
         """Lift a scope's suppression (after its erasure): new writes get a new key."""
         now = datetime.now(UTC)
-        with self._write() as conn:
-            state = self._lock_guard(conn, subject_ref)
-            self._upsert_guard(
-                conn, subject_ref, state.status, state.epoch, now, scopes=state.scopes - {scope}
-            )
-        self._guard_changed()
+        with self._changing_guard():
+            with self._write() as conn:
+                state = self._lock_guard(conn, subject_ref)
+                self._upsert_guard(
+                    conn, subject_ref, state.status, state.epoch, now, scopes=state.scopes - {scope}
+                )
+            self._guard_changed()
+
+    @contextmanager
+    def _changing_guard(self) -> Iterator[None]:
+        """Around a guard change's transaction: the shared generation turns odd
+        before it begins, so no process trusts a cached guard from then on, and
+        turns even again only after the commit (``_guard_changed``). A process that
+        dies in between leaves it odd: every process reads guards from the
+        database until the next reader finds nobody changing one and settles it."""
+        if self._generation is None:
+            yield
+            return
+        with self._generation.changing():
+            yield
 
     def _guard_changed(self) -> None:
-        """After a guard change has committed: every process's cached guards are old."""
+        """After a guard change has committed: cached guards may count again, from
+        the new generation on."""
         if self._generation is not None:
-            self._generation.bump()
+            self._generation.settle()
 
     def _upsert_guard(
         self,
@@ -1599,6 +1623,8 @@ class Catalog:
     def _forked(self) -> None:
         """In a forked child: the parent's connections stay the parent's (a database
         connection must not cross a fork); the child opens its own."""
+        if self._generation is not None:
+            self._generation.forked()
         self.engine.dispose(close=False)
 
     def __repr__(self) -> str:
@@ -1621,10 +1647,16 @@ _GUARD_CACHE = 20_000  # subjects whose guard a process keeps (then it starts ov
 
 class _GuardGeneration:
     """A counter shared by every process of an embedded catalog (an 8-byte file next
-    to it, mapped into memory) that each guard change increments after its commit.
-    Reading it costs a memory load instead of a statement; a process whose cached
-    guard carries an older value reads the guard again. An increment holds the
-    file's lock, so two changes never write the same value."""
+    to it, mapped into memory) that each guard change moves: to an odd value before
+    its transaction begins, to the next even one after it committed. Reading it
+    costs a memory load instead of a statement; a process caches a guard only under
+    an even value and reads it again once the value has moved.
+
+    The change holds the file's lock (``flock``, released by the kernel when its
+    process dies) from the odd value to the even one, so a crash between the commit
+    and the even value leaves an odd counter and nothing cached is trusted; a
+    reader that can take the lock knows nobody is changing a guard and settles it.
+    """
 
     def __init__(self, path: Path) -> None:
         if not path.exists():
@@ -1643,21 +1675,65 @@ class _GuardGeneration:
         self._fd = os.open(path, os.O_RDWR)
         self._pid = os.getpid()
         self._map = mmap.mmap(self._fd, 8)
+        # ``flock`` excludes other processes only (threads share the descriptor).
+        self._lock = threading.Lock()
 
     def value(self) -> int:
         return int.from_bytes(self._map[:8], "little")
 
-    def bump(self) -> None:
+    def _store(self, value: int) -> None:
+        self._map[:8] = (value % 2**64).to_bytes(8, "little")
+
+    def _descriptor(self) -> int:
         if self._pid != os.getpid():
             # A forked child shares the parent's open file, and with it the lock:
-            # its own descriptor makes the two increments exclude each other.
+            # its own descriptor makes the two changes exclude each other.
             self._fd = os.open(self._path, os.O_RDWR)
             self._pid = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self._fd
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Hold the change: odd now, even (``settle``) at the latest on the way out."""
+        with self._lock:
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                value = self.value()
+                self._store(value + 1 if value % 2 == 0 else value + 2)
+                yield
+            finally:
+                self.settle()
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def settle(self) -> None:
+        """Make the counter even: called holding the change, after the commit."""
+        value = self.value()
+        if value % 2:
+            self._store(value + 1)
+
+    def settle_abandoned(self) -> int:
+        """The counter, made even first if it is odd only because the process that
+        was changing a guard died: nobody holds the change any more."""
+        if not self._lock.acquire(blocking=False):
+            return self.value()  # a thread of this process is changing a guard
         try:
-            self._map[:8] = ((self.value() + 1) % 2**64).to_bytes(8, "little")
+            fd = self._descriptor()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self.value()  # another process is changing one
+            try:
+                self.settle()
+                return self.value()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._lock.release()
+
+    def forked(self) -> None:
+        """In a forked child: a lock held by a parent's thread is nobody's here."""
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         with contextlib.suppress(ValueError, BufferError):
