@@ -19,15 +19,19 @@ backup schedule does (``ks.backup.maintain``).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.pool import QueuePool
+
 from keyshred._extras import require
-from keyshred.errors import ConfigError
+from keyshred._pooling import replace_hung_up
+from keyshred.errors import BackendUnavailable, ConfigError
 from keyshred.keyring.keystore import (
     _DEK_COLUMNS,
     _SCHEMA,
@@ -89,39 +93,90 @@ class PostgresKeyStore(_SqlKeyStore):
     _mark = "%s"
     _prefix = "ks_"
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 2,
+        max_overflow: int = 8,
+        pool_timeout: float = 30.0,
+        pre_ping: bool = False,
+    ) -> None:
         self._psycopg = require("psycopg", extra="postgres")
         self._dsn = _dsn(url)
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        self._conns: list[Any] = []
+        # One bounded pool (SQLAlchemy's, over psycopg): a connection is checked
+        # out for one transaction and returned, and replaced at checkout if its
+        # server hung up (``keyshred._pooling``), so a restarted server costs a
+        # reconnect instead of every later call.
+        self._engine = sa.create_engine(
+            "postgresql+psycopg://",
+            creator=self._connect,
+            poolclass=QueuePool,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout=pool_timeout,
+            pool_pre_ping=pre_ping,
+        )
+        replace_hung_up(self._engine)
         try:
             with self._tx() as cur:
                 cur.execute(_PG_SCHEMA)
-        except self._psycopg.OperationalError:
+        except BackendUnavailable:
+            self._engine.dispose()
             raise ConfigError("the PostgreSQL key store cannot be reached") from None
 
     # -- connections -----------------------------------------------------------------
 
-    def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = self._psycopg.connect(self._dsn, autocommit=False)
-            self._local.conn = conn
-            with self._lock:
-                self._conns.append(conn)
-        return conn
+    def _connect(self) -> Any:
+        return self._psycopg.connect(self._dsn, autocommit=False)
+
+    def _unreachable(self, exc: BaseException) -> bool:
+        """Whether a driver error means the server cannot be reached (refused or
+        dropped connection, no pooled connection free), not a conflict or a bug."""
+        if isinstance(exc, sa.exc.TimeoutError):
+            return True
+        if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+            exc = exc.orig
+        errors = self._psycopg
+        return isinstance(exc, (errors.OperationalError, errors.InterfaceError)) and not (
+            isinstance(exc, errors.errors.TransactionRollback)
+        )
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        conn = self._conn()
+        """A cursor in one transaction on a pooled connection, returned afterwards
+        (dropped from the pool if the driver found it broken)."""
         try:
-            with conn.cursor() as cur:
-                yield cur
-            conn.commit()
-        except BaseException:
-            conn.rollback()
+            fairy = self._engine.raw_connection()
+        except Exception as exc:
+            if self._unreachable(exc):
+                raise self._unavailable(exc) from None
             raise
+        conn: Any = fairy.driver_connection
+        try:
+            try:
+                with conn.cursor() as cur:
+                    yield cur
+                conn.commit()
+            except BaseException:
+                with contextlib.suppress(Exception):  # a dead connection cannot
+                    conn.rollback()
+                raise
+        except Exception as exc:
+            if not self._unreachable(exc):
+                raise
+            if conn.closed:
+                fairy.invalidate()
+            raise self._unavailable(exc) from None
+        finally:
+            fairy.close()
+
+    @staticmethod
+    def _unavailable(exc: BaseException) -> BackendUnavailable:
+        # The driver's message is left out: it can quote a statement's parameters.
+        return BackendUnavailable(
+            f"the PostgreSQL key store cannot be reached ({type(exc).__name__})"
+        )
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._tx() as cur:
@@ -209,17 +264,16 @@ class PostgresKeyStore(_SqlKeyStore):
     # -- snapshots -----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        with self._psycopg.connect(self._dsn, autocommit=False) as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            dek = conn.execute(f"SELECT {_DEK_COLUMNS} FROM ks_dek").fetchall()  # noqa: S608
-            tombs = conn.execute(
+        with self._tx() as cur:  # its first statement: before any read
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            dek = cur.execute(f"SELECT {_DEK_COLUMNS} FROM ks_dek").fetchall()  # noqa: S608
+            tombs = cur.execute(
                 "SELECT tombstone_id, subject_ref, scope, erased_at FROM ks_tombstone"
             ).fetchall()
-            tkeys = conn.execute("SELECT key_id, tombstone_id FROM ks_tombstone_key").fetchall()
-            secrets = conn.execute(
+            tkeys = cur.execute("SELECT key_id, tombstone_id FROM ks_tombstone_key").fetchall()
+            secrets = cur.execute(
                 "SELECT name, kek_provider, kek_epoch, wrapped FROM ks_secret"
             ).fetchall()
-            conn.rollback()
         db = sqlite3.connect(":memory:")
         try:
             db.executescript(_SCHEMA)
@@ -244,14 +298,7 @@ class PostgresKeyStore(_SqlKeyStore):
             db.close()
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._conns:
-                try:
-                    conn.close()
-                except self._psycopg.Error:
-                    continue
-            self._conns.clear()
-        self._local = threading.local()
+        self._engine.dispose()
 
     def __repr__(self) -> str:
         return "PostgresKeyStore()"

@@ -60,5 +60,12 @@ def make_keystore(config: Config, root: Path) -> KeyStore:
     if url:
         from keyshred.keyring.pgstore import PostgresKeyStore
 
-        return PostgresKeyStore(url)
+        k = config.keyring
+        return PostgresKeyStore(
+            url,
+            pool_size=k.pool_size,
+            max_overflow=k.pool_max_overflow,
+            pool_timeout=k.pool_timeout_seconds,
+            pre_ping=k.pool_pre_ping,
+        )
     return SQLiteKeyStore(root / KEYS_DIR / KEYSTORE_FILE)

@@ -82,6 +82,14 @@ class KeyringSettings(_Model):
     store_url: str | None = None
     cache_max_entries: int = Field(10_000, ge=0)
     cache_ttl_seconds: float = Field(300.0, gt=0)
+    # The PostgreSQL key store's connection pool (per process): kept open, extra
+    # ones opened under load and closed when returned, seconds to wait for one.
+    pool_size: int = Field(2, ge=1, le=1000)
+    pool_max_overflow: int = Field(8, ge=0, le=1000)
+    pool_timeout_seconds: float = Field(30.0, gt=0)
+    # Also ping each connection at checkout (a round trip): for networks that drop
+    # idle connections silently; a server's hang-up is detected without it.
+    pool_pre_ping: bool = False
 
 
 Basis = Literal["consent", "contract", "legitimate_interest", "legal_obligation"]
@@ -116,6 +124,13 @@ class StorageSettings(_Model):
     durability: Literal["fsync", "flush"] = "fsync"
     max_open_partitions: int = Field(256, ge=1)
     default_max_retention_days: int = Field(3650, ge=1)
+    # The catalog's connection pool (per process; SQLite files and PostgreSQL): kept
+    # open, extra ones opened under load and closed when returned, seconds to wait
+    # for a free one before BackendUnavailable; pre-ping as in KeyringSettings.
+    pool_size: int = Field(5, ge=1, le=1000)
+    pool_max_overflow: int = Field(10, ge=0, le=1000)
+    pool_timeout_seconds: float = Field(30.0, gt=0)
+    pool_pre_ping: bool = False
 
 
 class VectorSettings(_Model):

@@ -23,6 +23,10 @@ class (or a branch of it) and never see a backend's own exception type::
     │   ├── TokenExpired            past its expiry
     │   ├── TokenPurposeMismatch    issued for another purpose
     │   └── TokenSubjectMismatch    issued for another subject than the caller expects
+    ├── BackendUnavailable          the catalog or key store database cannot be reached
+    │                               (connection refused or dropped, server restarting,
+    │                               pool exhausted, SQLite locked too long); nothing was
+    │                               changed, the next call may succeed
     ├── SubjectSuppressed           the subject is suppressed or erased: nothing is read
     │   └── StaleEpoch              or written; a job carrying an older deletion epoch
     │                               is refused with StaleEpoch
@@ -39,6 +43,7 @@ are raised ``from None`` so the chain cannot leak it either.
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailable",
     "ConfigError",
     "ConsentRequired",
     "EpochInUse",
@@ -143,6 +148,12 @@ class NotFound(KeyshredError):
 
 class ConsentRequired(KeyshredError):
     """No active consent covers this subject, purpose, category and action."""
+
+
+class BackendUnavailable(KeyshredError):
+    """The catalog or key store database cannot be reached right now (connection
+    refused or dropped, server restarting, every pooled connection busy, SQLite
+    locked too long). The operation did not happen; retrying later may succeed."""
 
 
 class SubjectSuppressed(KeyshredError):

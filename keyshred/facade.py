@@ -209,7 +209,13 @@ class Keyshred:
         )
         url = config.storage.catalog_url or sqlite_url(root / CATALOG_DIR / CATALOG_FILE)
         try:
-            catalog = Catalog(url)
+            catalog = Catalog(
+                url,
+                pool_size=config.storage.pool_size,
+                max_overflow=config.storage.pool_max_overflow,
+                pool_timeout=config.storage.pool_timeout_seconds,
+                pre_ping=config.storage.pool_pre_ping,
+            )
         except BaseException:
             keyring.close()
             raise

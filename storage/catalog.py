@@ -36,8 +36,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import QueuePool
 
+from keyshred._pooling import replace_hung_up
 from keyshred.errors import (
+    BackendUnavailable,
     ConfigError,
     InvalidInput,
     KeyshredError,
@@ -466,18 +469,82 @@ def _missing_driver(exc: ImportError) -> KeyshredError:
     )
 
 
+def _pool_options(
+    url: str, pool_size: int, max_overflow: int, pool_timeout: float, pre_ping: bool
+) -> dict[str, Any]:
+    """One bounded pool per catalog: at most ``pool_size + max_overflow`` connections,
+    each checked out for one operation or transaction and returned. A PostgreSQL
+    connection whose server hung up is replaced at checkout (``keyshred._pooling``;
+    ``pre_ping`` adds SQLAlchemy's round-trip ping), so a restarted server or a
+    dropped connection costs a reconnect, not every later call."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        return {}  # in memory: SQLAlchemy's one-connection pool, nothing to bound
+    options: dict[str, Any] = {
+        "poolclass": QueuePool,
+        "pool_size": pool_size,
+        "max_overflow": max_overflow,
+        "pool_timeout": pool_timeout,
+    }
+    if parsed.get_backend_name() != "sqlite":
+        options["pool_pre_ping"] = pre_ping
+    return options
+
+
+def _unreachable(dialect: str, dbapi: Any, exc: BaseException) -> bool:
+    """Whether a driver error means the database cannot be reached right now (a
+    refused or dropped connection, an exhausted pool, SQLite locked too long),
+    rather than a bug or a conflict the caller handles."""
+    if isinstance(exc, sa.exc.TimeoutError):  # no pooled connection came free
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        if exc.orig is not None:
+            exc = exc.orig
+    if dialect == "sqlite":
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+    if dbapi is None:
+        return False
+    rollback = getattr(getattr(dbapi, "errors", None), "TransactionRollback", ())
+    return isinstance(exc, (dbapi.OperationalError, dbapi.InterfaceError)) and not isinstance(
+        exc, rollback
+    )
+
+
+def _unavailable(exc: BaseException) -> BackendUnavailable:
+    # The driver's message is left out: it can quote a statement and its parameters.
+    return BackendUnavailable(f"the catalog database cannot be reached ({type(exc).__name__})")
+
+
 class Catalog:
     """The asset index and policy state on SQLite or PostgreSQL."""
 
-    def __init__(self, url: str, *, create: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        pool_size: int = 5,
+        max_overflow: int = 10,
+        pool_timeout: float = 30.0,
+        pre_ping: bool = False,
+    ) -> None:
         self.url = url
         try:
-            self.engine: Engine = sa.create_engine(url, future=True)
+            self.engine: Engine = sa.create_engine(
+                url,
+                future=True,
+                **_pool_options(url, pool_size, max_overflow, pool_timeout, pre_ping),
+            )
         except ImportError as exc:
             raise _missing_driver(exc) from None
-        except sa.exc.ArgumentError as exc:
+        except (sa.exc.ArgumentError, TypeError) as exc:
             raise ConfigError(f"cannot use catalog URL: {type(exc).__name__}") from None
         self.dialect = self.engine.dialect.name
+        if self.dialect == "postgresql":
+            replace_hung_up(self.engine)
+        self._watch_errors()
         self._mark = "?" if self.dialect == "sqlite" else "%s"  # DBAPI placeholders
         self._generation: _GuardGeneration | None = None
         if self.dialect == "sqlite":
@@ -512,21 +579,34 @@ class Catalog:
         # The vault's flush: reads of token assets first store this process's tokens
         # held for group commit, so a process reads its own writes.
         self.flush_tokens: Callable[[], object] | None = None
-        self._local = threading.local()
-        self._raw: list[Any] = []
-        self._raw_lock = threading.Lock()
         _CATALOGS.add(self)
         self._sql = self._compile_hot_statements()
         # subject_ref -> (guard generation when read, guard): embedded catalogs only
         self._guards: dict[str, tuple[int, GuardState]] = {}
+
+    def _watch_errors(self) -> None:
+        """Statements through SQLAlchemy raise ``BackendUnavailable`` instead of the
+        driver's error when the database cannot be reached (every module that runs
+        statements on ``engine``: erasure, audit, checkpoints, the vault)."""
+        dialect, dbapi = self.dialect, self.engine.dialect.dbapi
+
+        @event.listens_for(self.engine, "handle_error")
+        def _handle_error(context: sa.engine.ExceptionContext) -> BaseException | None:
+            if context.is_pre_ping:  # the pool reconnects by itself
+                return None
+            if context.is_disconnect or _unreachable(dialect, dbapi, context.original_exception):
+                return _unavailable(context.original_exception)
+            return None
 
     # -- the hot path: SQLAlchemy Core statements, compiled once per dialect -------
     #
     # Every put and get consults the guard and every put registers an asset. Going
     # through SQLAlchemy's execution machinery cost ~180 us per statement here, more
     # than the whole rest of a put; so the statements on those paths are built with
-    # SQLAlchemy Core, compiled once for the dialect, and run on a per-thread DBAPI
-    # connection. Cold paths use SQLAlchemy connections as usual.
+    # SQLAlchemy Core, compiled once for the dialect, and run on a DBAPI connection
+    # checked out of the engine's pool for the one operation (a checkout costs a few
+    # microseconds; a connection kept per thread leaked one per short-lived thread).
+    # Cold paths use SQLAlchemy connections as usual.
 
     def _compile_hot_statements(self) -> dict[str, str]:
         guard = sa.select(
@@ -604,7 +684,7 @@ class Catalog:
         return out
 
     def hot(self, write: bool) -> Any:
-        """A DBAPI cursor on this thread's connection, in a transaction for writes
+        """A DBAPI cursor on a pooled connection, in a transaction for writes
         (``BEGIN IMMEDIATE`` on SQLite): for statements from ``compile``."""
         return self._hot(write)
 
@@ -624,57 +704,66 @@ class Catalog:
         the database itself). Retried briefly if a reader holds the WAL."""
         if self.dialect != "sqlite":
             return
-        conn = self._conn()
         for _ in range(50):
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            with self._hot(write=False) as cur:
+                busy, _, _ = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             if not busy:
                 return
             time.sleep(0.01)
 
-    def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            # Detached and kept referenced: a pool connection whose proxy is
-            # garbage-collected goes back to the pool and would be handed to another
-            # checkout while this thread still uses it.
-            fairy = self.engine.raw_connection()
-            conn = fairy.driver_connection
-            fairy.detach()
-            self._local.fairy = fairy
-            assert conn is not None  # noqa: S101 - a live pool connection has one
-            if self.dialect == "sqlite":
-                conn.isolation_level = None
-            with self._raw_lock:
-                self._raw.append(conn)
-            self._local.conn = conn
-        return conn
+    def _checkout(self) -> Any:
+        """A DBAPI connection from the pool (its proxy: ``close`` returns it)."""
+        try:
+            return self.engine.raw_connection()
+        except Exception as exc:
+            if _unreachable(self.dialect, self.engine.dialect.dbapi, exc):
+                raise _unavailable(exc) from None
+            raise
 
     @contextmanager
     def _hot(self, write: bool) -> Iterator[Any]:
-        """A DBAPI cursor in a transaction; on SQLite a read of one statement runs
-        in autocommit (a single SELECT is atomic by itself)."""
-        conn = self._conn()
-        cur = conn.cursor()
-        if self.dialect == "sqlite" and not write:
-            try:
-                yield cur
-            finally:
-                cur.close()
-            return
+        """A DBAPI cursor on a connection checked out for this one operation, in a
+        transaction for writes; on SQLite a read of one statement runs in
+        autocommit (a single SELECT is atomic by itself). The connection goes back
+        to the pool however the block ends; one the driver found broken is dropped."""
+        fairy = self._checkout()
         try:
-            if self.dialect == "sqlite":
-                cur.execute("BEGIN IMMEDIATE")
+            conn = fairy.driver_connection
+            cur = conn.cursor()
+            try:
+                if self.dialect == "sqlite" and not write:
+                    yield cur
+                else:
+                    yield from self._in_transaction(conn, cur)
+            finally:
+                with contextlib.suppress(Exception):  # a dead connection's cursor
+                    cur.close()
+        except Exception as exc:
+            if not _unreachable(self.dialect, self.engine.dialect.dbapi, exc):
+                raise
+            if getattr(fairy.driver_connection, "closed", False):
+                fairy.invalidate()  # not back into the pool
+            raise _unavailable(exc) from None
+        finally:
+            fairy.close()
+
+    def _in_transaction(self, conn: Any, cur: Any) -> Iterator[Any]:
+        """``_hot``'s write transaction around the caller's block."""
+        sqlite = self.dialect == "sqlite"
+        if sqlite:
+            cur.execute("BEGIN IMMEDIATE")
+        try:
             yield cur
         except BaseException:
-            conn.rollback() if self.dialect != "sqlite" else cur.execute("ROLLBACK")
+            # A connection that died mid-transaction cannot roll back; the server
+            # drops its transaction by itself, and the caller's error says more.
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK") if sqlite else conn.rollback()
             raise
+        if sqlite:
+            cur.execute("COMMIT")
         else:
-            if self.dialect == "sqlite":
-                cur.execute("COMMIT")
-            else:
-                conn.commit()
-        finally:
-            cur.close()
+            conn.commit()
 
     def _marks(self, n: int) -> str:
         """``n`` positional placeholders of this dialect (never values)."""
@@ -758,23 +847,31 @@ class Catalog:
         generation = self._generation
         if generation is not None:
             # The hottest read of all (every put, get and sanitize). Every guard
-            # change bumps the shared generation after its commit, so a guard read
-            # at the current generation is still the guard: no statement at all.
-            # The generation is read before the row, so a change that lands in
-            # between only makes the cached read look older than it is.
+            # change makes the shared generation odd before its transaction and
+            # even after its commit, so a guard read at the current (even)
+            # generation is still the guard: no statement at all. The generation
+            # is read before the row, so a change that lands in between only makes
+            # the cached read look older than it is.
             current = generation.value()
             hit = self._guards.get(subject_ref)
             if hit is not None and hit[0] == current:
                 return hit[1]
-            # One autocommit SELECT on this thread's connection.
-            row = self._conn().execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
+            if current & 1:
+                # A guard change is in flight, or its process died during one: read
+                # the row and cache nothing until the change has settled.
+                current = generation.settle_abandoned()
+            # One autocommit SELECT on a pooled connection.
+            with self._hot(write=False) as cur:
+                row = cur.execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
             state = _guard_state(row)
-            if len(self._guards) >= _GUARD_CACHE:
-                self._guards.clear()
-            self._guards[subject_ref] = (current, state)
+            if not current & 1:
+                if len(self._guards) >= _GUARD_CACHE:
+                    self._guards.clear()
+                self._guards[subject_ref] = (current, state)
             return state
         if self.dialect == "sqlite":  # in memory: one connection, no other process
-            row = self._conn().execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
+            with self._hot(write=False) as cur:
+                row = cur.execute(self._sql["guard_positional"], (subject_ref,)).fetchone()
             return _guard_state(row)
         with self._hot(write=False) as cur:
             return self._guard_row(cur, subject_ref, lock=False)
@@ -820,38 +917,55 @@ class Catalog:
         """Suppress the subject (or one scope of it) and bump its deletion epoch, in
         one transaction; returns the new epoch."""
         now = datetime.now(UTC)
-        with self._write() as conn:
-            state = self._lock_guard(conn, subject_ref)
-            if scope is None:
-                status, scopes = SUPPRESSED, state.scopes
-            else:
-                status, scopes = state.status, state.scopes | {scope}
-            self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
-        self._guard_changed()
+        with self._changing_guard():
+            with self._write() as conn:
+                state = self._lock_guard(conn, subject_ref)
+                if scope is None:
+                    status, scopes = SUPPRESSED, state.scopes
+                else:
+                    status, scopes = state.status, state.scopes | {scope}
+                self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
+            self._guard_changed()
         return state.epoch + 1
 
     def set_guard(self, subject_ref: str, status: str) -> None:
         """Change the subject-wide status, keeping the epoch (``active`` re-admits)."""
         now = datetime.now(UTC)
-        with self._write() as conn:
-            state = self._lock_guard(conn, subject_ref)
-            self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
-        self._guard_changed()
+        with self._changing_guard():
+            with self._write() as conn:
+                state = self._lock_guard(conn, subject_ref)
+                self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
+            self._guard_changed()
 
     def release_scope(self, subject_ref: str, scope: str) -> None:
         """Lift a scope's suppression (after its erasure): new writes get a new key."""
         now = datetime.now(UTC)
-        with self._write() as conn:
-            state = self._lock_guard(conn, subject_ref)
-            self._upsert_guard(
-                conn, subject_ref, state.status, state.epoch, now, scopes=state.scopes - {scope}
-            )
-        self._guard_changed()
+        with self._changing_guard():
+            with self._write() as conn:
+                state = self._lock_guard(conn, subject_ref)
+                self._upsert_guard(
+                    conn, subject_ref, state.status, state.epoch, now, scopes=state.scopes - {scope}
+                )
+            self._guard_changed()
+
+    @contextmanager
+    def _changing_guard(self) -> Iterator[None]:
+        """Around a guard change's transaction: the shared generation turns odd
+        before it begins, so no process trusts a cached guard from then on, and
+        turns even again only after the commit (``_guard_changed``). A process that
+        dies in between leaves it odd: every process reads guards from the
+        database until the next reader finds nobody changing one and settles it."""
+        if self._generation is None:
+            yield
+            return
+        with self._generation.changing():
+            yield
 
     def _guard_changed(self) -> None:
-        """After a guard change has committed: every process's cached guards are old."""
+        """After a guard change has committed: cached guards may count again, from
+        the new generation on."""
         if self._generation is not None:
-            self._generation.bump()
+            self._generation.settle()
 
     def _upsert_guard(
         self,
@@ -1519,20 +1633,13 @@ class Catalog:
         if self._generation is not None:
             self._generation.close()
             self._generation = None
-        with self._raw_lock:
-            for conn in self._raw:
-                with contextlib.suppress(Exception):  # closing is best effort
-                    conn.close()
-            self._raw.clear()
-        self._local = threading.local()
         self.engine.dispose()
 
     def _forked(self) -> None:
         """In a forked child: the parent's connections stay the parent's (a database
         connection must not cross a fork); the child opens its own."""
-        self._raw = []
-        self._raw_lock = threading.Lock()
-        self._local = threading.local()
+        if self._generation is not None:
+            self._generation.forked()
         self.engine.dispose(close=False)
 
     def __repr__(self) -> str:
@@ -1555,10 +1662,16 @@ _GUARD_CACHE = 20_000  # subjects whose guard a process keeps (then it starts ov
 
 class _GuardGeneration:
     """A counter shared by every process of an embedded catalog (an 8-byte file next
-    to it, mapped into memory) that each guard change increments after its commit.
-    Reading it costs a memory load instead of a statement; a process whose cached
-    guard carries an older value reads the guard again. An increment holds the
-    file's lock, so two changes never write the same value."""
+    to it, mapped into memory) that each guard change moves: to an odd value before
+    its transaction begins, to the next even one after it committed. Reading it
+    costs a memory load instead of a statement; a process caches a guard only under
+    an even value and reads it again once the value has moved.
+
+    The change holds the file's lock (``flock``, released by the kernel when its
+    process dies) from the odd value to the even one, so a crash between the commit
+    and the even value leaves an odd counter and nothing cached is trusted; a
+    reader that can take the lock knows nobody is changing a guard and settles it.
+    """
 
     def __init__(self, path: Path) -> None:
         if not path.exists():
@@ -1577,21 +1690,65 @@ class _GuardGeneration:
         self._fd = os.open(path, os.O_RDWR)
         self._pid = os.getpid()
         self._map = mmap.mmap(self._fd, 8)
+        # ``flock`` excludes other processes only (threads share the descriptor).
+        self._lock = threading.Lock()
 
     def value(self) -> int:
         return int.from_bytes(self._map[:8], "little")
 
-    def bump(self) -> None:
+    def _store(self, value: int) -> None:
+        self._map[:8] = (value % 2**64).to_bytes(8, "little")
+
+    def _descriptor(self) -> int:
         if self._pid != os.getpid():
             # A forked child shares the parent's open file, and with it the lock:
-            # its own descriptor makes the two increments exclude each other.
+            # its own descriptor makes the two changes exclude each other.
             self._fd = os.open(self._path, os.O_RDWR)
             self._pid = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self._fd
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Hold the change: odd now, even (``settle``) at the latest on the way out."""
+        with self._lock:
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                value = self.value()
+                self._store(value + 1 if value % 2 == 0 else value + 2)
+                yield
+            finally:
+                self.settle()
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def settle(self) -> None:
+        """Make the counter even: called holding the change, after the commit."""
+        value = self.value()
+        if value % 2:
+            self._store(value + 1)
+
+    def settle_abandoned(self) -> int:
+        """The counter, made even first if it is odd only because the process that
+        was changing a guard died: nobody holds the change any more."""
+        if not self._lock.acquire(blocking=False):
+            return self.value()  # a thread of this process is changing a guard
         try:
-            self._map[:8] = ((self.value() + 1) % 2**64).to_bytes(8, "little")
+            fd = self._descriptor()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self.value()  # another process is changing one
+            try:
+                self.settle()
+                return self.value()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._lock.release()
+
+    def forked(self) -> None:
+        """In a forked child: a lock held by a parent's thread is nobody's here."""
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         with contextlib.suppress(ValueError, BufferError):

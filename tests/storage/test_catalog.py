@@ -126,10 +126,11 @@ def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None
     try:
         ref = "ref-cached"
         assert cat.guard(ref).status == ACTIVE
-        real = cat._conn
-        cat._conn = lambda: pytest.fail("a cached guard read reached the database")  # type: ignore[method-assign]
+        real = cat._checkout
+        cat._checkout = lambda: pytest.fail("a cached guard read reached the database")  # type: ignore[method-assign]
         assert cat.check_guard(ref) == 0  # no statement: the generation has not moved
-        cat._conn = real  # type: ignore[method-assign]
+        assert cat.guard(ref).status == ACTIVE
+        cat._checkout = real  # type: ignore[method-assign]
         code = (
             "from keyshred.storage.catalog import Catalog\n"
             f"c = Catalog({url!r})\n"
