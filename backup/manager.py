@@ -87,6 +87,9 @@ Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: phases ``hash``, ``upload``, ``download`` (bytes)."""
 
 STAGING = ".backup-staging"
+# Every target a generation was written to, one URL a line (no personal data): a
+# ``--target`` elsewhere holds retained backups as much as ``backup.target`` does.
+TARGETS_FILE = "backup-targets"
 RESTORE_REPORT = "RESTORE.json"
 _SKIP = {"LOCK", "FREEZE"}
 _COPY_BELOW = 256 * 1024  # small files are copied; large immutable ones hard-linked
@@ -299,7 +302,7 @@ class BackupManager:
         live = self._epoch_created()
         return [
             g
-            for tgt in self._targets_in_use()
+            for tgt in self._targets_written()
             for g in self.generations(tgt)
             if g.kek_epoch < before and g.kek_epoch in live and g.expires_at > now
         ]
@@ -378,7 +381,27 @@ class BackupManager:
             raise InvalidInput(f"unknown retention class {klass!r}")
         now = now or self.clock()
         with self._creating():
+            self._remember_target(tgt)
             return self._create(tgt, klass, now, progress)
+
+    def _remember_target(self, tgt: BackupTarget) -> None:
+        """Record a target other than the default before writing to it (under the
+        create lock), so the epoch check finds its generations later."""
+        # A relative folder is remembered absolute: later runs have another cwd.
+        url = str(tgt.root.resolve()) if isinstance(tgt, LocalTarget) else tgt.url
+        if url == self.target().url or url in self._remembered_urls() or "\n" in url:
+            return
+        with (self._ks.path / TARGETS_FILE).open("a", encoding="utf-8") as f:
+            f.write(url + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _remembered_urls(self) -> list[str]:
+        try:
+            text = (self._ks.path / TARGETS_FILE).read_text("utf-8")
+        except FileNotFoundError:
+            return []
+        return [line for line in text.splitlines() if line]
 
     @contextlib.contextmanager
     def _creating(self) -> Iterator[None]:
@@ -612,6 +635,12 @@ class BackupManager:
         if isinstance(tgt, LocalTarget) and not tgt.root.exists():
             return []
         return [tgt]
+
+    def _targets_written(self) -> list[BackupTarget]:
+        """The default target and every other one a generation was written to (a
+        folder since removed holds nothing to protect)."""
+        targets = [self.target(), *(self.target(url) for url in self._remembered_urls())]
+        return [t for t in targets if not (isinstance(t, LocalTarget) and not t.root.exists())]
 
     def on_erasure(self, tombstone: Tombstone, *, whole_subject: bool) -> dict[str, Any]:
         """The erasure's backup step: journal the tombstone (so restores replay it

@@ -458,3 +458,19 @@ def test_a_restored_copy_outlives_the_destruction_of_its_generations_epoch(
         copy.close()
     with pytest.raises(KekEpochDestroyed):
         ks.backup.restore(gen.generation, tmp_path / "again")
+
+
+def test_destroying_an_epoch_a_backup_on_another_target_needs_is_refused(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """A generation written with ``--target`` elsewhere (not ``backup.target``) is as
+    much a retained backup: destroying the epoch that seals it is refused too.
+    (Review finding: only the default target was consulted.)"""
+    ks.memories.put("ida", NS, "k", {"text": "ida"})
+    other = str(tmp_path / "offsite")
+    gen = ks.backup.create(other)
+    ks.keyring.rotate_kek()
+    with pytest.raises(EpochInUse, match=gen.generation):
+        ks.destroy_kek_epochs_before(gen.kek_epoch + 1)
+    report = ks.backup.restore(gen.generation, tmp_path / "restored", target=other)
+    assert report.memories_verified == 1
