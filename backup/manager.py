@@ -767,8 +767,8 @@ class BackupManager:
         folder that holds no erased key and is removed by the next restore or open."""
         tgt = self._resolve(target)
         dest = Path(into)
-        if dest.exists() and any(dest.iterdir()):
-            raise InvalidInput(f"{dest} exists and is not empty")
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise InvalidInput(f"{dest} exists and is not an empty folder")
         manifest = self.manifest(generation, tgt)
         dest.parent.mkdir(parents=True, exist_ok=True)
         restore_staging.sweep(dest.parent)  # what killed restores left here

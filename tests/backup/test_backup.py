@@ -474,3 +474,17 @@ def test_destroying_an_epoch_a_backup_on_another_target_needs_is_refused(
         ks.destroy_kek_epochs_before(gen.kek_epoch + 1)
     report = ks.backup.restore(gen.generation, tmp_path / "restored", target=other)
     assert report.memories_verified == 1
+
+
+def test_restoring_onto_a_file_is_refused_as_bad_input(ks: Keyshred, tmp_path: Path) -> None:
+    """``into`` naming an existing file is the caller's mistake: ``InvalidInput``
+    (the CLI's one-line error), and the file is left as it was."""
+    from keyshred.errors import InvalidInput
+
+    ks.memories.put("jo", NS, "k", {"text": "jo"})
+    gen = ks.backup.create()
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    with pytest.raises(InvalidInput):
+        ks.backup.restore(gen.generation, target)
+    assert target.read_text() == "mine"
