@@ -768,7 +768,7 @@ class BackupManager:
         tgt = self._resolve(target)
         dest = Path(into)
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise InvalidInput(f"{dest} exists and is not an empty folder")
+            raise InvalidInput(f"{dest} exists and is not empty (or not a folder)")
         manifest = self.manifest(generation, tgt)
         dest.parent.mkdir(parents=True, exist_ok=True)
         restore_staging.sweep(dest.parent)  # what killed restores left here
