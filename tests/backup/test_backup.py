@@ -488,3 +488,23 @@ def test_restoring_onto_a_file_is_refused_as_bad_input(ks: Keyshred, tmp_path: P
     with pytest.raises(InvalidInput):
         ks.backup.restore(gen.generation, target)
     assert target.read_text() == "mine"
+
+
+def test_a_forced_epoch_destruction_is_not_blocked_by_an_unreadable_manifest(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """Without force an unreadable manifest refuses (it may be a generation the
+    epoch seals); ``force`` is the operator's override and still destroys, audited
+    with what could not be listed."""
+    ks.memories.put("kim", NS, "k", {"text": "kim"})
+    gen = ks.backup.create()
+    ks.keyring.rotate_kek()
+    manifest = Path(ks.backup.target().url) / "generations" / gen.generation / "manifest.json"
+    manifest.write_bytes(b"{ tampered")
+    with pytest.raises(IntegrityError):
+        ks.destroy_kek_epochs_before(gen.kek_epoch + 1)
+    assert gen.kek_epoch in [e.epoch for e in ks.keyring.kek.epochs()]
+    gone = ks.destroy_kek_epochs_before(gen.kek_epoch + 1, force=True)
+    assert [d.epoch for d in gone] == [gen.kek_epoch]
+    (event,) = [e for e in ks.audit.events() if e.event == "kek.epoch_destroyed"]
+    assert event.data["forced"] is True and event.data["broke"] == ["unknown: IntegrityError"]
