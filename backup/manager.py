@@ -938,10 +938,40 @@ class BackupManager:
             #    generation's epoch to the live one, so the scheduled (or forced)
             #    destruction of the generation's epoch leaves the copy readable.
             report.keys_rewrapped, _ = restored.keyring.rewrap_to_current()
+            # 8. An erasure that completed while this restore ran (after step 1 read
+            #    the tombstones) reaches the copy too, just before it is exposed.
+            self._replay_late(restored, tgt, tombstones, report)
             self._point("verified")
         finally:
             restored.close()
         return report
+
+    def _replay_late(
+        self,
+        restored: Keyshred,
+        tgt: BackupTarget,
+        applied: list[Tombstone],
+        report: RestoreReport,
+    ) -> None:
+        """Replay in the copy every tombstone recorded since the restore began."""
+        seen = {t.tombstone_id for t in applied}
+        seen |= {t.tombstone_id for t in restored.keyring.store.tombstones()}
+        late = [t for t in self.tombstones(tgt) if t.tombstone_id not in seen]
+        for tomb in late:
+            req = restored.erasure.replay(tomb)
+            if req.state != "completed":
+                raise IntegrityError(
+                    f"replaying tombstone {tomb.tombstone_id} failed ({req.state}: {req.error})"
+                )
+            report.replayed.append(
+                {
+                    "tombstone_id": tomb.tombstone_id,
+                    "subject_ref": tomb.subject_ref,
+                    "scope": tomb.scope,
+                    "keys": len(tomb.key_ids),
+                    "erased_at": tomb.erased_at.isoformat(),
+                }
+            )
 
     def _restored_config(self, manifest: Manifest) -> Config:
         doc = dict(manifest.config)

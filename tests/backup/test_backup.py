@@ -508,3 +508,31 @@ def test_a_forced_epoch_destruction_is_not_blocked_by_an_unreadable_manifest(
     assert [d.epoch for d in gone] == [gen.kek_epoch]
     (event,) = [e for e in ks.audit.events() if e.event == "kek.epoch_destroyed"]
     assert event.data["forced"] is True and event.data["broke"] == ["unknown: IntegrityError"]
+
+
+def test_a_subject_erased_while_a_restore_runs_is_erased_in_the_copy(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """An erasure that completes while a restore is downloading (after the restore
+    read the tombstones) must reach the copy too: the copy never exposes a subject
+    the live store has erased. (Review finding.)"""
+    ks.memories.put("lea", NS, "k", {"text": "lea's secret"})
+    ks.memories.put("max", NS, "k", {"text": "max's note"})
+    gen = ks.backup.create()
+    done: list[str] = []
+
+    def erase_once(point: str) -> None:
+        if point == "catalog" and not done:
+            req = ks.erase("lea", requested_by="dpo", reason="art17")
+            done.append(req.state)
+
+    ks.backup.on_restore_step = erase_once
+    ks.backup.restore(gen.generation, tmp_path / "restored")
+    assert done == ["completed"]
+    copy = Keyshred.open(tmp_path / "restored")
+    try:
+        with pytest.raises((SubjectErased, SubjectSuppressed)):
+            copy.memories.get("lea", NS, "k")
+        assert copy.memories.get("max", NS, "k").value == {"text": "max's note"}
+    finally:
+        copy.close()
