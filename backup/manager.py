@@ -941,10 +941,36 @@ class BackupManager:
             # 8. An erasure that completed while this restore ran (after step 1 read
             #    the tombstones) reaches the copy too, just before it is exposed.
             self._replay_late(restored, tgt, tombstones, report)
+            self._carry_suppressions(restored)
             self._point("verified")
         finally:
             restored.close()
         return report
+
+    def _carry_suppressions(self, restored: Keyshred) -> None:
+        """Suppress in the copy every subject (or scope) the live store has
+        suppressed: an erasure stopped between its ``suppress`` and ``destroy_keys``
+        steps (a kill, a failure) has no tombstone to replay yet, and the copy must
+        decide before decrypting as the live store does."""
+        import sqlalchemy as sa
+
+        from keyshred.storage.catalog import ACTIVE, Catalog, subject_guard
+
+        columns = (
+            subject_guard.c.subject_ref,
+            subject_guard.c.status,
+            subject_guard.c.deletion_epoch,
+            subject_guard.c.suppressed_scopes,
+        )
+        with self._ks.catalog.engine.connect() as conn:
+            rows = conn.execute(sa.select(*columns)).all()
+        for ref, status, epoch, scopes in rows:
+            live = Catalog.guard_of(status, epoch, scopes)
+            copy = restored.catalog.guard(ref)
+            if live.status != ACTIVE and copy.status == ACTIVE:
+                restored.catalog.suppress(ref)
+            for scope in sorted(live.scopes - copy.scopes):
+                restored.catalog.suppress(ref, scope)
 
     def _replay_late(
         self,

@@ -536,3 +536,27 @@ def test_a_subject_erased_while_a_restore_runs_is_erased_in_the_copy(
         assert copy.memories.get("max", NS, "k").value == {"text": "max's note"}
     finally:
         copy.close()
+
+
+def test_a_subject_suppressed_live_is_suppressed_in_a_restored_copy(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """An erasure killed after its first step (suppress) and before its keys were
+    destroyed has no tombstone: a restore made meanwhile must not expose the
+    subject; the copy decides before decrypting, as the live store does.
+    (Review finding.)"""
+    ks.memories.put("ola", NS, "k", {"text": "ola's secret"})
+    ks.memories.put("pia", NS, "k", {"text": "pia's note"})
+    gen = ks.backup.create()
+    ks.catalog.suppress(ks.subject_ref("ola"))  # what the erasure's first step does
+    with pytest.raises(SubjectSuppressed):
+        ks.memories.get("ola", NS, "k")
+
+    ks.backup.restore(gen.generation, tmp_path / "restored")
+    copy = Keyshred.open(tmp_path / "restored")
+    try:
+        with pytest.raises((SubjectErased, SubjectSuppressed)):
+            copy.memories.get("ola", NS, "k")
+        assert copy.memories.get("pia", NS, "k").value == {"text": "pia's note"}
+    finally:
+        copy.close()
