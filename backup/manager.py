@@ -389,7 +389,10 @@ class BackupManager:
         create lock), so the epoch check finds its generations later."""
         # A relative folder is remembered absolute: later runs have another cwd.
         url = str(tgt.root.resolve()) if isinstance(tgt, LocalTarget) else tgt.url
-        if url == self.target().url or url in self._remembered_urls() or "\n" in url:
+        default = self.default_url  # compared, not opened (its extra may be missing)
+        if "://" not in default:
+            default = str(Path(default).resolve())
+        if url == default or url in self._remembered_urls() or "\n" in url:
             return
         with (self._ks.path / TARGETS_FILE).open("a", encoding="utf-8") as f:
             f.write(url + "\n")

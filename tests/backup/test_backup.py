@@ -467,6 +467,8 @@ def test_destroying_an_epoch_a_backup_on_another_target_needs_is_refused(
     much a retained backup: destroying the epoch that seals it is refused too.
     (Review finding: only the default target was consulted.)"""
     ks.memories.put("ida", NS, "k", {"text": "ida"})
+    ks.backup.create()
+    assert not (ks.path / "backup-targets").exists()  # the default needs no record
     other = str(tmp_path / "offsite")
     gen = ks.backup.create(other)
     ks.keyring.rotate_kek()
