@@ -37,7 +37,7 @@ _MARKER = "restore-"
 # Exactly the names ``claim`` makes (and the restores before lock files made): the
 # parent is the user's folder and may hold anything else, even a name that merely
 # contains ``.restoring-``; the sweep must never delete that.
-_STAGING_NAME = re.compile(r"\..+" + re.escape(RESTORING) + r"[0-9a-f]{8}")
+_STAGING_NAME = re.compile(r"\..+" + re.escape(RESTORING) + r"[0-9a-f]{8}", re.DOTALL)
 
 
 @dataclass(frozen=True)
