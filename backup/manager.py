@@ -87,6 +87,9 @@ Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: phases ``hash``, ``upload``, ``download`` (bytes)."""
 
 STAGING = ".backup-staging"
+# Every target a generation was written to, one URL a line (no personal data): a
+# ``--target`` elsewhere holds retained backups as much as ``backup.target`` does.
+TARGETS_FILE = "backup-targets"
 RESTORE_REPORT = "RESTORE.json"
 _SKIP = {"LOCK", "FREEZE"}
 _COPY_BELOW = 256 * 1024  # small files are copied; large immutable ones hard-linked
@@ -299,7 +302,7 @@ class BackupManager:
         live = self._epoch_created()
         return [
             g
-            for tgt in self._targets_in_use()
+            for tgt in self._targets_written()
             for g in self.generations(tgt)
             if g.kek_epoch < before and g.kek_epoch in live and g.expires_at > now
         ]
@@ -378,7 +381,30 @@ class BackupManager:
             raise InvalidInput(f"unknown retention class {klass!r}")
         now = now or self.clock()
         with self._creating():
+            self._remember_target(tgt)
             return self._create(tgt, klass, now, progress)
+
+    def _remember_target(self, tgt: BackupTarget) -> None:
+        """Record a target other than the default before writing to it (under the
+        create lock), so the epoch check finds its generations later."""
+        # A relative folder is remembered absolute: later runs have another cwd.
+        url = str(tgt.root.resolve()) if isinstance(tgt, LocalTarget) else tgt.url
+        default = self.default_url  # compared, not opened (its extra may be missing)
+        if "://" not in default:
+            default = str(Path(default).resolve())
+        if url == default or url in self._remembered_urls() or "\n" in url:
+            return
+        with (self._ks.path / TARGETS_FILE).open("a", encoding="utf-8") as f:
+            f.write(url + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _remembered_urls(self) -> list[str]:
+        try:
+            text = (self._ks.path / TARGETS_FILE).read_text("utf-8")
+        except FileNotFoundError:
+            return []
+        return [line for line in text.splitlines() if line]
 
     @contextlib.contextmanager
     def _creating(self) -> Iterator[None]:
@@ -613,6 +639,12 @@ class BackupManager:
             return []
         return [tgt]
 
+    def _targets_written(self) -> list[BackupTarget]:
+        """The default target and every other one a generation was written to (a
+        folder since removed holds nothing to protect)."""
+        targets = [self.target(), *(self.target(url) for url in self._remembered_urls())]
+        return [t for t in targets if not (isinstance(t, LocalTarget) and not t.root.exists())]
+
     def on_erasure(self, tombstone: Tombstone, *, whole_subject: bool) -> dict[str, Any]:
         """The erasure's backup step: journal the tombstone (so restores replay it
         even from a lost key store) and, for a whole subject, delete its segment
@@ -738,8 +770,8 @@ class BackupManager:
         folder that holds no erased key and is removed by the next restore or open."""
         tgt = self._resolve(target)
         dest = Path(into)
-        if dest.exists() and any(dest.iterdir()):
-            raise InvalidInput(f"{dest} exists and is not empty")
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise InvalidInput(f"{dest} exists and is not empty (or not a folder)")
         manifest = self.manifest(generation, tgt)
         dest.parent.mkdir(parents=True, exist_ok=True)
         restore_staging.sweep(dest.parent)  # what killed restores left here
@@ -909,10 +941,66 @@ class BackupManager:
             #    generation's epoch to the live one, so the scheduled (or forced)
             #    destruction of the generation's epoch leaves the copy readable.
             report.keys_rewrapped, _ = restored.keyring.rewrap_to_current()
+            # 8. An erasure that completed while this restore ran (after step 1 read
+            #    the tombstones) reaches the copy too, just before it is exposed.
+            self._replay_late(restored, tgt, tombstones, report)
+            self._carry_suppressions(restored)
             self._point("verified")
         finally:
             restored.close()
         return report
+
+    def _carry_suppressions(self, restored: Keyshred) -> None:
+        """Suppress in the copy every subject (or scope) the live store has
+        suppressed: an erasure stopped between its ``suppress`` and ``destroy_keys``
+        steps (a kill, a failure) has no tombstone to replay yet, and the copy must
+        decide before decrypting as the live store does."""
+        import sqlalchemy as sa
+
+        from keyshred.storage.catalog import ACTIVE, Catalog, subject_guard
+
+        columns = (
+            subject_guard.c.subject_ref,
+            subject_guard.c.status,
+            subject_guard.c.deletion_epoch,
+            subject_guard.c.suppressed_scopes,
+        )
+        with self._ks.catalog.engine.connect() as conn:
+            rows = conn.execute(sa.select(*columns)).all()
+        for ref, status, epoch, scopes in rows:
+            live = Catalog.guard_of(status, epoch, scopes)
+            copy = restored.catalog.guard(ref)
+            if live.status != ACTIVE and copy.status == ACTIVE:
+                restored.catalog.suppress(ref)
+            for scope in sorted(live.scopes - copy.scopes):
+                restored.catalog.suppress(ref, scope)
+
+    def _replay_late(
+        self,
+        restored: Keyshred,
+        tgt: BackupTarget,
+        applied: list[Tombstone],
+        report: RestoreReport,
+    ) -> None:
+        """Replay in the copy every tombstone recorded since the restore began."""
+        seen = {t.tombstone_id for t in applied}
+        seen |= {t.tombstone_id for t in restored.keyring.store.tombstones()}
+        late = [t for t in self.tombstones(tgt) if t.tombstone_id not in seen]
+        for tomb in late:
+            req = restored.erasure.replay(tomb)
+            if req.state != "completed":
+                raise IntegrityError(
+                    f"replaying tombstone {tomb.tombstone_id} failed ({req.state}: {req.error})"
+                )
+            report.replayed.append(
+                {
+                    "tombstone_id": tomb.tombstone_id,
+                    "subject_ref": tomb.subject_ref,
+                    "scope": tomb.scope,
+                    "keys": len(tomb.key_ids),
+                    "erased_at": tomb.erased_at.isoformat(),
+                }
+            )
 
     def _restored_config(self, manifest: Manifest) -> Config:
         doc = dict(manifest.config)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,10 @@ __all__ = ["RESTORING", "Claim", "claim", "sweep", "sweep_marked"]
 RESTORING = ".restoring-"
 _LOCK = ".lock"
 _MARKER = "restore-"
+# Exactly the names ``claim`` makes (and the restores before lock files made): the
+# parent is the user's folder and may hold anything else, even a name that merely
+# contains ``.restoring-``; the sweep must never delete that.
+_STAGING_NAME = re.compile(r"\..+" + re.escape(RESTORING) + r"[0-9a-f]{8}", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -134,9 +139,9 @@ def _candidates(parent: Path) -> Iterator[Path]:
         return
     seen: set[str] = set()
     for name in names:
-        if not name.startswith(".") or RESTORING not in name:
-            continue
         folder = name.removesuffix(_LOCK)
+        if not _STAGING_NAME.fullmatch(folder):
+            continue
         if folder not in seen:
             seen.add(folder)
             yield parent / folder
@@ -167,7 +172,7 @@ def sweep_marked(markers: Path) -> int:
             folder = Path(marker.read_text("utf-8").strip())
         except (OSError, UnicodeDecodeError):
             continue
-        if RESTORING not in folder.name:
+        if not _STAGING_NAME.fullmatch(folder.name):
             continue  # not written by ``claim``: never delete what it names
         existed = folder.exists()
         if _sweep_one(folder):

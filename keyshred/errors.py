@@ -5,7 +5,8 @@ class (or a branch of it) and never see a backend's own exception type::
 
     KeyshredError
     ├── ConfigError                 bad or missing configuration, unknown profile/backend
-    │   └── KekMismatch             this KEK cannot unwrap the key store (another KEK made it)
+    │   └── KekMismatch             this KEK cannot unwrap the key store (another KEK made it,
+    │                               or it was altered: also an IntegrityError)
     ├── MissingExtraError           an optional backend's package is not installed
     │                               (also an ImportError; names the extra to install)
     ├── InvalidInput                a caller passed something malformed (also a ValueError)
@@ -78,11 +79,6 @@ class ConfigError(KeyshredError):
     """The configuration is missing, malformed or names an unknown backend."""
 
 
-class KekMismatch(ConfigError):
-    """This process's KEK cannot unwrap the key store: it was created with another
-    KEK (another provider, key file, transit key or alias), or the store was altered."""
-
-
 class EpochInUse(KeyshredError):
     """KEK epochs were not destroyed: unexpired backup generations are sealed under
     them (``generations``) and would become unrestorable."""
@@ -112,6 +108,12 @@ class IntegrityError(KeyshredError):
 
     def __init__(self, message: str = "ciphertext failed authentication") -> None:
         super().__init__(message)
+
+
+class KekMismatch(ConfigError, IntegrityError):
+    """This process's KEK cannot unwrap the key store: it was created with another
+    KEK (another provider, key file, transit key or alias), or the store was altered.
+    Both a configuration error and an integrity error: which one cannot be told."""
 
 
 class SubjectErased(KeyshredError):

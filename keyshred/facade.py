@@ -19,7 +19,7 @@ from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
-from keyshred.errors import ConfigError
+from keyshred.errors import ConfigError, KeyshredError
 from keyshred.export import ExportResult, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.kek import DestroyedEpoch
@@ -148,11 +148,20 @@ class Keyshred:
         """Destroy KEK epochs older than ``epoch``: ``EpochInUse`` while an unexpired
         backup generation is sealed under one, unless ``force`` (then audited, with
         the generations it breaks). ``ks.backup.maintain`` destroys on schedule."""
-        broken = [g.generation for g in self.backup.generations_needing(epoch)] if force else []
+        broken = self._generations_broken(epoch) if force else []
         destroyed = self.keyring.destroy_kek_epochs_before(epoch, force=force)
         for d in destroyed:
             self.audit.record("kek.epoch_destroyed", epoch=d.epoch, forced=force, broke=broken)
         return destroyed
+
+    def _generations_broken(self, epoch: int) -> list[str]:
+        """For the audit of a forced destruction: the generations it breaks. Force is
+        the override for when they cannot be listed either (a tampered manifest, a
+        target gone): the audit says so instead of the override failing."""
+        try:
+            return [g.generation for g in self.backup.generations_needing(epoch)]
+        except KeyshredError as exc:
+            return [f"unknown: {type(exc).__name__}"]
 
     @classmethod
     def init(

@@ -1202,6 +1202,9 @@ class MemoryStore:
             raise SubjectSuppressed(
                 f"subject_ref {subject_ref} has suppressed scopes: resume its erasure"
             )
+        if not apply and not self.partition_path(subject_ref).exists():
+            # A dry run writes nothing: taking the lock would create the folder.
+            return self._findings(subject_ref, [], [])
         with self._lock:  # the cached object would check the catalog on load
             cached = self._partitions.pop(subject_ref, None)
         if cached is not None:
@@ -1251,6 +1254,12 @@ class MemoryStore:
 
     def _repair_findings(self, ref: str, part: Partition) -> RepairReport:
         rows, leftovers = part.inspect()
+        return self._findings(ref, rows, leftovers)
+
+    def _findings(
+        self, ref: str, rows: Sequence[MemoryRow], leftovers: Sequence[str]
+    ) -> RepairReport:
+        """What the partition's ``rows`` and ``leftovers`` mean against the catalog."""
         key = _storage_key(ref)  # memories and derived assets
         status = {a.asset_id: a.status for a in self._catalog.assets(ref) if a.storage_key == key}
         present = {r.memory_id for r in rows}

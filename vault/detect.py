@@ -546,17 +546,20 @@ def _default() -> _DefaultDetector:
 # full-width forms (``１３８１２３４５６７８``): the same number to every reader. Detection
 # reads them as ASCII, one code point for one so that spans do not move, and reports
 # the values as written. Full-width punctuation (``，：（）``) is not touched: it is in
-# most Chinese texts and is no part of any value.
+# most Chinese texts and is no part of any value. The ideographic space (U+3000, the
+# space that mode types between digit groups) and the no-break space (a paste) read
+# as a space: a separator to every reader.
 _NARROW = {0xFF10 + i: 0x30 + i for i in range(10)}
 _NARROW |= {0xFF21 + i: 0x41 + i for i in range(26)}
 _NARROW |= {0xFF41 + i: 0x61 + i for i in range(26)}
 _NARROW |= {0xFF0B: ord("+"), 0xFF0D: ord("-"), 0xFF0E: ord("."), 0xFF20: ord("@")}
-_WIDE = re.compile("[\uff0b\uff0d\uff0e\uff10-\uff19\uff20-\uff3a\uff41-\uff5a]")
+_NARROW |= {0x3000: ord(" "), 0x00A0: ord(" ")}
+_WIDE = re.compile("[\u00a0\u3000\uff0b\uff0d\uff0e\uff10-\uff19\uff20-\uff3a\uff41-\uff5a]")
 
 
 def _narrow(text: str) -> str:
-    """``text`` with full-width digits, letters and ``＋－．＠`` as ASCII; ``text``
-    itself (the same object) when it has none."""
+    """``text`` with full-width digits, letters, ``＋－．＠`` and the U+3000/U+00A0
+    spaces as ASCII; ``text`` itself (the same object) when it has none."""
     if text.isascii() or _WIDE.search(text) is None:
         return text
     return text.translate(_NARROW)

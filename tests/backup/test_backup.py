@@ -458,3 +458,107 @@ def test_a_restored_copy_outlives_the_destruction_of_its_generations_epoch(
         copy.close()
     with pytest.raises(KekEpochDestroyed):
         ks.backup.restore(gen.generation, tmp_path / "again")
+
+
+def test_destroying_an_epoch_a_backup_on_another_target_needs_is_refused(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """A generation written with ``--target`` elsewhere (not ``backup.target``) is as
+    much a retained backup: destroying the epoch that seals it is refused too.
+    (Review finding: only the default target was consulted.)"""
+    ks.memories.put("ida", NS, "k", {"text": "ida"})
+    ks.backup.create()
+    assert not (ks.path / "backup-targets").exists()  # the default needs no record
+    other = str(tmp_path / "offsite")
+    gen = ks.backup.create(other)
+    ks.keyring.rotate_kek()
+    with pytest.raises(EpochInUse, match=gen.generation):
+        ks.destroy_kek_epochs_before(gen.kek_epoch + 1)
+    report = ks.backup.restore(gen.generation, tmp_path / "restored", target=other)
+    assert report.memories_verified == 1
+
+
+def test_restoring_onto_a_file_is_refused_as_bad_input(ks: Keyshred, tmp_path: Path) -> None:
+    """``into`` naming an existing file is the caller's mistake: ``InvalidInput``
+    (the CLI's one-line error), and the file is left as it was."""
+    from keyshred.errors import InvalidInput
+
+    ks.memories.put("jo", NS, "k", {"text": "jo"})
+    gen = ks.backup.create()
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    with pytest.raises(InvalidInput):
+        ks.backup.restore(gen.generation, target)
+    assert target.read_text() == "mine"
+
+
+def test_a_forced_epoch_destruction_is_not_blocked_by_an_unreadable_manifest(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """Without force an unreadable manifest refuses (it may be a generation the
+    epoch seals); ``force`` is the operator's override and still destroys, audited
+    with what could not be listed."""
+    ks.memories.put("kim", NS, "k", {"text": "kim"})
+    gen = ks.backup.create()
+    ks.keyring.rotate_kek()
+    manifest = Path(ks.backup.target().url) / "generations" / gen.generation / "manifest.json"
+    manifest.write_bytes(b"{ tampered")
+    with pytest.raises(IntegrityError):
+        ks.destroy_kek_epochs_before(gen.kek_epoch + 1)
+    assert gen.kek_epoch in [e.epoch for e in ks.keyring.kek.epochs()]
+    gone = ks.destroy_kek_epochs_before(gen.kek_epoch + 1, force=True)
+    assert [d.epoch for d in gone] == [gen.kek_epoch]
+    (event,) = [e for e in ks.audit.events() if e.event == "kek.epoch_destroyed"]
+    assert event.data["forced"] is True and event.data["broke"] == ["unknown: IntegrityError"]
+
+
+def test_a_subject_erased_while_a_restore_runs_is_erased_in_the_copy(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """An erasure that completes while a restore is downloading (after the restore
+    read the tombstones) must reach the copy too: the copy never exposes a subject
+    the live store has erased. (Review finding.)"""
+    ks.memories.put("lea", NS, "k", {"text": "lea's secret"})
+    ks.memories.put("max", NS, "k", {"text": "max's note"})
+    gen = ks.backup.create()
+    done: list[str] = []
+
+    def erase_once(point: str) -> None:
+        if point == "catalog" and not done:
+            req = ks.erase("lea", requested_by="dpo", reason="art17")
+            done.append(req.state)
+
+    ks.backup.on_restore_step = erase_once
+    ks.backup.restore(gen.generation, tmp_path / "restored")
+    assert done == ["completed"]
+    copy = Keyshred.open(tmp_path / "restored")
+    try:
+        with pytest.raises((SubjectErased, SubjectSuppressed)):
+            copy.memories.get("lea", NS, "k")
+        assert copy.memories.get("max", NS, "k").value == {"text": "max's note"}
+    finally:
+        copy.close()
+
+
+def test_a_subject_suppressed_live_is_suppressed_in_a_restored_copy(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """An erasure killed after its first step (suppress) and before its keys were
+    destroyed has no tombstone: a restore made meanwhile must not expose the
+    subject; the copy decides before decrypting, as the live store does.
+    (Review finding.)"""
+    ks.memories.put("ola", NS, "k", {"text": "ola's secret"})
+    ks.memories.put("pia", NS, "k", {"text": "pia's note"})
+    gen = ks.backup.create()
+    ks.catalog.suppress(ks.subject_ref("ola"))  # what the erasure's first step does
+    with pytest.raises(SubjectSuppressed):
+        ks.memories.get("ola", NS, "k")
+
+    ks.backup.restore(gen.generation, tmp_path / "restored")
+    copy = Keyshred.open(tmp_path / "restored")
+    try:
+        with pytest.raises((SubjectErased, SubjectSuppressed)):
+            copy.memories.get("ola", NS, "k")
+        assert copy.memories.get("pia", NS, "k").value == {"text": "pia's note"}
+    finally:
+        copy.close()

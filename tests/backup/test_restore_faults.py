@@ -177,9 +177,9 @@ def test_a_restore_sweeps_abandoned_staging_in_its_parent(erased: Erased, tmp_pa
     (parent / f".x{RESTORING}deadbeef.lock").touch()
     legacy = parent / f".y{RESTORING}0badf00d"
     legacy.mkdir()
-    alive = parent / f".z{RESTORING}a11ve000"
+    alive = parent / f".z{RESTORING}a11fe000"
     alive.mkdir()
-    fd = os.open(parent / f".z{RESTORING}a11ve000.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(parent / f".z{RESTORING}a11fe000.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with Keyshred.open(data, embeddings=bag_of_words) as ks:

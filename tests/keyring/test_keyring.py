@@ -233,3 +233,25 @@ def test_a_kek_that_cannot_unwrap_the_store_says_so(tmp_path: Path) -> None:
         Keyring(SQLiteKeyStore(tmp_path / "shared.db"), other)
     assert isinstance(info.value, ConfigError)
     assert "another KEK" in str(info.value) and "local KEK epoch 1" in str(info.value)
+
+
+def test_a_tampered_key_store_secret_is_still_an_integrity_error(tmp_path: Path) -> None:
+    """KekMismatch cannot tell a wrong KEK from an altered row: it says both, and
+    it stays an IntegrityError too, so tamper handling (``except IntegrityError``)
+    still catches an altered secret. (Review finding.)"""
+    import sqlite3
+
+    from keyshred.errors import IntegrityError, KekMismatch
+    from keyshred.keyring.kek.local import LocalKek
+
+    kek = LocalKek(tmp_path / "a.json", create=True)
+    Keyring(SQLiteKeyStore(tmp_path / "ks.db"), kek).close()
+    db = sqlite3.connect(tmp_path / "ks.db")
+    with db:
+        for name, wrapped in db.execute("SELECT name, wrapped FROM secret").fetchall():
+            flipped = bytes([wrapped[0]]) + bytes([wrapped[1] ^ 1]) + wrapped[2:]
+            db.execute("UPDATE secret SET wrapped = ? WHERE name = ?", (flipped, name))
+    db.close()
+    with pytest.raises(IntegrityError) as info:
+        Keyring(SQLiteKeyStore(tmp_path / "ks.db"), LocalKek(tmp_path / "a.json"))
+    assert isinstance(info.value, KekMismatch)

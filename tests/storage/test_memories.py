@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -298,3 +299,23 @@ def test_reads_create_no_keys_and_destroyed_keys_are_never_replaced(ks: Keyshred
     assert [r.scope for r in ks.keyring.store.for_subject(alice)] == []
     part = ks.memories.partition_path(alice)
     assert not list(part.glob("seg-*.parquet"))
+
+
+def test_a_dry_run_repair_writes_nothing(ks: Keyshred) -> None:
+    """``repair`` without ``apply`` reports and changes nothing on disk: a subject
+    with no partition folder (never stored, or its folder lost) gets none."""
+    ks.memories.put("nia", NS, "k", {"text": "nia"})
+    ref = ks.subject_ref("nia")
+    shutil.rmtree(ks.memories.partition_path(ref))  # the folder is lost
+    never = ks.subject_ref("never-stored")
+    before = sorted(p.name for p in ks.memories.partition_path(ref).parent.iterdir())
+
+    lost = ks.memories.repair(ref)
+    clean = ks.memories.repair(never)
+
+    assert len(lost.lost) == 1 and not lost.applied
+    assert clean.clean
+    after = sorted(p.name for p in ks.memories.partition_path(ref).parent.iterdir())
+    assert after == before
+    forgot = ks.memories.repair(ref, apply=True, forget_lost=True)  # applying may write
+    assert forgot.ok and forgot.forgot_lost

@@ -511,3 +511,23 @@ def test_vault_tokenizes_mobiles_of_new_prefixes(catalog_url: str, tmp_path: Pat
         assert ks.vault.restore(s.text, "support", "agent-7") == text
     finally:
         ks.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        # Full-width mode types the space between digit groups as U+3000 too.
+        ("手机：１３８\u3000１２３４\u3000５６７８，谢谢", "１３８\u3000１２３４\u3000５６７８"),
+        ("手机 138\u30001234\u30005678", "138\u30001234\u30005678"),
+        # A no-break space (pasted from a web page or a word processor).
+        ("tel 138\u00a01234\u00a05678.", "138\u00a01234\u00a05678"),
+    ],
+)
+def test_mobiles_grouped_by_an_ideographic_or_no_break_space(text: str, value: str) -> None:
+    """The separator a full-width input method (or a paste) puts between digit
+    groups is a space to every reader: found by both paths, as written, redacted."""
+    for found in (detect(text), detect(text, default_recognizers())):
+        assert [(f.kind, f.value, text[f.start : f.end]) for f in found] == [
+            ("PHONE", value, value)
+        ]
+    assert value not in redact(text)
