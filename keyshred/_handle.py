@@ -141,10 +141,11 @@ class Guarded:
     """A view of one component: calls check the handle and map a full disk.
 
     Attribute reads pass through (after the open check); attribute writes reach the
-    component (``monkeypatch.setattr`` in tests, wiring done after construction).
+    component (``monkeypatch.setattr`` in tests, wiring done after construction), and
+    ``__dict__`` is the component's own.
     """
 
-    __slots__ = ("__dict__", "_closed", "_full", "_target")
+    __slots__ = ("_cache", "_closed", "_full", "_target")
 
     def __init__(
         self, target: Any, closed: Callable[[], bool], full: Callable[[BaseException], bool]
@@ -152,25 +153,35 @@ class Guarded:
         object.__setattr__(self, "_target", target)
         object.__setattr__(self, "_closed", closed)
         object.__setattr__(self, "_full", full)
+        object.__setattr__(self, "_cache", {})
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        target_vars: dict[str, Any] = vars(object.__getattribute__(self, "_target"))
+        return target_vars
 
     def __getattr__(self, name: str) -> Any:
         closed: Callable[[], bool] = object.__getattribute__(self, "_closed")
         check_open(closed())
+        cache: dict[str, Any] = object.__getattribute__(self, "_cache")
+        wrapper = cache.get(name)
+        if wrapper is not None:
+            return wrapper
         value = getattr(object.__getattribute__(self, "_target"), name)
         if not _is_routine(value):
             return value  # data, sub-objects, classes: as they are
         wrapper = _guard_call(value, closed, object.__getattribute__(self, "_full"))
-        if inspect.ismethod(value):
-            # Bound methods are stable: later calls skip __getattr__ altogether.
-            object.__setattr__(self, name, wrapper)
+        target = object.__getattribute__(self, "_target")
+        if inspect.ismethod(value) and name not in getattr(target, "__dict__", {}):
+            cache[name] = wrapper  # a method of the class, not set on the instance
         return wrapper
 
     def __setattr__(self, name: str, value: Any) -> None:
-        self.__dict__.pop(name, None)  # a cached wrapper of the old value
+        object.__getattribute__(self, "_cache").pop(name, None)  # a wrapper of the old one
         setattr(object.__getattribute__(self, "_target"), name, value)
 
     def __delattr__(self, name: str) -> None:
-        self.__dict__.pop(name, None)
+        object.__getattribute__(self, "_cache").pop(name, None)
         delattr(object.__getattribute__(self, "_target"), name)
 
     def __repr__(self) -> str:
