@@ -74,7 +74,7 @@ def check_index(value: Any) -> bool | tuple[str, ...] | None:
     return tuple(check_text(path, "an index path") for path in value)
 
 
-def check_depth(value: Any, max_depth: int) -> Any:
+def check_depth(value: Any, max_depth: int, setting: str = "storage.max_value_depth") -> Any:
     """``value`` if its lists and dicts nest at most ``max_depth`` levels.
 
     Iterative, so a value nested far deeper than the interpreter's recursion limit
@@ -86,7 +86,7 @@ def check_depth(value: Any, max_depth: int) -> Any:
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
-            raise ValueTooLarge(f"the value nests deeper than {max_depth} levels")
+            raise ValueTooLarge(f"the value nests deeper than {setting} ({max_depth} levels)")
         children = node.values() if isinstance(node, dict) else node
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
     return value

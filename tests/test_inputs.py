@@ -74,14 +74,14 @@ def test_value_depth_is_a_setting(tmp_path: Path) -> None:
     cfg = Config(storage=StorageSettings(max_value_depth=3))
     with Keyshred.init(tmp_path / "d", cfg) as ks:
         ks.memories.put("alice", NS, "ok", {"a": [{"b": 1}]})  # three levels
-        with pytest.raises(ValueTooLarge, match="storage.max_value_depth|3 levels"):
+        with pytest.raises(ValueTooLarge, match=r"storage\.max_value_depth"):
             ks.memories.put("alice", NS, "deep", {"a": [{"b": [1]}]})
 
 
 def test_sanitize_refuses_a_text_above_tokens_max_text_bytes(tmp_path: Path) -> None:
     with Keyshred.init(tmp_path / "d") as ks:
         assert ks.config.tokens.max_text_bytes == 1024 * 1024
-        with pytest.raises(ValueTooLarge, match="tokens.max_text_bytes"):
+        with pytest.raises(ValueTooLarge, match=r"tokens\.max_text_bytes"):
             ks.vault.sanitize("a@b.example.com " * 1_500_000, "alice", "support", HOUR)
     cfg = Config(tokens=TokenSettings(max_text_bytes=100))
     with Keyshred.init(tmp_path / "small", cfg) as ks:
