@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from keyshred.errors import HandleClosed, StorageFull
+from keyshred.errors import HandleClosed, KeyshredError, StorageFull
 
 __all__ = [
     "Guarded",
@@ -203,8 +203,8 @@ def disk_full_mapped(full: Callable[[BaseException], bool] = is_disk_full) -> It
     """Turn a full disk met inside the block into ``StorageFull`` (other errors pass)."""
     try:
         yield
-    except (HandleClosed, StorageFull):
-        raise
+    except KeyshredError:
+        raise  # typed already (an IntegrityError stays one, whatever it met before)
     except Exception as exc:
         if full(exc):
             raise _storage_full() from None
