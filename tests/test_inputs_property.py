@@ -30,7 +30,7 @@ from keyshred.integrations.langgraph import KeyshredSaver, KeyshredStore
 
 SEED = ("seed-subject", ("seed",), "k", {"text": "stored before the fuzzing"})
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
