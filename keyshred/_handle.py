@@ -155,25 +155,27 @@ class Guarded:
         object.__setattr__(self, "_full", full)
         object.__setattr__(self, "_cache", {})
 
-    @property
-    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
-        target_vars: dict[str, Any] = vars(object.__getattribute__(self, "_target"))
-        return target_vars
+    def __getattribute__(self, name: str) -> Any:
+        # Every attribute read lands here: a wrapped method is one dict lookup away
+        # (no AttributeError raised and caught, as a __getattr__ fallback would).
+        cached = object.__getattribute__(self, "_cache").get(name)
+        if cached is not None:
+            return cached
+        if name == "__dict__":  # the component's (pytest's monkeypatch reads it)
+            return vars(object.__getattribute__(self, "_target"))
+        return object.__getattribute__(self, "_resolve")(name)
 
-    def __getattr__(self, name: str) -> Any:
+    def _resolve(self, name: str) -> Any:
         closed: Callable[[], bool] = object.__getattribute__(self, "_closed")
         check_open(closed())
-        cache: dict[str, Any] = object.__getattribute__(self, "_cache")
-        wrapper = cache.get(name)
-        if wrapper is not None:
-            return wrapper
-        value = getattr(object.__getattribute__(self, "_target"), name)
+        target = object.__getattribute__(self, "_target")
+        value = getattr(target, name)
         if not _is_routine(value):
             return value  # data, sub-objects, classes: as they are
         wrapper = _guard_call(value, closed, object.__getattribute__(self, "_full"))
-        target = object.__getattribute__(self, "_target")
         if inspect.ismethod(value) and name not in getattr(target, "__dict__", {}):
-            cache[name] = wrapper  # a method of the class, not set on the instance
+            # A method of the class, not set on the instance: stable.
+            object.__getattribute__(self, "_cache")[name] = wrapper
         return wrapper
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -214,11 +216,19 @@ def disk_full_mapped(full: Callable[[BaseException], bool] = is_disk_full) -> It
 def _guard_call(
     fn: Callable[..., Any], closed: Callable[[], bool], full: Callable[[BaseException], bool]
 ) -> Callable[..., Any]:
+    # The hot path of every public call: plain try/except, no context manager.
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        check_open(closed())
-        with disk_full_mapped(full):
+        if closed():
+            check_open(True)
+        try:
             return fn(*args, **kwargs)
+        except KeyshredError:
+            raise
+        except Exception as exc:
+            if full(exc):
+                raise _storage_full() from None
+            raise
 
     return call
 
