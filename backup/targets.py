@@ -13,6 +13,7 @@ erasure from backups a lie.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
@@ -91,6 +92,19 @@ def _check_key(key: str) -> str:
     return key
 
 
+def _make_root(root: Path) -> None:
+    """Create the target folder now, so that a path that cannot hold one (a file, a
+    read-only or virtual file system) is a ``ConfigError`` before any work is done."""
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full disk, not a wrong path: the facade types it StorageFull
+        raise ConfigError(
+            f"cannot use {root} as a backup folder: {exc.strerror or type(exc).__name__}"
+        ) from None
+
+
 class LocalTarget(BackupTarget):
     """A folder (ideally on another disk or a mounted remote file system)."""
 
@@ -98,6 +112,7 @@ class LocalTarget(BackupTarget):
         self.root = Path(root)
         self.url = str(self.root)
         self._fsync = fsync
+        _make_root(self.root)
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)

@@ -206,7 +206,10 @@ class Keyring:
         _check_name("tenant", tenant)
         if not isinstance(subject_id, str) or not subject_id:
             raise InvalidInput("a subject id must be a non-empty string")
-        t, s = tenant.encode("utf-8"), subject_id.encode("utf-8")
+        try:
+            t, s = tenant.encode("utf-8"), subject_id.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: not text any store can keep
+            raise InvalidInput("a subject id and a tenant are valid Unicode text") from None
         mac = prim.hmac_sha256(self._ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
         # 20 bytes encode to 32 base32 characters, of which the first 26 are kept.
         ref = base64.b32encode(mac[:20]).decode("ascii").lower()[:_REF_CHARS]

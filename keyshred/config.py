@@ -120,6 +120,8 @@ DEFAULT_SCOPE = ScopeSettings(purpose="default", categories=["general"], basis="
 class StorageSettings(_Model):
     catalog_url: str | None = None
     max_value_bytes: int = Field(1024 * 1024, ge=1)
+    # How deeply lists and dicts of a memory value may nest (ValueTooLarge beyond).
+    max_value_depth: int = Field(100, ge=1, le=500)
     flush_records: int = Field(1000, ge=1)
     durability: Literal["fsync", "flush"] = "fsync"
     max_open_partitions: int = Field(256, ge=1)
@@ -195,6 +197,9 @@ class TokenSettings(_Model):
     # (default): 50 on the embedded catalog; 0 on PostgreSQL, whose commit is
     # fsync'd by the server, which a journal in the page cache would weaken.
     group_commit_ms: float | None = Field(None, ge=0, le=10_000)
+    # The largest text ``sanitize`` accepts (UTF-8 bytes); detection is linear but
+    # not free, and one huge text would hold a worker for minutes.
+    max_text_bytes: int = Field(1024 * 1024, ge=1)
 
     def commit_ms(self, dialect: str) -> float:
         """The group-commit interval in effect on a catalog of ``dialect``."""

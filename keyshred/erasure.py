@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
+from keyshred._validate import check_text
 from keyshred.audit import AuditLog
 from keyshred.errors import (
     InvalidInput,
@@ -563,6 +564,19 @@ class _ReplayExtent(_Extent):
         }
 
 
+def _check_request(scope: Any, requested_by: Any, reason: Any, probes: Any) -> None:
+    """Types of a request's arguments, checked before anything is recorded (their
+    content is judged later: odd text makes a rejected request, not an error)."""
+    if scope is not None:
+        check_text(scope, "a scope")
+    check_text(requested_by, "requested_by")
+    check_text(reason, "a reason")
+    if isinstance(probes, str) or not isinstance(probes, Sequence):
+        raise InvalidInput("probes is a list of strings")
+    for probe in probes:
+        check_text(probe, "a probe")
+
+
 class ErasureCoordinator:
     """``ks.erasure``: requests, resumption, status, receipts, holds, processors."""
 
@@ -653,6 +667,7 @@ class ErasureCoordinator:
         vectors and catalog rows and derived assets are rebuilt, but no key is
         destroyed (the scope's other memories share it) and the subject stays active.
         """
+        _check_request(scope, requested_by, reason, probes)
         request_id = request_id or uuid.uuid4().hex
         _safe("request id", request_id)
         if scope is not None and not scope.startswith("~"):  # "~…": internal key scopes

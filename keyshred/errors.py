@@ -11,7 +11,9 @@ class (or a branch of it) and never see a backend's own exception type::
     │                               (also an ImportError; names the extra to install)
     ├── InvalidInput                a caller passed something malformed (also a ValueError)
     │   ├── UnknownScope            the scope is not declared in the configuration
-    │   └── ValueTooLarge           a value exceeds ``storage.max_value_bytes``
+    │   └── ValueTooLarge           a value exceeds a configured size or depth limit
+    │                               (``storage.max_value_bytes``, ``storage.max_value_depth``,
+    │                               ``tokens.max_text_bytes``)
     ├── IntegrityError              a ciphertext, file or signature failed authentication:
     │                               unknown format, truncated, flipped, or moved elsewhere.
     │                               Deliberately opaque: it never says which check failed
@@ -32,9 +34,13 @@ class (or a branch of it) and never see a backend's own exception type::
     │   └── StaleEpoch              or written; a job carrying an older deletion epoch
     │                               is refused with StaleEpoch
     ├── EpochInUse                  a KEK epoch to destroy still seals retained backups
-    └── KekError                    the KEK provider failed
-        ├── KekUnavailable          the provider cannot be reached (server down, auth)
-        └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
+    ├── KekError                    the KEK provider failed
+    │   ├── KekUnavailable          the provider cannot be reached (server down, auth)
+    │   └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
+    ├── HandleClosed                the ``Keyshred`` handle was closed; nothing was done
+    └── StorageFull                 the disk, a quota or a file size limit is full (ENOSPC,
+                                    EDQUOT, EFBIG, SQLITE_FULL): the call failed, data
+                                    acknowledged before it is intact
 
 Messages carry ids that are safe to log (key ids, subject_refs, epochs) and never a
 subject id, plaintext or key material; exceptions raised while handling secret data
@@ -48,6 +54,7 @@ __all__ = [
     "ConfigError",
     "ConsentRequired",
     "EpochInUse",
+    "HandleClosed",
     "IntegrityError",
     "InvalidInput",
     "KekEpochDestroyed",
@@ -59,6 +66,7 @@ __all__ = [
     "MissingExtraError",
     "NotFound",
     "StaleEpoch",
+    "StorageFull",
     "SubjectErased",
     "SubjectSuppressed",
     "TokenError",
@@ -141,7 +149,8 @@ class UnknownScope(InvalidInput):
 
 
 class ValueTooLarge(InvalidInput):
-    """A value is larger than ``storage.max_value_bytes``."""
+    """A value is larger or deeper than a configured limit (``storage.max_value_bytes``,
+    ``storage.max_value_depth``, ``tokens.max_text_bytes``)."""
 
 
 class NotFound(KeyshredError):
@@ -184,3 +193,12 @@ class TokenPurposeMismatch(TokenError):
 
 class TokenSubjectMismatch(TokenError):
     """The token belongs to another subject than the one the caller expects."""
+
+
+class HandleClosed(KeyshredError):
+    """The ``Keyshred`` handle was closed; the call was refused before doing anything."""
+
+
+class StorageFull(KeyshredError):
+    """The disk (or a quota, or a file size limit) is full; what was stored before is
+    intact and the call can be retried once there is space."""

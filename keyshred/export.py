@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from keyshred._validate import check_text
 from keyshred.errors import IntegrityError, InvalidInput, SubjectErased, TokenExpired
 from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events, tokens
@@ -69,6 +70,16 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+def _check_export_args(dest: Any, passphrase: Any, recipient_public_key: Any) -> None:
+    if isinstance(dest, str):
+        check_text(dest, "an export destination")
+    elif not isinstance(dest, os.PathLike):
+        raise InvalidInput("an export destination is a file path")
+    for secret, what in ((passphrase, "a passphrase"), (recipient_public_key, "a public key")):
+        if secret is not None:
+            check_text(secret, what)
+
+
 def export_subject(
     ks: Keyshred,
     subject: Any,
@@ -79,6 +90,9 @@ def export_subject(
     expires_in: timedelta = timedelta(days=7),
 ) -> ExportResult:
     """Write the subject's export package to ``dest``; see the module docstring."""
+    _check_export_args(dest, passphrase, recipient_public_key)
+    if not isinstance(expires_in, timedelta):
+        raise InvalidInput("expires_in is a timedelta")
     if expires_in <= timedelta(0) or expires_in > timedelta(days=90):
         raise InvalidInput("an export expires within 1 second to 90 days")
     ref = ks.subject_ref(subject)

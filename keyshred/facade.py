@@ -12,9 +12,10 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from keyshred._backends import KEYS_DIR, make_kek, make_keystore
+from keyshred._handle import check_open, disk_full_mapped, disk_full_test, guarded
 from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
@@ -41,6 +42,7 @@ CATALOG_DIR = "catalog"
 VECTORS_DIR = "vectors"
 CATALOG_FILE = "catalog.db"
 JOURNAL_DIR = "tokens"  # the vault's group-commit journals (keyshred.vault.journal)
+T = TypeVar("T")
 
 
 class Keyshred:
@@ -57,8 +59,15 @@ class Keyshred:
     ) -> None:
         self.path = path
         self.config = config
-        self.keyring = keyring
-        self.catalog = catalog
+        self._closed = False
+        self._full = disk_full_test(_sqlite_folders(path, catalog))
+        self._keyring = keyring
+        self._catalog = catalog
+        # Callers reach every component through a view that refuses a closed handle
+        # and types a full disk (keyshred._handle); the components themselves hold
+        # each other's real objects.
+        self.keyring = self._guard(keyring)
+        self.catalog = self._guard(catalog)
         self.policy = Policy(config.scopes, config.storage.default_max_retention_days)
         settings = config.storage
         vec = config.vectors
@@ -71,42 +80,56 @@ class Keyshred:
         embedder: Callable[[], Embedder] = (
             MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
         )
-        self.memories = MemoryStore(
+        self._memories = MemoryStore(
             path,
             catalog,
             keyring,
             self.policy,
-            self.subject_ref,
+            self._subject_ref,
             max_value_bytes=settings.max_value_bytes,
+            max_value_depth=settings.max_value_depth,
             flush_records=settings.flush_records,
             fsync=settings.durability == "fsync",
             max_open_partitions=settings.max_open_partitions,
             vectors=self.vectors,
             embedder=embedder,
         )
-        self.consent = ConsentApi(catalog, self.policy, self.subject_ref)
+        self.memories = self._guard(self._memories)
+        self.consent = self._guard(ConsentApi(catalog, self.policy, self._subject_ref))
         self.metrics = Metrics()
         catalog.on_stale = self.metrics.stale_job
-        self.audit = AuditLog(catalog, retention_days=config.audit.retention_days)
-        self.derived = DerivedApi(self)
-        self.vault = TokenVault(
+        self._audit = AuditLog(catalog, retention_days=config.audit.retention_days)
+        self.audit = self._guard(self._audit)
+        self.derived = self._guard(DerivedApi(self))
+        self._vault = TokenVault(
             catalog,
             keyring,
-            self.subject_ref,
-            self.audit,
+            self._subject_ref,
+            self._audit,
             group_commit_ms=config.tokens.commit_ms(catalog.dialect),
             journal=path / JOURNAL_DIR,
-            first_key=self.memories.first_key,
+            first_key=self._memories.first_key,
             on_flush_failure=self.metrics.token_flush_failure,
+            max_text_bytes=config.tokens.max_text_bytes,
         )
-        self.checkpoints = CheckpointStore(
-            catalog, keyring, tenant=config.tenant, first_key=self.memories.first_key
+        self.vault = self._guard(self._vault)
+        self.checkpoints = self._guard(
+            CheckpointStore(
+                catalog, keyring, tenant=config.tenant, first_key=self._memories.first_key
+            )
         )
-        self.erasure = ErasureCoordinator(self)
-        self.backup = BackupManager(self)
-        self.retention = Lifecycle(self)
-        self.memories.audit = self.audit
+        self.erasure = self._guard(ErasureCoordinator(self))
+        self._backup = BackupManager(self)
+        self.backup = self._guard(self._backup)
+        self.retention = self._guard(Lifecycle(self))
+        self._memories.audit = self._audit
         keyring.epoch_users = self._epoch_users
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _guard(self, component: T) -> T:
+        return guarded(component, self._is_closed, self._full)
 
     def erase(
         self,
@@ -128,8 +151,9 @@ class Keyshred:
         stopped (a crash, a failed step, a released legal hold). ``probes`` are
         synthetic strings that verification must not find anywhere afterwards.
         """
+        check_open(self._closed)
         req = self.erasure.request(
-            self.subject_ref(subject),
+            self._subject_ref(subject),
             scope,
             requested_by=requested_by,
             reason=reason,
@@ -184,8 +208,7 @@ class Keyshred:
                 raise ConfigError(f"{root} is already a keyshred folder")
             return cls.open(root, config, embeddings=embeddings)
         config = config or Config()
-        root.mkdir(parents=True, exist_ok=True)
-        (root / KEYS_DIR).mkdir(mode=0o700, exist_ok=True)
+        _make_folder(root)
         ks = cls._assemble(root, config, create=True, embeddings=embeddings)
         save_config(root, config)
         return ks
@@ -241,14 +264,16 @@ class Keyshred:
     ) -> ExportResult:
         """Write the subject's data (access / portability request) as a sealed,
         expiring package; see ``keyshred.export``."""
-        return export_subject(
-            self,
-            subject,
-            dest,
-            passphrase=passphrase,
-            recipient_public_key=recipient_public_key,
-            expires_in=expires_in,
-        )
+        check_open(self._closed)
+        with disk_full_mapped(self._full):
+            return export_subject(
+                self,
+                subject,
+                dest,
+                passphrase=passphrase,
+                recipient_public_key=recipient_public_key,
+                expires_in=expires_in,
+            )
 
     def open_export(
         self,
@@ -259,29 +284,41 @@ class Keyshred:
     ) -> dict[str, Any]:
         """Open an export package issued here (before its expiry, while the subject
         is not erased); returns its files, parsed."""
+        check_open(self._closed)
         return open_export(self, package, passphrase=passphrase, private_key=private_key)
 
     def subject_ref(self, subject: SubjectLike) -> str:
         """The pseudonymous reference that stands for ``subject`` everywhere."""
-        if type(subject) is str:  # the hot case: no Subject built (every put, sanitize)
-            return self.keyring.subject_ref(subject, self.config.tenant)
+        check_open(self._closed)
+        return self._subject_ref(subject)
+
+    def _subject_ref(self, subject: SubjectLike) -> str:
+        # The components' own entry (every put, sanitize): they checked the handle.
+        if type(subject) is str:  # the hot case: no Subject built
+            return self._keyring.subject_ref(subject, self.config.tenant)
         s: Subject = as_subject(subject, self.config.tenant)
-        return self.keyring.subject_ref(s.id, s.tenant)
+        return self._keyring.subject_ref(s.id, s.tenant)
 
     def deletion_epoch(self, subject: SubjectLike) -> int:
         """The subject's current deletion epoch; jobs carry it into their writes
         (``epoch=``) so that a write planned before an erasure is refused after it."""
-        return self.catalog.check_guard(self.subject_ref(subject))
+        check_open(self._closed)
+        return self._catalog.check_guard(self._subject_ref(subject))
 
     def close(self, *, flush: bool = True) -> None:
-        """Close; ``flush=False`` leaves logged writes in their logs (still durable)."""
+        """Close; ``flush=False`` leaves logged writes in their logs (still durable).
+        Every later call on this handle raises ``HandleClosed``; closing again is a
+        no-op."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            self.vault.close()
-            self.memories.close(flush=flush)
-            self.backup.close()
+            self._vault.close()
+            self._memories.close(flush=flush)
+            self._backup.close()
         finally:
-            self.catalog.close()
-            self.keyring.close()
+            self._catalog.close()
+            self._keyring.close()
 
     def __enter__(self) -> Keyshred:
         return self
@@ -296,3 +333,24 @@ class Keyshred:
 
     def __repr__(self) -> str:
         return f"Keyshred(path={str(self.path)!r}, profile={self.config.profile!r})"
+
+
+def _sqlite_folders(root: Path, catalog: Catalog) -> list[Path]:
+    """Folders of the SQLite databases (key store, embedded catalog): where a
+    "disk I/O error" may mean a full disk (``keyshred._handle``)."""
+    folders = [root / KEYS_DIR]
+    if catalog.dialect == "sqlite" and catalog.engine.url.database:
+        folders.append(Path(catalog.engine.url.database).parent)
+    return folders
+
+
+def _make_folder(root: Path) -> None:
+    """Create the data folder and its key folder (0700); a path that cannot hold
+    one (a file, a read-only or virtual file system) is a ``ConfigError``."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / KEYS_DIR).mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create a keyshred folder at {root}: {exc.strerror or type(exc).__name__}"
+        ) from None

@@ -23,6 +23,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from keyshred._validate import (
+    DEFAULT_MAX_DEPTH,
+    check_count,
+    check_depth,
+    check_filter,
+    check_index,
+    check_text,
+)
 from keyshred.errors import (
     ConsentRequired,
     InvalidInput,
@@ -230,34 +238,50 @@ def _memory(row: MemoryRow) -> Memory:
     return Memory(row)
 
 
-def _namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
+def _labels(namespace: Sequence[str] | str) -> tuple[str, ...]:
     if isinstance(namespace, str):
-        namespace = (namespace,)
-    try:
-        ns = tuple(namespace)
-    except TypeError:
-        raise InvalidInput("a namespace is a tuple of strings") from None
+        return (check_text(namespace, "a namespace label"),)
+    if not isinstance(namespace, Sequence):
+        raise InvalidInput("a namespace is a tuple of strings")
+    return tuple(check_text(label, "a namespace label") for label in namespace)
+
+
+def _namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
+    ns = _labels(namespace)
     if not ns or len(ns) > _MAX_NAMESPACE_DEPTH:
         raise InvalidInput(f"a namespace has 1 to {_MAX_NAMESPACE_DEPTH} labels")
     for label in ns:
-        if not isinstance(label, str) or not label or len(label) > _MAX_LABEL:
+        if not label or len(label) > _MAX_LABEL:
             raise InvalidInput(f"namespace labels are non-empty strings of at most {_MAX_LABEL}")
     return ns
 
 
 def _prefix(namespace: Sequence[str] | str) -> tuple[str, ...]:
-    if isinstance(namespace, str):
-        namespace = (namespace,)
-    ns = tuple(namespace)
-    if any(not isinstance(label, str) for label in ns):
-        raise InvalidInput("namespace labels are strings")
-    return ns
+    return _labels(namespace)
 
 
 def _key(key: str) -> str:
-    if not isinstance(key, str) or not key or len(key) > _MAX_LABEL:
+    if not check_text(key, "a key") or len(key) > _MAX_LABEL:
         raise InvalidInput(f"a key is a non-empty string of at most {_MAX_LABEL} characters")
     return key
+
+
+def _checked(item: Any) -> PutItem:
+    """A ``PutItem`` whose fields have the types ``_put_rows`` relies on (values and
+    names are checked there, where they are encoded)."""
+    if not isinstance(item, PutItem):
+        raise InvalidInput("put_many takes a list of PutItem")
+    check_text(item.scope, "a scope")
+    for name, what in ((item.purpose, "a purpose"), (item.category, "a category")):
+        if name is not None:
+            check_text(name, what)
+    for ids, what in ((item.sources, "sources"), (item.mentions, "mentions")):
+        if isinstance(ids, str) or not isinstance(ids, Sequence):
+            raise InvalidInput(f"{what} is a list")
+    check_index(item.index)
+    if item.ttl is not None and not isinstance(item.ttl, timedelta):
+        raise InvalidInput("a ttl is a timedelta")
+    return item
 
 
 def _reject_nan(value: str) -> Any:
@@ -276,6 +300,7 @@ class MemoryStore:
         subject_ref: Callable[[Any], str],
         *,
         max_value_bytes: int = 1024 * 1024,
+        max_value_depth: int = DEFAULT_MAX_DEPTH,
         flush_records: int = 1000,
         fsync: bool = True,
         max_open_partitions: int = 256,
@@ -293,6 +318,7 @@ class MemoryStore:
         self._policy = policy
         self._ref = subject_ref
         self._max_value = max_value_bytes
+        self._max_depth = max_value_depth
         self._flush_records = flush_records
         self._fsync = fsync
         self._max_open = max_open_partitions
@@ -412,6 +438,7 @@ class MemoryStore:
     # -- validation ----------------------------------------------------------------
 
     def _encode(self, value: Any) -> bytes:
+        check_depth(value, self._max_depth)
         try:
             raw = _JSON.encode(value).encode("utf-8")
         except (TypeError, ValueError):
@@ -447,6 +474,8 @@ class MemoryStore:
         a list of JSON paths (``"text"``, ``"a.b"``, ``"$"``) those fields, ``False``
         nothing (removing earlier vectors); ``None`` keeps what an existing memory had.
         """
+        if isinstance(mentions, str) or not isinstance(mentions, Iterable):
+            raise InvalidInput("mentions is a list of subjects")
         item = PutItem(
             namespace, key, value, scope, purpose, category, sources, tuple(mentions), index
         )
@@ -458,9 +487,10 @@ class MemoryStore:
         """Write a batch for one subject: one log append, one fsync, one catalog
         transaction. All-or-nothing: a bad item fails the batch before anything is
         written."""
+        if not isinstance(items, Sequence):
+            raise InvalidInput("put_many takes a list of PutItem")
         for item in items:
-            ns = item.namespace if not isinstance(item.namespace, str) else (item.namespace,)
-            if ns and isinstance(ns[0], str) and ns[0].startswith("~"):
+            if _namespace(_checked(item).namespace)[0].startswith("~"):
                 raise InvalidInput("namespaces starting with '~' are keyshred's own")
         ref = self._ref(subject)
         return self._put_rows(ref, items, epoch=epoch)
@@ -976,8 +1006,11 @@ class MemoryStore:
     ) -> list[Memory]:
         """``search`` by subject_ref (guard-checked); ``order="insertion"`` lists
         without a query oldest first, namespace by namespace."""
-        if limit < 0 or offset < 0:
-            raise InvalidInput("limit and offset are non-negative")
+        check_count(limit, "limit")
+        check_count(offset, "offset")
+        check_filter(filter)
+        if query is not None:
+            check_text(query, "a query")
         guard = self._catalog.guard(ref)
         self._catalog.enforce(ref, guard, None)
         prefix = _prefix(namespace_prefix)

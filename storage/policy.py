@@ -61,6 +61,8 @@ class Policy:
         }
 
     def scope(self, name: str) -> ScopeRule:
+        if not isinstance(name, str):
+            raise InvalidInput("a scope is a name (a string)")
         rule = self._rules.get(name)
         if rule is None:
             raise UnknownScope(f"scope {name!r} is not declared in the configuration")

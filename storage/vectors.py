@@ -143,7 +143,11 @@ class VectorIndex:
         db = self._connect()
         try:
             return db.open_table(ref)
-        except (ValueError, FileNotFoundError, OSError):
+        except _LANCE_ERRORS as exc:
+            # Listed but unreadable: a damaged manifest, not a missing dataset (which
+            # must not be re-created empty over the damaged one).
+            if _lance_failure(exc) and ref in self._names():
+                raise _unreadable(ref, exc) from None
             if not create:
                 return None
         return db.create_table(ref, schema=VEC_SCHEMA, exist_ok=True)
@@ -277,10 +281,10 @@ class VectorIndex:
             try:
                 try:
                     arrow = table.to_arrow()
-                except (OSError, ValueError) as exc:
-                    raise IntegrityError(
-                        f"vector partition {ref} failed to read ({type(exc).__name__})"
-                    ) from None
+                except _LANCE_ERRORS as exc:
+                    if not _lance_failure(exc):
+                        raise
+                    raise _unreadable(ref, exc) from None
                 entry = self._open_all(ref, arrow)
             finally:
                 if enabled:
@@ -439,6 +443,23 @@ class VectorIndex:
             if len(best) == k or take >= n:
                 return list(best.items())
             take = min(n, take * 4)
+
+
+# What LanceDB and pyarrow raise for a file they cannot decode: pyarrow's
+# ArrowInvalid (a ValueError) and ArrowIOError (an OSError), Lance's Rust errors
+# (``RuntimeError: lance error: ...``).
+_LANCE_ERRORS = (OSError, ValueError, RuntimeError)
+
+
+def _lance_failure(exc: BaseException) -> bool:
+    """A decoding failure, not a Python bug that happens to be a RuntimeError."""
+    return not isinstance(exc, RuntimeError) or "lance" in str(exc).lower()
+
+
+def _unreadable(ref: str, exc: BaseException) -> IntegrityError:
+    # The backend's message names files and offsets only, but it is not repeated:
+    # IntegrityError is deliberately opaque.
+    return IntegrityError(f"vector partition {ref} failed to read ({type(exc).__name__})")
 
 
 def _in(column: str, values: Iterable[str]) -> str:

@@ -67,6 +67,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
+from keyshred._validate import check_text, check_text_size
 from keyshred.errors import (
     IntegrityError,
     InvalidInput,
@@ -208,6 +209,7 @@ def _utcnow() -> datetime:
 
 
 _ZERO = timedelta(0)
+_TEXT_LIMIT = "tokens.max_text_bytes"
 _MICROSECOND = timedelta(microseconds=1)
 # Beyond another process's group-commit interval: the time its flush may take.
 _PENDING_SLACK = 0.5
@@ -243,6 +245,13 @@ class VaultStatus:
         }
 
 
+def _check_resolve(text: Any, purpose: Any) -> None:
+    """``detokenize``/``restore`` arguments: a token or a text, and a purpose (one
+    that matches no token is refused and audited later, like any mismatch)."""
+    check_text(text, "a token or text")
+    check_text(purpose, "a purpose")
+
+
 def _check_purpose(purpose: str) -> str:
     if not isinstance(purpose, str) or not _PURPOSE.fullmatch(purpose):
         raise InvalidInput("a purpose is 1-128 characters of letters, digits and ._:/-")
@@ -265,7 +274,9 @@ class TokenVault:
         journal: Path | None = None,
         first_key: Callable[[str, str, str | None], DataKey],
         on_flush_failure: Callable[[], None] | None = None,
+        max_text_bytes: int = 1024 * 1024,
     ) -> None:
+        self._max_text = max_text_bytes
         self._catalog = catalog
         # Makes a subject's first key safely against a racing erasure
         # (``MemoryStore.first_key``).
@@ -331,6 +342,8 @@ class TokenVault:
     ) -> list[Sanitized]:
         """``sanitize`` for several texts of one subject (a conversation, a batch of
         log lines): every token is stored in one transaction."""
+        if isinstance(texts, str) or not isinstance(texts, Iterable):
+            raise InvalidInput("sanitize_many takes a list of strings")
         return self._sanitize(
             list(texts), subject, purpose, ttl, scope=scope, deterministic=deterministic
         )
@@ -347,14 +360,14 @@ class TokenVault:
         findings: list[list[Finding]] | None = None,
     ) -> list[Sanitized]:
         for text in texts:
-            if not isinstance(text, str):
-                raise InvalidInput("sanitize takes strings")
+            check_text_size(check_text(text, "a text to sanitize"), self._max_text, _TEXT_LIMIT)
         if type(purpose) is not str or purpose not in _valid_purposes:
             _check_purpose(purpose)
             if len(_valid_purposes) < 1024:
                 _valid_purposes.add(purpose)
-        if ttl <= _ZERO:
-            raise InvalidInput("a token's ttl must be positive")
+        if not isinstance(ttl, timedelta) or ttl <= _ZERO:
+            raise InvalidInput("a token's ttl is a positive timedelta")
+        check_text(scope, "a scope")
         # Per text, its findings as (_, _, start, end, kind, value) tuples in text
         # order: the default detector's own (no Finding built), or converted.
         if findings is None and self._recognizers is None:
@@ -740,6 +753,7 @@ class TokenVault:
     def detokenize(self, token: str, purpose: str, caller: str, *, subject: Any = None) -> str:
         """The value behind ``token``, or a ``TokenError``/``SubjectSuppressed``/
         ``SubjectErased``; every outcome is audited (without the value)."""
+        _check_resolve(token, purpose)
         try:
             value, ref = self._resolve(token, purpose, subject)
         except (TokenError, SubjectSuppressed, SubjectErased) as exc:
@@ -816,6 +830,7 @@ class TokenVault:
         """Replace the tokens in ``text`` that resolve for ``purpose`` (and, given
         ``subject``, belong to that subject); tokens that do not (other purpose or
         subject, expired, erased, forged) stay as they are."""
+        _check_resolve(text, purpose)
 
         def one(m: re.Match[str]) -> str:
             try:

@@ -18,12 +18,15 @@ single source of truth; the async twins run them in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from keyshred._extras import require
+from keyshred._validate import check_count, check_filter, check_text
 from keyshred.errors import InvalidInput, KeyshredError, SubjectErased, SubjectSuppressed
 from keyshred.storage.checkpoints import CheckpointRow, WriteRow, pack, unpack
 
@@ -41,12 +44,16 @@ from langgraph.checkpoint.base import (  # noqa: E402
     get_serializable_checkpoint_metadata,
 )
 from langgraph.store.base import (  # noqa: E402
+    NOT_PROVIDED,
     BaseStore,
     GetOp,
     IndexConfig,
+    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
     MatchCondition,
+    NamespacePath,
+    NotProvided,
     Op,
     PutOp,
     Result,
@@ -135,10 +142,75 @@ class KeyshredStore(BaseStore):
 
     # -- batch ---------------------------------------------------------------------
 
+    # LangGraph's own helpers check namespaces before ``batch`` and raise their own
+    # errors (or a TypeError): keyshred checks first and raises InvalidInput.
+
+    def get(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
+        with _langgraph_rules():
+            return super().get(_ns(namespace), _text(key), refresh_ttl=refresh_ttl)
+
+    def search(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        with _langgraph_rules():
+            return super().search(
+                _ns(namespace_prefix, prefix=True),
+                query=query,
+                filter=filter,
+                limit=limit,
+                offset=offset,
+                refresh_ttl=refresh_ttl,
+            )
+
+    def put(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
+    ) -> None:
+        with _langgraph_rules():
+            super().put(_ns(namespace), _text(key), value, index, ttl=ttl)
+
+    def delete(self, namespace: tuple[str, ...], key: str) -> None:
+        with _langgraph_rules():
+            super().delete(_ns(namespace), _text(key))
+
+    def list_namespaces(
+        self,
+        *,
+        prefix: NamespacePath | None = None,
+        suffix: NamespacePath | None = None,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        for path in (prefix, suffix):
+            if path is not None:
+                _ns(path, prefix=True)
+        with _langgraph_rules():
+            return super().list_namespaces(
+                prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
+            )
+
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Reads see the state before the batch's writes (as ``InMemoryStore``);
         writes apply in order, the last write of a key winning."""
-        ops = list(ops)
+        if isinstance(ops, str | bytes) or not isinstance(ops, Iterable):
+            raise InvalidInput("batch takes a list of store operations")
+        ops = [_checked_op(op) for op in ops]
         results: list[Result] = [None] * len(ops)
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
         for i, op in enumerate(ops):
@@ -360,6 +432,58 @@ class KeyshredStore(BaseStore):
         return True
 
 
+def _text(value: Any) -> str:
+    return check_text(value, "a store key")
+
+
+def _ns(namespace: Any, *, prefix: bool = False) -> tuple[str, ...]:
+    """A namespace as a tuple of strings (a prefix may be empty)."""
+    if isinstance(namespace, str | bytes) or not isinstance(namespace, tuple | list):
+        raise InvalidInput("a namespace is a tuple of strings")
+    labels = tuple(check_text(label, "a namespace label") for label in namespace)
+    if not labels and not prefix:
+        raise InvalidInput("a namespace has at least one label")
+    return labels
+
+
+@contextlib.contextmanager
+def _langgraph_rules() -> Iterator[None]:
+    """LangGraph's namespace rules (no empty label, no '.') as ``InvalidInput``; its
+    message would repeat the label, which may be a subject id."""
+    try:
+        yield
+    except InvalidNamespaceError:
+        raise InvalidInput(
+            "namespace labels are non-empty, contain no '.' and do not start with 'langgraph'"
+        ) from None
+
+
+def _checked_op(op: Any) -> Op:
+    """The fields of one store operation, typed (their values are checked where used)."""
+    if isinstance(op, GetOp | PutOp):
+        _ns(op.namespace)
+        _text(op.key)
+        if isinstance(op, PutOp) and op.value is not None and not isinstance(op.value, dict):
+            raise InvalidInput("a store value is a dict")
+        if isinstance(op, PutOp) and op.ttl is not None and not isinstance(op.ttl, int | float):
+            raise InvalidInput("a ttl is a number of minutes")
+    elif isinstance(op, SearchOp):
+        _ns(op.namespace_prefix, prefix=True)
+        check_count(op.limit, "limit")
+        check_count(op.offset, "offset")
+        check_filter(op.filter)
+        if op.query is not None:
+            check_text(op.query, "a query")
+    elif isinstance(op, ListNamespacesOp):
+        check_count(op.limit, "limit")
+        check_count(op.offset, "offset")
+        if op.max_depth is not None:
+            check_count(op.max_depth, "max_depth")
+        for cond in op.match_conditions or ():
+            _ns(cond.path, prefix=True)
+    return op  # type: ignore[no-any-return]
+
+
 def _search_item(m: Memory, score: float | None = None) -> SearchItem:
     return SearchItem(
         namespace=tuple(m.namespace),
@@ -383,8 +507,27 @@ def _does_match(cond: MatchCondition, ns: tuple[str, ...]) -> bool:
 
 
 def _default_subject(config: RunnableConfig) -> str | None:
-    value = (config.get("configurable") or {}).get("subject_id")
-    return str(value) if value else None
+    value = _configurable(config).get("subject_id")
+    return check_text(value, "subject_id") if value else None
+
+
+_IDS = ("thread_id", "checkpoint_ns", "checkpoint_id", "subject_id")
+
+
+def _configurable(config: Any) -> dict[str, Any]:
+    """``config["configurable"]``, with the ids keyshred reads typed (strings; a
+    thread id may be a number or UUID, as LangGraph allows)."""
+    if not isinstance(config, Mapping):
+        raise InvalidInput("a config is a dict with a 'configurable' dict")
+    conf = config.get("configurable") or {}
+    if not isinstance(conf, Mapping):
+        raise InvalidInput("config['configurable'] is a dict")
+    for name in _IDS:
+        value = conf.get(name)
+        if value is None or (name == "thread_id" and isinstance(value, int | uuid.UUID)):
+            continue
+        check_text(value, f"config['configurable'][{name!r}]")
+    return dict(conf)
 
 
 class KeyshredSaver(BaseCheckpointSaver[Any]):
@@ -409,10 +552,10 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
 
     @staticmethod
     def _conf(config: RunnableConfig) -> dict[str, Any]:
-        conf = config.get("configurable") or {}
+        conf = _configurable(config)
         if "thread_id" not in conf:
             raise InvalidInput("config['configurable']['thread_id'] is required")
-        return dict(conf)
+        return conf
 
     def _subject_ref(self, config: RunnableConfig) -> str | None:
         subject = self._resolve(config)
@@ -480,7 +623,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         cid = None
         thread_id: str | None = None
         if config is not None:
-            conf = config.get("configurable") or {}
+            conf = _configurable(config)
             if "thread_id" in conf:
                 self._check(config)
                 thread_id = str(conf["thread_id"])

@@ -18,6 +18,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.backup import LocalTarget, Manifest
+from keyshred.backup.manager import BackupManager
 from keyshred.config import BackupSettings, Config, save_config
 from keyshred.errors import (
     EpochInUse,
@@ -305,7 +306,7 @@ def test_interrupted_backup_and_restore_leave_nothing_usable(
     def boom(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(type(ks.backup), "_verify_restored", boom)
+    monkeypatch.setattr(BackupManager, "_verify_restored", boom)
     with pytest.raises(RuntimeError):
         ks.backup.restore(gen.generation, tmp_path / "r")
     assert not (tmp_path / "r").exists()

@@ -428,3 +428,27 @@ def test_destroy_epochs_refuses_while_a_backup_needs_them(tmp_path: Path) -> Non
         "keys", "destroy-epochs", "--before", "2", "--force", "--path", str(data), "--json"
     )
     assert [d["epoch"] for d in json.loads(forced.stdout)["destroyed"]] == [1]
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("keyshred: error: "), done.stderr
+    return lines[0]
+
+
+def test_init_where_no_folder_can_be_is_one_line(tmp_path: Path) -> None:
+    assert "/proc/nope" in _one_line_error(run("init", "/proc/nope"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    _one_line_error(run("init", str(a_file)))
+    assert a_file.read_text() == "not a folder"
+
+
+def test_backup_to_a_target_that_cannot_be_is_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert run("init", str(data)).returncode == 0
+    line = _one_line_error(run("backup", "create", "--path", str(data), "--target", "/proc/nope"))
+    assert "/proc/nope" in line
+    assert run("backup", "list", "--path", str(data), "--json").returncode == 0

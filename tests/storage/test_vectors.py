@@ -140,14 +140,32 @@ def test_tampered_or_moved_vector_raises(vks: Keyshred) -> None:
     assert {h.memory_id for h in vks.memories.search("alice", (), query="fact")} >= {a.memory_id}
 
 
+def test_flipped_bytes_in_a_lance_data_file_raise_integrity_error(vks: Keyshred) -> None:
+    for i in range(4):
+        vks.memories.put("alice", NS, f"k{i}", f"fact number {i} about gardens", index=True)
+    ref = vks.subject_ref("alice")
+    data = sorted((vks.path / "vectors" / f"{ref}.lance" / "data").glob("*.lance"))
+    assert data
+    for path in data:  # flip a run of bytes in the middle of every data file
+        blob = bytearray(path.read_bytes())
+        mid = len(blob) // 2
+        blob[mid - 64 : mid + 64] = bytes(b ^ 0xFF for b in blob[mid - 64 : mid + 64])
+        path.write_bytes(bytes(blob))
+    vks.vectors.evict(ref)
+    with pytest.raises(IntegrityError):
+        vks.memories.search("alice", (), query="gardens")
+    with pytest.raises(IntegrityError):
+        vks.vectors.count(ref)
+
+
 def test_no_probe_and_no_float_block_in_any_file(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     ks = Keyshred.init(tmp_path / "data", make_config(flush_records=3), embeddings=bag_of_words)
     texts = [f"probe{tag} fact {i} about gardening and {tag}zebra" for i in range(8)]
     for i, text in enumerate(texts):
         ks.memories.put(f"subject-{tag}", NS, f"k{i}", {"text": text}, index=["text"])
-    ks.close()
     embedded = ks.memories.embedder.embed(texts)
+    ks.close()
     needles = [t.encode() for t in texts] + [f"probe{tag}".encode(), f"subject-{tag}".encode()]
     # The float32 bytes of every vector (and any 16-float window of them).
     needles += [np.ascontiguousarray(v).tobytes()[:64] for v in embedded]
