@@ -76,15 +76,22 @@ def _emit(data: dict[str, Any], as_json: bool, text: str) -> None:
         out.print(text)
 
 
-def _refuse_conflict(setting: str, option: str, given: str | None, model: Any) -> None:
+def _refuse_conflict(
+    setting: str, option: str, given: str | None, model: Any, *, show: bool = True
+) -> None:
     """Refuse an option that contradicts a setting made in keyshred.toml or the
-    environment (``KEYSHRED_...``)."""
+    environment (``KEYSHRED_...``). ``show=False`` for URLs, which may hold a password."""
     field = setting.rsplit(".", 1)[-1]
     configured = getattr(model, field)
     if given is not None and field in model.model_fields_set and given != configured:
+        said = (
+            f"{option} {given} contradicts {setting} = {configured!r}"
+            if show
+            else (f"{option} contradicts {setting}")
+        )
         raise KeyshredError(
-            f"{option} {given} contradicts {setting} = {configured!r} in keyshred.toml or "
-            f"the environment; change one of them (or leave out {option})"
+            f"{said} in keyshred.toml or the environment; change one of them "
+            f"(or leave out {option})"
         )
 
 
@@ -124,6 +131,10 @@ def init(  # noqa: PLR0917 - typer maps every parameter to an argument or option
     # (a default 'local' once wrapped a shared key store's secrets with a local KEK).
     _refuse_conflict("kek.provider", "--kek", kek, config.kek)
     _refuse_conflict("tenant", "--tenant", tenant, config)
+    _refuse_conflict(
+        "storage.catalog_url", "--catalog-url", catalog_url, config.storage, show=False
+    )
+    _refuse_conflict("backup.target", "--backup-target", backup_target, config.backup, show=False)
     kek = kek or config.kek.provider
     config = config.model_copy(
         update={

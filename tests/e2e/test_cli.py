@@ -390,6 +390,21 @@ def test_init_never_overrides_the_configured_kek_provider(tmp_path: Path) -> Non
         assert conflict.returncode == 2, conflict
         assert "contradicts" in conflict.stderr and "Traceback" not in conflict.stderr
         assert not (data / "keys" / "kek.local.json").exists()
+    # URLs too, and a URL's password is never echoed.
+    urls = tmp_path / "u"
+    urls.mkdir()
+    (urls / "keyshred.toml").write_text(
+        '[storage]\ncatalog_url = "postgresql+psycopg://ks:s3cret-pw@127.0.0.1:9/ks"\n\n'
+        '[backup]\ntarget = "s3://bucket/prod"\n'
+    )
+    for args in (
+        ("--catalog-url", "sqlite:///elsewhere.db"),
+        ("--backup-target", str(tmp_path / "b")),
+    ):
+        conflict = run("init", str(urls), *args)
+        assert conflict.returncode == 2 and "contradicts" in conflict.stderr, conflict
+        assert "s3cret-pw" not in conflict.stderr + conflict.stdout
+        assert not (urls / "keys").exists()
     plain = tmp_path / "p"
     made = json.loads(run("init", str(plain), "--kek", "local", "--json").stdout)
     assert made["kek"] == "local"
