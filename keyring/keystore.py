@@ -23,13 +23,15 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from keyshred.errors import KeyshredError
+from keyshred._pooling import sqlite_busy
+from keyshred.errors import BackendUnavailable, KeyshredError
 
 __all__ = ["KeyRecord", "KeyStore", "SQLiteKeyStore", "SecretRecord", "Tombstone"]
 
@@ -344,23 +346,44 @@ class _SqlKeyStore(KeyStore):
         }
 
 
-class SQLiteKeyStore(_SqlKeyStore):
-    """The embedded profile's key store: one SQLite file, mode 0600."""
+@contextmanager
+def _lock_waits_typed() -> Iterator[None]:
+    """Raise ``BackendUnavailable`` for SQLite's "database is locked" (another
+    process held the key store's lock past the busy timeout): nothing was changed
+    and the next call may succeed. Other errors pass: a full disk is typed
+    ``StorageFull`` at the facade, which needs the driver's error to tell."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if not sqlite_busy(exc):
+            raise
+        # The driver's message is left out, as for the catalog's.
+        raise BackendUnavailable(
+            f"another process holds the key store's lock; retry ({type(exc).__name__})"
+        ) from None
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class SQLiteKeyStore(_SqlKeyStore):
+    """The embedded profile's key store: one SQLite file, mode 0600.
+
+    ``busy_timeout`` is how many seconds a call waits for another process's lock
+    before it raises ``BackendUnavailable``."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if not self._path.exists():
             os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._lock = threading.RLock()
         try:
-            self._db = sqlite3.connect(
-                self._path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            self._db.execute("PRAGMA secure_delete=ON")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
+            with _lock_waits_typed():
+                self._db = sqlite3.connect(
+                    self._path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+                )
+                self._db.execute("PRAGMA secure_delete=ON")
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError:
             raise KeyshredError(f"the key store at {self._path} cannot be opened") from None
 
@@ -374,7 +397,7 @@ class SQLiteKeyStore(_SqlKeyStore):
         return _Tx(self._db, self._lock)
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._lock, _lock_waits_typed():
             return self._db.execute(sql, tuple(args)).fetchall()
 
     def _bind_time(self, value: datetime) -> str:
@@ -424,7 +447,7 @@ class SQLiteKeyStore(_SqlKeyStore):
         checkpoint, and remain useless once their KEK epoch is destroyed.
         """
         for _ in range(50):
-            with self._lock:
+            with self._lock, _lock_waits_typed():
                 busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             if not busy:
                 return
@@ -464,7 +487,7 @@ class SQLiteKeyStore(_SqlKeyStore):
         return [self._tombstone(r) for r in rows]
 
     def snapshot(self) -> bytes:
-        with self._lock:
+        with self._lock, _lock_waits_typed():
             copy = sqlite3.connect(":memory:")
             try:
                 self._db.backup(copy)  # one step: a single consistent read
@@ -540,7 +563,8 @@ class SQLiteKeyStore(_SqlKeyStore):
 
 
 class _Tx:
-    """``BEGIN IMMEDIATE`` … ``COMMIT`` under the store's lock (rollback on error)."""
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` under the store's lock (rollback on error).
+    A lock another process holds past the busy timeout is ``BackendUnavailable``."""
 
     def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
         self._db = db
@@ -549,7 +573,8 @@ class _Tx:
     def __enter__(self) -> sqlite3.Connection:
         self._lock.acquire()
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            with _lock_waits_typed():
+                self._db.execute("BEGIN IMMEDIATE")
         except BaseException:
             self._lock.release()
             raise
@@ -557,6 +582,20 @@ class _Tx:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
-            self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            if exc_type is None:
+                with _lock_waits_typed():
+                    self._commit()
+            else:
+                self._db.execute("ROLLBACK")
         finally:
             self._lock.release()
+
+    def _commit(self) -> None:
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            # A failed COMMIT can leave the transaction open; end it, so the
+            # connection's next BEGIN does not fail on it.
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise

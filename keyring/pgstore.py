@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import QueuePool
 
 from keyshred._extras import require
-from keyshred._pooling import replace_hung_up
+from keyshred._pooling import replace_hung_up, unreachable
 from keyshred.errors import BackendUnavailable, ConfigError
 from keyshred.keyring.keystore import (
     _DEK_COLUMNS,
@@ -133,14 +133,7 @@ class PostgresKeyStore(_SqlKeyStore):
     def _unreachable(self, exc: BaseException) -> bool:
         """Whether a driver error means the server cannot be reached (refused or
         dropped connection, no pooled connection free), not a conflict or a bug."""
-        if isinstance(exc, sa.exc.TimeoutError):
-            return True
-        if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-            exc = exc.orig
-        errors = self._psycopg
-        return isinstance(exc, (errors.OperationalError, errors.InterfaceError)) and not (
-            isinstance(exc, errors.errors.TransactionRollback)
-        )
+        return unreachable("postgresql", self._psycopg, exc)
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:

@@ -38,7 +38,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
 
-from keyshred._pooling import replace_hung_up
+from keyshred._pooling import replace_hung_up, unreachable
 from keyshred.errors import (
     BackendUnavailable,
     ConfigError,
@@ -491,27 +491,6 @@ def _pool_options(
     return options
 
 
-def _unreachable(dialect: str, dbapi: Any, exc: BaseException) -> bool:
-    """Whether a driver error means the database cannot be reached right now (a
-    refused or dropped connection, an exhausted pool, SQLite locked too long),
-    rather than a bug or a conflict the caller handles."""
-    if isinstance(exc, sa.exc.TimeoutError):  # no pooled connection came free
-        return True
-    if isinstance(exc, sa.exc.DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        if exc.orig is not None:
-            exc = exc.orig
-    if dialect == "sqlite":
-        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
-    if dbapi is None:
-        return False
-    rollback = getattr(getattr(dbapi, "errors", None), "TransactionRollback", ())
-    return isinstance(exc, (dbapi.OperationalError, dbapi.InterfaceError)) and not isinstance(
-        exc, rollback
-    )
-
-
 def _unavailable(exc: BaseException) -> BackendUnavailable:
     # The driver's message is left out: it can quote a statement and its parameters.
     return BackendUnavailable(f"the catalog database cannot be reached ({type(exc).__name__})")
@@ -594,7 +573,7 @@ class Catalog:
         def _handle_error(context: sa.engine.ExceptionContext) -> BaseException | None:
             if context.is_pre_ping:  # the pool reconnects by itself
                 return None
-            if context.is_disconnect or _unreachable(dialect, dbapi, context.original_exception):
+            if context.is_disconnect or unreachable(dialect, dbapi, context.original_exception):
                 return _unavailable(context.original_exception)
             return None
 
@@ -716,7 +695,7 @@ class Catalog:
         try:
             return self.engine.raw_connection()
         except Exception as exc:
-            if _unreachable(self.dialect, self.engine.dialect.dbapi, exc):
+            if unreachable(self.dialect, self.engine.dialect.dbapi, exc):
                 raise _unavailable(exc) from None
             raise
 
@@ -739,7 +718,7 @@ class Catalog:
                 with contextlib.suppress(Exception):  # a dead connection's cursor
                     cur.close()
         except Exception as exc:
-            if not _unreachable(self.dialect, self.engine.dialect.dbapi, exc):
+            if not unreachable(self.dialect, self.engine.dialect.dbapi, exc):
                 raise
             if getattr(fairy.driver_connection, "closed", False):
                 fairy.invalidate()  # not back into the pool

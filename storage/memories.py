@@ -1078,15 +1078,19 @@ class MemoryStore:
     def _repair(
         self, ref: str, part: Partition, indexed: dict[str, MemoryRow], vectors: VectorIndex
     ) -> None:
-        """Embed indexed memories whose vectors are missing (a crash between the log
-        append and the vector write, or a failed write that was rolled back)."""
-        missing = [r for mid, r in indexed.items() if mid not in vectors.memory_ids(ref)]
+        """Embed indexed memories whose vectors are missing or stale: embedded from
+        another version of the memory than the row's (``updated_us``). A kill between
+        an update's log append and its vector write leaves the old value's vectors;
+        so does a failed write rolled back after its vectors were replaced. Searching
+        them would rank the memory by a meaning it no longer has."""
+        versions = vectors.versions(ref)
+        missing = [r for mid, r in indexed.items() if versions.get(mid) != r.updated_us]
         if not missing:
             return
         with part.flocked():
-            now_us = to_us(self._clock())
             items = [
-                VectorItem(r.memory_id, i, f, r.scope, now_us, vec)
+                # Stamped with the row's version, which they are now embedded from.
+                VectorItem(r.memory_id, i, f, r.scope, r.updated_us, vec)
                 for r in missing
                 for i, (f, vec) in enumerate(
                     zip(r.index, self._embed_one(r.value, r.index), strict=True)

@@ -12,6 +12,10 @@ target: ``evict`` drops it) and ranks by cosine similarity with NumPy, restricte
 the memory ids the caller allows (filters first, then ranking). No other subject's
 vectors are ever loaded for a search: isolation is the layout, not a filter.
 
+Every LanceDB call runs under ``_lance_call``: a dataset that fails to decode
+(damaged or tampered files) is an ``IntegrityError`` on writes, deletes and
+compaction as on reads; a full disk passes through for the facade to type.
+
 Every write is one LanceDB version; versions are compacted every ``compact_every``
 writes, and a delete compacts at once and removes the old versions, so a deleted
 vector's ciphertext is in no file afterwards.
@@ -23,7 +27,8 @@ import gc
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from keyshred._handle import is_disk_full
 from keyshred.errors import IntegrityError, KeyshredError
 from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
@@ -69,16 +75,23 @@ class VectorItem:
 
 
 class _Cached:
-    """One subject's decrypted vectors: rows of ``matrix`` match ``vec_ids``."""
+    """One subject's decrypted vectors: rows of ``matrix`` match ``vec_ids``;
+    ``updated`` is the version (``updated_us``) of the memory each was embedded from."""
 
-    __slots__ = ("fields", "matrix", "memory_ids", "vec_ids")
+    __slots__ = ("fields", "matrix", "memory_ids", "updated", "vec_ids")
 
     def __init__(
-        self, vec_ids: list[str], memory_ids: list[str], fields: list[str], matrix: Any
+        self,
+        vec_ids: list[str],
+        memory_ids: list[str],
+        fields: list[str],
+        updated: list[int],
+        matrix: Any,
     ) -> None:
         self.vec_ids = vec_ids
         self.memory_ids = memory_ids
         self.fields = fields
+        self.updated = updated
         self.matrix = matrix
 
     def remove(self, memory_ids: set[str]) -> None:
@@ -88,6 +101,7 @@ class _Cached:
         self.vec_ids = [self.vec_ids[i] for i in keep]
         self.memory_ids = [self.memory_ids[i] for i in keep]
         self.fields = [self.fields[i] for i in keep]
+        self.updated = [self.updated[i] for i in keep]
         self.matrix = self.matrix[keep]
 
     def add(self, items: Sequence[VectorItem]) -> None:
@@ -96,6 +110,7 @@ class _Cached:
         self.vec_ids += [it.vec_id for it in items]
         self.memory_ids += [it.memory_id for it in items]
         self.fields += [it.field for it in items]
+        self.updated += [it.updated_us for it in items]
         new = np.stack([it.vector for it in items]).astype(np.float32)
         self.matrix = new if self.matrix.shape[0] == 0 else np.vstack([self.matrix, new])
 
@@ -150,7 +165,8 @@ class VectorIndex:
                 raise _unreadable(ref, exc) from None
             if not create:
                 return None
-        return db.create_table(ref, schema=VEC_SCHEMA, exist_ok=True)
+        with _lance_call(ref):
+            return db.create_table(ref, schema=VEC_SCHEMA, exist_ok=True)
 
     def exists(self, ref: str) -> bool:
         return self._table(ref, create=False) is not None
@@ -168,9 +184,10 @@ class VectorIndex:
         memory_ids = table.column("memory_id").to_pylist()
         scopes = table.column("scope").to_pylist()
         fields = table.column("field").to_pylist()
+        updated = table.column("updated_us").to_pylist()
         n = len(vec_ids)
         if n == 0:
-            return _Cached([], [], [], np.zeros((0, 0), dtype=np.float32))
+            return _empty()
         # The ciphertexts sit end to end in each Arrow chunk's data buffer; they are
         # decrypted straight into the rows of one matrix, chunk by chunk, with no
         # per-row bytes objects and no copy of the whole column.
@@ -219,7 +236,7 @@ class VectorIndex:
                 )
             row += m
         assert matrix is not None  # noqa: S101 - n > 0 means at least one row
-        return _Cached(vec_ids, memory_ids, fields, matrix)
+        return _Cached(vec_ids, memory_ids, fields, updated, matrix)
 
     def _open_chunk(
         self,
@@ -272,19 +289,15 @@ class VectorIndex:
                 return entry
         table = self._table(ref, create=False)
         if table is None:
-            entry = _Cached([], [], [], np.zeros((0, 0), dtype=np.float32))
+            entry = _empty()
         else:
             # Loading makes tens of thousands of small objects at once; the cyclic
             # GC would walk the whole heap for nothing (they hold no cycles).
             enabled = gc.isenabled()
             gc.disable()
             try:
-                try:
+                with _lance_call(ref):
                     arrow = table.to_arrow()
-                except _LANCE_ERRORS as exc:
-                    if not _lance_failure(exc):
-                        raise
-                    raise _unreadable(ref, exc) from None
                 entry = self._open_all(ref, arrow)
             finally:
                 if enabled:
@@ -314,36 +327,40 @@ class VectorIndex:
             table = self._table(ref, create=bool(items))
             if table is None:
                 return
-            if replace and self._has_rows(table):
-                table.delete(_in("memory_id", replace))
-            if items:
-                rows = pa.table(
-                    {
-                        "vec_id": [it.vec_id for it in items],
-                        "memory_id": [it.memory_id for it in items],
-                        "scope": [it.scope for it in items],
-                        "field": [it.field for it in items],
-                        "updated_us": [it.updated_us for it in items],
-                        "vec": [self._seal(ref, it) for it in items],
-                    },
-                    schema=VEC_SCHEMA,
-                )
-                table.add(rows)
+            rows = self._sealed_rows(ref, items) if items else None
+            with _lance_call(ref):
+                if replace and self._has_rows(table):
+                    table.delete(_in("memory_id", replace))
+                if rows is not None:
+                    table.add(rows)
             entry = self._cache.get(ref)
             if entry is not None:
                 entry.remove(replace)
                 entry.add(items)
             self._writes[ref] = self._writes.get(ref, 0) + 1
             if self._writes[ref] >= self._compact_every:
-                self._compact(table)
+                self._compact(ref, table)
                 self._writes[ref] = 0
+
+    def _sealed_rows(self, ref: str, items: Sequence[VectorItem]) -> pa.Table:
+        return pa.table(
+            {
+                "vec_id": [it.vec_id for it in items],
+                "memory_id": [it.memory_id for it in items],
+                "scope": [it.scope for it in items],
+                "field": [it.field for it in items],
+                "updated_us": [it.updated_us for it in items],
+                "vec": [self._seal(ref, it) for it in items],
+            },
+            schema=VEC_SCHEMA,
+        )
 
     @staticmethod
     def _has_rows(table: Any) -> bool:
         return bool(table.count_rows())
 
-    def _compact(self, table: Any) -> None:
-        with warnings.catch_warnings():
+    def _compact(self, ref: str, table: Any) -> None:
+        with warnings.catch_warnings(), _lance_call(ref):
             # cleanup_older_than=0 warns about concurrent readers of old versions;
             # keyshred holds the partition's lock while it writes.
             warnings.simplefilter("ignore", UserWarning)
@@ -358,10 +375,11 @@ class VectorIndex:
             table = self._table(ref, create=False)
             if table is None:
                 return 0
-            before = table.count_rows()
-            table.delete(_in("memory_id", ids))
-            removed = int(before - table.count_rows())
-            self._compact(table)
+            with _lance_call(ref):
+                before = table.count_rows()
+                table.delete(_in("memory_id", ids))
+                removed = int(before - table.count_rows())
+            self._compact(ref, table)
             entry = self._cache.get(ref)
             if entry is not None:
                 entry.remove(ids)
@@ -373,10 +391,11 @@ class VectorIndex:
             table = self._table(ref, create=False)
             if table is None:
                 return 0
-            before = table.count_rows()
-            table.delete(_in("scope", {scope}))
-            removed = int(before - table.count_rows())
-            self._compact(table)
+            with _lance_call(ref):
+                before = table.count_rows()
+                table.delete(_in("scope", {scope}))
+                removed = int(before - table.count_rows())
+            self._compact(ref, table)
             self._cache.pop(ref, None)
             return removed
 
@@ -385,9 +404,10 @@ class VectorIndex:
         with self._lock:
             self._cache.pop(ref, None)
             self._writes.pop(ref, None)
-            if ref not in self._names():
-                return False
-            self._connect().drop_table(ref)
+            with _lance_call(ref):
+                if ref not in self._names():
+                    return False
+                self._connect().drop_table(ref)
             return True
 
     # -- reads ---------------------------------------------------------------------
@@ -395,6 +415,17 @@ class VectorIndex:
     def memory_ids(self, ref: str) -> set[str]:
         entry = self._cached(ref)
         return set(entry.memory_ids) if entry else set()
+
+    def versions(self, ref: str) -> dict[str, int]:
+        """memory id -> the version (``updated_us``) of the memory its vectors were
+        embedded from; a memory whose fields disagree maps to -1 (never a version)."""
+        entry = self._cached(ref)
+        out: dict[str, int] = {}
+        if entry is None:
+            return out
+        for memory_id, version in zip(entry.memory_ids, entry.updated, strict=True):
+            out[memory_id] = version if out.get(memory_id, version) == version else -1
+        return out
 
     def fields_of(self, ref: str, memory_id: str) -> list[str]:
         entry = self._cached(ref)
@@ -454,6 +485,23 @@ _LANCE_ERRORS = (OSError, ValueError, RuntimeError)
 def _lance_failure(exc: BaseException) -> bool:
     """A decoding failure, not a Python bug that happens to be a RuntimeError."""
     return not isinstance(exc, RuntimeError) or "lance" in str(exc).lower()
+
+
+@contextmanager
+def _lance_call(ref: str) -> Iterator[None]:
+    """Run LanceDB calls on ``ref``'s dataset: a file that fails to decode raises
+    ``IntegrityError``. A full disk is not damage: it passes through, and the facade
+    types it ``StorageFull``; so does an error of ours (already typed)."""
+    try:
+        yield
+    except _LANCE_ERRORS as exc:
+        if isinstance(exc, KeyshredError) or not _lance_failure(exc) or is_disk_full(exc):
+            raise
+        raise _unreadable(ref, exc) from None
+
+
+def _empty() -> _Cached:
+    return _Cached([], [], [], [], np.zeros((0, 0), dtype=np.float32))
 
 
 def _unreadable(ref: str, exc: BaseException) -> IntegrityError:

@@ -3,6 +3,7 @@ distributed profile's PostgreSQL (the machine's server, a fresh schema per test)
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import threading
 import uuid
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from keyshred import Config, Keyshred
-from keyshred.errors import SubjectErased, SubjectSuppressed
+from keyshred.errors import BackendUnavailable, SubjectErased, SubjectSuppressed
 from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, SQLiteKeyStore, Tombstone
@@ -196,3 +197,39 @@ def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_p
     )
     with pytest.raises(MissingExtraError, match=r"keyshred\[postgres\]"):
         Keyshred.init(tmp_path / "d", config)
+
+
+def test_a_locked_sqlite_key_store_is_backend_unavailable_until_released(
+    tmp_path: Path,
+) -> None:
+    """Another connection's exclusive lock outlasting the busy timeout is a typed
+    ``BackendUnavailable`` (without the driver's text), nothing is written, and the
+    same handle works once the lock is released."""
+    path = tmp_path / "keystore.db"
+    store = SQLiteKeyStore(path, busy_timeout=0.05)
+    held = rec("ref-held")
+    store.insert(held)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        record = rec("ref-locked")
+        writes = [
+            lambda: store.insert(record),
+            lambda: store.put_secret(SecretRecord("s", "local", 1, b"w" * 40)),
+            lambda: store.update_wrapped([(held.key_id, 2, b"x" * 60)]),
+            lambda: store.destroy(
+                [held.key_id], Tombstone("t1", "ref-held", None, (), held.created_at)
+            ),
+        ]
+        for write in writes:
+            with pytest.raises(BackendUnavailable) as info:
+                write()
+            assert "database is locked" not in str(info.value)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.find("ref-locked", "default") is None
+    assert store.get(held.key_id) == held
+    assert store.insert(record).key_id == record.key_id
+    assert store.put_secret(SecretRecord("s", "local", 1, b"w" * 40)).name == "s"
+    store.close()

@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from keyshred import Keyshred
 from keyshred.storage.faults import POINTS
+from keyshred.storage.memories import text_at
 from tests.erasure_worker import BYSTANDER, OWNER, TARGET, UPDATED
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
@@ -117,3 +119,36 @@ def test_sigkill_inside_a_write_leaves_a_store_that_opens(
         assert ks.memories.delete(OWNER, ("m",), "k0")
         hits = ks.memories.search(OWNER, ("m",), query="after the crash", limit=1)
         assert hits and hits[0].key == "after"
+
+
+@pytest.mark.parametrize("point", [p for p in POINTS if p.startswith("put.")])
+def test_sigkill_inside_an_update_never_ranks_the_memory_by_its_old_value(
+    point: str, template: tuple[Path, Written, str], tmp_path: Path
+) -> None:
+    """A kill after an update's log write (before its vector write) leaves the old
+    value's vectors; the next search embeds the value the memory holds now, so its
+    score is the new value's, whatever the query."""
+    data = tmp_path / "data"
+    shutil.copytree(template[0], data)
+    target_id = template[2]
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "store", str(data), "update", point],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-2000:]
+    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+        target = ks.memories.get(OWNER, *TARGET)
+        assert target is not None
+        ref = ks.subject_ref(OWNER)
+        fields = ks.vectors.fields_of(ref, target_id)
+        assert fields
+        embedder = ks.memories.embedder
+        now = embedder.embed([text_at(target.value, f) for f in fields])
+        for query in ("updated value", "corrected"):
+            hits = ks.memories.search(OWNER, ("m",), query=query, limit=10)
+            scores = {h.key: h.score for h in hits}
+            expected = float(np.max(now @ embedder.embed_query(query)))
+            assert scores.get(TARGET[1]) == pytest.approx(expected, abs=1e-5), (query, point)

@@ -158,6 +158,46 @@ def test_flipped_bytes_in_a_lance_data_file_raise_integrity_error(vks: Keyshred)
         vks.vectors.count(ref)
 
 
+def flip_lance_data(ks: Keyshred, ref: str, where: str) -> None:
+    """Flip a run of bytes of every data file of ``ref``'s dataset: in the middle
+    (column pages) or just before the end (the footer's column metadata)."""
+    data = sorted((ks.path / "vectors" / f"{ref}.lance" / "data").glob("*.lance"))
+    assert data
+    for path in data:
+        blob = bytearray(path.read_bytes())
+        mid = len(blob) // 2
+        start, end = (mid - 64, mid + 64) if where == "middle" else (len(blob) - 200, len(blob) - 8)
+        blob[start:end] = bytes(b ^ 0xFF for b in blob[start:end])
+        path.write_bytes(bytes(blob))
+    ks.vectors.evict(ref)
+
+
+@pytest.mark.parametrize("where", ["footer", "middle"])
+def test_writes_and_deletes_on_a_damaged_lance_dataset_raise_integrity_error(
+    vks: Keyshred, where: str
+) -> None:
+    """Not only reads: an indexed put, an update and a delete (which compacts) on a
+    tampered dataset raise ``IntegrityError``, never a raw Lance or Arrow error, and
+    the memories stay readable. Damaged pages in the middle are met by the
+    compaction only (a put's delete-by-id and append do not read them)."""
+    for i in range(4):
+        vks.memories.put("alice", NS, f"k{i}", {"text": f"fact {i} about gardens"}, index=True)
+    flip_lance_data(vks, vks.subject_ref("alice"), where)
+    calls = [
+        lambda: vks.memories.put("alice", NS, "k9", {"text": "a fact about ponds"}, index=True),
+        lambda: vks.memories.put("alice", NS, "k1", {"text": "fact 1 about ponds"}, index=True),
+    ]
+    calls = calls if where == "footer" else []
+    for call in [*calls, lambda: vks.memories.delete("alice", NS, "k2")]:
+        with pytest.raises(IntegrityError) as info:
+            call()
+        assert "lance error" not in str(info.value).lower()
+        assert info.value.__cause__ is None
+    for i in (0, 1, 3):
+        got = vks.memories.get("alice", NS, f"k{i}")
+        assert got is not None and got.value == {"text": f"fact {i} about gardens"}
+
+
 def test_no_probe_and_no_float_block_in_any_file(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     ks = Keyshred.init(tmp_path / "data", make_config(flush_records=3), embeddings=bag_of_words)
