@@ -913,20 +913,7 @@ class BackupManager:
             # 5. Replay every tombstone the snapshot did not hold (their keys are
             #    gone already): partitions, catalog rows, tokens, derived data.
             for tomb in tombstones:
-                req = restored.erasure.replay(tomb)
-                if req.state != "completed":
-                    raise IntegrityError(
-                        f"replaying tombstone {tomb.tombstone_id} failed ({req.state}: {req.error})"
-                    )
-                report.replayed.append(
-                    {
-                        "tombstone_id": tomb.tombstone_id,
-                        "subject_ref": tomb.subject_ref,
-                        "scope": tomb.scope,
-                        "keys": len(tomb.key_ids),
-                        "erased_at": tomb.erased_at.isoformat(),
-                    }
-                )
+                _replay(restored, tomb, report)
                 self._point("replayed")
             # 5b. Token numbers: skip every block the live catalog has handed out
             #     (plus a margin for a process that takes one meanwhile), so no
@@ -987,20 +974,7 @@ class BackupManager:
         seen |= {t.tombstone_id for t in restored.keyring.store.tombstones()}
         late = [t for t in self.tombstones(tgt) if t.tombstone_id not in seen]
         for tomb in late:
-            req = restored.erasure.replay(tomb)
-            if req.state != "completed":
-                raise IntegrityError(
-                    f"replaying tombstone {tomb.tombstone_id} failed ({req.state}: {req.error})"
-                )
-            report.replayed.append(
-                {
-                    "tombstone_id": tomb.tombstone_id,
-                    "subject_ref": tomb.subject_ref,
-                    "scope": tomb.scope,
-                    "keys": len(tomb.key_ids),
-                    "erased_at": tomb.erased_at.isoformat(),
-                }
-            )
+            _replay(restored, tomb, report)
 
     def _restored_config(self, manifest: Manifest) -> Config:
         doc = dict(manifest.config)
@@ -1044,6 +1018,24 @@ class BackupManager:
             for t in self._targets.values():
                 t.close()
             self._targets.clear()
+
+
+def _replay(restored: Keyshred, tomb: Tombstone, report: RestoreReport) -> None:
+    """Replay one tombstone in a restored copy through the erasure steps, and say so."""
+    req = restored.erasure.replay(tomb)
+    if req.state != "completed":
+        raise IntegrityError(
+            f"replaying tombstone {tomb.tombstone_id} failed ({req.state}: {req.error})"
+        )
+    report.replayed.append(
+        {
+            "tombstone_id": tomb.tombstone_id,
+            "subject_ref": tomb.subject_ref,
+            "scope": tomb.scope,
+            "keys": len(tomb.key_ids),
+            "erased_at": tomb.erased_at.isoformat(),
+        }
+    )
 
 
 def _inside(root: Path, path: Path) -> bool:
