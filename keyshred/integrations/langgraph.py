@@ -524,7 +524,10 @@ def _configurable(config: Any) -> dict[str, Any]:
         raise InvalidInput("config['configurable'] is a dict")
     for name in _IDS:
         value = conf.get(name)
-        if value is None or (name == "thread_id" and isinstance(value, int | uuid.UUID)):
+        # Every saver call passes here: ASCII ids skip the call (and its message).
+        if value is None or (type(value) is str and value.isascii()):
+            continue
+        if name == "thread_id" and isinstance(value, int | uuid.UUID):
             continue
         check_text(value, f"config['configurable'][{name!r}]")
     return dict(conf)
