@@ -71,12 +71,13 @@ class Keyshred:
         self.policy = Policy(config.scopes, config.storage.default_max_retention_days)
         settings = config.storage
         vec = config.vectors
-        self.vectors = VectorIndex(
+        self._vectors = VectorIndex(
             vec.uri or str(path / VECTORS_DIR),
             keyring,
             cache_max_vectors=vec.cache_max_vectors,
             compact_every=vec.compact_every,
         )
+        self.vectors = self._guard(self._vectors)
         embedder: Callable[[], Embedder] = (
             MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
         )
@@ -91,7 +92,7 @@ class Keyshred:
             flush_records=settings.flush_records,
             fsync=settings.durability == "fsync",
             max_open_partitions=settings.max_open_partitions,
-            vectors=self.vectors,
+            vectors=self._vectors,
             embedder=embedder,
         )
         self.memories = self._guard(self._memories)
@@ -317,6 +318,9 @@ class Keyshred:
             self._memories.close(flush=flush)
             self._backup.close()
         finally:
+            # Decrypted vectors must not outlive the handle (the cache answers a
+            # search without any key).
+            self._vectors.evict()
             self._catalog.close()
             self._keyring.close()
 
