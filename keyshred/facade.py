@@ -7,6 +7,7 @@ the vault and backups attach here as they are built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -313,16 +314,19 @@ class Keyshred:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._vault.close()
-            self._memories.close(flush=flush)
-            self._backup.close()
-        finally:
+        # Every close runs even if one before it fails (a vault flush on a cut
+        # database); the last error raised propagates, earlier ones as its
+        # context. Last in, first run: vault, memories, backup, vectors, catalog,
+        # keyring.
+        with contextlib.ExitStack() as closes:
+            closes.callback(self._keyring.close)
+            closes.callback(self._catalog.close)
             # Decrypted vectors must not outlive the handle (the cache answers a
             # search without any key).
-            self._vectors.evict()
-            self._catalog.close()
-            self._keyring.close()
+            closes.callback(self._vectors.evict)
+            closes.callback(self._backup.close)
+            closes.callback(self._memories.close, flush=flush)
+            closes.callback(self._vault.close)
 
     def __enter__(self) -> Keyshred:
         return self
