@@ -209,6 +209,8 @@ def seal_package(
 def read_header(package: bytes) -> PackageHeader:
     """The checked header (``IntegrityError`` for anything malformed, before any
     key derivation)."""
+    if not isinstance(package, bytes | bytearray):
+        raise InvalidInput("an export package is bytes (the file's content)")
     line, sep, _ = package.partition(b"\n")
     if not sep:
         raise IntegrityError("this is not a keyshred export package")

@@ -20,7 +20,9 @@ backup schedule does (``ks.backup.maintain``).
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -118,6 +120,7 @@ class PostgresKeyStore(_SqlKeyStore):
             pool_pre_ping=pre_ping,
         )
         replace_hung_up(self._engine)
+        _STORES.add(self)
         try:
             with self._tx() as cur:
                 cur.execute(_PG_SCHEMA)
@@ -293,5 +296,21 @@ class PostgresKeyStore(_SqlKeyStore):
     def close(self) -> None:
         self._engine.dispose()
 
+    def _forked(self) -> None:
+        """In a forked child: the parent's pooled connections stay the parent's (a
+        connection must not cross a fork); the child opens its own."""
+        self._engine.dispose(close=False)
+
     def __repr__(self) -> str:
         return "PostgresKeyStore()"
+
+
+_STORES: weakref.WeakSet[PostgresKeyStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

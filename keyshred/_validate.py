@@ -75,7 +75,8 @@ def check_index(value: Any) -> bool | tuple[str, ...] | None:
 
 
 def check_depth(value: Any, max_depth: int, setting: str = "storage.max_value_depth") -> Any:
-    """``value`` if its lists and dicts nest at most ``max_depth`` levels.
+    """``value`` if its lists and dicts nest at most ``max_depth`` levels and every
+    dict key is a string.
 
     Iterative, so a value nested far deeper than the interpreter's recursion limit
     is refused here instead of blowing up inside ``json.dumps``. It runs on every
@@ -90,6 +91,8 @@ def check_depth(value: Any, max_depth: int, setting: str = "storage.max_value_de
         node, depth = pop()
         if depth > max_depth:
             raise ValueTooLarge(f"the value nests deeper than {setting} ({max_depth} levels)")
+        if isinstance(node, dict):
+            _check_keys(node)
         for child in node.values() if isinstance(node, dict) else node:
             if isinstance(child, _NESTED):
                 push((child, depth + 1))
@@ -97,3 +100,11 @@ def check_depth(value: Any, max_depth: int, setting: str = "storage.max_value_de
 
 
 _NESTED = (dict, list, tuple)
+
+
+def _check_keys(node: dict[Any, Any]) -> None:
+    # JSON turns the key 1 into "1": {"1": a, 1: b} would be stored as {"1": b},
+    # one value lost without a word.
+    for key in node:
+        if not isinstance(key, str):
+            raise InvalidInput("the keys of a JSON object in a memory value are strings")

@@ -7,6 +7,7 @@ the vault and backups attach here as they are built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -71,12 +72,13 @@ class Keyshred:
         self.policy = Policy(config.scopes, config.storage.default_max_retention_days)
         settings = config.storage
         vec = config.vectors
-        self.vectors = VectorIndex(
+        self._vectors = VectorIndex(
             vec.uri or str(path / VECTORS_DIR),
             keyring,
             cache_max_vectors=vec.cache_max_vectors,
             compact_every=vec.compact_every,
         )
+        self.vectors = self._guard(self._vectors)
         embedder: Callable[[], Embedder] = (
             MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
         )
@@ -91,7 +93,7 @@ class Keyshred:
             flush_records=settings.flush_records,
             fsync=settings.durability == "fsync",
             max_open_partitions=settings.max_open_partitions,
-            vectors=self.vectors,
+            vectors=self._vectors,
             embedder=embedder,
         )
         self.memories = self._guard(self._memories)
@@ -312,13 +314,19 @@ class Keyshred:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._vault.close()
-            self._memories.close(flush=flush)
-            self._backup.close()
-        finally:
-            self._catalog.close()
-            self._keyring.close()
+        # Every close runs even if one before it fails (a vault flush on a cut
+        # database); the last error raised propagates, earlier ones as its
+        # context. Last in, first run: vault, memories, backup, vectors, catalog,
+        # keyring.
+        with contextlib.ExitStack() as closes:
+            closes.callback(self._keyring.close)
+            closes.callback(self._catalog.close)
+            # Decrypted vectors must not outlive the handle (the cache answers a
+            # search without any key).
+            closes.callback(self._vectors.evict)
+            closes.callback(self._backup.close)
+            closes.callback(self._memories.close, flush=flush)
+            closes.callback(self._vault.close)
 
     def __enter__(self) -> Keyshred:
         return self

@@ -125,3 +125,27 @@ def test_a_component_kept_across_close_is_refused_too(tmp_path: Path) -> None:
         memories.get("alice", NS_CLOSED, "k")
     with pytest.raises(HandleClosed):
         put("alice", NS_CLOSED, "k", 1)
+
+
+def test_close_evicts_decrypted_vectors_and_the_vector_index_is_refused(tmp_path: Path) -> None:
+    # Review of #18 item 8: ``ks.vectors`` (and ``ks.memories.vectors``) was handed out
+    # unguarded, and ``close`` left the decrypted vectors of searched subjects in its
+    # cache: a closed handle still answered searches without any key.
+    import numpy as np
+
+    from tests.storage.conftest import make_config
+    from tests.storage.test_vectors import bag_of_words
+
+    ks = Keyshred.init(tmp_path / "d", make_config(), embeddings=bag_of_words)
+    ks.memories.put("alice", NS_CLOSED, "a", {"text": "allergic to peanuts"}, index=["text"])
+    assert ks.memories.search("alice", NS_CLOSED, query="peanuts", limit=5)
+    ref = ks.subject_ref("alice")
+    index = ks.vectors
+    raw = ks._memories.vectors
+    assert raw is not None
+    ks.close()
+    with pytest.raises(HandleClosed):
+        index.search(ref, np.ones(len(bag_of_words(["x"])[0]), np.float32), 5)
+    with pytest.raises(HandleClosed):
+        ks.vectors.count(ref)
+    assert not raw._cache  # nothing decrypted outlives the handle

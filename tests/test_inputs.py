@@ -98,3 +98,18 @@ def test_init_over_a_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         Keyshred.init(a_file / "below")
     assert a_file.read_bytes() == b"data"
+
+
+def test_a_value_whose_keys_json_would_merge_is_refused_not_half_stored(ks: Keyshred) -> None:
+    # Review of #18 item 9: JSON turns the key 1 into "1", so {"1": a, 1: b} was
+    # stored as {"1": b}: one value dropped, and no error.
+    for value in ({"1": "kept?", 1: "other"}, [{"a": 1, (1, 2): 2}], {"x": {None: 1}}):
+        with pytest.raises(InvalidInput):
+            ks.memories.put("alice", NS, "merged", value)
+    assert ks.memories.get("alice", NS, "merged") is None
+
+
+def test_open_export_of_text_instead_of_bytes_is_invalid_input(ks: Keyshred) -> None:
+    # Review of #18 item 9: a package read as text raised the driver's TypeError.
+    with pytest.raises(InvalidInput):
+        ks.open_export("not the bytes of a package", passphrase="p" * 16)  # type: ignore[arg-type]

@@ -233,3 +233,36 @@ def test_a_locked_sqlite_key_store_is_backend_unavailable_until_released(
     assert store.insert(record).key_id == record.key_id
     assert store.put_secret(SecretRecord("s", "local", 1, b"w" * 40)).name == "s"
     store.close()
+
+
+def test_a_forked_child_opens_its_own_postgres_key_store_connection() -> None:
+    # Review of #18 item 1: the catalog's pool is disposed in a forked child, the
+    # PostgreSQL key store's was not: the child reused the parent's pooled
+    # connection (one socket, two processes interleaving one protocol stream).
+    import os
+
+    from keyshred.keyring.pgstore import PostgresKeyStore
+
+    with pg_schema() as options:
+        store = PostgresKeyStore(f"postgresql://postgres@127.0.0.1:5432/test?{options}")
+        try:
+            ((parent,),) = store._query("SELECT pg_backend_pid()")
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: report its server process, never return
+                code = 1
+                try:
+                    ((child,),) = store._query("SELECT pg_backend_pid()")
+                    os.write(w, str(child).encode())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            with os.fdopen(r, "rb") as out:
+                reported = out.read()
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert int(reported) != parent
+            assert store._query("SELECT pg_backend_pid()") == [(parent,)]  # still ours
+        finally:
+            store.close()
