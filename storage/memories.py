@@ -344,21 +344,26 @@ class MemoryStore:
     def partition_path(self, subject_ref: str) -> Path:
         return self._root / f"subject={subject_ref}"
 
+    def _new_partition(self, subject_ref: str, *, checked: bool) -> Partition:
+        """A partition object; ``checked`` ones compare their rows with the catalog on
+        load and finish recorded deletions (repair reads without either)."""
+        return Partition(
+            self.partition_path(subject_ref),
+            subject_ref,
+            self._keyring,
+            self._sealer,
+            self.pme,
+            fsync=self._fsync,
+            expected_ids=self._expected_ids if checked else None,
+            finish_deletes=self._finish_deletes if checked else None,
+            freeze=self.freeze,
+        )
+
     def _partition(self, subject_ref: str) -> Partition:
         with self._lock:
             part = self._partitions.get(subject_ref)
             if part is None:
-                part = Partition(
-                    self.partition_path(subject_ref),
-                    subject_ref,
-                    self._keyring,
-                    self._sealer,
-                    self.pme,
-                    fsync=self._fsync,
-                    expected_ids=self._expected_ids,
-                    finish_deletes=self._finish_deletes,
-                    freeze=self.freeze,
-                )
+                part = self._new_partition(subject_ref, checked=True)
                 self._partitions[subject_ref] = part
                 while len(self._partitions) > self._max_open:
                     _, old = self._partitions.popitem(last=False)
@@ -1253,15 +1258,7 @@ class MemoryStore:
             cached = self._partitions.pop(subject_ref, None)
         if cached is not None:
             cached.close()
-        part = Partition(
-            self.partition_path(subject_ref),
-            subject_ref,
-            self._keyring,
-            self._sealer,
-            self.pme,
-            fsync=self._fsync,
-            freeze=self.freeze,
-        )
+        part = self._new_partition(subject_ref, checked=False)
         try:
             with part.flocked(refresh=False):
                 report = self._repair_findings(subject_ref, part)
