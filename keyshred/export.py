@@ -189,6 +189,8 @@ def export_subject(
                 "producer": producer,
                 "producer_version": version,
                 "sources": list(r.sources),
+                # Who else the memory is about (subject_refs): provenance, kept.
+                "mentions": list(r.mentions),
                 "created_at": _iso(datetime.fromtimestamp(r.created_us / 1e6, UTC)),
                 "updated_at": _iso(datetime.fromtimestamp(r.updated_us / 1e6, UTC)),
                 "retain_until": _iso(datetime.fromtimestamp(r.retain_us / 1e6, UTC)),

@@ -218,8 +218,9 @@ def test_a_row_whose_shared_key_is_destroyed_is_opaque_not_corrupt(ks: Keyshred)
     flush, and deleting it by id works without its key."""
     victim = "victim@example.org"
     ks.memories.put(victim, NS, "own", "x")
-    shared = ks.memories.put("dave", NS, "m", {"text": "victim sails kayaks"}, mentions=[victim],
-                             index=["text"])
+    shared = ks.memories.put(
+        "dave", NS, "m", {"text": "victim sails kayaks"}, mentions=[victim], index=["text"]
+    )
     ks.memories.put("dave", NS, "own", {"text": "dave sails kayaks"}, index=["text"])
     ks.memories.flush()
     dave = ks.subject_ref("dave")
@@ -257,8 +258,11 @@ def _sealed_values(ks: Keyshred, ref: str) -> dict[str, bytes]:
     for path in sorted(ks.memories.partition_path(ref).glob("seg-*.parquet")):
         table = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
         out.update(
-            zip(table.column("memory_id").to_pylist(), table.column("value").to_pylist(),
-                strict=True)
+            zip(
+                table.column("memory_id").to_pylist(),
+                table.column("value").to_pylist(),
+                strict=True,
+            )
         )
     return out
 
@@ -290,12 +294,24 @@ def test_a_derived_asset_is_owned_by_the_owners_of_its_sources_transitively(
     victim = "victim@example.org"
     fact = ks.memories.put("carol", NS, "f", "carol met the victim", mentions=[victim])
     first = ks.derived.register(
-        "summary", subject="bob", namespace=("s",), key="one", value="s1",
-        produced_from=[fact.memory_id], producer="p", producer_version="1",
+        "summary",
+        subject="bob",
+        namespace=("s",),
+        key="one",
+        value="s1",
+        produced_from=[fact.memory_id],
+        producer="p",
+        producer_version="1",
     )
     second = ks.derived.register(
-        "summary", subject="dave", namespace=("s",), key="two", value="s2",
-        produced_from=[first.memory_id], producer="p", producer_version="1",
+        "summary",
+        subject="dave",
+        namespace=("s",),
+        key="two",
+        value="s2",
+        produced_from=[first.memory_id],
+        producer="p",
+        producer_version="1",
     )
     ks.memories.flush()
     for subject, m, expect in (
@@ -369,9 +385,7 @@ def test_restore_keeps_provenance_and_the_shared_keys(ks: Keyshred, tmp_path: Pa
         r.close()
 
 
-def test_export_keeps_provenance_and_leaves_out_opaque_rows(
-    ks: Keyshred, tmp_path: Path
-) -> None:
+def test_export_keeps_provenance_and_leaves_out_opaque_rows(ks: Keyshred, tmp_path: Path) -> None:
     from keyshred.export import open_export
 
     src = ks.memories.put("bob", NS, "src", "s")
