@@ -120,11 +120,10 @@ def _worker(repo: Path, args: argparse.Namespace) -> dict[str, Any]:
         # Every DEK record (older than any epoch there will be): the holder and, in
         # a checkout with owner-set keys, the other owners of each.
         records = ks.keyring.store.older_than(2**62, 2**31)
-        owner_sets = {frozenset((r.subject_ref, *getattr(r, "owners", ()))) for r in records}
-        counts = {
-            "dek": len(records),
-            "dek_shared": sum(1 for r in records if getattr(r, "owners", ())),
-        }
+        shared = [r.key_id for r in records if getattr(r, "owner_tag", "")]
+        others = ks.keyring.owners_of(shared) if shared else {}
+        owner_sets = {frozenset((r.subject_ref, *others.get(r.key_id, ()))) for r in records}
+        counts = {"dek": len(records), "dek_shared": len(shared)}
         erase_s = 0.0
         victims = list(dict.fromkeys(mentioned))[: args.erasures]
         for v in victims:

@@ -443,3 +443,16 @@ def test_a_receipt_from_before_shared_keys_still_verifies(ks: Keyshred) -> None:
     doc["key_ids"] = []
     with pytest.raises(IntegrityError):
         verify_receipt(load_receipt(json.dumps(doc)), ks.keyring.signer().public_key)
+
+
+def test_backup_coverage_counts_a_subject_that_only_co_owns_keys(ks: Keyshred) -> None:
+    """A subject that never stored anything itself but is mentioned by dave: the
+    generation holds a key it co-owns, so the receipt's backup dates cover it."""
+    ks.memories.put("dave", NS, "m", "about the victim", mentions=["victim@example.org"])
+    gen = ks.backup.create()
+    req = ks.erase("victim@example.org", requested_by="dpo", reason="gdpr-art17")
+    assert req.state == "completed", req.error
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None
+    assert receipt.backups.generations == [gen.generation]
+    assert receipt.backups.epoch_destroyed_by is not None
