@@ -630,8 +630,7 @@ class SQLiteKeyStore(_SqlKeyStore):
             query = "SELECT subject_ref FROM dek"
             if owned:  # a snapshot from before owner sets has no owner table
                 query += (
-                    " UNION SELECT o.owner_ref FROM dek_owner o"
-                    " JOIN dek d ON d.key_id = o.key_id"
+                    " UNION SELECT o.owner_ref FROM dek_owner o JOIN dek d ON d.key_id = o.key_id"
                 )
             refs = [r[0] for r in db.execute(f"SELECT DISTINCT * FROM ({query}) ORDER BY 1")]  # noqa: S608
             tombs = [r[0] for r in db.execute("SELECT tombstone_id FROM tombstone ORDER BY 1")]
