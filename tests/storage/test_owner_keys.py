@@ -456,3 +456,23 @@ def test_backup_coverage_counts_a_subject_that_only_co_owns_keys(ks: Keyshred) -
     assert receipt is not None
     assert receipt.backups.generations == [gen.generation]
     assert receipt.backups.epoch_destroyed_by is not None
+
+
+def test_an_export_is_unreadable_once_a_subject_it_is_about_is_erased(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """dave's export holds his fact about the victim: the package's key is co-owned
+    by the victim, so the victim's erasure makes every copy of it unreadable."""
+    from keyshred.export import open_export
+
+    ks.memories.put("victim@example.org", NS, "own", "x")
+    ks.memories.put("dave", NS, "m", "the victim's phone", mentions=["victim@example.org"])
+    ks.memories.put("eve", NS, "own", "eve's own")
+    for who in ("dave", "eve"):
+        ks.export(who, tmp_path / f"{who}.ksx", passphrase="correct horse battery")
+    req = ks.erase("victim@example.org", requested_by="dpo", reason="gdpr-art17")
+    assert req.state == "completed", req.error
+    with pytest.raises(SubjectErased):
+        open_export(ks, (tmp_path / "dave.ksx").read_bytes(), passphrase="correct horse battery")
+    files = open_export(ks, (tmp_path / "eve.ksx").read_bytes(), passphrase="correct horse battery")
+    assert [m["key"] for m in files["memories.json"]] == ["own"]
