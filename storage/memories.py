@@ -909,7 +909,10 @@ class MemoryStore:
         ns, k = _namespace(namespace), _key(key)
         part = self._partition(ref)
         with part.flocked():
-            row = part.rows.get(part.lookup(ns, k)) if part.rows else None
+            found = part.lookup(ns, k) if part.rows or part.opaque else None
+            # An opaque row (its shared key destroyed) at that name goes too: deleting
+            # needs its name's lookup hash, not its key.
+            row = None if found is None else part.rows.get(found) or part.opaque.get(found)
             if row is None:
                 return False
             # Deletion is not correction: the value goes with every earlier version.
@@ -1225,7 +1228,9 @@ class MemoryStore:
         p = tuple(prefix)
         part = self._partition(ref)
         with part.flocked():
-            doomed = [r for r in part.rows.values() if r.namespace[: len(p)] == p]
+            # Opaque rows too: a derived asset's name is readable, and an empty prefix
+            # (everything) takes those whose names are sealed with their value.
+            doomed = [r for r in part.all_rows() if r.namespace[: len(p)] == p]
             if not doomed:
                 return 0
             self._delete_rows(ref, part, doomed)

@@ -476,3 +476,39 @@ def test_an_export_is_unreadable_once_a_subject_it_is_about_is_erased(
         open_export(ks, (tmp_path / "dave.ksx").read_bytes(), passphrase="correct horse battery")
     files = open_export(ks, (tmp_path / "eve.ksx").read_bytes(), passphrase="correct horse battery")
     assert [m["key"] for m in files["memories.json"]] == ["own"]
+
+
+def test_an_opaque_row_is_deleted_by_its_name_without_its_key(ks: Keyshred) -> None:
+    ks.memories.put("victim@example.org", NS, "own", "x")
+    m = ks.memories.put("dave", NS, "m", "about the victim", mentions=["victim@example.org"])
+    ks.keyring.destroy(ks.subject_ref("victim@example.org"))
+    dave = ks.subject_ref("dave")
+    ks.memories.evict(dave)
+    ks.keyring.cache.clear()
+    assert ks.memories.get("dave", NS, "m") is None
+    assert ks.memories.delete("dave", NS, "m")
+    assert ks.catalog.asset(m.memory_id) is None
+    ks.memories.evict(dave)
+    assert ks.memories.rows_by_id(dave, [m.memory_id], opaque=True) == {}
+
+
+def test_a_sealed_row_moved_or_under_another_holders_key_raises(ks: Keyshred) -> None:
+    """Tampering raises: a sealed row's ciphertext is bound to its holder, scope and
+    memory id, and its key must be the holder's own for that scope."""
+    from dataclasses import replace
+
+    from keyshred.storage.partition import seal_row
+
+    a = ks.memories.put("dave", NS, "a", "one", mentions=["eve"])
+    b = ks.memories.put("dave", NS, "b", "two", mentions=["eve"])
+    dave = ks.subject_ref("dave")
+    part = ks.memories._partition(dave)
+    rows = ks.memories.rows_by_id(dave, [a.memory_id, b.memory_id])
+    moved = replace(rows[b.memory_id], sealed=rows[a.memory_id].sealed)
+    with pytest.raises(IntegrityError):
+        part._unseal([moved])
+    frank = ks.keyring.data_key(ks.subject_ref("frank"), "default", owners=[ks.subject_ref("eve")])
+    foreign = seal_row(frank, ks.subject_ref("frank"), rows[a.memory_id])
+    with pytest.raises(IntegrityError):
+        part._unseal([replace(rows[a.memory_id], sealed=foreign.sealed)])
+    assert [r.value for r in part._unseal([rows[a.memory_id]])] == [b'"one"']
