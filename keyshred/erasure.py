@@ -9,9 +9,12 @@ Steps, each idempotent and recorded before the next starts, so a crash at any po
 resumes where it stopped and nothing becomes readable again:
 
 1. ``suppress``      guard + deletion epoch bump in one transaction; caches evicted
-2. ``destroy_keys``  the scope DEKs: from here every copy is unreadable
+2. ``destroy_keys``  the scope DEKs, and the keys of other holders' data the subject
+                     co-owns (mentions, derived assets): from here every copy is
+                     unreadable
 3. ``closure``       the subject's assets and, by reverse provenance and mentions,
-                     every derived asset built from them (recorded, then acted on)
+                     every derived asset built from them (recorded, then acted on),
+                     with the assets each destroyed co-owned key made unreadable
 4. ``drop_memories`` / ``drop_vectors`` / ``drop_tokens`` / ``drop_checkpoints``
                      partitions, datasets, tokens and agent threads removed
 5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
