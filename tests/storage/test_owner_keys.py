@@ -172,6 +172,9 @@ def test_the_pre_erasure_backup_yields_nothing_of_the_victim_to_the_live_keyring
     gen = ks.backup.create()
     req = ks.erase(s["victim"], requested_by="dpo", reason="gdpr-art17")
     assert req.state == "completed", req.error
+    # As in the finding: the live KEK rotated and every older epoch destroyed.
+    rotated = ks.keyring.rotate_kek()
+    ks.keyring.destroy_kek_epochs_before(rotated.new_epoch, force=True)
 
     target = ks.backup.target()
     copy = tmp_path / "copy"
