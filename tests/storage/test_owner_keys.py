@@ -284,6 +284,8 @@ def test_rows_of_one_owner_set_share_one_key_and_own_rows_use_the_scope_key(
     assert values[a.memory_id][:3] == _MAGIC
     assert key_a == key_b != key_d
     assert values[c.memory_id] == b'"three"'  # the holder's own row: PME only
+    # Keys grow with distinct owner sets, not with rows: two shared keys here.
+    assert ks.keyring.store.counts()["shared"] == 2
     owners = ks.keyring.owners_of([key_a, key_d])
     assert owners[key_a] == (ks.subject_ref(victim),)
     assert set(owners[key_d]) == {ks.subject_ref(victim), ks.subject_ref("eve")}
