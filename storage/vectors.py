@@ -1,4 +1,4 @@
-"""Per-subject vector partitions in LanceDB, every vector sealed with its scope DEK.
+"""Per-subject vector partitions in LanceDB, every vector sealed with its memory's key.
 
 One LanceDB dataset per subject: ``vectors/<subject_ref>.lance`` under the data
 folder (``uri`` may be an ``s3://`` prefix; LanceDB takes ``storage_options``).
@@ -6,6 +6,10 @@ Columns: ``vec_id`` (memory id + field number), ``memory_id``, ``scope``, ``fiel
 (the JSON path that was embedded), ``updated_us`` in plaintext; ``vec`` is the
 envelope ciphertext of the float32 vector, bound to (subject_ref, scope, "vectors",
 vec_id, "embedding"), so a vector moved to another row or subject fails to decrypt.
+The key is the holder's scope DEK, or for a memory about other subjects too (one that
+mentions them, a derived asset) the owner-set DEK its row is sealed under: a vector
+whose key was destroyed is unreadable, left out of every search and count, and
+deleted by memory id (no key needed) when its memory goes.
 
 Search decrypts one subject's partition into a bounded in-memory cache (an erasure
 target: ``evict`` drops it) and ranks by cosine similarity with NumPy, restricted to
