@@ -1453,9 +1453,16 @@ class MemoryStore:
             (),
             None,
         )
-        return self._put_rows(ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by)[
-            0
-        ]
+        memory = self._put_rows(
+            ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by
+        )[0]
+        # The previous version leaves the live files at once, as a deletion's does: it
+        # is unreadable already when a destroyed key sealed it, but a scope erasure
+        # destroys no co-owned key, and rebuilding is how its data leaves this asset.
+        part = self._partition(ref)
+        with part.flocked():
+            part.flush()
+        return memory
 
     @contextlib.contextmanager
     def locked(self, ref: str) -> Iterator[None]:

@@ -519,3 +519,36 @@ def test_a_sealed_row_moved_or_under_another_holders_key_raises(ks: Keyshred) ->
     with pytest.raises(IntegrityError):
         part._unseal([replace(rows[a.memory_id], sealed=foreign.sealed)])
     assert [r.value for r in part._unseal([rows[a.memory_id]])] == [b'"one"']
+
+
+def test_a_scope_erasure_rewrites_the_rebuilt_summary_out_of_the_live_files(
+    ks: Keyshred,
+) -> None:
+    """A scope erasure destroys no key the victim co-owns (keys are owned by subjects,
+    not scopes): the summary built from the victim's scope is rebuilt without it, and
+    its previous version is rewritten out of bob's live segment and log at once."""
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    victim = "victim@example.org"
+    ks.consent.grant(victim, scope="support/health", category="health")
+    health = ks.memories.put(
+        victim, NS, "h", f"{probe} asthma", scope="support/health", category="health"
+    )
+    other = ks.memories.put(victim, NS, "o", "likes chess")
+    ks.derived.register(
+        "summary",
+        subject="bob",
+        namespace=("s",),
+        key="sum",
+        value=f"{probe} and chess",
+        produced_from=[health.memory_id, other.memory_id],
+        producer="summarizer",
+        producer_version="1",
+        rebuild=summarize,
+    )
+    req = ks.erase(victim, scope="support/health", requested_by="dpo", reason="withdrawn")
+    assert req.state == "completed", req.error
+    bob = ks.subject_ref("bob")
+    plain, _ = decrypt_partition_files(ks, ks.memories.partition_path(bob), bob)
+    assert _found(probe, plain) == 0
+    rebuilt = ks.memories.get("bob", ("s",), "sum")
+    assert rebuilt is not None and rebuilt.value == '"likes chess"'
