@@ -618,11 +618,21 @@ class SQLiteKeyStore(_SqlKeyStore):
     @staticmethod
     def describe_snapshot(data: bytes) -> tuple[list[str], list[str]]:
         """(subject_refs with a live key, tombstone ids) of a snapshot, read in
-        memory: a snapshot is never written to disk unsealed just to be looked at."""
+        memory: a snapshot is never written to disk unsealed just to be looked at.
+        A subject with a live key holds one or co-owns one (another holder's data
+        about it): either way the generation can yield data about it."""
         db = sqlite3.connect(":memory:")
         try:
             db.deserialize(data)
-            refs = [r[0] for r in db.execute("SELECT DISTINCT subject_ref FROM dek ORDER BY 1")]
+            owned = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dek_owner'"
+            ).fetchone()
+            query = "SELECT subject_ref FROM dek"
+            if owned:  # a snapshot from before owner sets has no owner table
+                query += (
+                    " UNION SELECT o.owner_ref FROM dek_owner o JOIN dek d ON d.key_id = o.key_id"
+                )
+            refs = [r[0] for r in db.execute(f"SELECT DISTINCT * FROM ({query}) ORDER BY 1")]  # noqa: S608
             tombs = [r[0] for r in db.execute("SELECT tombstone_id FROM tombstone ORDER BY 1")]
         except sqlite3.DatabaseError:
             raise KeyshredError("the key store snapshot cannot be read") from None

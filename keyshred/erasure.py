@@ -9,9 +9,12 @@ Steps, each idempotent and recorded before the next starts, so a crash at any po
 resumes where it stopped and nothing becomes readable again:
 
 1. ``suppress``      guard + deletion epoch bump in one transaction; caches evicted
-2. ``destroy_keys``  the scope DEKs: from here every copy is unreadable
+2. ``destroy_keys``  the scope DEKs, and the keys of other holders' data the subject
+                     co-owns (mentions, derived assets): from here every copy is
+                     unreadable
 3. ``closure``       the subject's assets and, by reverse provenance and mentions,
-                     every derived asset built from them (recorded, then acted on)
+                     every derived asset built from them (recorded, then acted on),
+                     with the assets each destroyed co-owned key made unreadable
 4. ``drop_memories`` / ``drop_vectors`` / ``drop_tokens`` / ``drop_checkpoints``
                      partitions, datasets, tokens and agent threads removed
 5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
@@ -62,6 +65,7 @@ from keyshred.receipts import (
     DerivedAction,
     ExternalCall,
     Receipt,
+    SharedKey,
     StoreAction,
     load_receipt,
     sign_receipt,
@@ -74,6 +78,7 @@ from keyshred.storage.catalog import (
     legal_holds,
     utc,
 )
+from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred
@@ -390,6 +395,8 @@ class _Extent:
             "tombstone_id": tombstone.tombstone_id if tombstone.key_ids else None,
             "at": _iso(at),
             "cache_evicted": result.cache_entries_evicted,
+            # Keys of other holders' data about the subject, destroyed with its own.
+            "shared_keys": [[k.hex(), holder] for k, holder in result.shared_keys],
         }
 
     def drop_memories(self) -> int:
@@ -876,6 +883,7 @@ class ErasureCoordinator:
         # First level by one join on the subject; further levels (derived from
         # derived) by the few ids found.
         level = [a for a in extent.first_level() if a.asset_id not in seen]
+        holders: dict[str, list[str]] = {}
         while frontier or level:
             derived = self._catalog.derived_from(frontier) if frontier else []
             nxt = [a for a in [*level, *derived] if a.asset_id not in seen]
@@ -887,10 +895,37 @@ class ErasureCoordinator:
                 seen.add(a.asset_id)
                 closure.append(a.asset_id)
                 frontier.add(a.asset_id)
+                holders.setdefault(a.subject_ref, []).append(a.asset_id)
         counts: dict[str, int] = {}
         for kind in own.values():
             counts[kind] = counts.get(kind, 0) + 1
-        return {"own": sorted(own_ids), "own_counts": counts, "closure": closure}
+        shared = self._shared_assets(req, holders)
+        return {"own": sorted(own_ids), "own_counts": counts, "closure": closure, "shared": shared}
+
+    def _shared_assets(
+        self, req: ErasureRequest, holders: dict[str, list[str]]
+    ) -> list[dict[str, Any]]:
+        """For each co-owned key the request destroyed, the assets of its holder it
+        made unreadable: the closure's assets of that holder whose rows are sealed
+        under it (read from the rows' key ids; no key is needed)."""
+        keys = req.doc["details"]["destroy_keys"].get("shared_keys", [])
+        by_holder: dict[str, dict[str, list[str]]] = {}
+        for key_hex, holder in keys:
+            by_holder.setdefault(holder, {})[key_hex] = []
+        for holder, wanted in by_holder.items():
+            ids = holders.get(holder, [])
+            if not ids:
+                continue
+            rows = self._ks.memories.rows_by_id(holder, ids, opaque=True)
+            for asset_id in sorted(rows):
+                key_id = row_key_id(rows[asset_id])
+                if key_id is not None and key_id.hex() in wanted:
+                    wanted[key_id.hex()].append(asset_id)
+        return [
+            {"key_id": key_hex, "holder_subject_ref": holder, "assets": assets}
+            for holder, wanted in sorted(by_holder.items())
+            for key_hex, assets in sorted(wanted.items())
+        ]
 
     def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
         return self._extent(req).destroy_keys()
@@ -963,7 +998,9 @@ class ErasureCoordinator:
         remaining = [s for s in asset.sources if s not in erased]
         mentions = [m for m in asset.mentions if m != req.subject_ref or req.scope is not None]
         rebuild = derived.rebuilder(asset.producer, asset.producer_version)
-        rows = self._ks.memories.rows_by_id(owner, [asset.asset_id])
+        # Opaque too: its shared key went with the subject's; rebuilt (sealed under
+        # the key of its remaining owners) or dropped like a readable one.
+        rows = self._ks.memories.rows_by_id(owner, [asset.asset_id], opaque=True)
         row = rows.get(asset.asset_id)
         if row is None:
             return None
@@ -1214,6 +1251,7 @@ class ErasureCoordinator:
             legal_hold_history=bool(req.doc.get("held")),
             kind=req.doc.get("kind", "erasure"),
             assets=list(req.doc.get("assets", [])),
+            shared_keys=[SharedKey(**k) for k in d["closure"].get("shared", [])],
         )
         signed = sign_receipt(receipt, self._ks.keyring.signer())
         extent.finish()

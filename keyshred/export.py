@@ -20,6 +20,9 @@ The package is sealed (``keyshred.keyring.package``) to a passphrase or an X2551
 public key *and* to a DEK of the subject made for this export; it is a registered
 asset (kind ``export``) that expires. Erasing the subject, or the retention run after
 the expiry, destroys that DEK: every copy of the package is unreadable from then on.
+The package holds memories about other subjects too (one that mentions someone, a
+summary built from someone else's data): its DEK is owned by every subject any
+exported memory's key is owned by, so erasing any of them makes it unreadable as well.
 """
 
 from __future__ import annotations
@@ -37,9 +40,16 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from keyshred._validate import check_text
-from keyshred.errors import IntegrityError, InvalidInput, SubjectErased, TokenExpired
+from keyshred.errors import (
+    IntegrityError,
+    InvalidInput,
+    KeyNotFound,
+    SubjectErased,
+    TokenExpired,
+)
 from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events, tokens
+from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred
@@ -189,6 +199,8 @@ def export_subject(
                 "producer": producer,
                 "producer_version": version,
                 "sources": list(r.sources),
+                # Who else the memory is about (subject_refs): provenance, kept.
+                "mentions": list(r.mentions),
                 "created_at": _iso(datetime.fromtimestamp(r.created_us / 1e6, UTC)),
                 "updated_at": _iso(datetime.fromtimestamp(r.updated_us / 1e6, UTC)),
                 "retain_until": _iso(datetime.fromtimestamp(r.retain_us / 1e6, UTC)),
@@ -241,7 +253,11 @@ def export_subject(
         for name, data in files.items():
             zf.writestr(name, json.dumps(data, ensure_ascii=False, indent=1, default=str))
     scope = f"~export:{export_id}"
-    subject_key = ks.keyring.data_key(ref, scope).derive(_LABEL)
+    # Every subject an exported memory is about owns the package's key: read from
+    # the owner sets of the rows' keys (the holder's own rows have none).
+    row_keys = {k for k in (row_key_id(r) for r in rows) if k is not None}
+    owners = sorted({o for others in ks.keyring.owners_of(row_keys).values() for o in others})
+    subject_key = ks.keyring.data_key(ref, scope, owners=owners).derive(_LABEL)
     package = seal_package(
         content.getvalue(),
         export_id=export_id,
@@ -300,10 +316,21 @@ def open_export(
     if not head.key_scope.startswith("~export:"):
         raise IntegrityError("the package names a key that is not an export key")
     ks.catalog.check_guard(head.subject_ref)
+    gone = SubjectErased(f"export {head.export_id} can no longer be opened")
+    # The export's one key, whatever its owner set (the package does not name it).
+    records = ks.keyring.store.for_subject(head.subject_ref, head.key_scope)
+    if not records:
+        # Issued here (still catalogued: its key went with a co-owner's erasure), or
+        # its key destroyed by the subject's erasure or its expiry: gone. Else never ours.
+        if ks.catalog.asset(head.export_id) is not None or ks.keyring.store.is_tombstoned(
+            head.subject_ref, head.key_scope
+        ):
+            raise gone
+        raise KeyNotFound(f"no key for export {head.export_id}")
     try:
-        key = ks.keyring.data_key(head.subject_ref, head.key_scope, create=False)
+        key = ks.keyring.data_key_by_id(records[0].key_id)
     except SubjectErased:
-        raise SubjectErased(f"export {head.export_id} can no longer be opened") from None
+        raise gone from None
     content = open_package(
         package,
         subject_key=key.derive(_LABEL),

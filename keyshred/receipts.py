@@ -26,6 +26,7 @@ __all__ = [
     "DerivedAction",
     "ExternalCall",
     "Receipt",
+    "SharedKey",
     "Signature",
     "StoreAction",
     "load_receipt",
@@ -56,6 +57,17 @@ class DerivedAction(_Model):
     producer: str | None = None
     producer_version: str | None = None
     at: datetime
+
+
+class SharedKey(_Model):
+    """A key the erased subject co-owned with another holder's data (a memory that
+    mentions them, an asset derived from theirs), destroyed with the subject's own:
+    ``assets`` are the holder's assets it made unreadable, by asset id (each is then
+    rebuilt or dropped: see ``Receipt.derived``)."""
+
+    key_id: str
+    holder_subject_ref: str
+    assets: list[str] = []
 
 
 class ExternalCall(_Model):
@@ -120,11 +132,16 @@ class Receipt(_Model):
     # False: nothing of the subject was stored here (the id is suppressed all the
     # same). None in receipts issued before the field existed.
     found_data: bool | None = None
+    # The co-owned keys destroyed with the subject's (None in receipts issued
+    # before the field existed).
+    shared_keys: list[SharedKey] | None = None
     signature: Signature | None = None
 
     def canonical(self) -> bytes:
         # A field added later is left out while unset, so older receipts verify.
         unset = {"found_data"} if self.found_data is None else set()
+        if self.shared_keys is None:
+            unset.add("shared_keys")
         body = self.model_dump(mode="json", exclude={"signature", *unset})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 

@@ -1454,6 +1454,37 @@ class Catalog:
             ids -= own_ids
             return self._rows(conn, assets.c.asset_id.in_(sorted(ids))) if ids else []
 
+    def source_owners(self, source_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Every subject each source asset is about: its holder and the subjects it
+        mentions, and the same of its own sources, transitively (a derived asset of
+        a derived asset). One recursive query over the provenance and mention
+        tables, however many sources and levels. Sources the catalog does not hold
+        (erased) have no owners."""
+        ids = sorted(set(source_ids))
+        if not ids:
+            return {}
+        # UNION, not UNION ALL: a cycle in the provenance graph ends the walk.
+        sql = sa.text(
+            f"""
+            WITH RECURSIVE walk(root, asset_id) AS (
+                SELECT asset_id, asset_id FROM {assets.name} WHERE asset_id IN :ids
+                UNION
+                SELECT walk.root, s.source_id FROM walk
+                JOIN {asset_sources.name} s ON s.asset_id = walk.asset_id
+            )
+            SELECT walk.root, a.subject_ref FROM walk
+            JOIN {assets.name} a ON a.asset_id = walk.asset_id
+            UNION
+            SELECT walk.root, m.subject_ref FROM walk
+            JOIN {asset_mentions.name} m ON m.asset_id = walk.asset_id
+            """  # noqa: S608 - table names are ours, values are bound
+        ).bindparams(sa.bindparam("ids", expanding=True))
+        out: dict[str, set[str]] = {}
+        with self._read() as conn:
+            for root, owner in conn.execute(sql, {"ids": ids}):
+                out.setdefault(str(root), set()).add(str(owner))
+        return out
+
     def any_source_in(self, source_ids: Sequence[str]) -> int:
         """How many provenance edges still name one of ``source_ids``."""
         n = 0

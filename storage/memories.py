@@ -47,7 +47,14 @@ from keyshred.storage import faults
 from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog, assets
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
-from keyshred.storage.partition import MemoryRow, Partition, from_us, to_us
+from keyshred.storage.partition import (
+    MemoryRow,
+    Partition,
+    from_us,
+    row_key_id,
+    seal_row,
+    to_us,
+)
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
 from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
@@ -555,6 +562,13 @@ class MemoryStore:
             prepared.append((ns, k, raw, *target, mentioned, item))
         if not prepared:
             return []
+        # Who the sources are about (their holders and mentions, transitively): one
+        # catalog query for the batch, before the lock. They become key owners.
+        source_owners = (
+            self._catalog.source_owners({s for *_, item in prepared for s in item.sources})
+            if self._sealer.encrypted and any(item.sources for *_, item in prepared)
+            else {}
+        )
 
         part = self._partition(ref)
         # Embedding is slow: do it before taking the partition lock. The fields of an
@@ -583,7 +597,9 @@ class MemoryStore:
             ):
                 early = lookups[n] if part.lookup_key_id == index_key else None
                 lookup = early or part.lookup(ns, k)
-                old = seen.get(lookup) or part.rows.get(lookup)
+                # An opaque row at this name (its shared key destroyed) is replaced
+                # like any other: same asset, its vectors and catalog row renewed.
+                old = seen.get(lookup) or part.rows.get(lookup) or part.opaque.get(lookup)
                 replaced = replaced or old is not None
                 if item.index is None and old is not None and old.index != fields[n]:
                     fields[n] = old.index
@@ -609,10 +625,14 @@ class MemoryStore:
             last = {r.lookup: i for i, r in enumerate(rows)}  # last write of a key wins
             vectors = [vectors[i] for i in last.values()]
             rows = [rows[i] for i in last.values()]
-            previous = {r.lookup: part.rows.get(r.lookup) for r in rows}
+            if self._sealer.encrypted:
+                rows = self._seal_shared(ref, rows, source_owners)
+            previous = {
+                r.lookup: part.rows.get(r.lookup) or part.opaque.get(r.lookup) for r in rows
+            }
             stale = [v for p in previous.values() if p is not None for v in _vector_ids(p)]
             vec_items = [
-                VectorItem(r.memory_id, i, f, r.scope, now_us, vecs[i])
+                VectorItem(r.memory_id, i, f, r.scope, now_us, vecs[i], row_key_id(r))
                 for r, vecs in zip(rows, vectors, strict=True)
                 for i, f in enumerate(r.index)
             ]
@@ -643,6 +663,30 @@ class MemoryStore:
             if part.log_records >= self._flush_records:
                 part.flush()
         return [_memory(r) for r in rows]
+
+    def _seal_shared(
+        self, ref: str, rows: list[MemoryRow], source_owners: Mapping[str, set[str]]
+    ) -> list[MemoryRow]:
+        """Seal every row whose owner set is more than its holder (the subjects it
+        mentions, the owners of its sources) under the key of that owner set: one
+        key per (holder, scope, owner set), shared by all its rows, created here
+        under the partition lock like every first key of a subject."""
+        keys: dict[tuple[str, tuple[str, ...]], DataKey] = {}
+        out = []
+        for r in rows:
+            owners = set(r.mentions)
+            for source in r.sources:
+                owners |= source_owners.get(source, set())
+            owners.discard(ref)
+            if not owners:
+                out.append(r)
+                continue
+            wanted = (r.scope, tuple(sorted(owners)))
+            key = keys.get(wanted)
+            if key is None:
+                key = keys[wanted] = self._keyring.data_key(ref, r.scope, owners=wanted[1])
+            out.append(seal_row(key, ref, r))
+        return out
 
     # -- indexing ------------------------------------------------------------------
 
@@ -828,25 +872,34 @@ class MemoryStore:
         key: str,
         value: Any,
         *,
+        sources: Sequence[str] | None = None,
+        mentions: Iterable[Any] | None = None,
         epoch: int | None = None,
     ) -> Memory:
         """Replace the value of an existing memory (``NotFound`` if there is none);
-        scope, purpose, category and provenance stay as they are."""
+        scope, purpose, category and provenance stay as they are, unless ``sources``
+        or ``mentions`` (subjects) are given: those replace the old ones. Dropping a
+        mention silently would take the memory out of that subject's erasure."""
         existing = self._row(subject, namespace, key)
         if existing is None:
             raise NotFound("no memory at that namespace and key")
-        return self.put(
-            subject,
+        if mentions is not None and (
+            isinstance(mentions, str) or not isinstance(mentions, Iterable)
+        ):
+            raise InvalidInput("mentions is a list of subjects")
+        refs = existing.mentions if mentions is None else tuple({self._ref(m) for m in mentions})
+        item = PutItem(
             existing.namespace,
             existing.key,
             value,
-            scope=existing.scope,
-            purpose=existing.purpose,
-            category=existing.category,
-            sources=existing.sources,
-            mentions=(),
-            epoch=epoch,
+            existing.scope,
+            existing.purpose,
+            existing.category,
+            existing.sources if sources is None else sources,
         )
+        return self._put_rows(
+            self._ref(subject), [_checked(item)], epoch=epoch, mention_refs=[refs]
+        )[0]
 
     def delete(self, subject: Any, namespace: Sequence[str] | str, key: str) -> bool:
         """Delete one memory physically: the log records and segment rows holding it
@@ -856,7 +909,10 @@ class MemoryStore:
         ns, k = _namespace(namespace), _key(key)
         part = self._partition(ref)
         with part.flocked():
-            row = part.rows.get(part.lookup(ns, k)) if part.rows else None
+            found = part.lookup(ns, k) if part.rows or part.opaque else None
+            # An opaque row (its shared key destroyed) at that name goes too: deleting
+            # needs its name's lookup hash, not its key.
+            row = None if found is None else part.rows.get(found) or part.opaque.get(found)
             if row is None:
                 return False
             # Deletion is not correction: the value goes with every earlier version.
@@ -916,11 +972,12 @@ class MemoryStore:
                 old.scope,
                 old.purpose,
                 old.category,
+                old.sources,  # the old value is about the same subjects: same owners
                 index=False,
             ),
             PutItem(ns, k, value, old.scope, old.purpose, old.category, old.sources, (), None),
         ]
-        memory = self._put_rows(ref, items)[1]
+        memory = self._put_rows(ref, items, mention_refs=[old.mentions, old.mentions])[1]
         if self.audit is not None:
             self.audit.record(
                 "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
@@ -1101,8 +1158,9 @@ class MemoryStore:
             return
         with part.flocked():
             items = [
-                # Stamped with the row's version, which they are now embedded from.
-                VectorItem(r.memory_id, i, f, r.scope, r.updated_us, vec)
+                # Stamped with the row's version, which they are now embedded from,
+                # and sealed under the row's own (owner-set) key.
+                VectorItem(r.memory_id, i, f, r.scope, r.updated_us, vec, row_key_id(r))
                 for r in missing
                 for i, (f, vec) in enumerate(
                     zip(r.index, self._embed_one(r.value, r.index), strict=True)
@@ -1123,12 +1181,17 @@ class MemoryStore:
 
     # -- by subject_ref: the erasure coordinator's entry points ------------------
 
-    def rows_by_id(self, ref: str, memory_ids: Iterable[str]) -> dict[str, MemoryRow]:
-        """Rows of ``ref`` by memory id (no guard check: the coordinator decides)."""
+    def rows_by_id(
+        self, ref: str, memory_ids: Iterable[str], *, opaque: bool = False
+    ) -> dict[str, MemoryRow]:
+        """Rows of ``ref`` by memory id (no guard check: the coordinator decides);
+        with ``opaque`` also those whose shared key is destroyed (``row.opaque``:
+        no value; a derived asset keeps its namespace and key, for its rebuild)."""
         wanted = set(memory_ids)
         part = self._partition(ref)
         part.ensure_loaded()
-        return {r.memory_id: r for r in part.rows.values() if r.memory_id in wanted}
+        rows = part.all_rows() if opaque else part.rows.values()
+        return {r.memory_id: r for r in rows if r.memory_id in wanted}
 
     def namespaces_ref(self, ref: str, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:
         """The namespaces of ``ref``'s live memories under ``prefix`` (guard-checked)."""
@@ -1153,7 +1216,7 @@ class MemoryStore:
         wanted = set(memory_ids)
         part = self._partition(ref)
         with part.flocked():
-            doomed = [r for r in part.rows.values() if r.memory_id in wanted]
+            doomed = [r for r in part.all_rows() if r.memory_id in wanted]
             if doomed:
                 self._delete_rows(ref, part, doomed)
         return len(doomed)
@@ -1165,7 +1228,9 @@ class MemoryStore:
         p = tuple(prefix)
         part = self._partition(ref)
         with part.flocked():
-            doomed = [r for r in part.rows.values() if r.namespace[: len(p)] == p]
+            # Opaque rows too: a derived asset's name is readable, and an empty prefix
+            # (everything) takes those whose names are sealed with their value.
+            doomed = [r for r in part.all_rows() if r.namespace[: len(p)] == p]
             if not doomed:
                 return 0
             self._delete_rows(ref, part, doomed)
@@ -1229,7 +1294,7 @@ class MemoryStore:
             part = self._partition(ref)
             with part.flocked():
                 wanted = set(ids)
-                doomed = [r for r in part.rows.values() if r.memory_id in wanted]
+                doomed = [r for r in part.all_rows() if r.memory_id in wanted]
                 if doomed:
                     self._delete_rows(ref, part, doomed)
                     n += len(doomed)
@@ -1327,7 +1392,7 @@ class MemoryStore:
         self._forget(ref, set(report.unfinished_deletes), kinds)
         if forget_lost and report.lost:
             self._forget(ref, set(report.lost), kinds)
-        by_id = {r.memory_id: r for r in part.rows.values()}
+        by_id = {r.memory_id: r for r in part.all_rows()}
         pending = [by_id[m] for m in report.pending_deletes]
         if pending:
             self._delete_rows(ref, part, pending)
@@ -1356,7 +1421,8 @@ class MemoryStore:
         """Physically delete one memory (and its vectors and assets) by id."""
         part = self._partition(ref)
         with part.flocked():
-            row = next((r for r in part.rows.values() if r.memory_id == memory_id), None)
+            # An opaque row too: deleting needs its lookup and id, never its key.
+            row = next((r for r in part.all_rows() if r.memory_id == memory_id), None)
             if row is None:
                 return False
             self._delete_rows(ref, part, [row])
@@ -1387,9 +1453,16 @@ class MemoryStore:
             (),
             None,
         )
-        return self._put_rows(ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by)[
-            0
-        ]
+        memory = self._put_rows(
+            ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by
+        )[0]
+        # The previous version leaves the live files at once, as a deletion's does: it
+        # is unreadable already when a destroyed key sealed it, but a scope erasure
+        # destroys no co-owned key, and rebuilding is how its data leaves this asset.
+        part = self._partition(ref)
+        with part.flocked():
+            part.flush()
+        return memory
 
     @contextlib.contextmanager
     def locked(self, ref: str) -> Iterator[None]:

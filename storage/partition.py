@@ -17,6 +17,18 @@ manifest, and opening cleans up files the manifest does not name.
 Plaintext metadata columns (ids, subject_ref, scope, purpose, category, timestamps,
 retain_until, status, lookup hash, provenance ids) stay readable without keys so
 retention scans can run over every partition with DuckDB or pyarrow.
+
+Row-level keys (DESIGN.md "Row-level keys inside a segment"): a row whose owner set is
+more than its holder (it mentions someone, or derives from another subject's data)
+carries its sensitive values as one envelope ciphertext under the owner-set DEK,
+bound to ``(subject_ref, scope, "memories", memory_id, "row")``, in the ``value``
+column (PME on top) and likewise inside the log record, so erasing any owner makes
+exactly those rows unreadable in every copy of the files. Namespace and key go inside
+that ciphertext too (their columns hold ``""``), except for a derived asset (a row
+with sources): its name is the holder's own, kept under the holder's key so that an
+erasure can rebuild it in place. A row whose key was destroyed is *opaque*: kept in
+``Partition.opaque`` (never in ``rows``, so no read, search or count sees it), written
+back byte for byte by a flush, deletable by id without its key.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,8 +49,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
+from keyshred.errors import IntegrityError, KeyNotFound, SubjectErased, SubjectSuppressed
 from keyshred.keyring import _primitives as prim
+from keyshred.keyring.datakey import DataKey
+from keyshred.keyring.envelope import HEADER_BYTES, KEY_ID_BYTES, Place
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
 from keyshred.storage.applog import AppendLog
@@ -47,7 +61,17 @@ from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import INDEX_SCOPE
 from keyshred.storage.sealer import Sealer
 
-__all__ = ["ENCRYPTED_COLUMNS", "SCHEMA", "MemoryRow", "Partition", "from_us", "to_us"]
+__all__ = [
+    "ENCRYPTED_COLUMNS",
+    "SCHEMA",
+    "MemoryRow",
+    "Partition",
+    "from_us",
+    "row_key_id",
+    "row_place",
+    "seal_row",
+    "to_us",
+]
 
 ENCRYPTED_COLUMNS = ["namespace", "key", "value"]
 _MAC_LABEL = b"segment-mac"
@@ -74,6 +98,9 @@ SCHEMA = pa.schema(
 )
 PLAINTEXT_COLUMNS = [name for name in SCHEMA.names if name not in ENCRYPTED_COLUMNS]
 _MAC_META = b"keyshred.mac"
+_SEALED_MAGIC = b"KS\x01"  # an envelope's magic and version: never the start of JSON
+_ROW_TABLE = "memories"
+_ROW_COLUMN = "row"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +121,45 @@ class MemoryRow:
     sources: tuple[str, ...] = ()
     mentions: tuple[str, ...] = ()
     index: tuple[str, ...] = ()  # the JSON paths embedded into vectors
+    # The envelope ciphertext of the row's values under its owner-set key, as the
+    # files hold it (None: the holder's own row, under PME and the log's key only).
+    sealed: bytes | None = None
+    # Its owner-set key was destroyed: ``value`` (and, unless it is a derived
+    # asset, ``namespace`` and ``key``) are unknown; only ``sealed`` is kept.
+    opaque: bool = False
 
     def __repr__(self) -> str:
         return f"MemoryRow(memory_id={self.memory_id!r}, scope={self.scope!r})"
+
+
+def row_place(subject_ref: str, row: MemoryRow) -> Place:
+    """Where a row's sealed values belong: its holder, scope and memory id."""
+    return Place(subject_ref, row.scope, _ROW_TABLE, row.memory_id, _ROW_COLUMN)
+
+
+def _names_sealed(row: MemoryRow) -> bool:
+    """Whether namespace and key travel inside the sealed values: always, but for
+    a derived asset (a row with sources), whose name the erasure needs to rebuild it."""
+    return not row.sources
+
+
+def seal_row(key: DataKey, subject_ref: str, row: MemoryRow) -> MemoryRow:
+    """The row with its values sealed under ``key`` (an owner-set key of the
+    holder's scope): ``[namespace, key]`` (or ``null``) as JSON, a newline, the value."""
+    names = json.dumps([list(row.namespace), row.key] if _names_sealed(row) else None)
+    payload = names.encode("utf-8") + b"\n" + row.value
+    return replace(row, sealed=key.seal(payload, row_place(subject_ref, row)))
+
+
+def row_key_id(row: MemoryRow) -> bytes | None:
+    """The id of the owner-set key a row is sealed under (None: the holder's own)."""
+    if row.sealed is None:
+        return None
+    return row.sealed[HEADER_BYTES - KEY_ID_BYTES : HEADER_BYTES]
+
+
+def _is_sealed(value: bytes) -> bool:
+    return value[: len(_SEALED_MAGIC)] == _SEALED_MAGIC
 
 
 def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
@@ -104,12 +167,14 @@ def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
     every row's fields and its value's length, then the values back to back (they
     are JSON already; re-escaping them inside the header would cost a second pass).
     """
-    # Tuples: JSON arrays all the same, and no list copies to allocate per row.
+    # Tuples: JSON arrays all the same, and no list copies to allocate per row. A
+    # sealed row logs its ciphertext as the value and, if its names are inside it,
+    # null and "" for namespace and key.
     header = [
         (
             r.memory_id,
-            r.namespace,
-            r.key,
+            None if r.sealed is not None and _names_sealed(r) else r.namespace,
+            "" if r.sealed is not None and _names_sealed(r) else r.key,
             r.scope,
             r.purpose,
             r.category,
@@ -120,12 +185,12 @@ def encode_puts(rows: Sequence[MemoryRow]) -> bytes:
             r.sources,
             r.mentions,
             r.index,
-            len(r.value),
+            len(r.value if r.sealed is None else r.sealed),
         )
         for r in rows
     ]
     head = json.dumps({"op": "put", "rows": header}, separators=(",", ":")).encode("utf-8")
-    return b"".join([head, b"\n", *(r.value for r in rows)])
+    return b"".join([head, b"\n", *(r.value if r.sealed is None else r.sealed for r in rows)])
 
 
 def encode_delete(row: MemoryRow) -> bytes:
@@ -133,7 +198,9 @@ def encode_delete(row: MemoryRow) -> bytes:
 
 
 def decode_record(payload: bytes) -> tuple[str, list[Any]]:
-    """``("put", rows)`` or ``("del", [lookup])``; ValueError/KeyError if malformed."""
+    """``("put", rows)`` or ``("del", [lookup])``; ValueError/KeyError if malformed.
+    A sealed row comes back as it is stored: ``value`` is its ciphertext, and so is
+    ``sealed`` (``Partition`` opens it)."""
     head, _, body = payload.partition(b"\n")
     doc = json.loads(head)
     if doc["op"] == "del":
@@ -146,10 +213,12 @@ def decode_record(payload: bytes) -> tuple[str, list[Any]]:
         if len(value) != vlen:
             raise ValueError("truncated value")
         pos += vlen
+        if ns is None and not _is_sealed(value):
+            raise ValueError("a row without a namespace is not sealed")
         rows.append(
             MemoryRow(
                 str(mid),
-                tuple(ns),
+                () if ns is None else tuple(ns),
                 str(key),
                 value,
                 str(scope),
@@ -162,6 +231,7 @@ def decode_record(payload: bytes) -> tuple[str, list[Any]]:
                 tuple(src),
                 tuple(men),
                 tuple(idx),
+                value if _is_sealed(value) else None,
             )
         )
     if pos != len(body):
@@ -218,6 +288,8 @@ class Partition:
         self._fsync = fsync
         self.lock = threading.RLock()
         self.rows: dict[str, MemoryRow] = {}
+        # Rows whose owner-set key was destroyed, by lookup: in the files, in no read.
+        self.opaque: dict[str, MemoryRow] = {}
         self._gen = 0
         self._segments: dict[str, dict[str, Any]] = {}
         self._log: AppendLog | None = None
@@ -255,7 +327,7 @@ class Partition:
                 # Another process dropped the partition (an erasure) while we held it
                 # open: forget everything we had; nothing of it may be written back.
                 self._close_files()
-                self.rows, self._parsed, self.loaded = {}, {}, False
+                self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
                 self._lookup_key, self._manifest_stat = None, None
             if self._lock_fd is None:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -378,7 +450,7 @@ class Partition:
         expected = None if self._expected_ids is None else self._expected_ids(self.subject_ref)
         self._read_files()
         if expected is not None:
-            missing = expected - {r.memory_id for r in self.rows.values()}
+            missing = expected - {r.memory_id for r in self.all_rows()}
             if missing and self._finish_deletes is not None:
                 # Rows the store itself was deleting (marked in the catalog before
                 # their bytes went) are not lost: that deletion is finished now. The
@@ -391,9 +463,71 @@ class Partition:
                     "holds (a truncated or replaced file)"
                 )
 
+    def all_rows(self) -> list[MemoryRow]:
+        """Every row the files hold: the readable ones and the opaque ones."""
+        return [*self.rows.values(), *self.opaque.values()]
+
+    def _keep(self, row: MemoryRow) -> None:
+        """File a row read or written: opaque rows apart from the readable ones."""
+        if row.opaque:
+            self.rows.pop(row.lookup, None)
+            self.opaque[row.lookup] = row
+        else:
+            self.opaque.pop(row.lookup, None)
+            self.rows[row.lookup] = row
+
+    def _unseal(self, rows: list[MemoryRow]) -> list[MemoryRow]:
+        """Open the sealed rows among ``rows`` (as the files hold them: ``value`` is
+        the ciphertext) with their owner-set keys, one key lookup per key id. A row
+        whose key was destroyed comes back opaque; one whose key is not the holder's
+        own for that scope, or that fails to open, raises ``IntegrityError``."""
+        keys: dict[bytes, DataKey | None] = {}
+        out = []
+        for row in rows:
+            if row.sealed is None:
+                out.append(row)
+                continue
+            key_id = row_key_id(row)
+            assert key_id is not None  # noqa: S101 - sealed rows have one
+            if key_id not in keys:
+                try:
+                    found: DataKey | None = self._keyring.data_key_by_id(key_id)
+                except SubjectErased:
+                    found = None
+                except KeyNotFound:
+                    raise IntegrityError(
+                        f"partition {self.subject_ref} holds a row under an unknown key"
+                    ) from None
+                if found is not None and (
+                    found.subject_ref != self.subject_ref or found.scope != row.scope
+                ):
+                    raise IntegrityError(f"partition {self.subject_ref} holds another's row")
+                keys[key_id] = found
+            key = keys[key_id]
+            if key is None:
+                out.append(replace(row, value=b"", opaque=True))
+                continue
+            payload = key.open(row.sealed, row_place(self.subject_ref, row))
+            head, _, value = payload.partition(b"\n")
+            try:
+                names = json.loads(head)
+                if names is None:
+                    ns, k = row.namespace, row.key
+                else:
+                    ns, k = tuple(names[0]), names[1]
+                    if not all(isinstance(x, str) for x in ns) or not isinstance(k, str):
+                        raise ValueError
+            except (ValueError, TypeError, IndexError):
+                raise IntegrityError(
+                    f"partition {self.subject_ref} holds a malformed sealed row"
+                ) from None
+            out.append(replace(row, namespace=ns, key=k, value=value))
+        return out
+
     def _read_files(self, *, cleanup: bool = True) -> None:
         self._erased_scopes = set()
         self.rows = {}
+        self.opaque = {}
         self._pending = 0
         self._dirty = set()
         if self._log is not None:
@@ -411,7 +545,7 @@ class Partition:
                 self._dirty.add(scope)
                 continue
             for row in rows:
-                self.rows[row.lookup] = row
+                self._keep(row)
         if cleanup:
             self._cleanup()
         self._log = AppendLog(
@@ -483,9 +617,9 @@ class Partition:
             raise IntegrityError(f"segment {path.name} failed authentication")
         if set(cols["scope"]) - {scope} or set(cols["subject_ref"]) - {self.subject_ref}:
             raise IntegrityError(f"segment {path.name} holds rows of another owner")
-        namespaces: dict[str, tuple[str, ...]] = {}  # a few distinct ones, many rows
+        namespaces: dict[str, tuple[str, ...]] = {"": ()}  # a few distinct ones, many rows
         try:
-            for text in set(cols["namespace"]):
+            for text in set(cols["namespace"]) - {""}:  # "": names sealed with the value
                 ns = json.loads(text)
                 if not isinstance(ns, list) or not all(isinstance(x, str) for x in ns):
                     raise ValueError
@@ -506,6 +640,7 @@ class Partition:
                     tuple(src or ()),
                     tuple(men or ()),
                     tuple(idx or ()),
+                    value if _is_sealed(value) else None,
                 )
                 for mid, ns, key, value, pur, cat, c, u, r, lk, src, men, idx in zip(
                     cols["memory_id"],
@@ -524,9 +659,11 @@ class Partition:
                     strict=True,
                 )
             ]
+            if any(r.sealed is None and not r.namespace for r in out):
+                raise ValueError  # names left out, but the value is not sealed
         except (ValueError, TypeError):
             raise IntegrityError(f"segment {path.name} holds a malformed row") from None
-        return out
+        return self._unseal(out)
 
     def _apply_log(self, log: AppendLog, start: int, seq: int) -> None:
         for scope, payload in log.read(start, seq, skip_erased=True):
@@ -540,12 +677,15 @@ class Partition:
                     for row in items:
                         if row.scope != scope:
                             raise ValueError("row of another scope")
-                        self.rows[row.lookup] = row
-                    self._pending += len(items)
                 else:
                     self.rows.pop(items[0], None)
+                    self.opaque.pop(items[0], None)
             except (ValueError, KeyError, TypeError):
                 raise IntegrityError(f"log {log.path.name} holds a malformed record") from None
+            if op == "put":
+                for row in self._unseal(items):
+                    self._keep(row)
+                self._pending += len(items)
             self._dirty.add(scope)
 
     def _leftovers(self) -> list[Path]:
@@ -565,9 +705,9 @@ class Partition:
         removed (repair reports before it acts). Callers hold ``flocked``."""
         try:
             self._read_files(cleanup=False)
-            return list(self.rows.values()), [p.name for p in self._leftovers()]
+            return self.all_rows(), [p.name for p in self._leftovers()]
         finally:
-            self.rows, self._parsed, self.loaded = {}, {}, False
+            self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
 
     def reload(self) -> None:
         """Read the files again, checked against the catalog if this partition was
@@ -584,16 +724,17 @@ class Partition:
         self._log.append([(scope, encode_puts(part)) for scope, part in by_scope.items()])
         self._pending += len(rows)
         for r in rows:
-            old = self.rows.get(r.lookup)
+            old = self.rows.get(r.lookup) or self.opaque.get(r.lookup)
             if old is not None and old.scope != r.scope:
                 self._dirty.add(old.scope)
-            self.rows[r.lookup] = r
+            self._keep(r)
             self._dirty.add(r.scope)
 
     def append_delete(self, row: MemoryRow) -> None:
         assert self._log is not None  # noqa: S101
         self._log.append([(row.scope, encode_delete(row))])
         self.rows.pop(row.lookup, None)
+        self.opaque.pop(row.lookup, None)
         self._dirty.add(row.scope)
 
     @property
@@ -608,7 +749,7 @@ class Partition:
         gen = self._gen + 1
         segments = dict(self._segments)
         by_scope: dict[str, list[MemoryRow]] = {}
-        for row in self.rows.values():
+        for row in self.all_rows():  # opaque rows too: carried over as they are
             by_scope.setdefault(row.scope, []).append(row)
         for n, scope in enumerate(sorted(self._dirty)):
             rows = by_scope.get(scope, [])
@@ -672,9 +813,14 @@ class Partition:
             "sources": [list(r.sources) for r in rows],
             "mentions": [list(r.mentions) for r in rows],
             "index_fields": [list(r.index) for r in rows],
-            "namespace": [json.dumps(list(r.namespace)) for r in rows],
-            "key": [r.key for r in rows],
-            "value": [r.value for r in rows],
+            # A sealed row: its ciphertext, byte for byte (an opaque row's is all
+            # there is); its names inside it unless it is a derived asset.
+            "namespace": [
+                "" if r.sealed is not None and _names_sealed(r) else json.dumps(list(r.namespace))
+                for r in rows
+            ],
+            "key": ["" if r.sealed is not None and _names_sealed(r) else r.key for r in rows],
+            "value": [r.value if r.sealed is None else r.sealed for r in rows],
         }
         mac = self._columns_mac(mac_key, cols)
         arrays = [
@@ -703,7 +849,7 @@ class Partition:
         with self.lock:
             if not self.root.exists():
                 self._close_files()
-                self.rows, self.loaded, self.dropped = {}, False, True
+                self.rows, self.opaque, self.loaded, self.dropped = {}, {}, False, True
                 return 0
             with self.flocked(refresh=False):
                 files = sorted(p for p in self.root.rglob("*") if p.is_file())
@@ -717,7 +863,7 @@ class Partition:
                 shutil.rmtree(self.root, ignore_errors=True)
                 self.dropped = True
             self._close_files()
-            self.rows = {}
+            self.rows, self.opaque = {}, {}
             self._parsed = {}
             self.loaded = False
             self._lookup_key = None
@@ -726,9 +872,10 @@ class Partition:
     def drop_scope(self, scope: str) -> int:
         """Remove one scope's rows and files (scope erasure); returns rows removed."""
         with self.flocked():
-            doomed = [r for r in self.rows.values() if r.scope == scope]
+            doomed = [r for r in self.all_rows() if r.scope == scope]
             for r in doomed:
                 self.rows.pop(r.lookup, None)
+                self.opaque.pop(r.lookup, None)
             self._dirty.add(scope)
             # The log may hold this scope's records: a flush rewrites what remains
             # and deletes the log, so no file keeps the scope's bytes.
@@ -745,7 +892,7 @@ class Partition:
     def close(self) -> None:
         with self.lock:
             self._close_files()
-            self.rows = {}
+            self.rows, self.opaque = {}, {}
             self._parsed = {}
             self.loaded = False
             self._lookup_key = None

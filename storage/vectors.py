@@ -1,4 +1,4 @@
-"""Per-subject vector partitions in LanceDB, every vector sealed with its scope DEK.
+"""Per-subject vector partitions in LanceDB, every vector sealed with its memory's key.
 
 One LanceDB dataset per subject: ``vectors/<subject_ref>.lance`` under the data
 folder (``uri`` may be an ``s3://`` prefix; LanceDB takes ``storage_options``).
@@ -6,6 +6,10 @@ Columns: ``vec_id`` (memory id + field number), ``memory_id``, ``scope``, ``fiel
 (the JSON path that was embedded), ``updated_us`` in plaintext; ``vec`` is the
 envelope ciphertext of the float32 vector, bound to (subject_ref, scope, "vectors",
 vec_id, "embedding"), so a vector moved to another row or subject fails to decrypt.
+The key is the holder's scope DEK, or for a memory about other subjects too (one that
+mentions them, a derived asset) the owner-set DEK its row is sealed under: a vector
+whose key was destroyed is unreadable, left out of every search and count, and
+deleted by memory id (no key needed) when its memory goes.
 
 Search decrypts one subject's partition into a bounded in-memory cache (an erasure
 target: ``evict`` drops it) and ranks by cosine similarity with NumPy, restricted to
@@ -37,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from keyshred._handle import is_disk_full
-from keyshred.errors import IntegrityError, KeyshredError
+from keyshred.errors import IntegrityError, KeyshredError, SubjectErased
 from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
 
@@ -65,6 +69,10 @@ class VectorItem:
     scope: str
     updated_us: int
     vector: np.ndarray[Any, Any]
+    # The owner-set key of the memory the vector embeds (None: the holder's scope
+    # key): a vector is about the same subjects as its memory, so it is sealed
+    # under the same key and erased with any of them.
+    key_id: bytes | None = None
 
     @property
     def vec_id(self) -> str:
@@ -177,7 +185,10 @@ class VectorIndex:
         raw = np.ascontiguousarray(item.vector, dtype=np.float32).tobytes()
         if not self._encrypt:
             return raw
-        return self._keyring.seal(raw, Place(ref, item.scope, _TABLE, item.vec_id, _COLUMN))
+        place = Place(ref, item.scope, _TABLE, item.vec_id, _COLUMN)
+        if item.key_id is not None:
+            return self._keyring.data_key_by_id(item.key_id).seal(raw, place)
+        return self._keyring.seal(raw, place)
 
     def _open_all(self, ref: str, table: pa.Table) -> _Cached:
         vec_ids = table.column("vec_id").to_pylist()
@@ -197,6 +208,7 @@ class VectorIndex:
         width = 0
         row = 0
         templates: dict[str, PlaceTemplate] = {}
+        opaque: list[int] = []  # rows under a destroyed (owner-set) key
         for chunk in table.column("vec").chunks:
             m = len(chunk)
             if m == 0:
@@ -233,10 +245,24 @@ class VectorIndex:
                     out=out,
                     width=width,
                     templates=templates,
+                    opaque=opaque,
                 )
             row += m
         assert matrix is not None  # noqa: S101 - n > 0 means at least one row
-        return _Cached(vec_ids, memory_ids, fields, updated, matrix)
+        cached = _Cached(vec_ids, memory_ids, fields, updated, matrix)
+        if opaque:
+            # Unreadable, not corrupt: left in the dataset (deleted by id with their
+            # memory, without any key), in no search, count or version.
+            dead = set(opaque)
+            keep = [i for i in range(n) if i not in dead]
+            cached = _Cached(
+                [vec_ids[i] for i in keep],
+                [memory_ids[i] for i in keep],
+                [fields[i] for i in keep],
+                [updated[i] for i in keep],
+                matrix[keep],
+            )
+        return cached
 
     def _open_chunk(
         self,
@@ -250,6 +276,7 @@ class VectorIndex:
         out: Any,
         width: int,
         templates: dict[str, PlaceTemplate],
+        opaque: list[int],
     ) -> None:
         # Rows are grouped by (key id, scope), read without slicing every row: a
         # partition normally has one key per scope, often just one.
@@ -263,7 +290,11 @@ class VectorIndex:
             for j, scope in enumerate(chunk_scopes):
                 groups.setdefault((key_ids[j].tobytes(), scope), []).append(j)
         for (key_id, scope), members in groups.items():
-            key = self._keyring.data_key_by_id(key_id)
+            try:
+                key = self._keyring.data_key_by_id(key_id)
+            except SubjectErased:
+                opaque += [rows[j] for j in members]
+                continue
             if key.subject_ref != ref or key.scope != scope:
                 raise IntegrityError(f"vector partition {ref} holds another owner's row")
             template = templates.get(scope)

@@ -82,7 +82,10 @@ def test_probe_drill(ks: Keyshred, tmp_path: Path) -> None:
     verify_receipt(receipt, ks.keyring.signer().public_key)
     assert receipt.subject_ref == ks.subject_ref(victim)
     assert all(c.passed for c in receipt.verification)
-    assert len(receipt.key_ids) == 3  # default, support/health, and the index key
+    # default, support/health and the index key, and the two keys the victim co-owned:
+    # bob's summary's and carol's edge's (each listed with its holder's asset).
+    assert len(receipt.key_ids) == 5
+    assert sorted(len(k.assets) for k in receipt.shared_keys) == [1, 1]
     actions = {d.asset_id: d.action for d in receipt.derived}
     assert actions[summary.memory_id] == "rebuilt"
     assert list(actions.values()).count("dropped") == 1  # carol's edge
