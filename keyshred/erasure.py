@@ -412,9 +412,12 @@ class _Extent:
         return self.ks.checkpoints.drop_subject(self.ref, self.scope)
 
     def drop_catalog(self) -> tuple[int, int]:
-        """(assets deleted, consents deleted)."""
+        """(assets deleted, consents deleted); a subject's registered identifiers go
+        too (only after suppression: a racing registration is refused or deleted)."""
         n = self.ks.catalog.delete_subject_assets(self.ref, scope=self.scope)
         consents = self.ks.catalog.delete_consents(self.ref) if self.scope is None else 0
+        if self.scope is None:
+            self.ks.catalog.delete_identifiers(self.ref)
         return n, consents
 
     def verify_stores(self, check: Callable[[str, bool, str], None]) -> None:
@@ -1084,6 +1087,8 @@ class ErasureCoordinator:
         if extent.whole_subject:
             mentions = self._catalog.mentioning(req.subject_ref)
             check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")
+            ids = self._catalog.count_identifiers(req.subject_ref)
+            check("no registered identifier left", not ids, f"{ids} identifiers")
 
         probes = [p for p in self._probes.pop(req.request_id, []) if p]
         if probes:
