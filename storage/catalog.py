@@ -166,8 +166,9 @@ identifiers = sa.Table(
     sa.Index("ks_identifiers_subject", "subject_ref"),
 )
 
-# The kinds of identifier ever registered, one row each, never deleted: the write
-# path skips detection while there is none, and name n-grams while there is no name.
+# The kinds of identifier ever registered (names as "name:<words>"), one row each,
+# never deleted: the write path skips detection while there is none, and generates
+# name n-grams only of the lengths registered.
 identifier_kinds = sa.Table(
     "ks_identifier_kinds",
     metadata,
@@ -1552,10 +1553,14 @@ class Catalog:
 
     # -- registered identifiers (keyshred.storage.mentions) -------------------------
 
-    def add_identifiers(self, subject_ref: str, rows: Iterable[tuple[str, str]]) -> int:
-        """Store ``(hash, kind)`` lookup hashes of a subject's identifiers; returns
-        how many were new. The subject's guard is re-read in the same write
-        transaction: a suppressed or erased subject registers nothing."""
+    def add_identifiers(
+        self, subject_ref: str, rows: Iterable[tuple[str, str]], kinds: Iterable[str]
+    ) -> int:
+        """Store ``(hash, kind)`` lookup hashes of a subject's identifiers, and
+        ``kinds`` (``keyshred.storage.mentions`` marks: the kinds, names by their
+        number of words) among the kinds ever registered; returns how many hashes
+        were new. The subject's guard is re-read in the same write transaction: a
+        suppressed or erased subject registers nothing."""
         wanted = dict(rows)
         now = datetime.now(UTC)
         with self._write() as conn:
@@ -1573,9 +1578,9 @@ class Catalog:
             if new:
                 # A concurrent registration of the same identifier is no error.
                 conn.execute(self._insert_ignore(identifiers), new)
-            kinds = [{"kind": k} for k in sorted(set(wanted.values()))]
-            if kinds:
-                conn.execute(self._insert_ignore(identifier_kinds), kinds)
+            marks = [{"kind": k} for k in sorted(set(kinds))]
+            if marks:
+                conn.execute(self._insert_ignore(identifier_kinds), marks)
         return len(new)
 
     def _insert_ignore(self, table: sa.Table) -> Any:
@@ -1609,7 +1614,8 @@ class Catalog:
             )
 
     def identifier_kinds(self) -> frozenset[str]:
-        """The kinds of identifier registered at least once in this catalog."""
+        """The kinds of identifier registered at least once in this catalog (see
+        ``add_identifiers``)."""
         with self._read() as conn:
             return frozenset(conn.execute(sa.select(identifier_kinds.c.kind)).scalars())
 

@@ -24,13 +24,15 @@ Normal forms (registration and detection use the same functions):
 Registration is not retroactive: values written before an identifier was
 registered are not scanned again.
 
-Which kinds were ever registered is cached per process (``KINDS_TTL``): a kind, once
-seen, stays (the catalog never deletes that row); while a kind is unseen the catalog
-is asked again at most once per ``KINDS_TTL`` seconds, and a registration in this
-process is seen at once. So a deployment that registers nothing pays no detection
-and no query, and one without names generates no n-grams; a registration made by
-another process is applied by this one at most ``KINDS_TTL`` later (a window that
-exists anyway between a registration and a concurrent write).
+Which kinds were ever registered (names by their number of words) is cached per
+process (``KINDS_TTL``): a kind, once seen, stays (the catalog never deletes that
+row); while a kind is unseen the catalog is asked again at most once per
+``KINDS_TTL`` seconds, and a registration in this process is seen at once. So a
+deployment that registers nothing pays no detection and no query, one without names
+generates no n-grams, and one whose names all have two words generates only pairs
+of words; a registration made by another process is applied by this one at most
+``KINDS_TTL`` later (a window that exists anyway between a registration and a
+concurrent write).
 """
 
 from __future__ import annotations
@@ -98,6 +100,17 @@ class _Item(Protocol):
     def scope(self) -> Any: ...
 
 
+def _mark(kind: str, normal: str) -> str:
+    """What the catalog's kinds table records of a registration: the kind, and for a
+    name its number of words (only n-grams of registered lengths are looked up)."""
+    return f"{NAME}:{len(_words(normal))}" if kind == NAME else kind
+
+
+_ALL_MARKS = frozenset(
+    {EMAIL, PHONE, RESIDENT_ID} | {f"{NAME}:{n}" for n in range(1, MAX_NAME_WORDS + 1)}
+)
+
+
 def _words(text: str) -> list[str]:
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
@@ -105,6 +118,8 @@ def _words(text: str) -> list[str]:
 def _join(words: Sequence[str]) -> str:
     # Ideographs join without a space (张伟), other words with one; a mixed name
     # keeps a space only between words that are not both ideographs.
+    if len(words) == 1:
+        return words[0]
     out = [words[0]]
     for prev, word in itertools.pairwise(words):
         if not (_is_cjk(prev) and _is_cjk(word)):
@@ -114,24 +129,44 @@ def _join(words: Sequence[str]) -> str:
 
 
 _CJK_RE = re.compile(rf"[{_CJK}]")
+_ALL_LENGTHS = tuple(range(1, MAX_NAME_WORDS + 1))
 
 
 def _is_cjk(char: str) -> bool:
     return len(char) == 1 and _CJK_RE.fullmatch(char) is not None
 
 
-def name_grams(text: str) -> Iterator[str]:
-    """The normal forms of every run of 1-4 words of ``text``; a number (a word of
-    digits only) is no part of a name and ends a run."""
-    words = _words(text)
+def name_grams(text: str, lengths: Iterable[int] = _ALL_LENGTHS) -> Iterator[str]:
+    """The normal forms of every run of 1-4 words (of ``lengths`` words) of
+    ``text``; a number (a word of digits only) is no part of a name."""
+    normal = unicodedata.normalize("NFKC", text).casefold()
+    words = _WORD.findall(normal)
+    wanted = sorted(set(lengths))
+    if not words or not wanted:
+        return
+    # Most texts hold no ideograph: their names are words joined by a space.
+    join = _join if _CJK_RE.search(normal) is not None else " ".join
+    numbers = [i for i, w in enumerate(words) if w.isdigit()]
     for i in range(len(words)):
-        for n in range(1, MAX_NAME_WORDS + 1):
-            if i + n > len(words) or words[i + n - 1].isdigit():
+        for n in wanted:
+            end = i + n
+            if end > len(words):
                 break
-            yield _join(words[i : i + n])
+            if numbers and any(i <= j < end for j in numbers):
+                continue
+            yield join(words[i:end])
+
+
+_MOBILE = re.compile(r"(?:\+?(?:00)?86)?(1[3-9]\d{9})")
+_PHONE_SEPARATORS = re.compile(r"[\s\-]+")
 
 
 def _phone(value: str) -> str | None:
+    # A mainland mobile (the detector's commonest phone) the way ``phonenumbers``
+    # formats it, without its parse (a tenth of a millisecond a number).
+    mobile = _MOBILE.fullmatch(_PHONE_SEPARATORS.sub("", value))
+    if mobile is not None:
+        return "+86" + mobile.group(1)
     import phonenumbers
 
     try:
@@ -203,6 +238,7 @@ class MentionFinder:
         """Store the hashes of ``(kind, value)`` identifiers of a subject (refused
         for a suppressed or erased subject); returns how many were new."""
         rows: dict[str, str] = {}
+        marks: set[str] = set()
         for kind, value in identifiers:
             if not isinstance(value, str) or not value or len(value) > MAX_IDENTIFIER_CHARS:
                 raise InvalidInput(
@@ -219,20 +255,22 @@ class MentionFinder:
                 extra = f" (1-{MAX_NAME_WORDS} words)" if kind == NAME else ""
                 raise InvalidInput(f"a value to register is not a valid {kind}{extra}")
             rows[self._hash(kind, normal)] = kind
+            marks.add(_mark(kind, normal))
         if not rows:
             return 0
-        added = self._catalog.add_identifiers(subject_ref, rows.items())
+        added = self._catalog.add_identifiers(subject_ref, rows.items(), marks)
         with self._lock:
-            self._kinds = self._kinds | frozenset(rows.values())
+            self._kinds = self._kinds | marks
         return added
 
     def forget(self, subject_ref: str) -> int:
         return self._catalog.delete_identifiers(subject_ref)
 
     def kinds(self) -> frozenset[str]:
-        """The kinds registered so far (see the module doc for the caching)."""
+        """The kinds registered so far, names as ``name:<words>`` (see the module
+        doc for the caching)."""
         kinds = self._kinds
-        if len(kinds) == len(KINDS):
+        if kinds >= _ALL_MARKS:
             return kinds
         now = self._clock()
         if now - self._kinds_read < KINDS_TTL:
@@ -268,8 +306,9 @@ class MentionFinder:
         ]
 
     def _candidates(self, items: Sequence[_Item], kinds: frozenset[str]) -> list[set[str]]:
-        names = NAME in kinds
+        lengths = [n for n in _ALL_LENGTHS if f"{NAME}:{n}" in kinds]
         detected = {k: v for k, v in _DETECTED.items() if v in kinds}
+        normals: dict[tuple[str, str], str | None] = {}  # per batch: values repeat
         enabled: dict[str, bool] = {}  # scope -> detect_mentions
         hashes: dict[tuple[str, str], str] = {}  # (kind, normal form) -> hash, per batch
         out: list[set[str]] = []
@@ -293,12 +332,14 @@ class MentionFinder:
                 for span in default_spans(joined):
                     kind = detected.get(span[4])
                     if kind is not None:
-                        normal = normalize(kind, span[5])
+                        normal = normals.get((kind, span[5]), "")
+                        if normal == "":
+                            normal = normals[(kind, span[5])] = normalize(kind, span[5])
                         if normal is not None:
                             pairs.add((kind, normal))
-            if names:
+            if lengths:
                 for text in texts:
-                    pairs.update((NAME, gram) for gram in name_grams(text))
+                    pairs.update((NAME, gram) for gram in name_grams(text, lengths))
             for pair in pairs:
                 digest = hashes.get(pair)
                 if digest is None:

@@ -352,6 +352,8 @@ def test_normal_forms() -> None:
         "zofia kowalska",
         "kowalska",
     ]
+    assert list(name_grams("Hi, Zofia Kowalska 2026!", [2])) == ["hi zofia", "zofia kowalska"]
+    assert list(name_grams("电话给张伟了", [2]))[3] == "张伟"
 
 
 _json = st.recursive(
