@@ -9,8 +9,8 @@ stores made the same way:
   no names (the detector runs, no n-grams);
 - ``ids+names``: the same plus a two-word name each (word n-grams of every text).
 
-Printed: microseconds per item (median of 5 rounds) and the ratio to ``none``, and
-how many mentions were detected.
+Printed: microseconds per item (median of 9 rounds, interleaved across the three
+stores) and the ratio to ``none``, and how many mentions were recorded.
 
 Run: ``.venv/bin/python benchmarks/bench_mentions.py``
 """
@@ -32,7 +32,7 @@ from keyshred.storage.memories import PutItem
 
 BATCH = 100
 SUBJECTS = 20
-ROUNDS = 5
+ROUNDS = 9
 REGISTERED = 1_000
 WORDS = ["tea", "coffee", "meeting", "tomorrow", "project", "deadline", "called", "about", "and"]
 FIRST = ["anna", "boris", "chen", "dara", "emil", "fatima", "goran", "hana", "ivo", "jun"]
@@ -67,40 +67,41 @@ def make(root: Path, *, ids: bool, names: bool) -> Keyshred:
     return ks
 
 
-def run(ks: Keyshred, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    per_round = []
-    for r in range(ROUNDS):
-        batches = [
-            [PutItem(("notes",), f"r{r}-k{n}", {"text": text(rng, n)}) for n in range(BATCH)]
-            for _ in range(SUBJECTS)
-        ]
-        start = time.perf_counter()
-        for s, items in enumerate(batches):
-            ks.memories.put_many(f"writer-{s}", items)
-        per_round.append((time.perf_counter() - start) / (SUBJECTS * BATCH) * 1e6)
-    return per_round
+def one_round(ks: Keyshred, r: int) -> float:
+    """Microseconds per item of one round (the same texts on every store)."""
+    rng = random.Random(r)
+    batches = [
+        [PutItem(("notes",), f"r{r}-k{n}", {"text": text(rng, n)}) for n in range(BATCH)]
+        for _ in range(SUBJECTS)
+    ]
+    start = time.perf_counter()
+    for s, items in enumerate(batches):
+        ks.memories.put_many(f"writer-{s}", items)
+    return (time.perf_counter() - start) / (SUBJECTS * BATCH) * 1e6
 
 
 def main() -> None:
-    results = {}
+    setups = {"none": (False, False), "ids": (True, False), "ids+names": (True, True)}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, ids, names in (
-            ("none", False, False),
-            ("ids", True, False),
-            ("ids+names", True, True),
-        ):
-            ks = make(Path(tmp) / label, ids=ids, names=names)
-            try:
-                run(ks, 0)  # warm-up: imports, keys, partitions
-                results[label] = (statistics.median(run(ks, 1)), ks.catalog.mention_counts())
-            finally:
+        stores = {k: make(Path(tmp) / k, ids=i, names=n) for k, (i, n) in setups.items()}
+        try:
+            times: dict[str, list[float]] = {k: [] for k in stores}
+            for r in range(ROUNDS + 1):
+                # Rounds interleaved across the stores: a noisy neighbour slows all.
+                for label, ks in stores.items():
+                    us = one_round(ks, r)
+                    if r:  # round 0 warms up: imports, keys, partitions
+                        times[label].append(us)
+            counts = {k: ks.catalog.mention_counts() for k, ks in stores.items()}
+        finally:
+            for ks in stores.values():
                 ks.close()
-    base = results["none"][0]
+    base = statistics.median(times["none"])
     print(f"put_many of {BATCH} items, {SUBJECTS} subjects, median of {ROUNDS} rounds")
     print(f"{'registered':<12} {'us/item':>9} {'ratio':>7}  mentions")
-    for label, (us, counts) in results.items():
-        print(f"{label:<12} {us:9.1f} {us / base:7.2f}  {counts}")
+    for label, values in times.items():
+        us = statistics.median(values)
+        print(f"{label:<12} {us:9.1f} {us / base:7.2f}  {counts[label]}")
 
 
 if __name__ == "__main__":

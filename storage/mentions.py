@@ -37,12 +37,13 @@ concurrent write).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from keyshred.errors import InvalidInput
@@ -136,38 +137,58 @@ def _is_cjk(char: str) -> bool:
     return len(char) == 1 and _CJK_RE.fullmatch(char) is not None
 
 
-def name_grams(text: str, lengths: Iterable[int] = _ALL_LENGTHS) -> Iterator[str]:
+def name_grams(text: str, lengths: Iterable[int] = _ALL_LENGTHS) -> list[str]:
     """The normal forms of every run of 1-4 words (of ``lengths`` words) of
-    ``text``; a number (a word of digits only) is no part of a name."""
+    ``text``, shorter runs first; a number (a word of digits only) is no part of a
+    name. The write path's hottest loop: list comprehensions, no generator."""
     normal = unicodedata.normalize("NFKC", text).casefold()
     words = _WORD.findall(normal)
     wanted = sorted(set(lengths))
     if not words or not wanted:
-        return
+        return []
     # Most texts hold no ideograph: their names are words joined by a space.
     join = _join if _CJK_RE.search(normal) is not None else " ".join
-    numbers = [i for i, w in enumerate(words) if w.isdigit()]
-    for i in range(len(words)):
-        for n in wanted:
-            end = i + n
-            if end > len(words):
-                break
-            if numbers and any(i <= j < end for j in numbers):
-                continue
-            yield join(words[i:end])
+    runs = [words]
+    if any(w.isdigit() for w in words):
+        runs = [[]]
+        for w in words:
+            if w.isdigit():
+                runs.append([])
+            else:
+                runs[-1].append(w)
+    out: list[str] = []
+    for n in wanted:
+        for run in runs:
+            if n == 1:
+                out += run
+            else:
+                out += [join(run[i : i + n]) for i in range(len(run) - n + 1)]
+    return out
 
 
 _MOBILE = re.compile(r"(?:\+?(?:00)?86)?(1[3-9]\d{9})")
 _PHONE_SEPARATORS = re.compile(r"[\s\-]+")
+_E164 = re.compile(r"\+[1-9][0-9]{6,14}")
 
 
 def _phone(value: str) -> str | None:
-    # A mainland mobile (the detector's commonest phone) the way ``phonenumbers``
-    # formats it, without its parse (a tenth of a millisecond a number).
-    mobile = _MOBILE.fullmatch(_PHONE_SEPARATORS.sub("", value))
+    # Two shapes ``phonenumbers`` formats as they are, answered without its parse
+    # (a tenth of a millisecond a number): a mainland mobile (the detector's
+    # commonest phone), and ``+`` and digits of a country code whose regions strip
+    # no national prefix, or only a trunk ``0`` that this number does not have.
+    compact = _PHONE_SEPARATORS.sub("", value)
+    mobile = _MOBILE.fullmatch(compact)
     if mobile is not None:
         return "+86" + mobile.group(1)
     import phonenumbers
+
+    if _E164.fullmatch(compact) is not None:
+        for n in (1, 2, 3):
+            prefix = _trunk_prefix(int(compact[1 : 1 + n]))
+            if prefix is not None:
+                if prefix == "" or compact[1 + n] != "0":
+                    return compact
+                break
 
     try:
         number = phonenumbers.parse(value, PHONE_REGION)
@@ -176,6 +197,31 @@ def _phone(value: str) -> str | None:
     if not phonenumbers.is_possible_number(number):
         return None
     return str(phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164))
+
+
+@functools.lru_cache(maxsize=1024)
+def _trunk_prefix(code: int) -> str | None:
+    """For a country calling code whose regions all parse a national number
+    unchanged (``""``) or drop only a leading ``0`` (``"0"``), that; otherwise (an
+    unknown code, carrier codes, transform rules) None: ask ``phonenumbers``."""
+    from phonenumbers import COUNTRY_CODE_TO_REGION_CODE, PhoneMetadata
+
+    regions = COUNTRY_CODE_TO_REGION_CODE.get(code)
+    if not regions:
+        return None
+    prefixes = set()
+    for region in regions:
+        md: Any = (
+            PhoneMetadata.metadata_for_nongeo_region(code)
+            if region == "001"
+            else PhoneMetadata.metadata_for_region(region)
+        )
+        if md is None or md.national_prefix_transform_rule is not None:
+            return None
+        prefixes.add(md.national_prefix_for_parsing or "")
+    if prefixes <= {"", "0"}:
+        return "0" if "0" in prefixes else ""
+    return None
 
 
 def normalize(kind: str, value: str) -> str | None:
@@ -311,6 +357,7 @@ class MentionFinder:
         normals: dict[tuple[str, str], str | None] = {}  # per batch: values repeat
         enabled: dict[str, bool] = {}  # scope -> detect_mentions
         hashes: dict[tuple[str, str], str] = {}  # (kind, normal form) -> hash, per batch
+        names: dict[str, str] = {}  # name n-gram -> hash, per batch
         out: list[set[str]] = []
         for item in items:
             found: set[str] = set()
@@ -327,6 +374,7 @@ class MentionFinder:
             if texts is None:
                 continue  # too large: the store refuses it (ValueTooLarge)
             pairs: set[tuple[str, str]] = set()
+            grams: set[str] = set()
             if detected:
                 joined = "\n".join(texts)  # no detector pattern spans a line break
                 for span in default_spans(joined):
@@ -339,11 +387,16 @@ class MentionFinder:
                             pairs.add((kind, normal))
             if lengths:
                 for text in texts:
-                    pairs.update((NAME, gram) for gram in name_grams(text, lengths))
+                    grams.update(name_grams(text, lengths))
             for pair in pairs:
                 digest = hashes.get(pair)
                 if digest is None:
                     digest = hashes[pair] = self._hash(*pair)
+                found.add(digest)
+            for gram in grams:
+                digest = names.get(gram)
+                if digest is None:
+                    digest = names[gram] = self._hash(NAME, gram)
                 found.add(digest)
         return out
 
