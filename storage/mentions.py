@@ -83,7 +83,7 @@ _DETECTED = {"EMAIL": EMAIL, "PHONE": PHONE, "CN_ID": RESIDENT_ID}
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
 # A word: letters and digits, with inner apostrophes or hyphens (o'brien, jean-luc),
 # or one CJK ideograph (Chinese writes no space between words).
-_WORD = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+(?:['’\-][^\W_{_CJK}]+)*")
+_WORD = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+(?:['\-][^\W_{_CJK}]+)*")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _MAX_DEPTH = 512  # deeper values are refused by the store (storage.max_value_depth)
 
@@ -112,8 +112,13 @@ _ALL_MARKS = frozenset(
 )
 
 
+def _fold(text: str) -> str:
+    # The typographic apostrophe is the ASCII one in a name (O’Brien, O'Brien).
+    return unicodedata.normalize("NFKC", text).casefold().replace("’", "'")
+
+
 def _words(text: str) -> list[str]:
-    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    return _WORD.findall(_fold(text))
 
 
 def _join(words: Sequence[str]) -> str:
@@ -141,7 +146,7 @@ def name_grams(text: str, lengths: Iterable[int] = _ALL_LENGTHS) -> list[str]:
     """The normal forms of every run of 1-4 words (of ``lengths`` words) of
     ``text``, shorter runs first; a number (a word of digits only) is no part of a
     name. The write path's hottest loop: list comprehensions, no generator."""
-    normal = unicodedata.normalize("NFKC", text).casefold()
+    normal = _fold(text)
     words = _WORD.findall(normal)
     wanted = sorted(set(lengths))
     if not words or not wanted:
