@@ -136,6 +136,7 @@ def _join(words: Sequence[str]) -> str:
 
 _CJK_RE = re.compile(rf"[{_CJK}]")
 _ALL_LENGTHS = tuple(range(1, MAX_NAME_WORDS + 1))
+_DIGIT = re.compile(r"\d")
 
 
 def _is_cjk(char: str) -> bool:
@@ -154,7 +155,7 @@ def name_grams(text: str, lengths: Iterable[int] = _ALL_LENGTHS) -> list[str]:
     # Most texts hold no ideograph: their names are words joined by a space.
     join = _join if _CJK_RE.search(normal) is not None else " ".join
     runs = [words]
-    if any(w.isdigit() for w in words):
+    if _DIGIT.search(normal) is not None and any(w.isdigit() for w in words):
         runs = [[]]
         for w in words:
             if w.isdigit():
