@@ -14,15 +14,17 @@ resumes where it stopped and nothing becomes readable again:
                      every derived asset built from them (recorded, then acted on)
 4. ``drop_memories`` / ``drop_vectors`` / ``drop_tokens`` / ``drop_checkpoints``
                      partitions, datasets, tokens and agent threads removed
-5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
+5. ``catalog``       the subject's assets (and, for a subject, consents and
+                     registered identifiers) deleted
 6. ``derived``       each derived asset rebuilt from its remaining sources with the
                      pinned producer version, or dropped when it cannot be
 7. ``external``      vendor deletion hooks: acknowledgement or ``deletion_not_verifiable``
 8. ``tombstone``     the key store's tombstone (key ids, subject_ref, time) confirmed
    ``backups``       the tombstone journaled on the backup target (restores replay it)
                      and the subject's segment objects deleted there, every version
-9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance or
-                     mention left, probes not found by key or semantic search
+9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance,
+                     mention or registered identifier left, probes not found by key
+                     or semantic search
 10. ``receipt``      signed, stored; the subject stays ``erased`` until re-admitted
 
 Three kinds of request run these steps: a subject or scope erasure, the retention
