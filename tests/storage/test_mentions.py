@@ -205,6 +205,16 @@ def test_erasing_the_victim_drops_the_memories_that_mention_them(ks: Keyshred) -
         register_victim(ks)
 
 
+def test_an_update_is_scanned_again(ks: Keyshred) -> None:
+    """``update`` and ``correct`` write through the same path: a new value is
+    scanned like a first one."""
+    register_victim(ks)
+    ks.memories.put("dave", NS, "k", "nothing yet")
+    updated = ks.memories.update("dave", NS, "k", "call 11010519491231002X's owner")
+    assert updated.mentions == (ks.subject_ref(VICTIM),)
+    assert ks.catalog.mention_counts() == {"declared": 0, "detected": 1}
+
+
 def test_registering_for_a_suppressed_subject_is_refused(ks: Keyshred) -> None:
     ks.catalog.suppress(ks.subject_ref(VICTIM))
     with pytest.raises(SubjectSuppressed):
