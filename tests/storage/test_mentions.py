@@ -206,8 +206,8 @@ def test_erasing_the_victim_drops_the_memories_that_mention_them(ks: Keyshred) -
 
 
 def test_an_update_is_scanned_again(ks: Keyshred) -> None:
-    """``update`` and ``correct`` write through the same path: a new value is
-    scanned like a first one."""
+    """``update`` writes through the same path as ``put``: a new value is scanned
+    like a first one."""
     register_victim(ks)
     ks.memories.put("dave", NS, "k", "nothing yet")
     updated = ks.memories.update("dave", NS, "k", "call 11010519491231002X's owner")
