@@ -13,7 +13,7 @@
   erasure destroys every key it owns, including keys other subjects hold, so no copy
   of data about it outlives the erasure under someone else's key;
 - system secrets (the subject-ref HMAC key, the receipt signing key, the vault's
-  token-id key) are wrapped like DEKs and re-wrapped on rotation.
+  token-id key, the identifier lookup key) are wrapped like DEKs and re-wrapped on rotation.
 
 Opening a ciphertext reads its key id first; a key id with a tombstone raises
 ``SubjectErased`` before any decryption is attempted.
@@ -53,6 +53,7 @@ __all__ = ["DestroyResult", "Keyring", "RotationResult", "Signer", "verify_signa
 _REF_KEY = "subject-ref-key"
 _SIGNING_KEY = "receipt-signing-key"
 _TOKEN_ID_KEY = "token-id-key"  # noqa: S105 - a secret's name, not a secret
+_IDENTIFIER_KEY = "identifier-key"
 _REF_DOMAIN = b"keyshred/subject-ref\x00"
 _REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
 _LEN = struct.Struct(">I")
@@ -180,6 +181,7 @@ class Keyring:
         self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
         self._signer: Signer | None = None
         self._token_ids: TokenIds | None = None
+        self._identifier_key: bytes | None = None
         self._refs: dict[tuple[str, str], str] = {}
         # Who still needs KEK epochs before N (descriptions, safe to print); the
         # facade points it at the retained backup generations.
@@ -222,6 +224,14 @@ class Keyring:
         if self._token_ids is None:
             self._token_ids = TokenIds(self._system_secret(_TOKEN_ID_KEY, prim.random_key))
         return self._token_ids
+
+    def identifier_key(self) -> bytes:
+        """The key of the catalog's identifier lookup hashes (registered e-mails,
+        phones, resident ids, names; ``keyshred.storage.mentions``), created on first
+        use; like every system secret it is re-wrapped on KEK rotation."""
+        if self._identifier_key is None:
+            self._identifier_key = self._system_secret(_IDENTIFIER_KEY, prim.random_key)
+        return self._identifier_key
 
     # -- subject refs --------------------------------------------------------------
 

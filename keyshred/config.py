@@ -110,6 +110,10 @@ class ScopeSettings(_Model):
     max_retention_days: int | None = Field(None, ge=1)
     purpose_end: datetime | None = None
     legal_max_days: int | None = Field(None, ge=1)
+    # Add the subjects whose registered identifiers (``ks.subjects``) appear in a
+    # value written under this scope to its mentions (so erasing them reaches it);
+    # False: only the mentions the caller declares.
+    detect_mentions: bool = True
 
 
 # The vault's group-commit interval on the embedded catalog (``tokens.group_commit_ms``).

@@ -17,15 +17,17 @@ resumes where it stopped and nothing becomes readable again:
                      with the assets each destroyed co-owned key made unreadable
 4. ``drop_memories`` / ``drop_vectors`` / ``drop_tokens`` / ``drop_checkpoints``
                      partitions, datasets, tokens and agent threads removed
-5. ``catalog``       the subject's assets (and, for a subject, consents) deleted
+5. ``catalog``       the subject's assets (and, for a subject, consents and
+                     registered identifiers) deleted
 6. ``derived``       each derived asset rebuilt from its remaining sources with the
                      pinned producer version, or dropped when it cannot be
 7. ``external``      vendor deletion hooks: acknowledgement or ``deletion_not_verifiable``
 8. ``tombstone``     the key store's tombstone (key ids, subject_ref, time) confirmed
    ``backups``       the tombstone journaled on the backup target (restores replay it)
                      and the subject's segment objects deleted there, every version
-9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance or
-                     mention left, probes not found by key or semantic search
+9. ``verify``        keys fail to unwrap, no partition, no asset, no provenance,
+                     mention or registered identifier left, probes not found by key
+                     or semantic search
 10. ``receipt``      signed, stored; the subject stays ``erased`` until re-admitted
 
 Three kinds of request run these steps: a subject or scope erasure, the retention
@@ -419,9 +421,12 @@ class _Extent:
         return self.ks.checkpoints.drop_subject(self.ref, self.scope)
 
     def drop_catalog(self) -> tuple[int, int]:
-        """(assets deleted, consents deleted)."""
+        """(assets deleted, consents deleted); a subject's registered identifiers go
+        too (only after suppression: a racing registration is refused or deleted)."""
         n = self.ks.catalog.delete_subject_assets(self.ref, scope=self.scope)
         consents = self.ks.catalog.delete_consents(self.ref) if self.scope is None else 0
+        if self.scope is None:
+            self.ks.catalog.delete_identifiers(self.ref)
         return n, consents
 
     def verify_stores(self, check: Callable[[str, bool, str], None]) -> None:
@@ -1121,6 +1126,8 @@ class ErasureCoordinator:
         if extent.whole_subject:
             mentions = self._catalog.mentioning(req.subject_ref)
             check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")
+            ids = self._catalog.count_identifiers(req.subject_ref)
+            check("no registered identifier left", not ids, f"{ids} identifiers")
 
         probes = [p for p in self._probes.pop(req.request_id, []) if p]
         if probes:

@@ -33,6 +33,7 @@ from keyshred.storage.checkpoints import CheckpointStore
 from keyshred.storage.consent import ConsentApi
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
 from keyshred.storage.memories import MemoryStore
+from keyshred.storage.mentions import SubjectsApi
 from keyshred.storage.policy import Policy
 from keyshred.storage.vectors import VectorIndex
 from keyshred.vault.tokens import TokenVault
@@ -102,6 +103,9 @@ class Keyshred:
         catalog.on_stale = self.metrics.stale_job
         self._audit = AuditLog(catalog, retention_days=config.audit.retention_days)
         self.audit = self._guard(self._audit)
+        self.subjects = self._guard(
+            SubjectsApi(self._memories.mentions, self._subject_ref, self._audit)
+        )
         self.derived = self._guard(DerivedApi(self))
         self._vault = TokenVault(
             catalog,

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,6 +52,8 @@ from keyshred.errors import (
 __all__ = [
     "ACTIVE",
     "ASSET_COLUMNS",
+    "DECLARED",
+    "DETECTED",
     "SUPPRESSED",
     "TOKEN_BLOCK",
     "TOKEN_COLUMNS",
@@ -74,6 +76,8 @@ _T = TypeVar("_T")
 ACTIVE = "active"
 SUPPRESSED = "suppressed"
 ERASED = "erased"
+DECLARED = "declared"
+DETECTED = "detected"
 
 metadata = sa.MetaData()
 
@@ -142,7 +146,33 @@ asset_mentions = sa.Table(
     metadata,
     sa.Column("asset_id", sa.String(64), primary_key=True),
     sa.Column("subject_ref", sa.String(64), primary_key=True),
+    # "declared" by the writer, or "detected" in the value by a registered identifier
+    # (keyshred.storage.mentions). Catalogs from before it gain it at open.
+    sa.Column("how", sa.String(16), nullable=False, server_default=DECLARED),
     sa.Index("ks_asset_mentions_subject", "subject_ref"),
+)
+
+# Identifiers a subject registered (keyshred.storage.mentions): only their keyed
+# lookup hashes, never the identifier. The primary key leads with the hash, so it is
+# the index the write path's lookup (``hash IN …``) probes; one hash may stand for
+# several subjects (two people of one name), and each is a mention.
+identifiers = sa.Table(
+    "ks_identifiers",
+    metadata,
+    sa.Column("hash", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ks_identifiers_subject", "subject_ref"),
+)
+
+# The kinds of identifier ever registered (names as "name:<words>"), one row each,
+# never deleted: the write path skips detection while there is none, and generates
+# name n-grams only of the lengths registered.
+identifier_kinds = sa.Table(
+    "ks_identifier_kinds",
+    metadata,
+    sa.Column("kind", sa.String(16), primary_key=True),
 )
 
 consents = sa.Table(
@@ -552,6 +582,8 @@ class Catalog:
                     "times (keyshred 0.1 development builds); export what you need and "
                     "start a new folder"
                 )
+            if "how" not in {c["name"] for c in inspector.get_columns("ks_asset_mentions")}:
+                self._add_mention_how()
         self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
         # token -> its row number (set by the vault; None for what is not a token)
         self.token_number: Callable[[str], int | None] | None = None
@@ -562,6 +594,22 @@ class Catalog:
         self._sql = self._compile_hot_statements()
         # subject_ref -> (guard generation when read, guard): embedded catalogs only
         self._guards: dict[str, tuple[int, GuardState]] = {}
+
+    def _add_mention_how(self) -> None:
+        """A catalog from before mention provenance: add ``how`` (every existing
+        mention was declared). Another process opening the catalog at the same time
+        may add it first: PostgreSQL skips it then, SQLite says so and we re-check."""
+        exists = "IF NOT EXISTS " if self.dialect == "postgresql" else ""
+        try:
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f"ALTER TABLE ks_asset_mentions ADD COLUMN {exists}"
+                    f"how VARCHAR(16) NOT NULL DEFAULT '{DECLARED}'"
+                )
+        except sa.exc.OperationalError:
+            columns = sa.inspect(self.engine).get_columns("ks_asset_mentions")
+            if "how" not in {c["name"] for c in columns}:
+                raise
 
     def _watch_errors(self) -> None:
         """Statements through SQLAlchemy raise ``BackendUnavailable`` instead of the
@@ -606,7 +654,9 @@ class Catalog:
                 asset_id=sa.bindparam("asset_id"), source_id=sa.bindparam("source_id")
             ),
             "insert_mention": asset_mentions.insert().values(
-                asset_id=sa.bindparam("asset_id"), subject_ref=sa.bindparam("subject_ref")
+                asset_id=sa.bindparam("asset_id"),
+                subject_ref=sa.bindparam("subject_ref"),
+                how=sa.bindparam("how"),
             ),
             "delete_asset": assets.delete().where(assets.c.asset_id == sa.bindparam("asset_id")),
             "insert_token": tokens.insert().values(
@@ -1012,12 +1062,15 @@ class Catalog:
         replace: Sequence[str] = (),
         sources: Sequence[tuple[str, str]] = (),
         mentions: Sequence[tuple[str, str]] = (),
+        detected: Collection[tuple[str, str]] = (),
     ) -> None:
         """``register``'s one transaction, for callers that build rows themselves
         (a batch of memories): ``params`` are tuples in ``ASSET_COLUMNS`` order with
         times from ``time_param``; ``replace`` names assets (and their edges) to
-        delete first; ``sources``/``mentions`` are ``(asset_id, other)`` edges. The
-        guard of every ``(subject_ref, scope)`` is re-checked in the transaction."""
+        delete first; ``sources``/``mentions`` are ``(asset_id, other)`` edges, those
+        of ``mentions`` also in ``detected`` recorded as found in the value rather
+        than declared. The guard of every ``(subject_ref, scope)`` is re-checked in
+        the transaction."""
         sql = self._sql
         with self._hot(write=True) as cur:
             states: dict[str, GuardState] = {}
@@ -1044,8 +1097,17 @@ class Catalog:
                     sql["insert_source"], [{"asset_id": a, "source_id": s} for a, s in sources]
                 )
             if mentions:
+                found = set(detected)
                 cur.executemany(
-                    sql["insert_mention"], [{"asset_id": a, "subject_ref": m} for a, m in mentions]
+                    sql["insert_mention"],
+                    [
+                        {
+                            "asset_id": a,
+                            "subject_ref": m,
+                            "how": DETECTED if (a, m) in found else DECLARED,
+                        }
+                        for a, m in mentions
+                    ],
                 )
 
     def time_param(self, value: datetime) -> Any:
@@ -1509,6 +1571,103 @@ class Catalog:
                 ).scalars()
             )
             return self._rows(conn, assets.c.asset_id.in_(ids)) if ids else []
+
+    def mention_counts(self) -> dict[str, int]:
+        """Mentions recorded, by how they came: ``{"declared": n, "detected": m}``."""
+        counts = {DECLARED: 0, DETECTED: 0}
+        with self._read() as conn:
+            for how, n in conn.execute(
+                sa.select(asset_mentions.c.how, sa.func.count()).group_by(asset_mentions.c.how)
+            ):
+                counts[str(how)] = int(n)
+        return counts
+
+    # -- registered identifiers (keyshred.storage.mentions) -------------------------
+
+    def add_identifiers(
+        self, subject_ref: str, rows: Iterable[tuple[str, str]], kinds: Iterable[str]
+    ) -> int:
+        """Store ``(hash, kind)`` lookup hashes of a subject's identifiers, and
+        ``kinds`` (``keyshred.storage.mentions`` marks: the kinds, names by their
+        number of words) among the kinds ever registered; returns how many hashes
+        were new. The subject's guard is re-read in the same write transaction: a
+        suppressed or erased subject registers nothing."""
+        wanted = dict(rows)
+        now = datetime.now(UTC)
+        with self._write() as conn:
+            self.enforce(subject_ref, self._lock_guard(conn, subject_ref), None)
+            have = set(
+                conn.execute(
+                    sa.select(identifiers.c.hash).where(identifiers.c.subject_ref == subject_ref)
+                ).scalars()
+            )
+            new = [
+                {"hash": h, "subject_ref": subject_ref, "kind": k, "created_at": now}
+                for h, k in wanted.items()
+                if h not in have
+            ]
+            if new:
+                # A concurrent registration of the same identifier is no error.
+                conn.execute(self._insert_ignore(identifiers), new)
+            marks = [{"kind": k} for k in sorted(set(kinds))]
+            if marks:
+                conn.execute(self._insert_ignore(identifier_kinds), marks)
+        return len(new)
+
+    def _insert_ignore(self, table: sa.Table) -> Any:
+        """``INSERT … ON CONFLICT DO NOTHING`` in this dialect."""
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects import postgresql
+
+            return postgresql.insert(table).on_conflict_do_nothing()
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert(table).on_conflict_do_nothing()
+
+    def delete_identifiers(self, subject_ref: str) -> int:
+        """Delete every identifier hash of the subject (``forget_identifiers``, and
+        the erasure's catalog step)."""
+        with self._write() as conn:
+            return int(
+                conn.execute(
+                    identifiers.delete().where(identifiers.c.subject_ref == subject_ref)
+                ).rowcount
+            )
+
+    def count_identifiers(self, subject_ref: str) -> int:
+        with self._read() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(identifiers)
+                    .where(identifiers.c.subject_ref == subject_ref)
+                ).scalar_one()
+            )
+
+    def identifier_kinds(self) -> frozenset[str]:
+        """The kinds of identifier registered at least once in this catalog (see
+        ``add_identifiers``)."""
+        with self._read() as conn:
+            return frozenset(conn.execute(sa.select(identifier_kinds.c.kind)).scalars())
+
+    def identifier_subjects(self, hashes: Collection[str]) -> list[tuple[str, str]]:
+        """``(hash, subject_ref)`` of every registered identifier among ``hashes``,
+        in one statement however many there are (a JSON array on SQLite, an array
+        on PostgreSQL: one parameter, one plan)."""
+        if not hashes:
+            return []
+        if self.dialect == "sqlite":
+            sql = (
+                "SELECT hash, subject_ref FROM ks_identifiers "
+                "WHERE hash IN (SELECT value FROM json_each(?))"
+            )
+            param: Any = json.dumps(list(hashes))
+        else:
+            sql = "SELECT hash, subject_ref FROM ks_identifiers WHERE hash = ANY(%s)"
+            param = list(hashes)
+        with self._hot(write=False) as cur:
+            cur.execute(sql, (param,))
+            return [(str(h), str(r)) for h, r in cur.fetchall()]
 
     # -- consent -------------------------------------------------------------------
 

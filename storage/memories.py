@@ -47,6 +47,7 @@ from keyshred.storage import faults
 from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog, assets
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
+from keyshred.storage.mentions import MentionFinder
 from keyshred.storage.partition import (
     MemoryRow,
     Partition,
@@ -339,6 +340,8 @@ class MemoryStore:
         self._clock = clock
         self._sealer: Sealer = KeyringSealer(keyring) if encrypt else PlaintextSealer()
         self.pme: PmeCrypto | None = PmeCrypto(keyring) if encrypt else None
+        # Registered identifiers found in values add mentions (ks.subjects).
+        self.mentions = MentionFinder(catalog, keyring, policy, max_chars=max_value_bytes)
         self._partitions: OrderedDict[str, Partition] = OrderedDict()
         self._lock = threading.Lock()
         # Held shared by every partition write, exclusive by a backup's snapshot.
@@ -534,6 +537,10 @@ class MemoryStore:
         # (scope, purpose, category) -> (scope name, purpose, category, retain_until):
         # a batch usually has one, so policy and consent are looked up once.
         targets: dict[tuple[str, str | None, str | None], tuple[str, str, str, int]] = {}
+        # Subjects whose registered identifiers are in each item (one catalog query),
+        # and per (namespace, key) those of them no caller declared.
+        found = self.mentions.find(ref, items)
+        detected: dict[tuple[tuple[str, ...], str], frozenset[str]] = {}
         for n_item, item in enumerate(items):
             ns, k = _namespace(item.namespace), _key(item.key)
             raw = self._encode(item.value)
@@ -551,6 +558,9 @@ class MemoryStore:
                 mentioned = (
                     tuple(sorted({self._ref(m) for m in item.mentions})) if item.mentions else ()
                 )
+            detected[(ns, k)] = found[n_item].difference(mentioned)
+            if found[n_item]:
+                mentioned = tuple(sorted(found[n_item].union(mentioned)))
             for source in item.sources:
                 if not isinstance(source, str) or not source:
                     raise InvalidInput("sources are asset ids")
@@ -651,6 +661,9 @@ class MemoryStore:
                     replace=replaced or bool(vec_items),
                     remove=stale,
                     produced_by=produced_by,
+                    detected=[
+                        (r.memory_id, m) for r in rows for m in detected[(r.namespace, r.key)]
+                    ],
                 )
             except BaseException:
                 self._undo(part, rows, previous)
@@ -746,6 +759,7 @@ class MemoryStore:
         replace: bool,
         remove: Sequence[str],
         produced_by: tuple[str, str | None, str | None] | None = None,
+        detected: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Register the rows (and their vectors) as assets in one catalog
         transaction. Memory rows go in as parameter tuples built here: the same
@@ -796,6 +810,7 @@ class MemoryStore:
             replace=[*remove, *ids] if replace or remove else (),
             sources=sources,
             mentions=mentions,
+            detected=detected,
         )
 
     def _vector_asset(

@@ -29,6 +29,7 @@ class ScopeRule:
     max_retention: timedelta
     purpose_end: datetime | None
     legal_max: timedelta | None
+    detect_mentions: bool = True
 
     @property
     def needs_consent(self) -> bool:
@@ -56,6 +57,7 @@ class Policy:
                     )
                 ),
                 legal_max=None if s.legal_max_days is None else timedelta(days=s.legal_max_days),
+                detect_mentions=s.detect_mentions,
             )
             for name, s in scopes.items()
         }
