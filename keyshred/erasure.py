@@ -401,6 +401,25 @@ class _Extent:
             "shared_keys": [[k.hex(), holder] for k, holder in result.shared_keys],
         }
 
+    def keys_left(self) -> int:
+        """Keys the subject (or scope) holds, and for a subject the keys it co-owns."""
+        store = self.ks.keyring.store
+        if self.scope is None:
+            return len(store.owned_by(self.ref)) + len(store.for_subject(self.ref))
+        return len(store.for_subject(self.ref, self.scope))
+
+    def sweep_keys(self) -> list[str] | None:
+        """Destroy keys about the subject created after ``destroy_keys`` (a writer
+        that passed every guard check just before the suppression); their tombstone
+        goes to the backups like the first. Returns their key ids (hex); ``None``
+        where the request destroys no key of its own."""
+        if not self.keys_left():
+            return []
+        result = self.ks.keyring.destroy(self.ref, self.scope)
+        if self.deletes_backups and result.tombstone.key_ids:
+            self.ks.backup.on_erasure(result.tombstone, whole_subject=self.scope is None)
+        return [k.hex() for k in result.tombstone.key_ids]
+
     def drop_memories(self) -> int:
         if self.scope is None:
             return self.ks.memories.drop_subject(self.ref)
@@ -513,6 +532,9 @@ class _AssetsExtent(_Extent):
     def destroy_keys(self) -> dict[str, Any]:
         return {"key_ids": [], "tombstone_id": None, "at": _iso(_now()), "cache_evicted": 0}
 
+    def sweep_keys(self) -> list[str] | None:
+        return None  # no key is destroyed: the scope's other memories share it
+
     def drop_memories(self) -> int:
         return self.ks.memories.delete_ids(self.ref, self.assets)
 
@@ -549,6 +571,9 @@ class _ReplayExtent(_Extent):
     calls_processors = False
     deletes_backups = False
     signs_receipt = False
+
+    def sweep_keys(self) -> list[str] | None:
+        return None  # exactly the live erasure's keys: a returned subject keeps its new ones
 
     def destroy_keys(self) -> dict[str, Any]:
         # A subject who came back after the erasure has other key ids: untouched.
@@ -1026,9 +1051,17 @@ class ErasureCoordinator:
             self._ks.memories.delete_by_id(owner, asset.asset_id)
             return {**base, "action": "dropped"}
         produced_by = (asset.kind, asset.producer, asset.producer_version)
-        self._ks.memories.rebuild(
-            owner, row, value, sources=remaining, mentions=mentions, produced_by=produced_by
-        )
+        try:
+            self._ks.memories.rebuild(
+                owner, row, value, sources=remaining, mentions=mentions, produced_by=produced_by
+            )
+        except SubjectSuppressed:
+            # Another subject it is about (a mention, a source's owner) is being
+            # erased at the same time: no new copy is made under a key that erasure
+            # may already have passed. Dropped, the safe way (the owner was checked
+            # above, so it is not the holder that is refused).
+            self._ks.memories.delete_by_id(owner, asset.asset_id)
+            return {**base, "action": "dropped"}
         return {**base, "action": "rebuilt"}
 
     def _source_memories(self, ids: Sequence[str]) -> list[Memory]:
@@ -1111,6 +1144,18 @@ class ErasureCoordinator:
         check("keys fail to unwrap", not unwrapped, f"{len(keys)} keys raise SubjectErased")
 
         extent = self._extent(req)
+        swept = extent.sweep_keys()
+        if swept is not None:
+            if swept:
+                req.doc["swept_keys"] = sorted({*req.doc.get("swept_keys", []), *swept})
+                self._save(req)
+            left = extent.keys_left()
+            check(
+                "no key held or co-owned by the subject left",
+                not left,
+                f"{left} keys left; {len(req.doc.get('swept_keys', []))} made during the "
+                "erasure destroyed",
+            )
         extent.verify_stores(check)
         own = extent.own_assets()
         check("catalog holds no asset", not own, f"{len(own)} assets left")

@@ -1097,6 +1097,15 @@ class Catalog:
                     sql["insert_source"], [{"asset_id": a, "source_id": s} for a, s in sources]
                 )
             if mentions:
+                # A mention of a subject suppressed or erased meanwhile: refused in the
+                # transaction that would record it (its erasure's closure may already
+                # have been taken, and would miss this asset).
+                for ref, state in self._guard_rows(cur, {m for _, m in mentions}).items():
+                    if state.status != ACTIVE:
+                        raise SubjectSuppressed(
+                            f"the memory is about subject_ref {ref}, which is being erased "
+                            "or was erased"
+                        )
                 found = set(detected)
                 cur.executemany(
                     sql["insert_mention"],

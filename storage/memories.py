@@ -685,6 +685,7 @@ class MemoryStore:
         key per (holder, scope, owner set), shared by all its rows, created here
         under the partition lock like every first key of a subject."""
         keys: dict[tuple[str, tuple[str, ...]], DataKey] = {}
+        checked: set[str] = set()
         out = []
         for r in rows:
             owners = set(r.mentions)
@@ -694,6 +695,20 @@ class MemoryStore:
             if not owners:
                 out.append(r)
                 continue
+            for owner in owners - checked:
+                # Data about a subject that is being erased (or was) is refused before
+                # a key is created for it: a key made after the erasure destroyed the
+                # subject's keys would carry the data past it. The catalog refuses the
+                # mention again in the write transaction, and the erasure sweeps any
+                # key created in between.
+                try:
+                    self._catalog.check_guard(owner)
+                except SubjectSuppressed:
+                    raise SubjectSuppressed(
+                        f"the memory is about subject_ref {owner}, which is being erased "
+                        "or was erased"
+                    ) from None
+                checked.add(owner)
             wanted = (r.scope, tuple(sorted(owners)))
             key = keys.get(wanted)
             if key is None:

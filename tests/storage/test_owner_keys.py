@@ -552,3 +552,83 @@ def test_a_scope_erasure_rewrites_the_rebuilt_summary_out_of_the_live_files(
     assert _found(probe, plain) == 0
     rebuilt = ks.memories.get("bob", ("s",), "sum")
     assert rebuilt is not None and rebuilt.value == '"likes chess"'
+
+
+# -- writes about a subject being erased ------------------------------------------
+
+
+def test_a_write_about_a_suppressed_or_erased_subject_is_refused(ks: Keyshred) -> None:
+    """Data about a subject whose erasure is under way (or done) gets no new key: a
+    key made after the erasure destroyed the subject's keys would outlive it."""
+    from keyshred.errors import SubjectSuppressed
+
+    victim = "victim@example.org"
+    ks.memories.put(victim, NS, "own", "the victim's own note")
+    vref = ks.subject_ref(victim)
+    ks.catalog.suppress(vref)
+    with pytest.raises(SubjectSuppressed) as err:
+        ks.memories.put("dave", ("facts",), "met", "dave met v", mentions=[victim])
+    assert victim not in str(err.value)
+    assert ks.keyring.store.counts()["shared"] == 0  # no key was made about the victim
+    assert ks.memories.get("dave", ("facts",), "met") is None
+    ks.memories.put("dave", ("facts",), "other", "dave's own note")  # dave still writes
+    ks.catalog.set_guard(vref, "erased")
+    with pytest.raises(SubjectSuppressed):
+        ks.memories.put("dave", ("facts",), "met", "dave met v", mentions=[victim])
+
+
+def test_the_catalog_refuses_a_mention_recorded_after_the_suppression(ks: Keyshred) -> None:
+    """The race the seal-time check cannot close: a writer past that check whose
+    catalog transaction comes after the suppression is refused there, and the put
+    is undone."""
+    from keyshred.errors import SubjectSuppressed
+
+    victim = "victim@example.org"
+    vref = ks.subject_ref(victim)
+    real = ks.catalog.check_guard
+    calls = {"n": 0}
+
+    def late(ref: str, *args: Any, **kwargs: Any) -> int:
+        epoch = real(ref, *args, **kwargs)
+        if ref == vref and calls["n"] == 0:
+            calls["n"] += 1
+            ks.catalog.suppress(vref)  # lands between the check and the commit
+        return epoch
+
+    ks.catalog.check_guard = late  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SubjectSuppressed):
+            ks.memories.put("dave", ("facts",), "met", "dave met v", mentions=[victim])
+    finally:
+        ks.catalog.check_guard = real  # type: ignore[method-assign]
+    assert calls["n"] == 1
+    assert ks.memories.get("dave", ("facts",), "met") is None
+    assert not ks.catalog.mentioning(vref)
+
+
+def test_the_erasure_sweeps_a_key_made_about_the_subject_after_destroy(ks: Keyshred) -> None:
+    """A shared key created after ``destroy_keys`` (a writer that passed every guard
+    check before the suppression) is destroyed by the verify step, and the check
+    says so."""
+    victim = "victim@example.org"
+    ks.memories.put(victim, NS, "own", "the victim's own note")
+    vref, dref = ks.subject_ref(victim), ks.subject_ref("dave")
+    made: dict[str, bytes] = {}
+
+    def after(step: str, req: Any) -> None:
+        if step == "destroy_keys":
+            made["key"] = ks.keyring.data_key(dref, "default", owners=[vref]).key_id
+
+    ks.erasure.on_step = after
+    try:
+        req = ks.erase(victim, requested_by="dpo", reason="gdpr-art17")
+    finally:
+        ks.erasure.on_step = None
+    assert req.state == "completed", req.error
+    assert made["key"].hex() in req.doc["swept_keys"]
+    with pytest.raises(SubjectErased):
+        ks.keyring.data_key_by_id(made["key"])
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None
+    check = next(c for c in receipt.verification if c.name.startswith("no key held"))
+    assert check.passed and "1 made during the erasure" in check.detail
