@@ -722,7 +722,7 @@ class SQLiteKeyStore(_SqlKeyStore):
         data: bytes,
         rewrap_keys: Callable[[list[KeyRecord]], list[tuple[str, int, bytes]]],
         rewrap_secrets: Callable[[list[SecretRecord]], list[tuple[str, int, bytes]]],
-        epoch_key: EpochKeyRecord,
+        epoch_key: EpochKeyRecord | None,
         *,
         page: int = 5000,
     ) -> bytes:
@@ -765,17 +765,18 @@ class SQLiteKeyStore(_SqlKeyStore):
                     [(*w, s.name) for s, w in zip(secrets, rewrap_secrets(secrets), strict=True)],
                 )
                 db.execute("DELETE FROM epoch_key")
-                db.execute(
-                    f"INSERT INTO epoch_key ({_EPOCH_COLUMNS}) VALUES (?,?,?,?,?,?)",  # noqa: S608
-                    (
-                        epoch_key.lineage,
-                        epoch_key.epoch,
-                        epoch_key.kek_provider,
-                        epoch_key.provider_epoch,
-                        epoch_key.wrapped,
-                        _ts(epoch_key.created_at),
-                    ),
-                )
+                if epoch_key is not None:
+                    db.execute(
+                        f"INSERT INTO epoch_key ({_EPOCH_COLUMNS}) VALUES (?,?,?,?,?,?)",  # noqa: S608
+                        (
+                            epoch_key.lineage,
+                            epoch_key.epoch,
+                            epoch_key.kek_provider,
+                            epoch_key.provider_epoch,
+                            epoch_key.wrapped,
+                            _ts(epoch_key.created_at),
+                        ),
+                    )
             db.execute("VACUUM")
             return bytes(db.serialize())
         except sqlite3.DatabaseError:

@@ -390,6 +390,9 @@ class _Extent:
             "tombstone_id": tombstone.tombstone_id if tombstone.key_ids else None,
             "at": _iso(at),
             "cache_evicted": result.cache_entries_evicted,
+            # The live epoch that may still sit in database pages with these keys:
+            # when the live schedule destroys it.
+            "live_residue_until": _iso(ks.backup.live_residue_until(at)),
         }
 
     def drop_memories(self) -> int:
@@ -1204,6 +1207,7 @@ class ErasureCoordinator:
             completed_at=completed,
             key_ids=keys["key_ids"],
             tombstone_id=keys["tombstone_id"],
+            live_residue_until=keys.get("live_residue_until") if keys["key_ids"] else None,
             stores=stores,
             derived=[DerivedAction(**a) for a in d["derived"]["actions"]],
             external=[ExternalCall(**c) for c in d["external"]["calls"]],
