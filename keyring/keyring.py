@@ -1,12 +1,17 @@
 """``Keyring``: the DEK lifecycle on top of a key store and a KEK provider.
 
-- one random DEK per (tenant, subject_ref, scope), random 16-byte key id, created on
-  first use and wrapped by the current KEK epoch;
+- one random DEK per (tenant, holder subject_ref, scope, owner set), random 16-byte
+  key id, created on first use and wrapped by the current KEK epoch. The owners are
+  every subject the data under the key is about: the holder alone for its scope key,
+  the holder plus mentioned subjects (and the owners of a derived asset's sources) for
+  a shared key. The key store indexes each key by every owner;
 - unwrap through a bounded, TTL'd cache, with batch unwrap for bulk reads;
 - ``rotate_kek`` re-wraps every stored DEK (and system secret) under a new epoch
   without touching any data; ``destroy_kek_epochs_before`` then retires old epochs;
 - ``destroy`` crypto-erases a subject (or one scope): wrapped DEKs deleted and a
-  tombstone written in one transaction, caches evicted, then verified;
+  tombstone written in one transaction, caches evicted, then verified. A subject's
+  erasure destroys every key it owns, including keys other subjects hold, so no copy
+  of data about it outlives the erasure under someone else's key;
 - system secrets (the subject-ref HMAC key, the receipt signing key, the vault's
   token-id key) are wrapped like DEKs and re-wrapped on rotation.
 
@@ -49,6 +54,7 @@ from keyshred.keyring.keystore import (
     SecretRecord,
     SQLiteKeyStore,
     Tombstone,
+    owner_tag,
 )
 from keyshred.keyring.tokenid import TokenIds
 
@@ -73,18 +79,25 @@ _REF_CACHE = 10_000
 T = TypeVar("T")
 
 
-def _dek_context(record_key_id: bytes, tenant: str, subject_ref: str, scope: str) -> Context:
-    return {
+def _dek_context(
+    record_key_id: bytes, tenant: str, subject_ref: str, scope: str, tag: str = ""
+) -> Context:
+    context = {
         "keyshred:kind": "dek",
         "keyshred:key_id": record_key_id.hex(),
         "keyshred:tenant": tenant,
         "keyshred:subject_ref": subject_ref,
         "keyshred:scope": scope,
     }
+    if tag:
+        # Bound, so a shared key's record cannot pass for a scope key (or another
+        # owner set's) in an altered key store. Scope keys keep their old context.
+        context["keyshred:owners"] = tag
+    return context
 
 
-def _record_context(record: KeyRecord) -> Context:
-    return _dek_context(record.key_id, record.tenant, record.subject_ref, record.scope)
+def _record_context(r: KeyRecord) -> Context:
+    return _dek_context(r.key_id, r.tenant, r.subject_ref, r.scope, r.owner_tag)
 
 
 def _secret_context(name: str) -> Context:
@@ -123,6 +136,18 @@ def _unseal(key: bytes, blob: bytes, label: str) -> bytes:
         raise IntegrityError("the sealed blob does not authenticate") from None
 
 
+def _others(holder: str, owners: Iterable[str]) -> tuple[str, ...]:
+    """The owners besides the holder, sorted and checked (subject_refs)."""
+    if isinstance(owners, str):
+        raise InvalidInput("owners is a collection of subject_refs")
+    others = set()
+    for owner in owners:
+        _check_name("an owner", owner)
+        if owner != holder:
+            others.add(owner)
+    return tuple(sorted(others))
+
+
 def _check_name(kind: str, value: str) -> None:
     if not isinstance(value, str) or not value or len(value) > 256:
         raise InvalidInput(f"{kind} must be a non-empty string of at most 256 characters")
@@ -136,6 +161,9 @@ class DestroyResult:
     keys_destroyed: int
     cache_entries_evicted: int
     verified: bool
+    # (key id, holder subject_ref) of keys other subjects hold that the erased subject
+    # co-owned: their data about it is unreadable in every copy from now on.
+    shared_keys: tuple[tuple[bytes, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,28 +419,43 @@ class Keyring:
             raise SubjectErased(
                 f"key {record.key_id.hex()} is wrapped by destroyed KEK epoch {record.kek_epoch}"
             ) from None
-        key = DataKey(record.key_id, record.subject_ref, record.scope, raw)
+        key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
         self.cache.put(key)
         return key
 
-    def data_key(self, subject_ref: str, scope: str, *, create: bool = True) -> DataKey:
-        """The live DEK of (subject_ref, scope); created on first use unless told not to."""
-        cached = self.cache.get_owner(subject_ref, scope)
+    def data_key(
+        self, subject_ref: str, scope: str, *, create: bool = True, owners: Iterable[str] = ()
+    ) -> DataKey:
+        """The live DEK of (holder ``subject_ref``, ``scope``, owner set); created on
+        first use unless told not to. ``owners`` are the other subjects (refs) the data
+        is about: none for the holder's own scope key, else the key shared by that
+        owner set, which the erasure of any of them destroys."""
+        if owners:
+            others = _others(subject_ref, owners)
+            tag = owner_tag(others)
+        else:
+            others, tag = (), ""
+        cached = self.cache.get_owner(subject_ref, scope, tag)
         if cached is not None:
             return cached
-        record = self.store.find(subject_ref, scope)
+        record = self.store.find(subject_ref, scope, tag)
         if record is None:
             if not create:
                 if self.store.is_tombstoned(subject_ref, scope):
                     raise SubjectErased(f"the keys of subject_ref {subject_ref} were destroyed")
                 raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
             _check_name("scope", scope)
-            record = self._create(subject_ref, scope)
+            record = self._create(subject_ref, scope, others)
         return self._unwrap_record(record)
 
-    def _create(self, subject_ref: str, scope: str) -> KeyRecord:
+    def owners_of(self, key_ids: Iterable[bytes]) -> dict[bytes, tuple[str, ...]]:
+        """The other owners of each shared key (scope keys are absent)."""
+        return self.store.owners_of(list(key_ids))
+
+    def _create(self, subject_ref: str, scope: str, others: tuple[str, ...] = ()) -> KeyRecord:
+        tag = owner_tag(others)
         with self._create_lock:
-            existing = self.store.find(subject_ref, scope)
+            existing = self.store.find(subject_ref, scope, tag)
             if existing is not None:
                 return existing
             key_id = prim.random_bytes(KEY_ID_BYTES)
@@ -428,10 +471,12 @@ class Keyring:
                         epoch,
                         blob,
                         self._clock(),
+                        tag,
+                        others,
                     )
                 ),
                 raw,
-                _dek_context(key_id, self.tenant, subject_ref, scope),
+                _dek_context(key_id, self.tenant, subject_ref, scope, tag),
             )
 
     def data_key_by_id(self, key_id: bytes) -> DataKey:
@@ -467,7 +512,7 @@ class Keyring:
         except KekEpochDestroyed:
             raise SubjectErased("a key is wrapped by a destroyed KEK epoch") from None
         for record, raw in zip(ordered, raws, strict=True):
-            key = DataKey(record.key_id, record.subject_ref, record.scope, raw)
+            key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
             self.cache.put(key)
             out[record.key_id] = key
         return out
@@ -715,22 +760,34 @@ class Keyring:
     def destroy(self, subject_ref: str, scope: str | None = None) -> DestroyResult:
         """Crypto-erase a subject (every scope) or one scope; idempotent.
 
-        The wrapped DEKs are deleted and the tombstone written in one transaction,
-        every cache entry is evicted, and the result is verified: each destroyed key
-        id must now raise ``SubjectErased``.
+        A whole subject: every key it holds and every key it co-owns with others (a
+        memory of someone else that mentions it, a summary built from its data). One
+        scope: the keys it holds in that scope, whatever their owners. The wrapped
+        DEKs are deleted and the tombstone written in one transaction, every cache
+        entry is evicted, and the result is verified: each destroyed key id must now
+        raise ``SubjectErased``.
         """
         records = self.store.for_subject(subject_ref, scope)
+        shared = self.store.owned_by(subject_ref) if scope is None else []
+        held = {r.key_id for r in records}
+        shared = [r for r in shared if r.key_id not in held]
         tombstone = Tombstone(
             tombstone_id=uuid.uuid4().hex,
             subject_ref=subject_ref,
             scope=scope,
-            key_ids=tuple(sorted(r.key_id for r in records)),
+            key_ids=tuple(sorted(held | {r.key_id for r in shared})),
             erased_at=self._clock(),
         )
-        deleted = self.store.destroy(tombstone.key_ids, tombstone) if records else 0
+        deleted = self.store.destroy(tombstone.key_ids, tombstone) if tombstone.key_ids else 0
         evicted = self.cache.evict(tombstone.key_ids) + self.cache.evict_subject(subject_ref, scope)
         self._verify_destroyed(tombstone.key_ids)
-        return DestroyResult(tombstone, deleted, evicted, verified=True)
+        return DestroyResult(
+            tombstone,
+            deleted,
+            evicted,
+            verified=True,
+            shared_keys=tuple(sorted((r.key_id, r.subject_ref) for r in shared)),
+        )
 
     def _verify_destroyed(self, key_ids: Sequence[bytes]) -> None:
         for key_id in key_ids:
