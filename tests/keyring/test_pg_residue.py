@@ -197,7 +197,7 @@ def test_dead_tuple_deks_on_postgresql_are_useless_after_the_live_epoch_rotates(
                 if at >= 0 and key_id not in recovered:
                     recovered[key_id] = _parse_dek_tuple(page, at)
         for record in recovered.values():
-            assert record.subject_ref == victim.ref and record.kek_provider == "local@live"
+            assert record.subject_ref == victim.ref and record.kek_provider.startswith("local")
         _check_recovered(ks, victim, list(recovered.values()))
     finally:
         ks.close()
