@@ -21,6 +21,7 @@ rotation re-wraps it under an epoch key.
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ __all__ = [
     "epoch_key_context",
     "lineage_of",
     "marker",
+    "wrap_aad",
 ]
 
 LIVE = LIVE_LINEAGE
@@ -46,6 +48,8 @@ ARCHIVE = "archive"
 _WRAP_DOMAIN = b"keyshred/epoch-wrap\x00"
 WRAPPED_BYTES = prim.NONCE_BYTES + prim.KEY_BYTES + prim.TAG_BYTES
 _CURRENT_TTL = 60.0  # seconds a process trusts its view of the current live epoch
+_LEN = struct.Struct(">I")
+_EPOCH = struct.Struct(">Q")
 
 
 def marker(provider_name: str, lineage: str) -> str:
@@ -67,6 +71,14 @@ def epoch_key_context(lineage: str, epoch: int) -> Context:
 def bound_context(context: Context, lineage: str, epoch: int) -> Context:
     """A DEK's or secret's context bound to the epoch key that wraps it."""
     return {**context, "keyshred:lineage": lineage, "keyshred:epoch": str(epoch)}
+
+
+def wrap_aad(lineage: str, epoch: int, encoded_context: bytes) -> bytes:
+    """The associated data of a local wrap: the domain, the lineage and epoch (a
+    self-delimiting prefix), then the record's context encoding (``encode_context``).
+    The prefix comes first so a re-wrap encodes the context once for both epochs."""
+    name = lineage.encode("utf-8")
+    return _WRAP_DOMAIN + _LEN.pack(len(name)) + name + _EPOCH.pack(epoch) + encoded_context
 
 
 class Lineage:
@@ -175,17 +187,27 @@ class Lineage:
     # -- local wrap ----------------------------------------------------------------
 
     def wrap(self, key: bytes, context: Context, epoch: int) -> bytes:
-        nonce = prim.random_nonce()
-        aad = _WRAP_DOMAIN + encode_context(bound_context(context, self.name, epoch))
-        return nonce + self._aead(epoch).encrypt(nonce, key, aad)
+        return self.wrap_encoded(key, encode_context(context), epoch)
 
     def unwrap(self, blob: bytes, context: Context, epoch: int) -> bytes:
+        return self.unwrap_encoded(blob, encode_context(context), epoch)
+
+    def wrap_encoded(self, key: bytes, encoded_context: bytes, epoch: int) -> bytes:
+        """``wrap`` with the context already encoded (``encode_context``)."""
+        nonce = prim.random_nonce()
+        aad = wrap_aad(self.name, epoch, encoded_context)
+        return nonce + self._aead(epoch).encrypt(nonce, key, aad)
+
+    def unwrap_encoded(self, blob: bytes, encoded_context: bytes, epoch: int) -> bytes:
         aead = self._aead(epoch)
         if len(blob) != WRAPPED_BYTES:
             raise IntegrityError("wrapped key failed authentication")
-        aad = _WRAP_DOMAIN + encode_context(bound_context(context, self.name, epoch))
         try:
-            return aead.decrypt(blob[: prim.NONCE_BYTES], blob[prim.NONCE_BYTES :], aad)
+            return aead.decrypt(
+                blob[: prim.NONCE_BYTES],
+                blob[prim.NONCE_BYTES :],
+                wrap_aad(self.name, epoch, encoded_context),
+            )
         except prim.InvalidTag:
             raise IntegrityError("wrapped key failed authentication") from None
 

@@ -46,7 +46,7 @@ from keyshred.keyring.cache import KeyCache
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import KEY_ID_BYTES, Place, PlaceTemplate, key_id_of
 from keyshred.keyring.epochs import ARCHIVE, LIVE, Lineage, epoch_key_context, lineage_of, marker
-from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey
+from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey, encode_context
 from keyshred.keyring.keystore import (
     EpochKeyRecord,
     KeyRecord,
@@ -580,16 +580,27 @@ class Keyring:
     def _rewrap_to(self, epoch: int) -> tuple[int, int]:
         keys = 0
 
+        live = self.live
+
         def move(page: list[KeyRecord]) -> None:
-            raws = self._unwrap_records(page)
-            self.store.update_wrapped(
-                [
-                    (r.key_id, epoch, self.live.wrap(raw, _record_context(r), epoch))
-                    for r, raw in zip(page, raws, strict=True)
-                ],
-                kek_provider=self.live.marker,
-                live_epoch=epoch,
-            )
+            updates = []
+            direct = []
+            for r in page:
+                lineage = self._lineage(r.kek_provider)
+                if lineage is None:
+                    direct.append(r)
+                    continue
+                # The context is encoded once for both the old and the new wrap.
+                encoded = encode_context(_record_context(r))
+                raw = lineage.unwrap_encoded(r.wrapped, encoded, r.kek_epoch)
+                updates.append((r.key_id, epoch, live.wrap_encoded(raw, encoded, epoch)))
+            if direct:  # wrapped by the provider itself: a store from before the lineages
+                raws = self._unwrap_records(direct)
+                updates += [
+                    (r.key_id, epoch, live.wrap(raw, _record_context(r), epoch))
+                    for r, raw in zip(direct, raws, strict=True)
+                ]
+            self.store.update_wrapped(updates, kek_provider=live.marker, live_epoch=epoch)
 
         while page := self.store.older_than(epoch, _ROTATE_PAGE):
             move(page)

@@ -14,7 +14,7 @@ from keyshred.errors import KekEpochDestroyed, KeyshredError, SubjectErased
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring import keyring as keyring_module
 from keyshred.keyring.envelope import Place
-from keyshred.keyring.epochs import WRAPPED_BYTES, bound_context, epoch_key_context
+from keyshred.keyring.epochs import WRAPPED_BYTES, epoch_key_context
 from keyshred.keyring.kek import (
     Context,
     DestroyedEpoch,
@@ -115,8 +115,12 @@ def test_a_dek_is_wrapped_by_the_epoch_key_and_unwraps_without_the_provider(
         WrappedKey(epoch_key.provider_epoch, epoch_key.wrapped),
         epoch_key_context("live", epoch_key.epoch),
     )
-    aad = b"keyshred/epoch-wrap\x00" + encode_context(
-        bound_context(context, "live", record.kek_epoch)
+    aad = (
+        b"keyshred/epoch-wrap\x00"
+        + len(b"live").to_bytes(4, "big")
+        + b"live"
+        + record.kek_epoch.to_bytes(8, "big")
+        + encode_context(context)
     )
     raw = prim.new_aead(raw_epoch_key).decrypt(record.wrapped[:12], record.wrapped[12:], aad)
     assert len(raw) == 32
