@@ -1,13 +1,19 @@
 """``Keyring``: the DEK lifecycle on top of a key store and a KEK provider.
 
 - one random DEK per (tenant, holder subject_ref, scope, owner set), random 16-byte
-  key id, created on first use and wrapped by the current KEK epoch. The owners are
+  key id, created on first use and wrapped by the current *live epoch key* (see
+  ``keyshred.keyring.epochs``: a random key per epoch wraps DEKs locally; only the
+  epoch key is wrapped by the KEK provider). The owners are
   every subject the data under the key is about: the holder alone for its scope key,
   the holder plus mentioned subjects (and the owners of a derived asset's sources) for
   a shared key. The key store indexes each key by every owner;
 - unwrap through a bounded, TTL'd cache, with batch unwrap for bulk reads;
-- ``rotate_kek`` re-wraps every stored DEK (and system secret) under a new epoch
-  without touching any data; ``destroy_kek_epochs_before`` then retires old epochs;
+- ``rotate_kek`` makes a new live epoch (one provider rotate and one wrap) and
+  re-wraps every stored DEK and system secret under it locally, without touching any
+  data; ``destroy_kek_epochs_before`` then deletes the old epoch keys and destroys the
+  provider's versions; ``maintain_live`` does both on the live schedule;
+- ``archive_copy`` / ``open_archive``: a backup generation's key store re-wrapped
+  under its own archive epoch (the archive lineage), independent of live epochs;
 - ``destroy`` crypto-erases a subject (or one scope): wrapped DEKs deleted and a
   tombstone written in one transaction, caches evicted, then verified. A subject's
   erasure destroys every key it owns, including keys other subjects hold, so no copy
