@@ -323,3 +323,33 @@ def test_the_live_schedule_rotates_when_due_and_destroys_the_previous_epoch(
     assert held.rotated_to == second.epoch + 1 and held.destroyed == []
     ring.cache.clear()
     assert ring.open(ct, place(ref)) == b"data"
+
+
+def test_the_store_guards_writes_under_a_destroyed_live_epoch(store: KeyStore) -> None:
+    """The key store itself refuses a key or secret under a live epoch whose key is
+    gone, and refuses to delete epoch keys something is still wrapped by (nothing is
+    deleted then); an epoch key is inserted once (the first writer wins)."""
+    from keyshred.keyring.keystore import EpochKeyRecord
+
+    now = datetime.now(UTC)
+    first = store.insert_epoch_key(EpochKeyRecord("live", 1, "local", 1, b"a" * 60, now))
+    again = store.insert_epoch_key(EpochKeyRecord("live", 1, "local", 1, b"b" * 60, now))
+    assert again == first and again.wrapped == b"a" * 60
+    store.insert_epoch_key(EpochKeyRecord("live", 2, "local", 2, b"c" * 60, now))
+    record = KeyRecord(b"k" * 16, "default", "ann", "default", "local@live", 1, b"w" * 60, now)
+    store.insert(record)
+    with pytest.raises(KeyshredError, match="still wrapped"):
+        store.destroy_epoch_keys("live", 2, ["local@live"])
+    assert [e.epoch for e in store.epoch_keys("live")] == [1, 2]
+    store.update_wrapped([(record.key_id, 2, b"v" * 60)], live_epoch=2)
+    assert store.destroy_epoch_keys("live", 2, ["local@live"]) == [1]
+    with pytest.raises(KekEpochDestroyed):
+        store.insert(
+            KeyRecord(b"j" * 16, "default", "bob", "default", "local@live", 1, b"w" * 60, now)
+        )
+    with pytest.raises(KekEpochDestroyed):
+        store.update_wrapped([(record.key_id, 1, b"x" * 60)], live_epoch=1)
+    with pytest.raises(KekEpochDestroyed):
+        store.put_secret(SecretRecord("s", "local@live", 1, b"w" * 60))
+    assert store.find("bob", "default") is None and store.get_secret("s") is None
+    assert store.get(record.key_id).wrapped == b"v" * 60  # type: ignore[union-attr]
