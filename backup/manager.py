@@ -345,9 +345,14 @@ class BackupManager:
         """The live schedule alone: rotate when due, destroy every older live epoch
         once nothing is wrapped by it (short of what pre-archive generations need)."""
         now = now or self.clock()
-        run = self._ks.keyring.maintain_live(
-            self.live_period, now=now, keep_from=self._legacy_keep_from(now)
-        )
+        try:
+            keep_from = self._legacy_keep_from(now)
+        except KeyshredError as exc:
+            # A generation that cannot be read may be one sealed under a live epoch:
+            # rotate (harmless) but destroy nothing until it can be read again.
+            keep_from = 0
+            self._ks.audit.record("kek.live_destroy_deferred", error=type(exc).__name__)
+        run = self._ks.keyring.maintain_live(self.live_period, now=now, keep_from=keep_from)
         if run.rotated_to is not None:
             self._ks.audit.record("kek.rotated", epoch=run.rotated_to, keys=run.keys_rewrapped)
         for d in run.destroyed:

@@ -701,3 +701,25 @@ def test_a_subject_suppressed_live_is_suppressed_in_a_restored_copy(
         assert copy.memories.get("pia", NS, "k").value == {"text": "pia's note"}
     finally:
         copy.close()
+
+
+def test_the_live_schedule_rotates_but_defers_destruction_while_a_manifest_is_unreadable(
+    ks: Keyshred,
+) -> None:
+    """An unreadable manifest may be a generation sealed under a live epoch (made
+    before the archive lineage): the live schedule still rotates but destroys no
+    live epoch, and audits why; once it reads again, the old epochs go."""
+    ks.memories.put("ola", NS, "k", {"text": "ola"})
+    gen = ks.backup.create()
+    manifest = Path(ks.backup.target().url) / "generations" / gen.generation / "manifest.json"
+    good = manifest.read_bytes()
+    manifest.write_bytes(b"{ tampered")
+    first = ks.keyring.live_epoch()
+    run = ks.backup.maintain_live(now=first.created_at + timedelta(hours=1))
+    assert run.rotated_to == first.epoch + 1 and run.destroyed == []
+    assert first.epoch in [e.epoch for e in ks.keyring.kek.epochs()]
+    (event,) = [e for e in ks.audit.events() if e.event == "kek.live_destroy_deferred"]
+    assert event.data == {"error": "IntegrityError"}
+    manifest.write_bytes(good)
+    later = ks.backup.maintain_live(now=first.created_at + timedelta(hours=1))
+    assert later.rotated_to is None and first.epoch in [d.epoch for d in later.destroyed]
