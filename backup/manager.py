@@ -13,12 +13,21 @@ Three mechanisms together bound what a backup can yield after an erasure:
    or the next open of the data folder, removes (``keyshred.backup.staging``).
 2. **Expiring generations**: each generation has a retention class; ``prune``
    deletes expired ones (every S3 object version) and objects no generation needs.
-3. **KEK epochs**: a generation's key store is sealed under the epoch current at
-   the snapshot. Epoch ``e`` is retired ``rotate_kek_every_days`` after its creation
-   (a backup rotates first when it is due) and destroyed ``max(retention)`` days
-   after that, when every generation it sealed has expired. From then on neither
-   the generation nor any copy of it can yield a key. That date (plus the KMS
+3. **Archive KEK epochs**: each generation takes a new epoch of the *archive*
+   lineage (the archive provider rotates and wraps a fresh random epoch key), and
+   its key store copy is the snapshot with every key and secret re-wrapped from
+   the live epoch key to that archive epoch key, the live epoch keys removed and the
+   image vacuumed, then sealed. A generation never depends on a live epoch, which
+   the live schedule destroys hourly. Providers destroy "every epoch before N"
+   (Transit trims below a minimum version), so destruction is oldest-first: a
+   generation's archive epoch is destroyed once it *and every earlier generation*
+   have expired, i.e. at the expiry of the latest-expiring generation at or before
+   it. The same rule holds for every provider (AWS KMS could destroy one key per
+   epoch, but one rule keeps the dates comparable). That date (plus the KMS
    deletion window) is the receipt's ``backup_final_date``.
+
+Generations made before the archive lineage existed were sealed under a live
+epoch; the live schedule keeps the oldest such epoch until they expire.
 
 A backup never decrypts or re-encrypts partitions: segments are copied as the
 ciphertext they are. Consistency comes from the freeze lock (see
@@ -116,6 +125,7 @@ class Generation:
     bytes_uploaded: int = 0
     objects_uploaded: int = 0
     objects_reused: int = 0
+    kek_lineage: str = "live"
 
     @classmethod
     def of(cls, m: Manifest, uploaded: int = 0, objects: int = 0, reused: int = 0) -> Generation:
@@ -131,6 +141,7 @@ class Generation:
             uploaded,
             objects,
             reused,
+            m.kek_lineage,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,18 +174,46 @@ class RestoreReport:
 
 @dataclass
 class MaintenanceReport:
+    """One maintenance run: the live lineage (``rotated_to``, ``destroyed``, when
+    the current live epoch is due), the archive lineage (``archive_destroyed``) and
+    the generations pruned."""
+
     rotated_to: int | None
     destroyed: list[DestroyedEpoch]
     pruned: list[str]
+    archive_destroyed: list[DestroyedEpoch] = field(default_factory=list)
+    live_epoch: int | None = None
+    live_due_at: datetime | None = None
+    keys_rewrapped: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        def epochs(items: list[DestroyedEpoch]) -> list[dict[str, Any]]:
+            return [{"epoch": d.epoch, "effective_at": d.effective_at.isoformat()} for d in items]
+
+        return {
+            "rotated_to": self.rotated_to,
+            "destroyed": epochs(self.destroyed),
+            "archive_destroyed": epochs(self.archive_destroyed),
+            "live_epoch": self.live_epoch,
+            "live_due_at": None if self.live_due_at is None else self.live_due_at.isoformat(),
+            "keys_rewrapped": self.keys_rewrapped,
+            "pruned": self.pruned,
+        }
+
+
+@dataclass(frozen=True)
+class LiveStatus:
+    """The live lineage for status and health output."""
+
+    epoch: int
+    created_at: datetime
+    due_at: datetime
+    overdue: bool
+    residue_until: datetime  # when this epoch is destroyed by the schedule
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "rotated_to": self.rotated_to,
-            "destroyed": [
-                {"epoch": d.epoch, "effective_at": d.effective_at.isoformat()}
-                for d in self.destroyed
-            ],
-            "pruned": self.pruned,
+            k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()
         }
 
 
@@ -242,7 +281,13 @@ class BackupManager:
 
     @property
     def rotate_every(self) -> timedelta:
+        """The old single-lineage period; only generations made before the archive
+        lineage (sealed under a live epoch) still follow it."""
         return timedelta(days=self._settings.rotate_kek_every_days)
+
+    @property
+    def live_period(self) -> timedelta:
+        return timedelta(minutes=self._ks.config.keyring.live_rotate_minutes)
 
     def _kms_window(self) -> timedelta:
         if self._ks.config.kek.provider == "aws":
@@ -252,71 +297,166 @@ class BackupManager:
     def _epoch_created(self) -> dict[int, datetime]:
         return {e.epoch: e.created_at for e in self._ks.keyring.kek.epochs()}
 
-    def epoch_destroy_date(self, epoch: int, created: datetime | None = None) -> datetime:
-        """When the schedule destroys ``epoch``: retired ``rotate_kek_every_days``
-        after its creation, destroyed once the longest retention has passed."""
-        if created is None:
-            created = self._epoch_created()[epoch]
-        return created + self.rotate_every + self.max_retention
+    def live_status(self, now: datetime | None = None) -> LiveStatus:
+        """The current live epoch: when it is due to rotate, whether that is past
+        (the maintenance run did not run in time), and until when a wrapped key of it
+        left in database pages can still be unwrapped."""
+        now = now or self.clock()
+        current = self._ks.keyring.live_epoch()
+        due = current.created_at + self.live_period
+        return LiveStatus(
+            current.epoch, current.created_at, due, now > due, due + self._kms_window()
+        )
+
+    def live_residue_until(self, at: datetime | None = None) -> datetime:
+        """When the live epoch current at ``at`` (default now) is destroyed by the
+        schedule: its creation plus the live period (plus the KMS deletion window)."""
+        at = at or self.clock()
+        records = self._ks.keyring.live.records()
+        current = [r for r in records if r.created_at <= at] or records[:1]
+        created = current[-1].created_at if current else at
+        until = created + self.live_period
+        if current:
+            # A generation made before the archive lineage is sealed under a live
+            # epoch, and the schedule keeps that epoch (and every later one) until
+            # the generation expires: the date is then that expiry.
+            epoch = current[-1].epoch
+            legacy = [
+                g.expires_at
+                for tgt in self._targets_written()
+                for g in self.generations(tgt)
+                if g.kek_lineage == "live" and g.kek_epoch <= epoch and g.expires_at > at
+            ]
+            until = max([until, *legacy])
+        return until + self._kms_window()
+
+    def _legacy_keep_from(self, now: datetime) -> int | None:
+        """The oldest live epoch an unexpired generation made before the archive
+        lineage is sealed under: the live schedule keeps it (and every later one)."""
+        needed = [
+            g.kek_epoch
+            for tgt in self._targets_written()
+            for g in self.generations(tgt)
+            if g.kek_lineage == "live" and g.expires_at > now
+        ]
+        return min(needed) if needed else None
 
     def rotate_if_due(self, now: datetime | None = None) -> int | None:
-        """Rotate the KEK (and re-wrap every DEK) if the current epoch is past its
-        retirement; a backup calls this first, so no generation is ever sealed
-        under an epoch later than its scheduled retirement."""
+        """Rotate the live lineage if its current epoch is ``live_rotate_minutes``
+        old (re-wrapping every key locally); otherwise finish any interrupted re-wrap."""
         now = now or self.clock()
         keyring = self._ks.keyring
-        current = keyring.kek.current_epoch()
-        created = self._epoch_created().get(current)
-        if created is not None and now < created + self.rotate_every:
-            keyring.rewrap_to_current()  # finishes a rotation a crash interrupted
+        current = keyring.live_epoch()
+        if now < current.created_at + self.live_period:
+            keyring.rewrap_to_current()
             return None
         result = keyring.rotate_kek()
         self._ks.audit.record("kek.rotated", epoch=result.new_epoch, keys=result.keys_rewrapped)
         return result.new_epoch
 
-    def destroy_due_epochs(self, now: datetime | None = None) -> list[DestroyedEpoch]:
-        """Destroy every epoch whose scheduled destruction date has passed."""
+    def maintain_live(self, now: datetime | None = None) -> MaintenanceReport:
+        """The live schedule alone: rotate when due, destroy every older live epoch
+        once nothing is wrapped by it (short of what pre-archive generations need)."""
         now = now or self.clock()
-        keyring = self._ks.keyring
-        current = keyring.kek.current_epoch()
-        due = [
-            e
-            for e, created in self._epoch_created().items()
-            if e < current and self.epoch_destroy_date(e, created) <= now
-        ]
-        if not due:
-            return []
-        keyring.rewrap_to_current()
-        # The schedule's own date: every generation sealed under these epochs has
-        # expired by design (and receipts promise this date), so no check blocks it.
-        destroyed = keyring.destroy_kek_epochs_before(max(due) + 1, force=True)
-        for d in destroyed:
+        try:
+            keep_from = self._legacy_keep_from(now)
+        except KeyshredError as exc:
+            # A generation that cannot be read may be one sealed under a live epoch:
+            # rotate (harmless) but destroy nothing until it can be read again.
+            keep_from = 0
+            self._ks.audit.record("kek.live_destroy_deferred", error=type(exc).__name__)
+        run = self._ks.keyring.maintain_live(self.live_period, now=now, keep_from=keep_from)
+        if run.rotated_to is not None:
+            self._ks.audit.record("kek.rotated", epoch=run.rotated_to, keys=run.keys_rewrapped)
+        for d in run.destroyed:
             self._ks.audit.record("kek.epoch_destroyed", epoch=d.epoch)
-        return destroyed
+        return MaintenanceReport(
+            run.rotated_to,
+            run.destroyed,
+            [],
+            live_epoch=run.current_epoch,
+            live_due_at=run.due_at,
+            keys_rewrapped=run.keys_rewrapped,
+        )
+
+    def destroy_due_epochs(self, now: datetime | None = None) -> list[DestroyedEpoch]:
+        """The live lineage's destruction on schedule (see ``maintain_live``)."""
+        return self.maintain_live(now).destroyed
 
     def generations_needing(self, before: int, *, now: datetime | None = None) -> list[Generation]:
-        """Unexpired generations (on the targets in use) whose key store is sealed
-        under a live KEK epoch older than ``before``: destroying it breaks them.
-        Read-only."""
+        """Unexpired generations (on the targets in use) made before the archive
+        lineage whose key store is sealed under a live KEK epoch older than
+        ``before``: destroying it breaks them. Read-only."""
         now = now or self.clock()
         live = self._epoch_created()
         return [
             g
             for tgt in self._targets_written()
             for g in self.generations(tgt)
-            if g.kek_epoch < before and g.kek_epoch in live and g.expires_at > now
+            if g.kek_lineage == "live"
+            and g.kek_epoch < before
+            and g.kek_epoch in live
+            and g.expires_at > now
         ]
+
+    @staticmethod
+    def archive_schedule(manifests: Sequence[Manifest]) -> dict[str, datetime]:
+        """Each archive generation's destruction date: the expiry of the
+        latest-expiring generation at or before it (by archive epoch), because a
+        provider destroys every epoch below a bound, oldest first."""
+        out: dict[str, datetime] = {}
+        latest: datetime | None = None
+        for m in sorted(
+            (m for m in manifests if m.kek_lineage == "archive"),
+            key=lambda m: (m.kek_epoch, m.created_at),
+        ):
+            latest = m.expires_at if latest is None else max(latest, m.expires_at)
+            out[m.generation] = latest
+        return out
+
+    def _all_manifests(self) -> list[Manifest]:
+        return [
+            self.manifest(g, tgt)
+            for tgt in self._targets_written()
+            for g in self._generation_ids(tgt)
+        ]
+
+    def destroy_due_archive_epochs(self, now: datetime | None = None) -> list[DestroyedEpoch]:
+        """Destroy every archive epoch whose scheduled date has passed (the archive
+        provider's key versions: every copy of those generations' key stores, and
+        of anything restored from them and not yet re-wrapped, is useless after)."""
+        now = now or self.clock()
+        manifests = [m for m in self._all_manifests() if m.kek_lineage == "archive"]
+        if not manifests:
+            return []  # prune destroys before it deletes: nothing left to end
+        schedule = self.archive_schedule(manifests)
+        kept = [m.kek_epoch for m in manifests if schedule[m.generation] > now]
+        provider = self._ks.keyring.archive_kek
+        if provider is None:
+            return []
+        # With none kept, every listed generation is due, and so is every later one
+        # already pruned (its date is at most theirs): a new, unused current epoch
+        # lets all of them go, the newest included.
+        before = min(kept) if kept else provider.rotate()
+        if not any(e.epoch < before for e in provider.epochs()):
+            return []
+        destroyed = provider.destroy_epochs_before(before)
+        for d in destroyed:
+            self._ks.audit.record("kek.archive_epoch_destroyed", epoch=d.epoch)
+        return destroyed
 
     def maintain(
         self, target: BackupTarget | str | None = None, *, now: datetime | None = None
     ) -> MaintenanceReport:
-        """The scheduled job: rotate the KEK when due, destroy epochs past their
-        date, prune expired generations. Run it daily (``keyshred backup maintain``)."""
+        """The scheduled job: the live lineage (rotate when due, destroy the previous
+        epoch once nothing is wrapped by it), the archive lineage (destroy the epochs
+        of expired generations) and pruning. Run it at least every
+        ``keyring.live_rotate_minutes`` (``keyshred maintain``)."""
         now = now or self.clock()
-        rotated = self.rotate_if_due(now)
-        destroyed = self.destroy_due_epochs(now)
-        pruned = self.prune(target, now=now)
-        return MaintenanceReport(rotated, destroyed, pruned)
+        report = self.maintain_live(now)
+        report.archive_destroyed = self.destroy_due_archive_epochs(now)
+        report.pruned = self.prune(target, now=now, destroy_archive=False)
+        return report
 
     # -- create --------------------------------------------------------------------
 
@@ -426,7 +566,6 @@ class BackupManager:
     def _create(
         self, tgt: BackupTarget, klass: str, now: datetime, progress: Progress | None
     ) -> Generation:
-        self.rotate_if_due(now)
         keyring = self._ks.keyring
         generation = _generation_id(now)
         staging = self._ks.path / STAGING / generation
@@ -439,13 +578,16 @@ class BackupManager:
                     snapshot = stack.enter_context(self._ks.catalog.snapshot())
                     files = self._capture(staging / "files")
                     keystore = keyring.store.snapshot()
-                    epoch = keyring.kek.current_epoch()
-                    wrapped, sealed = keyring.seal_blob(keystore, f"backup:{generation}")
-                # Writers run again; the catalog export reads the pinned snapshot.
+                # Writers run again; the catalog export reads the pinned snapshot and
+                # the key store copy moves to the generation's own archive epoch.
+                copy = keyring.archive_copy(keystore, f"backup:{generation}")
                 catalog_path = staging / "catalog.db"
                 snapshot.export(catalog_path)
             subjects, tombstone_ids = SQLiteKeyStore.describe_snapshot(keystore)
             del keystore
+            sealed, epoch = copy.sealed, copy.epoch
+            archive_kek = keyring.archive_kek
+            assert archive_kek is not None  # noqa: S101 - archive_copy needs it
             segments, uploaded, n_up, n_reused = self._upload(tgt, files, progress)
             prefix = gen_prefix(generation)
             catalog_sha = _sha256_file(catalog_path)
@@ -458,14 +600,15 @@ class BackupManager:
                 retention_class=klass,
                 expires_at=now + timedelta(days=self._settings.retention[klass]),
                 previous=previous,
-                kek_provider=keyring.kek.name,
+                kek_provider=archive_kek.name,
                 kek_epoch=epoch,
+                kek_lineage="archive",
                 keystore=SealedRef(
                     object=f"{prefix}/keystore.sealed",
                     size=len(sealed),
                     sha256=hashlib.sha256(sealed).hexdigest(),
-                    wrapped=base64.b64encode(wrapped.blob).decode("ascii"),
-                    kek_epoch=wrapped.epoch,
+                    wrapped=base64.b64encode(copy.wrapped.blob).decode("ascii"),
+                    kek_epoch=copy.wrapped.epoch,
                 ),
                 catalog=BlobRef(
                     object=f"{prefix}/catalog.db",
@@ -488,6 +631,7 @@ class BackupManager:
             segments=len(segments),
             uploaded=n_up,
             kek_epoch=epoch,
+            kek_lineage="archive",
         )
         return Generation.of(manifest, uploaded, n_up, n_reused)
 
@@ -591,12 +735,19 @@ class BackupManager:
     # -- prune ---------------------------------------------------------------------
 
     def prune(
-        self, target: BackupTarget | str | None = None, *, now: datetime | None = None
+        self,
+        target: BackupTarget | str | None = None,
+        *,
+        now: datetime | None = None,
+        destroy_archive: bool = True,
     ) -> list[str]:
         """Delete expired generations (every object version), objects no remaining
-        generation needs, interrupted generations and old tombstone records."""
+        generation needs, interrupted generations and old tombstone records; first
+        destroy the archive epochs whose date has passed (unless told not to)."""
         tgt = self._resolve(target)
         now = now or self.clock()
+        if destroy_archive:
+            self.destroy_due_archive_epochs(now)
         keep: list[Manifest] = []
         pruned: list[str] = []
         for g in self._generation_ids(tgt):
@@ -618,7 +769,7 @@ class BackupManager:
         for key in tgt.keys(OBJECTS):
             if key not in needed:
                 tgt.delete_prefix(key)
-        horizon = now - self.rotate_every - self.max_retention
+        horizon = now - max(self.rotate_every, self.live_period) - self.max_retention
         for record in self._journal(tgt):
             if record.erased_at < horizon:
                 tgt.delete_prefix(f"{TOMBSTONES}/{record.tombstone_id}.json")
@@ -675,11 +826,10 @@ class BackupManager:
         return out
 
     def _manifests(self) -> list[Manifest] | BackupCoverage:
-        """Every manifest on the default target, or the receipt section saying why
-        they could not be read."""
+        """Every manifest on the targets written to, or the receipt section saying
+        why they could not be read."""
         try:
-            tgt = self.target()
-            return [self.manifest(g, tgt) for g in self._generation_ids(tgt)]
+            return self._all_manifests()
         except KeyshredError as exc:
             return BackupCoverage(
                 covered=False,
@@ -688,8 +838,25 @@ class BackupManager:
                 "backup_final_date unknown",
             )
 
+    def generation_destroy_dates(self, manifests: Sequence[Manifest]) -> dict[str, datetime]:
+        """When each generation stops yielding keys by schedule (without the KMS
+        window): its archive epoch's destruction (``archive_schedule``); for one made
+        before the archive lineage, the expiry of the latest-expiring such generation
+        sealed at or before its live epoch, plus one live period (the maintenance
+        run that then destroys it)."""
+        dates = self.archive_schedule(manifests)
+        legacy = sorted(
+            (m for m in manifests if m.kek_lineage == "live"), key=lambda m: m.kek_epoch
+        )
+        for m in legacy:
+            last = max(o.expires_at for o in legacy if o.kek_epoch <= m.kek_epoch)
+            dates[m.generation] = last + self.live_period
+        return dates
+
     def coverage(self, subject_ref: str, erased_at: datetime, deleted: int = 0) -> BackupCoverage:
-        """The receipt's backup section for a subject erased at ``erased_at``."""
+        """The receipt's backup section for a subject erased at ``erased_at``:
+        ``backup_final_date`` is when the archive epoch of the newest generation that
+        holds the subject's keys is destroyed by schedule (plus the KMS window)."""
         manifests = self._manifests()
         if isinstance(manifests, BackupCoverage):
             return manifests
@@ -701,15 +868,9 @@ class BackupManager:
                 note="no retained backup generation held the subject's keys",
                 objects_deleted=deleted,
             )
-        created = self._epoch_created()
         window = self._kms_window()
-        destroy_dates = []
-        for m in holding:
-            if m.kek_epoch in created:
-                destroy_dates.append(self.epoch_destroy_date(m.kek_epoch, created[m.kek_epoch]))
-            else:
-                destroy_dates.append(erased_at)  # its epoch is destroyed already
-        epoch_by = max(destroy_dates)
+        dates = self.generation_destroy_dates(manifests)
+        epoch_by = max(dates[m.generation] for m in holding)
         return BackupCoverage(
             covered=True,
             backup_final_date=epoch_by + window,
@@ -720,10 +881,10 @@ class BackupManager:
                     if deleted
                     else ""
                 )
-                + "every restore replays the tombstone; after backup_final_date the KEK epoch "
-                "that sealed the newest of them is destroyed by the scheduled maintenance, so "
-                "no copy of them can yield a key"
-                + (" (includes the KMS key deletion window)" if window else "")
+                + "every restore replays the tombstone; by backup_final_date the archive KEK "
+                "epoch of each of them is destroyed by the scheduled maintenance (oldest "
+                "first: once it and every earlier generation expired), so no copy of them "
+                "can yield a key" + (" (includes the KMS key deletion window)" if window else "")
             ),
             generations=[m.generation for m in holding],
             objects_deleted=deleted,
@@ -823,14 +984,16 @@ class BackupManager:
         wrapped = WrappedKey(
             manifest.keystore.kek_epoch, base64.b64decode(manifest.keystore.wrapped)
         )
+        label = f"backup:{manifest.generation}"
         try:
-            keystore = keyring.open_blob(wrapped, sealed, f"backup:{manifest.generation}")
+            if manifest.kek_lineage == "archive":
+                return keyring.open_archive(manifest.kek_epoch, wrapped, sealed, label)
+            return keyring.open_blob(wrapped, sealed, label)
         except KekEpochDestroyed:
             raise KekEpochDestroyed(
-                f"generation {manifest.generation} was sealed under KEK epoch "
-                f"{manifest.keystore.kek_epoch}, which is destroyed: it can never be restored"
+                f"generation {manifest.generation} was sealed under {manifest.kek_lineage} "
+                f"KEK epoch {manifest.kek_epoch}, which is destroyed: it can never be restored"
             ) from None
-        return keystore
 
     def _restore_into(
         self, manifest: Manifest, tgt: BackupTarget, staging: Path, progress: Progress | None
@@ -927,7 +1090,10 @@ class BackupManager:
             # 7. The copy is live data from here on: its keys move from the
             #    generation's epoch to the live one, so the scheduled (or forced)
             #    destruction of the generation's epoch leaves the copy readable.
+            #    Keys of the generation's archive epoch move to the copy's live
+            #    lineage, and the archive epoch key leaves the copy's key store.
             report.keys_rewrapped, _ = restored.keyring.rewrap_to_current()
+            restored.keyring.drop_archive_epochs()
             # 8. An erasure that completed while this restore ran (after step 1 read
             #    the tombstones) reaches the copy too, just before it is exposed.
             self._replay_late(restored, tgt, tombstones, report)
@@ -981,8 +1147,10 @@ class BackupManager:
         live = self._ks.config
         kek = live.kek
         if kek.provider == "local":
-            local = kek.local_path or str((self._ks.path / "keys" / "kek.local.json").resolve())
-            kek = kek.model_copy(update={"local_path": local})
+            keys = self._ks.path / "keys"
+            local = kek.local_path or str((keys / "kek.local.json").resolve())
+            archive = kek.archive_local_path or str((keys / "kek.archive.json").resolve())
+            kek = kek.model_copy(update={"local_path": local, "archive_local_path": archive})
         doc["kek"] = kek.model_dump(mode="json")
         doc["storage"] = {**doc.get("storage", {}), "catalog_url": None}
         doc["vectors"] = {**doc.get("vectors", {}), "uri": None}

@@ -6,8 +6,8 @@ Layout on a target::
                                              content-addressed: a file unchanged since
                                              an earlier generation is not copied again
     generations/<gen>/catalog.db             the catalog at the snapshot instant
-    generations/<gen>/keystore.sealed        the key store, sealed under the KEK epoch
-                                             current at the snapshot
+    generations/<gen>/keystore.sealed        the key store, every key re-wrapped under
+                                             the generation's own archive KEK epoch
     generations/<gen>/manifest.json          written last: a generation without it
                                              does not exist (an interrupted backup)
     tombstones/<tombstone_id>.json           erasures since, signed; replayed on restore
@@ -131,6 +131,16 @@ class Manifest(_Signed):
     segments: list[Segment]
     vectors_included: bool
     bytes_total: int
+    # "archive": the key store copy is re-wrapped under this generation's own archive
+    # KEK epoch (``kek_epoch``), independent of the live lineage; "live": sealed under
+    # a live KEK epoch (generations made before the archive lineage existed).
+    kek_lineage: Literal["live", "archive"] = "live"
+
+    def canonical(self) -> bytes:
+        # Left out while "live", so manifests signed before the field existed verify.
+        unset = {"kek_lineage"} if self.kek_lineage == "live" else set()
+        body = self.model_dump(mode="json", exclude={"signature", *unset})
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     @classmethod
     def parse(cls, raw: bytes, generation: str) -> Manifest:

@@ -1,13 +1,19 @@
 """``Keyring``: the DEK lifecycle on top of a key store and a KEK provider.
 
 - one random DEK per (tenant, holder subject_ref, scope, owner set), random 16-byte
-  key id, created on first use and wrapped by the current KEK epoch. The owners are
+  key id, created on first use and wrapped by the current *live epoch key* (see
+  ``keyshred.keyring.epochs``: a random key per epoch wraps DEKs locally; only the
+  epoch key is wrapped by the KEK provider). The owners are
   every subject the data under the key is about: the holder alone for its scope key,
   the holder plus mentioned subjects (and the owners of a derived asset's sources) for
   a shared key. The key store indexes each key by every owner;
 - unwrap through a bounded, TTL'd cache, with batch unwrap for bulk reads;
-- ``rotate_kek`` re-wraps every stored DEK (and system secret) under a new epoch
-  without touching any data; ``destroy_kek_epochs_before`` then retires old epochs;
+- ``rotate_kek`` makes a new live epoch (one provider rotate and one wrap) and
+  re-wraps every stored DEK and system secret under it locally, without touching any
+  data; ``destroy_kek_epochs_before`` then deletes the old epoch keys and destroys the
+  provider's versions; ``maintain_live`` does both on the live schedule;
+- ``archive_copy`` / ``open_archive``: a backup generation's key store re-wrapped
+  under its own archive epoch (the archive lineage), independent of live epochs;
 - ``destroy`` crypto-erases a subject (or one scope): wrapped DEKs deleted and a
   tombstone written in one transaction, caches evicted, then verified. A subject's
   erasure destroys every key it owns, including keys other subjects hold, so no copy
@@ -27,10 +33,11 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import NoReturn
+from datetime import UTC, datetime, timedelta
+from typing import NoReturn, TypeVar
 
 from keyshred.errors import (
+    ConfigError,
     EpochInUse,
     IntegrityError,
     InvalidInput,
@@ -44,11 +51,28 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.cache import KeyCache
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import KEY_ID_BYTES, Place, PlaceTemplate, key_id_of
-from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey
-from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, Tombstone, owner_tag
+from keyshred.keyring.epochs import ARCHIVE, LIVE, Lineage, epoch_key_context, lineage_of, marker
+from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey, encode_context
+from keyshred.keyring.keystore import (
+    EpochKeyRecord,
+    KeyRecord,
+    KeyStore,
+    SecretRecord,
+    SQLiteKeyStore,
+    Tombstone,
+    owner_tag,
+)
 from keyshred.keyring.tokenid import TokenIds
 
-__all__ = ["DestroyResult", "Keyring", "RotationResult", "Signer", "verify_signature"]
+__all__ = [
+    "ArchiveCopy",
+    "DestroyResult",
+    "Keyring",
+    "LiveMaintenance",
+    "RotationResult",
+    "Signer",
+    "verify_signature",
+]
 
 _REF_KEY = "subject-ref-key"
 _SIGNING_KEY = "receipt-signing-key"
@@ -59,6 +83,7 @@ _REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
 _LEN = struct.Struct(">I")
 _ROTATE_PAGE = 1000
 _REF_CACHE = 10_000
+T = TypeVar("T")
 
 
 def _dek_context(
@@ -92,6 +117,30 @@ def _blob_context(label: str) -> Context:
 
 def _blob_aad(label: str) -> bytes:
     return b"keyshred/blob\x00" + label.encode("utf-8")
+
+
+def _archive_blob_key(epoch_key: bytes, label: str) -> bytes:
+    # A key of its own for the sealed copy, derived from the archive epoch key: the
+    # epoch key itself only ever wraps DEKs and secrets.
+    return prim.hkdf_sha256(
+        epoch_key, salt=b"keyshred/archive-blob", info=label.encode("utf-8"), length=32
+    )
+
+
+def _seal(key: bytes, data: bytes, label: str) -> bytes:
+    nonce = prim.random_nonce()
+    return nonce + prim.new_aead(key).encrypt(nonce, data, _blob_aad(label))
+
+
+def _unseal(key: bytes, blob: bytes, label: str) -> bytes:
+    if len(blob) < prim.NONCE_BYTES + prim.TAG_BYTES:
+        raise IntegrityError("the sealed blob is truncated")
+    try:
+        return prim.new_aead(key).decrypt(
+            blob[: prim.NONCE_BYTES], blob[prim.NONCE_BYTES :], _blob_aad(label)
+        )
+    except prim.InvalidTag:
+        raise IntegrityError("the sealed blob does not authenticate") from None
 
 
 def _others(holder: str, owners: Iterable[str]) -> tuple[str, ...]:
@@ -129,6 +178,33 @@ class RotationResult:
     new_epoch: int
     keys_rewrapped: int
     secrets_rewrapped: int
+
+
+@dataclass(frozen=True, slots=True)
+class LiveMaintenance:
+    """What one run of the live schedule did (``Keyring.maintain_live``)."""
+
+    rotated_to: int | None
+    keys_rewrapped: int
+    destroyed: list[DestroyedEpoch]
+    current_epoch: int
+    due_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveCopy:
+    """A key store snapshot re-wrapped under a fresh archive epoch and sealed.
+    ``wrapped`` is the archive epoch key wrapped by the archive provider; nothing in
+    it depends on a live epoch."""
+
+    epoch: int
+    wrapped: WrappedKey
+    sealed: bytes
+    created_at: datetime
+    keys: int
+
+    def __repr__(self) -> str:
+        return f"ArchiveCopy(epoch={self.epoch}, sealed=<{len(self.sealed)} bytes>)"
 
 
 class Signer:
@@ -170,10 +246,20 @@ class Keyring:
         cache_max_entries: int = 10_000,
         cache_ttl_seconds: float = 300.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        archive_kek: KekProvider | Callable[[], KekProvider] | None = None,
     ) -> None:
         _check_name("tenant", tenant)
         self.store = store
         self.kek = kek
+        # Two-level lineages: the live epoch key wraps every DEK and secret of this
+        # store; archive epoch keys wrap backup generations' copies (and, in a store
+        # restored from one, its keys until they are re-wrapped to the live lineage).
+        # The archive provider is the same kind as the live one (so its records'
+        # marker is known without it) and is reached only when first needed.
+        self.live = Lineage(lambda: self.store, kek, LIVE, clock)
+        self._archive_source = archive_kek
+        self._archive: Lineage | None = None
+        self._archive_marker = marker(kek.name, ARCHIVE)
         self.tenant = tenant
         self.cache = KeyCache(cache_max_entries, cache_ttl_seconds)
         self._clock = clock
@@ -189,23 +275,42 @@ class Keyring:
 
     # -- system secrets ------------------------------------------------------------
 
+    @property
+    def archive(self) -> Lineage | None:
+        """The archive lineage (None without an archive provider)."""
+        if self._archive is None and self._archive_source is not None:
+            source = self._archive_source
+            provider = source if isinstance(source, KekProvider) else source()
+            self._archive = Lineage(lambda: self.store, provider, ARCHIVE, self._clock)
+        return self._archive
+
+    @property
+    def archive_kek(self) -> KekProvider | None:
+        lineage = self.archive
+        return None if lineage is None else lineage.provider
+
     def _system_secret(self, name: str, make: Callable[[], bytes]) -> bytes:
         record = self.store.get_secret(name)
         if record is None:
-            wrapped = self.kek.wrap(make(), _secret_context(name))
-            record = self.store.put_secret(
-                SecretRecord(name, self.kek.name, wrapped.epoch, wrapped.blob)
+            raw = make()
+            record = self._under_live(
+                lambda epoch, blob: self.store.put_secret(
+                    SecretRecord(name, self.live.marker, epoch, blob)
+                ),
+                raw,
+                _secret_context(name),
             )
         try:
-            return self.kek.unwrap(
-                WrappedKey(record.kek_epoch, record.wrapped), _secret_context(name)
+            return self._unwrap_one(
+                record.kek_provider, record.kek_epoch, record.wrapped, _secret_context(name)
             )
         except IntegrityError:
             # The epoch exists here but its key does not open the secret: the store
             # was made with another KEK (a destroyed epoch raises KekEpochDestroyed).
+            provider = record.kek_provider.partition("@")[0]
             raise KekMismatch(
                 f"this KEK ({self.kek.name}) cannot unwrap the key store: it was created "
-                f"with another KEK (its {name} is wrapped by {record.kek_provider} KEK "
+                f"with another KEK (its {name} is wrapped by {provider} KEK "
                 f"epoch {record.kek_epoch}), or the key store was altered; configure that "
                 "KEK (kek.provider and its settings)"
             ) from None
@@ -261,10 +366,70 @@ class Keyring:
 
     # -- DEKs ----------------------------------------------------------------------
 
+    # -- wrapping under the lineages ----------------------------------------------------
+
+    def _lineage(self, kek_provider: str) -> Lineage | None:
+        """The lineage that wrapped a record (None: the provider itself, a record
+        from before the lineages existed)."""
+        name = lineage_of(kek_provider)
+        if name is None:
+            return None
+        if kek_provider == self.live.marker:
+            return self.live
+        if kek_provider == self._archive_marker and self.archive is not None:
+            return self.archive
+        raise KekMismatch(
+            f"this keyring has no {name} KEK {kek_provider.partition('@')[0]!r}: the key "
+            "store was made with another KEK provider; configure that one"
+        )
+
+    def _unwrap_one(self, kek_provider: str, epoch: int, wrapped: bytes, context: Context) -> bytes:
+        lineage = self._lineage(kek_provider)
+        if lineage is None:
+            return self.kek.unwrap(WrappedKey(epoch, wrapped), context)
+        return lineage.unwrap(wrapped, context, epoch)
+
+    def _unwrap_records(self, records: Sequence[KeyRecord]) -> list[bytes]:
+        """Raw DEKs of records: locally under their epoch keys, and in one provider
+        batch for any record still wrapped by the provider directly."""
+        out: list[bytes | None] = [None] * len(records)
+        direct: list[int] = []
+        for i, r in enumerate(records):
+            lineage = self._lineage(r.kek_provider)
+            if lineage is None:
+                direct.append(i)
+            else:
+                out[i] = lineage.unwrap(r.wrapped, _record_context(r), r.kek_epoch)
+        if direct:
+            raws = self.kek.unwrap_many(
+                [
+                    (
+                        WrappedKey(records[i].kek_epoch, records[i].wrapped),
+                        _record_context(records[i]),
+                    )
+                    for i in direct
+                ]
+            )
+            for i, raw in zip(direct, raws, strict=True):
+                out[i] = raw
+        return [raw for raw in out if raw is not None]
+
+    def _under_live(self, write: Callable[[int, bytes], T], raw: bytes, context: Context) -> T:
+        """Wrap ``raw`` under the current live epoch key and ``write(epoch, blob)``;
+        if another process destroyed that epoch meanwhile (the store's guard says
+        so), wrap again under the newer one."""
+        for _ in range(3):
+            epoch = self.live.current().epoch
+            try:
+                return write(epoch, self.live.wrap(raw, context, epoch))
+            except KekEpochDestroyed:
+                self.live.forget([epoch])
+        raise KekEpochDestroyed("the live KEK epoch kept being destroyed while a key was written")
+
     def _unwrap_record(self, record: KeyRecord) -> DataKey:
         context = _record_context(record)
         try:
-            raw = self.kek.unwrap(WrappedKey(record.kek_epoch, record.wrapped), context)
+            raw = self._unwrap_one(record.kek_provider, record.kek_epoch, record.wrapped, context)
         except KekEpochDestroyed:
             # The DEK survives only under a destroyed epoch: crypto-erased as well.
             raise SubjectErased(
@@ -311,20 +476,23 @@ class Keyring:
                 return existing
             key_id = prim.random_bytes(KEY_ID_BYTES)
             raw = prim.random_key()
-            wrapped = self.kek.wrap(raw, _dek_context(key_id, self.tenant, subject_ref, scope, tag))
-            return self.store.insert(
-                KeyRecord(
-                    key_id,
-                    self.tenant,
-                    subject_ref,
-                    scope,
-                    self.kek.name,
-                    wrapped.epoch,
-                    wrapped.blob,
-                    self._clock(),
-                    tag,
-                    others,
-                )
+            return self._under_live(
+                lambda epoch, blob: self.store.insert(
+                    KeyRecord(
+                        key_id,
+                        self.tenant,
+                        subject_ref,
+                        scope,
+                        self.live.marker,
+                        epoch,
+                        blob,
+                        self._clock(),
+                        tag,
+                        others,
+                    )
+                ),
+                raw,
+                _dek_context(key_id, self.tenant, subject_ref, scope, tag),
             )
 
     def data_key_by_id(self, key_id: bytes) -> DataKey:
@@ -355,9 +523,8 @@ class Keyring:
             if key_id not in records:
                 self._raise_missing(key_id)
         ordered = [records[k] for k in missing]
-        items = [(WrappedKey(r.kek_epoch, r.wrapped), _record_context(r)) for r in ordered]
         try:
-            raws = self.kek.unwrap_many(items)
+            raws = self._unwrap_records(ordered)
         except KekEpochDestroyed:
             raise SubjectErased("a key is wrapped by a destroyed KEK epoch") from None
         for record, raw in zip(ordered, raws, strict=True):
@@ -403,51 +570,82 @@ class Keyring:
             raise IntegrityError() from None
         return key.open_encoded(bytes(ciphertext), template.encoded(record_id))
 
-    # -- KEK rotation --------------------------------------------------------------
+    # -- KEK rotation (the live lineage) ----------------------------------------------
 
     def rotate_kek(self) -> RotationResult:
-        """Create a new KEK epoch and re-wrap every DEK and system secret under it."""
-        epoch = self.kek.rotate()
+        """A new live epoch: the provider rotates and wraps a fresh epoch key (two
+        provider calls), then every DEK and secret is re-wrapped under it locally."""
+        record, _ = self.live.new_epoch(rotate=True)
         keys, secrets = self.rewrap_to_current()
-        return RotationResult(epoch, keys, secrets)
+        return RotationResult(record.epoch, keys, secrets)
 
     def rewrap_to_current(self) -> tuple[int, int]:
-        """Re-wrap whatever is still under an older epoch (resumable after a crash)."""
-        epoch = self.kek.current_epoch()
+        """Re-wrap under the current live epoch key whatever is not under it yet: keys
+        of older epochs (a rotation a crash interrupted, a key another process made
+        under the epoch it still saw), keys the provider wrapped directly (a store
+        from before the lineages: migrated here, at its first rotation) and keys of an
+        archive epoch (a store restored from a backup). Resumable: each page commits."""
+        for _ in range(3):
+            epoch = self.live.current(refresh=True).epoch
+            try:
+                return self._rewrap_to(epoch)
+            except KekEpochDestroyed:
+                self.live.forget([epoch])  # destroyed by a newer rotation elsewhere
+        raise KekEpochDestroyed("the live KEK epoch kept changing while keys were re-wrapped")
+
+    def _rewrap_to(self, epoch: int) -> tuple[int, int]:
         keys = 0
-        while True:
-            page = self.store.older_than(epoch, _ROTATE_PAGE)
-            if not page:
-                break
-            items = [(WrappedKey(r.kek_epoch, r.wrapped), _record_context(r)) for r in page]
-            rewrapped = self.kek.rewrap_many(items)
-            self.store.update_wrapped(
-                [(r.key_id, w.epoch, w.blob) for r, w in zip(page, rewrapped, strict=True)]
-            )
+
+        live = self.live
+
+        def move(page: list[KeyRecord]) -> None:
+            updates = []
+            direct = []
+            for r in page:
+                lineage = self._lineage(r.kek_provider)
+                if lineage is None:
+                    direct.append(r)
+                    continue
+                # The context is encoded once for both the old and the new wrap.
+                encoded = encode_context(_record_context(r))
+                raw = lineage.unwrap_encoded(r.wrapped, encoded, r.kek_epoch)
+                updates.append((r.key_id, epoch, live.wrap_encoded(raw, encoded, epoch)))
+            if direct:  # wrapped by the provider itself: a store from before the lineages
+                raws = self._unwrap_records(direct)
+                updates += [
+                    (r.key_id, epoch, live.wrap(raw, _record_context(r), epoch))
+                    for r, raw in zip(direct, raws, strict=True)
+                ]
+            self.store.update_wrapped(updates, kek_provider=live.marker, live_epoch=epoch)
+
+        while page := self.store.older_than(epoch, _ROTATE_PAGE):
+            move(page)
+            keys += len(page)
+        while page := self.store.wrapped_by(self._archive_marker, _ROTATE_PAGE):
+            move(page)
             keys += len(page)
         secrets = 0
         for record in self.store.secrets():
-            if record.kek_epoch < epoch:
-                (wrapped,) = self.kek.rewrap_many(
-                    [(WrappedKey(record.kek_epoch, record.wrapped), _secret_context(record.name))]
-                )
-                self.store.put_secret(
-                    SecretRecord(record.name, self.kek.name, wrapped.epoch, wrapped.blob),
-                    replace=True,
-                )
-                secrets += 1
+            if record.kek_provider == self.live.marker and record.kek_epoch >= epoch:
+                continue
+            context = _secret_context(record.name)
+            raw = self._unwrap_one(record.kek_provider, record.kek_epoch, record.wrapped, context)
+            self.store.put_secret(
+                SecretRecord(
+                    record.name, self.live.marker, epoch, self.live.wrap(raw, context, epoch)
+                ),
+                replace=True,
+            )
+            secrets += 1
         return keys, secrets
 
     def destroy_kek_epochs_before(self, epoch: int, *, force: bool = False) -> list[DestroyedEpoch]:
-        """Destroy KEK epochs older than ``epoch`` after checking nothing live needs
-        them. ``EpochInUse`` while ``epoch_users`` (set by the facade: unexpired
-        backup generations) still needs one, unless ``force``."""
-        if self.store.older_than(epoch, 1) or any(
-            s.kek_epoch < epoch for s in self.store.secrets()
-        ):
-            raise KeyshredError(
-                f"keys are still wrapped by epochs before {epoch}; run rotate/rewrap first"
-            )
+        """Destroy the live epochs older than ``epoch``: their epoch-key rows and the
+        provider's key versions. Refused while a key or secret is still wrapped by
+        one (checked in the transaction that deletes the rows, so a key another
+        process writes under an old epoch meanwhile is caught), and ``EpochInUse``
+        while ``epoch_users`` (set by the facade: unexpired backup generations made
+        before the archive lineage) still needs one, unless ``force``."""
         users = [] if force or self.epoch_users is None else self.epoch_users(epoch)
         if users:
             raise EpochInUse(
@@ -456,35 +654,133 @@ class Keyring:
                 "restored from them, unreadable; wait until they expire or force it",
                 tuple(users),
             )
+        doomed = self.store.destroy_epoch_keys(LIVE, epoch, [self.live.marker, self.kek.name])
         destroyed = self.kek.destroy_epochs_before(epoch)
+        self.live.forget(doomed)
         self.cache.clear()
         return destroyed
 
-    # -- sealed blobs (the key store's backup copy) --------------------------------
+    def live_epoch(self) -> EpochKeyRecord:
+        """The current live epoch key's record (creation time for the schedule)."""
+        return self.live.current(refresh=True)
+
+    def maintain_live(
+        self,
+        period: timedelta,
+        *,
+        now: datetime | None = None,
+        keep_from: int | None = None,
+    ) -> LiveMaintenance:
+        """The live schedule: rotate when the current epoch is ``period`` old, then
+        destroy every older live epoch once nothing is wrapped by it (re-wrapping
+        first what a crash or another process left behind). ``keep_from``: an epoch
+        that must survive (a backup generation sealed before the archive lineage
+        existed still needs it); nothing from it on is destroyed."""
+        now = now or self._clock()
+        current = self.live_epoch()
+        rotated: int | None = None
+        if now >= current.created_at + period:
+            result = self.rotate_kek()
+            rotated, keys = result.new_epoch, result.keys_rewrapped
+        else:
+            keys, _ = self.rewrap_to_current()
+        current = self.live_epoch()
+        before = current.epoch if keep_from is None else min(current.epoch, keep_from)
+        destroyed: list[DestroyedEpoch] = []
+        stale = [r.epoch for r in self.live.records() if r.epoch < before]
+        oldest = min((e.epoch for e in self.kek.epochs()), default=before)
+        if stale or oldest < before:
+            for attempt in range(3):
+                try:
+                    destroyed = self.destroy_kek_epochs_before(before, force=True)
+                    break
+                except EpochInUse:  # pragma: no cover - force skips the users check
+                    raise
+                except KeyshredError:
+                    if attempt == 2:
+                        raise
+                    keys += self.rewrap_to_current()[0]  # written under an old epoch meanwhile
+        return LiveMaintenance(rotated, keys, destroyed, current.epoch, current.created_at + period)
+
+    # -- the archive lineage (backup generations) --------------------------------------
+
+    def archive_copy(self, snapshot: bytes, label: str) -> ArchiveCopy:
+        """A backup generation's key store: a new archive epoch (the archive provider
+        rotates and wraps a fresh epoch key: two provider calls), every key and
+        secret of ``snapshot`` re-wrapped from its live epoch to that archive epoch
+        key, the live epoch keys removed and the image vacuumed, then sealed under a
+        key derived from the archive epoch key. Destroying that archive epoch (the
+        provider's version) is what ends the generation."""
+        _check_name("label", label)
+        if self.archive is None:
+            raise ConfigError("no archive KEK provider is configured")
+        archive = self.archive
+        record, raw = archive.new_epoch(rotate=True, persist=False)
+        counted = [0]
+
+        def keys(records: list[KeyRecord]) -> list[tuple[str, int, bytes]]:
+            raws = self._unwrap_records(records)
+            counted[0] += len(records)
+            return [
+                (archive.marker, record.epoch, archive.wrap(k, _record_context(r), record.epoch))
+                for r, k in zip(records, raws, strict=True)
+            ]
+
+        def secrets(records: list[SecretRecord]) -> list[tuple[str, int, bytes]]:
+            out = []
+            for s in records:
+                context = _secret_context(s.name)
+                k = self._unwrap_one(s.kek_provider, s.kek_epoch, s.wrapped, context)
+                out.append((archive.marker, record.epoch, archive.wrap(k, context, record.epoch)))
+            return out
+
+        try:
+            image = SQLiteKeyStore.rewrap_image(snapshot, keys, secrets, record)
+            sealed = _seal(_archive_blob_key(raw, label), image, label)
+        finally:
+            archive.forget([record.epoch])  # this process keeps no archive key
+        return ArchiveCopy(
+            record.epoch,
+            WrappedKey(record.provider_epoch, record.wrapped),
+            sealed,
+            record.created_at,
+            counted[0],
+        )
+
+    def open_archive(self, epoch: int, wrapped: WrappedKey, sealed: bytes, label: str) -> bytes:
+        """The key store image of an archive copy (one provider call);
+        ``KekEpochDestroyed`` once its archive epoch is destroyed."""
+        provider = self.archive_kek
+        if provider is None:
+            raise ConfigError("no archive KEK provider is configured")
+        raw = provider.unwrap(wrapped, epoch_key_context(ARCHIVE, epoch))
+        return _unseal(_archive_blob_key(raw, label), sealed, label)
+
+    def drop_archive_epochs(self) -> list[int]:
+        """In a store restored from an archive copy, once its keys are re-wrapped to
+        the live lineage: delete the archive epoch-key rows (the provider's version
+        is the backup schedule's to destroy)."""
+        dropped = self.store.destroy_epoch_keys(ARCHIVE, 2**31 - 1, [self._archive_marker])
+        if self._archive is not None:
+            self._archive.forget(dropped)
+        return dropped
+
+    # -- sealed blobs (backup generations made before the archive lineage) -------------
 
     def seal_blob(self, data: bytes, label: str) -> tuple[WrappedKey, bytes]:
-        """Encrypt ``data`` under a fresh one-off key wrapped by the *current* KEK
-        epoch, bound to ``label``. Once that epoch is destroyed the blob is noise,
-        wherever copies of it went: this is how a backup of the key store expires."""
+        """Encrypt ``data`` under a fresh one-off key wrapped by the *current* live
+        provider epoch, bound to ``label`` (the key store copy of backups made before
+        the archive lineage; kept for the drill and tools)."""
         _check_name("label", label)
         key = prim.random_key()
-        nonce = prim.random_nonce()
-        body = prim.new_aead(key).encrypt(nonce, data, _blob_aad(label))
         wrapped = self.kek.wrap(key, _blob_context(label))
-        return wrapped, nonce + body
+        return wrapped, _seal(key, data, label)
 
     def open_blob(self, wrapped: WrappedKey, blob: bytes, label: str) -> bytes:
         """Decrypt a sealed blob; ``KekEpochDestroyed`` once its epoch is gone,
         ``IntegrityError`` if the blob, its wrapped key or the label were altered."""
         key = self.kek.unwrap(wrapped, _blob_context(label))
-        if len(blob) < prim.NONCE_BYTES + prim.TAG_BYTES:
-            raise IntegrityError("the sealed blob is truncated")
-        try:
-            return prim.new_aead(key).decrypt(
-                blob[: prim.NONCE_BYTES], blob[prim.NONCE_BYTES :], _blob_aad(label)
-            )
-        except prim.InvalidTag:
-            raise IntegrityError("the sealed blob does not authenticate") from None
+        return _unseal(key, blob, label)
 
     # -- crypto-erasure ------------------------------------------------------------
 
@@ -530,7 +826,11 @@ class Keyring:
 
     def close(self) -> None:
         self.cache.clear()
+        self.live.forget()
         self.kek.close()
+        if self._archive is not None:
+            self._archive.forget()
+            self._archive.provider.close()
         self.store.close()
 
     def __repr__(self) -> str:

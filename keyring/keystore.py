@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from keyshred._pooling import sqlite_busy
-from keyshred.errors import BackendUnavailable, KeyshredError
+from keyshred.errors import BackendUnavailable, KekEpochDestroyed, KeyshredError
 
 __all__ = [
+    "EpochKeyRecord",
     "KeyRecord",
     "KeyStore",
     "SQLiteKeyStore",
@@ -94,6 +95,26 @@ class SecretRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochKeyRecord:
+    """One epoch key of a KEK lineage (``live`` or ``archive``), wrapped by the
+    provider's key version ``provider_epoch``. The epoch key wraps DEKs and system
+    secrets locally; only it ever goes to the provider."""
+
+    lineage: str
+    epoch: int
+    kek_provider: str
+    provider_epoch: int
+    wrapped: bytes
+    created_at: datetime
+
+    def __repr__(self) -> str:
+        return (
+            f"EpochKeyRecord(lineage={self.lineage!r}, epoch={self.epoch}, "
+            f"kek={self.kek_provider}:{self.provider_epoch})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Tombstone:
     """Proof that keys were destroyed: replayed against every restored key store."""
 
@@ -147,8 +168,21 @@ class KeyStore(ABC):
         """Up to ``limit`` records wrapped by an epoch below ``epoch``."""
 
     @abstractmethod
-    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
-        """Replace (key_id, epoch, wrapped) after a re-wrap."""
+    def update_wrapped(
+        self,
+        updates: Sequence[tuple[bytes, int, bytes]],
+        *,
+        kek_provider: str | None = None,
+        live_epoch: int | None = None,
+    ) -> None:
+        """Replace (key_id, epoch, wrapped) after a re-wrap (and the wrapping
+        provider's name, if given). With ``live_epoch``, only while that live epoch
+        key still exists (checked in the same transaction): ``KekEpochDestroyed``
+        otherwise, so nothing is ever re-wrapped under a destroyed epoch."""
+
+    @abstractmethod
+    def wrapped_by(self, kek_provider: str, limit: int) -> list[KeyRecord]:
+        """Up to ``limit`` records whose ``kek_provider`` is exactly this one."""
 
     @abstractmethod
     def destroy(self, key_ids: Sequence[bytes], tombstone: Tombstone) -> int:
@@ -177,6 +211,24 @@ class KeyStore(ABC):
     @abstractmethod
     def counts(self) -> dict[str, int]:
         """Row counts for status output (keys, tombstones, secrets)."""
+
+    # -- epoch keys (two-level KEK lineages) ----------------------------------------
+
+    @abstractmethod
+    def epoch_keys(self, lineage: str) -> list[EpochKeyRecord]:
+        """The epoch keys of a lineage, oldest first."""
+
+    @abstractmethod
+    def insert_epoch_key(self, record: EpochKeyRecord) -> EpochKeyRecord:
+        """Insert, or return the one another writer inserted first for the same
+        (lineage, epoch)."""
+
+    @abstractmethod
+    def destroy_epoch_keys(self, lineage: str, before: int, markers: Sequence[str]) -> list[int]:
+        """Delete the epoch keys of ``lineage`` older than ``before`` and return their
+        epochs, in one transaction that refuses (``EpochInUse``, nothing deleted)
+        while a key or secret wrapped by one of ``markers`` is still under an epoch
+        older than ``before``."""
 
     @abstractmethod
     def snapshot(self) -> bytes:
@@ -224,11 +276,37 @@ CREATE TABLE IF NOT EXISTS secret (
     kek_epoch    INTEGER NOT NULL,
     wrapped      BLOB NOT NULL
 );
+CREATE INDEX IF NOT EXISTS dek_wrap ON dek (kek_provider, kek_epoch);
+CREATE TABLE IF NOT EXISTS epoch_key (
+    lineage        TEXT NOT NULL,
+    epoch          INTEGER NOT NULL,
+    kek_provider   TEXT NOT NULL,
+    provider_epoch INTEGER NOT NULL,
+    wrapped        BLOB NOT NULL,
+    created_at     TEXT NOT NULL,
+    PRIMARY KEY (lineage, epoch)
+);
 """
 
 _DEK_COLUMNS = (
     "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at, owner_tag"
 )
+_EPOCH_COLUMNS = "lineage, epoch, kek_provider, provider_epoch, wrapped, created_at"
+LIVE_LINEAGE = "live"
+
+
+def _epoch_record(row: Sequence[Any]) -> EpochKeyRecord:
+    lineage, epoch, provider, provider_epoch, wrapped, created = row
+    if isinstance(created, str):
+        created = datetime.fromisoformat(created)
+    return EpochKeyRecord(
+        str(lineage),
+        int(epoch),
+        str(provider),
+        int(provider_epoch),
+        bytes(wrapped),
+        created if created.tzinfo else created.replace(tzinfo=UTC),
+    )
 
 
 def _ts(value: datetime) -> str:
@@ -255,7 +333,7 @@ def _record(row: Sequence[Any]) -> KeyRecord:
 
 
 @functools.cache
-def _statements(mark: str, prefix: str) -> dict[str, str]:
+def _statements(mark: str, prefix: str, lock: str = "") -> dict[str, str]:
     """The statements both SQL stores share, for one placeholder style and table
     prefix (constants only: nothing here comes from input)."""
     dek, secret = f"{prefix}dek", f"{prefix}secret"
@@ -276,6 +354,22 @@ def _statements(mark: str, prefix: str) -> dict[str, str]:
         "insert": f"INSERT INTO {dek} ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "  # noqa: S608
         "ON CONFLICT DO NOTHING",
         "update_wrapped": f"UPDATE {dek} SET kek_epoch = ?, wrapped = ? WHERE key_id = ?",  # noqa: S608
+        "update_wrapped_provider": f"UPDATE {dek} SET kek_provider = ?, kek_epoch = ?, "  # noqa: S608
+        "wrapped = ? WHERE key_id = ?",
+        "wrapped_by": select + "kek_provider = ? LIMIT ?",
+        "blocking_dek": f"SELECT 1 FROM {dek} WHERE kek_provider = ? AND kek_epoch < ? LIMIT 1",  # noqa: S608
+        "blocking_secret": f"SELECT 1 FROM {secret} WHERE kek_provider = ? "  # noqa: S608
+        "AND kek_epoch < ? LIMIT 1",
+        # Read under a share lock on PostgreSQL: a destroy of this epoch waits for
+        # the writer's commit and then sees its row (and refuses).
+        "guard_epoch": f"SELECT 1 FROM {prefix}epoch_key WHERE lineage = ? AND epoch = ?{lock}",  # noqa: S608
+        "epoch_keys": f"SELECT {_EPOCH_COLUMNS} FROM {prefix}epoch_key "  # noqa: S608
+        "WHERE lineage = ? ORDER BY epoch",
+        "insert_epoch_key": f"INSERT INTO {prefix}epoch_key ({_EPOCH_COLUMNS}) "  # noqa: S608
+        "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+        "doomed_epochs": f"SELECT epoch FROM {prefix}epoch_key WHERE lineage = ? "  # noqa: S608
+        "AND epoch < ? ORDER BY epoch",
+        "delete_epochs": f"DELETE FROM {prefix}epoch_key WHERE lineage = ? AND epoch < ?",  # noqa: S608
         "is_tombstoned": f"SELECT 1 FROM {prefix}tombstone WHERE subject_ref = ? "  # noqa: S608
         "AND (scope IS NULL OR scope = ?) LIMIT 1",
         "get_secret": f"SELECT {secret_columns} FROM {secret} WHERE name = ?",  # noqa: S608
@@ -300,6 +394,7 @@ class _SqlKeyStore(KeyStore):
 
     _mark = "?"
     _prefix = ""
+    _share_lock = ""
 
     @abstractmethod
     def _tx(self) -> Any: ...
@@ -312,7 +407,13 @@ class _SqlKeyStore(KeyStore):
 
     @property
     def _sql(self) -> dict[str, str]:
-        return _statements(self._mark, self._prefix)
+        return _statements(self._mark, self._prefix, self._share_lock)
+
+    def _guard_live_epoch(self, db: Any, epoch: int) -> None:
+        """Inside a write transaction: refuse to write under a live epoch whose key
+        was destroyed (another process rotated and destroyed it meanwhile)."""
+        if db.execute(self._sql["guard_epoch"], (LIVE_LINEAGE, epoch)).fetchone() is None:
+            raise KekEpochDestroyed(f"live KEK epoch {epoch} is destroyed")
 
     # -- keys ----------------------------------------------------------------------
 
@@ -347,6 +448,8 @@ class _SqlKeyStore(KeyStore):
         if owner_tag(record.owners) != record.owner_tag:
             raise KeyshredError("a key record's owner tag does not match its owners")
         with self._tx() as db:
+            if record.kek_provider.endswith("@" + LIVE_LINEAGE):
+                self._guard_live_epoch(db, record.kek_epoch)
             db.execute(
                 self._sql["insert"],
                 (
@@ -384,12 +487,29 @@ class _SqlKeyStore(KeyStore):
     def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
         return [_record(r) for r in self._query(self._sql["older_than"], (epoch, limit))]
 
-    def update_wrapped(self, updates: Sequence[tuple[bytes, int, bytes]]) -> None:
+    def update_wrapped(
+        self,
+        updates: Sequence[tuple[bytes, int, bytes]],
+        *,
+        kek_provider: str | None = None,
+        live_epoch: int | None = None,
+    ) -> None:
         with self._tx() as db:
-            db.executemany(
-                self._sql["update_wrapped"],
-                [(epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
-            )
+            if live_epoch is not None:
+                self._guard_live_epoch(db, live_epoch)
+            if kek_provider is None:
+                db.executemany(
+                    self._sql["update_wrapped"],
+                    [(epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
+                )
+            else:
+                db.executemany(
+                    self._sql["update_wrapped_provider"],
+                    [(kek_provider, epoch, wrapped, key_id) for key_id, epoch, wrapped in updates],
+                )
+
+    def wrapped_by(self, kek_provider: str, limit: int) -> list[KeyRecord]:
+        return [_record(r) for r in self._query(self._sql["wrapped_by"], (kek_provider, limit))]
 
     # -- tombstones ----------------------------------------------------------------
 
@@ -407,6 +527,8 @@ class _SqlKeyStore(KeyStore):
 
     def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
         with self._tx() as db:
+            if record.kek_provider.endswith("@" + LIVE_LINEAGE):
+                self._guard_live_epoch(db, record.kek_epoch)
             db.execute(
                 self._sql["replace_secret" if replace else "put_secret"],
                 (record.name, record.kek_provider, record.kek_epoch, record.wrapped),
@@ -428,6 +550,50 @@ class _SqlKeyStore(KeyStore):
             t: int(self._query(self._sql[f"count_{t}"])[0][0])
             for t in ("dek", "shared", "tombstone", "secret")
         }
+
+    # -- epoch keys ----------------------------------------------------------------
+
+    def epoch_keys(self, lineage: str) -> list[EpochKeyRecord]:
+        return [_epoch_record(r) for r in self._query(self._sql["epoch_keys"], (lineage,))]
+
+    def insert_epoch_key(self, record: EpochKeyRecord) -> EpochKeyRecord:
+        with self._tx() as db:
+            db.execute(
+                self._sql["insert_epoch_key"],
+                (
+                    record.lineage,
+                    record.epoch,
+                    record.kek_provider,
+                    record.provider_epoch,
+                    record.wrapped,
+                    self._bind_time(record.created_at),
+                ),
+            )
+        for stored in self.epoch_keys(record.lineage):
+            if stored.epoch == record.epoch:
+                return stored
+        raise KekEpochDestroyed(  # pragma: no cover - only if destroyed in between
+            f"{record.lineage} KEK epoch {record.epoch} was destroyed while it was created"
+        )
+
+    def destroy_epoch_keys(self, lineage: str, before: int, markers: Sequence[str]) -> list[int]:
+        with self._tx() as db:
+            doomed = [int(r[0]) for r in db.execute(self._sql["doomed_epochs"], (lineage, before))]
+            # Delete first: on PostgreSQL this waits for any writer holding a share
+            # lock on one of these rows, whose key or secret the checks below see.
+            db.execute(self._sql["delete_epochs"], (lineage, before))
+            for marker in markers:
+                for table in ("blocking_dek", "blocking_secret"):
+                    if db.execute(self._sql[table], (marker, before)).fetchone() is not None:
+                        raise KeyshredError(
+                            f"keys are still wrapped by {lineage} KEK epochs before {before}; "
+                            "re-wrap them first (rotate or rewrap)"
+                        )
+        self._after_epoch_destroy()
+        return doomed
+
+    def _after_epoch_destroy(self) -> None:
+        """Hook: scrub what the deleted epoch-key rows left behind (WAL, free pages)."""
 
 
 def _migrate(db: sqlite3.Connection) -> None:
@@ -554,6 +720,9 @@ class SQLiteKeyStore(_SqlKeyStore):
         self._scrub_wal()
         return deleted
 
+    def _after_epoch_destroy(self) -> None:
+        self._scrub_wal()
+
     def _scrub_wal(self) -> None:
         """Checkpoint and truncate the WAL so deleted rows leave no copy in it.
 
@@ -663,6 +832,76 @@ class SQLiteKeyStore(_SqlKeyStore):
                     db.executemany(
                         "INSERT OR IGNORE INTO tombstone_key VALUES (?,?)",
                         [(k, tomb.tombstone_id) for k in tomb.key_ids],
+                    )
+            db.execute("VACUUM")
+            return bytes(db.serialize())
+        except sqlite3.DatabaseError:
+            raise KeyshredError("the key store snapshot cannot be read") from None
+        finally:
+            db.close()
+
+    @staticmethod
+    def rewrap_image(
+        data: bytes,
+        rewrap_keys: Callable[[list[KeyRecord]], list[tuple[str, int, bytes]]],
+        rewrap_secrets: Callable[[list[SecretRecord]], list[tuple[str, int, bytes]]],
+        epoch_key: EpochKeyRecord | None,
+        *,
+        page: int = 5000,
+    ) -> bytes:
+        """A snapshot whose every key and secret is re-wrapped (by the callables,
+        which return (kek_provider, epoch, wrapped) per record) and whose epoch keys
+        are replaced by ``epoch_key`` alone, in memory. ``VACUUM`` rebuilds the
+        image, so no free page keeps a replaced wrapping or epoch key: this is how a
+        backup generation's key store stops depending on the live lineage."""
+        db = sqlite3.connect(":memory:")
+        try:
+            db.deserialize(data)
+            db.execute("PRAGMA secure_delete=ON")
+            with db:
+                _migrate(db)  # a snapshot from before owner sets
+                for statement in _SCHEMA.split(";"):  # ... or before the lineages
+                    if "epoch_key" in statement or "dek_wrap" in statement:
+                        db.execute(statement)
+                last = b""
+                while True:
+                    rows = db.execute(
+                        f"SELECT {_DEK_COLUMNS} FROM dek WHERE key_id > ? "  # noqa: S608
+                        "ORDER BY key_id LIMIT ?",
+                        (last, page),
+                    ).fetchall()
+                    if not rows:
+                        break
+                    records = [_record(r) for r in rows]
+                    new = rewrap_keys(records)
+                    db.executemany(
+                        "UPDATE dek SET kek_provider = ?, kek_epoch = ?, wrapped = ? "
+                        "WHERE key_id = ?",
+                        [(*w, r.key_id) for r, w in zip(records, new, strict=True)],
+                    )
+                    last = records[-1].key_id
+                secrets = [
+                    SecretRecord(str(n), str(p), int(e), bytes(w))
+                    for n, p, e, w in db.execute(
+                        "SELECT name, kek_provider, kek_epoch, wrapped FROM secret ORDER BY name"
+                    )
+                ]
+                db.executemany(
+                    "UPDATE secret SET kek_provider = ?, kek_epoch = ?, wrapped = ? WHERE name = ?",
+                    [(*w, s.name) for s, w in zip(secrets, rewrap_secrets(secrets), strict=True)],
+                )
+                db.execute("DELETE FROM epoch_key")
+                if epoch_key is not None:
+                    db.execute(
+                        f"INSERT INTO epoch_key ({_EPOCH_COLUMNS}) VALUES (?,?,?,?,?,?)",  # noqa: S608
+                        (
+                            epoch_key.lineage,
+                            epoch_key.epoch,
+                            epoch_key.kek_provider,
+                            epoch_key.provider_epoch,
+                            epoch_key.wrapped,
+                            _ts(epoch_key.created_at),
+                        ),
                     )
             db.execute("VACUUM")
             return bytes(db.serialize())

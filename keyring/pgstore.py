@@ -12,9 +12,10 @@ one set of wrapped DEKs and tombstones:
 
 PostgreSQL keeps a deleted row's bytes in the table file until ``VACUUM`` reuses the
 space (a dead tuple), and in its WAL; ``destroy`` runs ``VACUUM`` on the key table
-afterwards, which frees the space but does not overwrite it. What still bounds those
-copies is the KEK: a wrapped DEK is useless once its epoch is destroyed, which the
-backup schedule does (``ks.backup.maintain``).
+afterwards, which frees the space but does not overwrite it. What bounds those copies
+is the live KEK lineage: a DEK is wrapped by the live epoch key of its epoch, which the
+live schedule rotates (default hourly) and destroys once every key is re-wrapped
+(``ks.backup.maintain``): from then on no copy of the old wrapping can be unwrapped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from keyshred._pooling import replace_hung_up, unreachable
 from keyshred.errors import BackendUnavailable, ConfigError
 from keyshred.keyring.keystore import (
     _DEK_COLUMNS,
+    _EPOCH_COLUMNS,
     _SCHEMA,
     KeyRecord,
     Tombstone,
@@ -83,6 +85,16 @@ CREATE TABLE IF NOT EXISTS ks_secret (
     kek_epoch    INTEGER NOT NULL,
     wrapped      BYTEA NOT NULL
 );
+CREATE INDEX IF NOT EXISTS ks_dek_wrap ON ks_dek (kek_provider, kek_epoch);
+CREATE TABLE IF NOT EXISTS ks_epoch_key (
+    lineage        TEXT NOT NULL,
+    epoch          INTEGER NOT NULL,
+    kek_provider   TEXT NOT NULL,
+    provider_epoch INTEGER NOT NULL,
+    wrapped        BYTEA NOT NULL,
+    created_at     TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (lineage, epoch)
+);
 """
 
 
@@ -115,6 +127,7 @@ class PostgresKeyStore(_SqlKeyStore):
 
     _mark = "%s"
     _prefix = "ks_"
+    _share_lock = " FOR SHARE"
 
     def __init__(
         self,
@@ -253,13 +266,16 @@ class PostgresKeyStore(_SqlKeyStore):
         self._vacuum()
         return deleted
 
-    def _vacuum(self) -> None:
+    def _vacuum(self, table: str = "ks_dek") -> None:
         """Free the deleted rows' space (VACUUM runs outside a transaction)."""
         try:
             with self._psycopg.connect(self._dsn, autocommit=True) as conn:
-                conn.execute("VACUUM ks_dek")
+                conn.execute(f"VACUUM {table}")  # one of this module's table names
         except self._psycopg.Error:
             pass  # autovacuum does it later; the KEK epoch bounds the copies anyway
+
+    def _after_epoch_destroy(self) -> None:
+        self._vacuum("ks_epoch_key")
 
     # -- tombstones --------------------------------------------------------------------
 
@@ -311,6 +327,7 @@ class PostgresKeyStore(_SqlKeyStore):
             secrets = cur.execute(
                 "SELECT name, kek_provider, kek_epoch, wrapped FROM ks_secret"
             ).fetchall()
+            epoch_keys = cur.execute(f"SELECT {_EPOCH_COLUMNS} FROM ks_epoch_key").fetchall()  # noqa: S608
         db = sqlite3.connect(":memory:")
         try:
             db.executescript(_SCHEMA)
@@ -335,6 +352,10 @@ class PostgresKeyStore(_SqlKeyStore):
             db.executemany(
                 "INSERT INTO secret VALUES (?,?,?,?)",
                 [(n, p, e, bytes(w)) for n, p, e, w in secrets],
+            )
+            db.executemany(
+                "INSERT INTO epoch_key VALUES (?,?,?,?,?,?)",
+                [(li, e, p, pe, bytes(w), _ts(c)) for li, e, p, pe, w, c in epoch_keys],
             )
             db.commit()
             return bytes(db.serialize())

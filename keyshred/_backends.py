@@ -11,16 +11,29 @@ from keyshred.keyring.kek import KekProvider
 from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore
 
-__all__ = ["KEYS_DIR", "make_kek", "make_keystore"]
+__all__ = ["KEYS_DIR", "make_archive_kek", "make_kek", "make_keystore"]
 
 KEYS_DIR = "keys"
 LOCAL_KEK_FILE = "kek.local.json"
+ARCHIVE_KEK_FILE = "kek.archive.json"
 KEYSTORE_FILE = "keystore.db"
 
 
-def make_kek(config: Config, root: Path, *, create: bool) -> KekProvider:
+def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False) -> KekProvider:
+    """The live lineage's provider, or with ``archive`` the archive lineage's: a
+    second key file, transit key (``<key>-archive``) or alias prefix
+    (``<alias_prefix>-archive``) of the same provider."""
     settings = config.kek
     if settings.provider == "local":
+        if archive:
+            # The archive file is created on first use, also in an existing folder
+            # (made before the archive lineage existed).
+            path = (
+                Path(settings.archive_local_path)
+                if settings.archive_local_path
+                else root / KEYS_DIR / ARCHIVE_KEK_FILE
+            )
+            return LocalKek(path, create=True)
         path = (
             Path(settings.local_path) if settings.local_path else root / KEYS_DIR / LOCAL_KEK_FILE
         )
@@ -36,7 +49,7 @@ def make_kek(config: Config, root: Path, *, create: bool) -> KekProvider:
             v.url,
             token,
             mount=v.mount,
-            key_name=v.key,
+            key_name=(v.archive_key or f"{v.key}-archive") if archive else v.key,
             namespace=v.namespace,
             verify=v.verify,
             timeout=v.timeout_seconds,
@@ -47,12 +60,20 @@ def make_kek(config: Config, root: Path, *, create: bool) -> KekProvider:
 
     a = settings.aws
     return AwsKmsKek(
-        alias_prefix=a.alias_prefix,
+        alias_prefix=(
+            (a.archive_alias_prefix or a.alias_prefix.rstrip("/") + "-archive")
+            if archive
+            else a.alias_prefix
+        ),
         region=a.region,
         endpoint_url=a.endpoint_url,
         pending_window_days=a.pending_window_days,
         workers=a.workers,
     )
+
+
+def make_archive_kek(config: Config, root: Path) -> KekProvider:
+    return make_kek(config, root, create=True, archive=True)
 
 
 def make_keystore(config: Config, root: Path) -> KeyStore:

@@ -238,15 +238,18 @@ def drill(
 
 @keys_app.command("status")
 def keys_status(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
-    """Show KEK epochs and key-store counts."""
+    """Show KEK epochs (when the live one is due, and whether that is overdue) and
+    key-store counts."""
     with Keyshred.open(path) as ks:
         epochs = ks.keyring.kek.epochs()
         counts = ks.keyring.store.counts()
+        live = ks.backup.live_status()
         flush_failed = ks.audit.events(event="vault.flush_failed")  # any process's
         data = {
             "kek_provider": ks.keyring.kek.name,
             "current_epoch": ks.keyring.kek.current_epoch(),
             "epochs": [{"epoch": e.epoch, "created_at": e.created_at.isoformat()} for e in epochs],
+            "live": live.as_dict(),
             "keys": counts["dek"],
             "tombstones": counts["tombstone"],
             "token_flush": {
@@ -261,7 +264,10 @@ def keys_status(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
         data,
         as_json,
         f"KEK {data['kek_provider']} epoch {data['current_epoch']} "
-        f"(live: {[e.epoch for e in epochs]}); {counts['dek']} keys, "
+        f"(live: {[e.epoch for e in epochs]}); live epoch {live.epoch} due "
+        f"{live.due_at.isoformat()}"
+        + (" [OVERDUE: run 'keyshred maintain']" if live.overdue else "")
+        + f"; {counts['dek']} keys, "
         f"{counts['tombstone']} tombstones; token flush failures: {len(flush_failed)} "
         f"run(s) audited"
         + (f", last at {flush_failed[-1].at.isoformat()}" if flush_failed else ""),
@@ -849,20 +855,33 @@ def backup_prune(
     _emit({"pruned": pruned}, as_json, f"pruned {len(pruned)} generations")
 
 
-@backup_app.command("maintain")
-def backup_maintain(
-    target: TargetOpt = None, path: PathOpt = Path("."), as_json: JsonOpt = False
-) -> None:
-    """The daily job: rotate the KEK when due, destroy epochs past their date,
-    prune expired generations."""
+def _maintain(target: str | None, path: Path, as_json: bool) -> None:
     with Keyshred.open(path) as ks:
         report = ks.backup.maintain(target)
     _emit(
         report.as_dict(),
         as_json,
-        f"rotated to epoch {report.rotated_to}; destroyed epochs "
-        f"{[d.epoch for d in report.destroyed]}; pruned {len(report.pruned)} generations",
+        f"live epoch {report.live_epoch} (rotated to {report.rotated_to}; next due "
+        f"{report.live_due_at.isoformat() if report.live_due_at else '?'}); destroyed live "
+        f"epochs {[d.epoch for d in report.destroyed]}, archive epochs "
+        f"{[d.epoch for d in report.archive_destroyed]}; pruned {len(report.pruned)} generations",
     )
+
+
+@app.command("maintain")
+def maintain(target: TargetOpt = None, path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """The scheduled job, at least every keyring.live_rotate_minutes (default hourly):
+    rotate the live KEK epoch when due and destroy the previous one once nothing is
+    wrapped by it, destroy the archive epochs of expired backup generations, prune."""
+    _maintain(target, path, as_json)
+
+
+@backup_app.command("maintain")
+def backup_maintain(
+    target: TargetOpt = None, path: PathOpt = Path("."), as_json: JsonOpt = False
+) -> None:
+    """Same as 'keyshred maintain' (kept for existing schedules)."""
+    _maintain(target, path, as_json)
 
 
 @app.command()

@@ -52,6 +52,8 @@ class VaultSettings(_Model):
     url: str = "http://127.0.0.1:8200"
     mount: str = "transit"
     key: str = "keyshred-kek"
+    # The archive lineage's transit key (backup generations); default ``<key>-archive``.
+    archive_key: str | None = None
     namespace: str | None = None
     verify: bool | str = True
     timeout_seconds: float = 10.0
@@ -63,6 +65,9 @@ class AwsSettings(_Model):
     region: str | None = None
     endpoint_url: str | None = None
     alias_prefix: str = "alias/keyshred/kek"
+    # The archive lineage's aliases (one KMS key per archive epoch, i.e. per backup
+    # generation); default ``<alias_prefix>-archive``.
+    archive_alias_prefix: str | None = None
     pending_window_days: int = Field(7, ge=7, le=30)
     workers: int = Field(8, ge=1, le=64)
 
@@ -72,6 +77,9 @@ class KekSettings(_Model):
     # The local KEK file; default ``<data>/keys/kek.local.json``. A restored folder
     # points here at the live file: backups never carry the KEK.
     local_path: str | None = None
+    # The archive lineage's key file (backup generations); default
+    # ``<data>/keys/kek.archive.json``. Like the live file, never in a backup.
+    archive_local_path: str | None = None
     vault: VaultSettings = VaultSettings()
     aws: AwsSettings = AwsSettings()
 
@@ -90,6 +98,10 @@ class KeyringSettings(_Model):
     # Also ping each connection at checkout (a round trip): for networks that drop
     # idle connections silently; a server's hang-up is detected without it.
     pool_pre_ping: bool = False
+    # The live KEK lineage's period: the maintenance run (``keyshred maintain``)
+    # rotates the live epoch this often and then destroys the previous one, so a
+    # wrapped key left in database pages, WAL or replicas is useless after this long.
+    live_rotate_minutes: float = Field(60.0, gt=0)
 
 
 Basis = Literal["consent", "contract", "legitimate_interest", "legal_obligation"]
@@ -151,10 +163,11 @@ class AuditSettings(_Model):
 
 
 class BackupSettings(_Model):
-    """Backups: where they go, how long each class of generation is kept, and how
-    often the KEK epoch rotates. Epoch ``e`` is destroyed at ``created(e) +
-    rotate_kek_every_days + max(retention)``: by then every generation sealed
-    under it has expired, and nothing sealed under it can be read again."""
+    """Backups: where they go and how long each class of generation is kept. Each
+    generation has its own archive KEK epoch, destroyed once it and every earlier
+    generation have expired (``prune``/``maintain``). ``rotate_kek_every_days`` only
+    governs generations made before the archive lineage existed (sealed under a
+    live epoch): the live schedule is ``keyring.live_rotate_minutes``."""
 
     target: str | None = None  # a folder or s3://bucket/prefix; default <data>/backups
     s3_endpoint_url: str | None = None

@@ -429,7 +429,7 @@ def _drill(
 
     def old_keystore_copy() -> str:
         # The pre-erasure generation's key store, unsealed as an attacker holding a
-        # copy of the backup (and access to the live KEK) would, without replay.
+        # copy of the backup (and access to the archive KEK) would, without replay.
         manifest = ks.backup.manifest(gen.generation)
         target = ks.backup.target()
         sealed = target.get_bytes(manifest.keystore.object)
@@ -437,33 +437,58 @@ def _drill(
             manifest.keystore.kek_epoch, base64.b64decode(manifest.keystore.wrapped)
         )
         label = f"backup:{gen.generation}"
+        archive = ks.keyring.archive_kek
+        _require(archive is not None, "no archive KEK provider")
+        assert archive is not None  # noqa: S101 - for the type checker
+        image = ks.keyring.open_archive(manifest.kek_epoch, wrapped, sealed, label)
         copy = path.parent / f"{path.name}-keystore-copy-{run}.db"
-        SQLiteKeyStore.from_snapshot(copy, ks.keyring.open_blob(wrapped, sealed, label)).close()
-        old = Keyring(SQLiteKeyStore(copy), ks.keyring.kek, cache_max_entries=0)
+        SQLiteKeyStore.from_snapshot(copy, image).close()
+        del image
+
+        def copy_keyring() -> Keyring:
+            return Keyring(
+                SQLiteKeyStore(copy), ks.keyring.kek, archive_kek=archive, cache_max_entries=0
+            )
+
         try:
-            old.data_key_by_id(victim_keys[0])  # the risk that KEK epochs bound
+            old = copy_keyring()
+            try:
+                old.data_key_by_id(victim_keys[0])  # the risk that archive epochs bound
+            finally:
+                old.store.close()
+            # The live lineage rotating changes nothing for a backup copy...
             rotation = ks.keyring.rotate_kek()
-            # Forced: the drill's own backup is sealed under that epoch on purpose.
             ks.destroy_kek_epochs_before(rotation.new_epoch, force=True)
+            old = copy_keyring()
             try:
                 old.data_key_by_id(victim_keys[0])
-            except SubjectErased:
+            finally:
+                old.store.close()
+            # ...its archive epoch's destruction (forced here: the schedule does it
+            # when the generation expires) ends it.
+            archive.destroy_epochs_before(archive.rotate())
+            try:
+                old = copy_keyring()  # its secrets are under the archive epoch too
+                try:
+                    old.data_key_by_id(victim_keys[0])
+                finally:
+                    old.store.close()
+            except (SubjectErased, KekEpochDestroyed):
                 pass
             else:
                 raise DrillFailure("the old key-store copy still unwraps the erased key")
             try:
-                ks.keyring.open_blob(wrapped, sealed, label)
+                ks.keyring.open_archive(manifest.kek_epoch, wrapped, sealed, label)
             except KekEpochDestroyed:
                 pass
             else:
                 raise DrillFailure("the generation's sealed key store still opens")
             return (
-                f"unwrapped until KEK epoch {rotation.new_epoch - 1} was destroyed, then neither "
-                f"the copy nor the generation yields a key; {rotation.keys_rewrapped} live keys "
-                "re-wrapped"
+                f"unwrapped while archive epoch {manifest.kek_epoch} lived (also after live "
+                f"epoch {rotation.new_epoch - 1} was destroyed), then neither the copy nor the "
+                f"generation yields a key; {rotation.keys_rewrapped} live keys re-wrapped"
             )
         finally:
-            old.store.close()
             copy.unlink(missing_ok=True)
 
     check("receipt signed and complete", receipt_valid)

@@ -399,6 +399,9 @@ class _Extent:
             "cache_evicted": result.cache_entries_evicted,
             # Keys of other holders' data about the subject, destroyed with its own.
             "shared_keys": [[k.hex(), holder] for k, holder in result.shared_keys],
+            # The live epoch that may still sit in database pages with these keys:
+            # when the live schedule destroys it.
+            "live_residue_until": _iso(ks.backup.live_residue_until(at)),
         }
 
     def keys_left(self) -> int:
@@ -1148,6 +1151,8 @@ class ErasureCoordinator:
         if swept is not None:
             if swept:
                 req.doc["swept_keys"] = sorted({*req.doc.get("swept_keys", []), *swept})
+                # Their wrapped copies sit in pages under the live epoch of now.
+                req.doc["swept_residue_until"] = _iso(self._ks.backup.live_residue_until())
                 self._save(req)
             left = extent.keys_left()
             check(
@@ -1293,6 +1298,17 @@ class ErasureCoordinator:
             completed_at=completed,
             key_ids=keys["key_ids"],
             tombstone_id=keys["tombstone_id"],
+            live_residue_until=max(
+                (
+                    datetime.fromisoformat(t)
+                    for t in (
+                        keys.get("live_residue_until") if keys["key_ids"] else None,
+                        req.doc.get("swept_residue_until"),
+                    )
+                    if t
+                ),
+                default=None,
+            ),
             stores=stores,
             derived=[DerivedAction(**a) for a in d["derived"]["actions"]],
             external=[ExternalCall(**c) for c in d["external"]["calls"]],

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from keyshred._backends import KEYS_DIR, make_kek, make_keystore
+from keyshred._backends import KEYS_DIR, make_archive_kek, make_kek, make_keystore
 from keyshred._handle import check_open, disk_full_mapped, disk_full_test, guarded
 from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
@@ -244,6 +244,7 @@ class Keyshred:
             tenant=config.tenant,
             cache_max_entries=config.keyring.cache_max_entries,
             cache_ttl_seconds=config.keyring.cache_ttl_seconds,
+            archive_kek=lambda: make_archive_kek(config, root),
         )
         url = config.storage.catalog_url or sqlite_url(root / CATALOG_DIR / CATALOG_FILE)
         try:

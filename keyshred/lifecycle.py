@@ -207,9 +207,13 @@ class Lifecycle:
             "audit": {"retention_days": cfg.audit.retention_days},
             "backups": {
                 "classes_days": dict(cfg.backup.retention),
-                "kek_epoch_rotation_days": cfg.backup.rotate_kek_every_days,
-                "kek_epoch_destroyed_after_days": cfg.backup.rotate_kek_every_days
-                + max(cfg.backup.retention.values()),
+                "archive_kek_epoch": "one per generation, destroyed once it and every "
+                "earlier generation have expired",
+            },
+            "live_kek_epoch": {
+                "rule": "rotated every live_rotate_minutes by the maintenance run; the "
+                "previous epoch destroyed once every key is re-wrapped",
+                "live_rotate_minutes": cfg.keyring.live_rotate_minutes,
             },
             "scan_interval_minutes": cfg.retention.interval_minutes,
         }

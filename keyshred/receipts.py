@@ -85,9 +85,9 @@ class Check(_Model):
 
 class BackupCoverage(_Model):
     """What backups still hold. ``backup_final_date``: after it no retained backup
-    (nor any copy of one) can yield the subject's key material, because the KEK
-    epoch that sealed the newest such backup's key store is destroyed by then
-    (plus the KMS deletion window). ``generations`` are the retained backup
+    (nor any copy of one) can yield the subject's key material, because the archive
+    KEK epoch of every generation that held it is destroyed by then by the archive
+    schedule (plus the KMS deletion window). ``generations`` are the retained backup
     generations that held the subject's keys; ``expire_by`` is when the last of
     them expires by retention policy and ``epoch_destroyed_by`` when the scheduled
     KEK-epoch destruction makes them unreadable."""
@@ -135,13 +135,21 @@ class Receipt(_Model):
     # The co-owned keys destroyed with the subject's (None in receipts issued
     # before the field existed).
     shared_keys: list[SharedKey] | None = None
+    # When the live KEK epoch current at key destruction is destroyed by the live
+    # schedule (its creation + ``keyring.live_rotate_minutes``, + the KMS deletion
+    # window): until then a wrapped key left in database pages, WAL, replicas or
+    # PITR archives could still be unwrapped by the live keyring; after it, none.
+    # None in receipts issued before the field existed, and when no key was destroyed.
+    live_residue_until: datetime | None = None
     signature: Signature | None = None
 
     def canonical(self) -> bytes:
-        # A field added later is left out while unset, so older receipts verify.
-        unset = {"found_data"} if self.found_data is None else set()
-        if self.shared_keys is None:
-            unset.add("shared_keys")
+        # Fields added later are left out while unset, so older receipts verify.
+        unset = {
+            name
+            for name in ("found_data", "shared_keys", "live_residue_until")
+            if getattr(self, name) is None
+        }
         body = self.model_dump(mode="json", exclude={"signature", *unset})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -371,7 +372,42 @@ def test_a_receipt_from_before_found_data_still_verifies(ks: Keyshred) -> None:
     ks.memories.put("kai", NS, "k", 1)
     receipt = ks.erasure.receipt(ks.erase("kai", requested_by="dpo", reason="r").request_id)
     assert receipt is not None
-    old = receipt.model_copy(update={"found_data": None, "signature": None})
+    assert receipt.live_residue_until is not None
+    old = receipt.model_copy(
+        update={"found_data": None, "live_residue_until": None, "signature": None}
+    )
     doc = json.loads(sign_receipt(old, ks.keyring.signer()).to_json())
     del doc["found_data"]
+    del doc["live_residue_until"]
     verify_receipt(load_receipt(json.dumps(doc)), ks.keyring.signer().public_key)
+
+
+def test_receipt_dates_are_the_ones_the_schedules_enforce(ks: Keyshred) -> None:
+    """``live_residue_until``: the live epoch current at key destruction is destroyed
+    one live period after its creation. ``backup_final_date``: a monthly generation
+    then a daily one hold the subject; the daily one's archive epoch can only go
+    with the monthly one's (oldest first), so the date is the monthly expiry. Both
+    are signed, and maintenance destroys exactly those epochs on those dates."""
+    ks.memories.put("lee", NS, "k", {"text": "lee"})
+    ks.memories.put("mia", NS, "k", {"text": "mia"})
+    monthly = ks.backup.create(retention_class="monthly")
+    daily = ks.backup.create(retention_class="daily")
+    live = ks.keyring.live_epoch()
+    receipt = ks.erasure.receipt(ks.erase("lee", requested_by="dpo", reason="r").request_id)
+    assert receipt is not None
+    verify_receipt(receipt, ks.keyring.signer().public_key)
+    assert receipt.live_residue_until == live.created_at + timedelta(minutes=60)
+    assert receipt.backups.backup_final_date == monthly.expires_at > daily.expires_at
+    assert set(receipt.backups.generations) == {monthly.generation, daily.generation}
+
+    early = ks.backup.maintain(now=receipt.live_residue_until - timedelta(seconds=1))
+    assert early.destroyed == [] and early.rotated_to is None
+    on_time = ks.backup.maintain(now=receipt.live_residue_until)
+    assert live.epoch in [d.epoch for d in on_time.destroyed]
+    archive = ks.keyring.archive_kek
+    assert archive is not None
+    before = ks.backup.maintain(now=receipt.backups.backup_final_date - timedelta(seconds=1))
+    assert {monthly.kek_epoch, daily.kek_epoch} <= {e.epoch for e in archive.epochs()}
+    assert not {monthly.kek_epoch, daily.kek_epoch} & {d.epoch for d in before.archive_destroyed}
+    final = ks.backup.maintain(now=receipt.backups.backup_final_date)
+    assert {monthly.kek_epoch, daily.kek_epoch} <= {d.epoch for d in final.archive_destroyed}

@@ -37,13 +37,12 @@ _LEN = struct.Struct(">I")
 
 def encode_context(context: Context) -> bytes:
     """Canonical, unambiguous bytes for a context (sorted, length-prefixed)."""
-    out = bytearray()
+    parts: list[bytes] = []
+    pack = _LEN.pack
     for name in sorted(context):
-        for part in (name, context[name]):
-            raw = part.encode("utf-8")
-            out += _LEN.pack(len(raw))
-            out += raw
-    return bytes(out)
+        key, value = name.encode("utf-8"), context[name].encode("utf-8")
+        parts += (pack(len(key)), key, pack(len(value)), value)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,13 +169,14 @@ def test_returning_subject_keeps_new_data(ks: Keyshred, tmp_path: Path) -> None:
 
 
 def materialize_without_replay(ks: Keyshred, target_root: Path, gen: str, into: Path) -> None:
-    """What an attacker with an old backup copy and a live KEK epoch can do: unseal
-    the key store and put the files back, skipping tombstone replay."""
+    """What an attacker with an old backup copy and the archive KEK (while the
+    generation's archive epoch lives) can do: unseal the key store and put the
+    files back, skipping tombstone replay."""
     raw = (target_root / "generations" / gen / "manifest.json").read_bytes()
     m = Manifest.parse(raw, gen)
     sealed = (target_root / m.keystore.object).read_bytes()
     wrapped = WrappedKey(m.keystore.kek_epoch, base64.b64decode(m.keystore.wrapped))
-    keystore = ks.keyring.open_blob(wrapped, sealed, f"backup:{gen}")
+    keystore = ks.keyring.open_archive(m.kek_epoch, wrapped, sealed, f"backup:{gen}")
     SQLiteKeyStore.from_snapshot(into / "keys" / "keystore.db", keystore).close()
     for seg in m.segments:
         dst = into / seg.path
@@ -184,7 +185,10 @@ def materialize_without_replay(ks: Keyshred, target_root: Path, gen: str, into: 
     (into / "catalog").mkdir()
     shutil.copyfile(target_root / m.catalog.object, into / "catalog" / "catalog.db")
     kek = ks.config.kek.model_copy(
-        update={"local_path": str((ks.path / "keys" / "kek.local.json").resolve())}
+        update={
+            "local_path": str((ks.path / "keys" / "kek.local.json").resolve()),
+            "archive_local_path": str((ks.path / "keys" / "kek.archive.json").resolve()),
+        }
     )
     cfg = Config.model_validate({**m.config, "kek": kek.model_dump()})
     save_config(
@@ -195,9 +199,11 @@ def materialize_without_replay(ks: Keyshred, target_root: Path, gen: str, into: 
 
 def test_key_store_backup_attack_ends_on_backup_final_date(tmp_path: Path) -> None:
     """An old key-store backup restored *without* replay yields the erased subject
-    while its KEK epoch lives; the scheduled epoch destruction ends that exactly
-    on the receipt's ``backup_final_date``."""
-    cfg = config(retention={"daily": 7, "monthly": 90}, rotate_kek_every_days=30)
+    while its archive KEK epoch lives; the scheduled archive epoch destruction ends
+    that exactly on the receipt's ``backup_final_date`` (the generation's expiry:
+    no earlier generation expires later). The live lineage rotating and destroying
+    its epochs meanwhile changes nothing for the backup."""
+    cfg = config(retention={"daily": 7, "monthly": 90})
     ks = Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words)
     try:
         ks.memories.put("erin", NS, "secret", {"text": "erin's secret"})
@@ -211,12 +217,14 @@ def test_key_store_backup_attack_ends_on_backup_final_date(tmp_path: Path) -> No
         assert receipt is not None
         final = receipt.backups.backup_final_date
         assert final is not None
-        epoch_created = {e.epoch: e.created_at for e in ks.keyring.kek.epochs()}[gen.kek_epoch]
-        assert final == epoch_created + timedelta(days=30 + 90)
-        assert receipt.backups.expire_by == gen.expires_at
+        assert gen.kek_lineage == "archive"
+        assert final == gen.expires_at == receipt.backups.expire_by
 
-        # The risk, documented: before the date the old key store still unseals.
-        ks.backup.maintain(now=final - timedelta(days=1))
+        # The risk, documented: before the date the old key store still unseals,
+        # although the live epoch it was made under is destroyed by now.
+        early = ks.backup.maintain(now=final - timedelta(days=1))
+        assert early.rotated_to is not None and early.destroyed
+        assert gen.kek_epoch not in [d.epoch for d in early.archive_destroyed]
         attack = tmp_path / "attack"
         materialize_without_replay(ks, offsite, gen.generation, attack)
         with Keyshred.open(attack, embeddings=bag_of_words) as stolen:
@@ -224,14 +232,14 @@ def test_key_store_backup_attack_ends_on_backup_final_date(tmp_path: Path) -> No
 
         # On the date the scheduled maintenance destroys the epoch: nothing yields.
         report = ks.backup.maintain(now=final)
-        assert [d.epoch for d in report.destroyed] == [gen.kek_epoch]
+        assert gen.kek_epoch in [d.epoch for d in report.archive_destroyed]
         # The stolen copy no longer even opens: its system secrets and every DEK
-        # in it are wrapped by the destroyed epoch.
+        # in it are wrapped by the destroyed archive epoch.
         with pytest.raises(KekEpochDestroyed):
             Keyshred.open(attack, embeddings=bag_of_words)
         with pytest.raises(KekEpochDestroyed):
             materialize_without_replay(ks, offsite, gen.generation, tmp_path / "attack2")
-        # The live store is unharmed: its keys were re-wrapped under the new epoch.
+        # The live store is unharmed: it never depended on the archive lineage.
         assert ks.memories.get("finn", NS, "note").value == {"text": "finn's note"}  # type: ignore[union-attr]
         with pytest.raises(KekEpochDestroyed):
             ks.backup.restore(gen.generation, tmp_path / "r", target=str(offsite))
@@ -405,14 +413,77 @@ def test_a_restore_never_reissues_the_id_of_a_token_issued_after_its_snapshot(
         assert min(restored.vault.number_of(t) or 0 for t in fresh) >= (live_mark + 1) * 1024
 
 
+def make_legacy(ks: Keyshred, generation: str, target: str | None = None) -> Any:
+    """Turn a generation into one made before the archive lineage: its key store
+    copy with every key wrapped by the live provider directly, sealed under the
+    live provider's current epoch, the manifest saying so (and signed again)."""
+    from keyshred.keyring.epochs import epoch_key_context
+    from keyshred.keyring.keyring import _record_context, _secret_context
+
+    ring = ks.keyring
+    tgt = ks.backup.target(target)
+    m = ks.backup.manifest(generation, tgt)
+    label = f"backup:{generation}"
+    wrapped = WrappedKey(m.keystore.kek_epoch, base64.b64decode(m.keystore.wrapped))
+    image = ring.open_archive(m.kek_epoch, wrapped, tgt.get_bytes(m.keystore.object), label)
+    archive = ring.archive
+    assert archive is not None and ring.archive_kek is not None
+    archive.remember(
+        m.kek_epoch, ring.archive_kek.unwrap(wrapped, epoch_key_context("archive", m.kek_epoch))
+    )
+
+    def keys(records: Any) -> Any:
+        raws = ring._unwrap_records(records)
+        out = ring.kek.wrap_many(
+            [(k, _record_context(r)) for r, k in zip(records, raws, strict=True)]
+        )
+        return [(ring.kek.name, w.epoch, w.blob) for w in out]
+
+    def secrets(records: Any) -> Any:
+        out = []
+        for s in records:
+            raw = ring._unwrap_one(s.kek_provider, s.kek_epoch, s.wrapped, _secret_context(s.name))
+            w = ring.kek.wrap(raw, _secret_context(s.name))
+            out.append((ring.kek.name, w.epoch, w.blob))
+        return out
+
+    image = SQLiteKeyStore.rewrap_image(image, keys, secrets, None)
+    archive.forget([m.kek_epoch])
+    sealed_key, sealed = ring.seal_blob(image, label)
+    tgt.put_bytes(m.keystore.object, sealed)
+    keystore = m.keystore.model_copy(
+        update={
+            "wrapped": base64.b64encode(sealed_key.blob).decode("ascii"),
+            "kek_epoch": sealed_key.epoch,
+            "size": len(sealed),
+            "sha256": __import__("hashlib").sha256(sealed).hexdigest(),
+        }
+    )
+    legacy = m.model_copy(
+        update={
+            "kek_lineage": "live",
+            "kek_epoch": sealed_key.epoch,
+            "kek_provider": ring.kek.name,
+            "keystore": keystore,
+            "signature": None,
+        }
+    ).signed(ring.signer())
+    tgt.put_bytes(f"generations/{generation}/manifest.json", legacy.to_bytes())
+    return ks.backup.generations(tgt)[
+        [g.generation for g in ks.backup.generations(tgt)].index(generation)
+    ]
+
+
 def test_destroying_an_epoch_that_retained_backups_need_is_refused(
     ks: Keyshred, tmp_path: Path
 ) -> None:
-    """Epoch 1 seals an unexpired generation: destroying it is refused (keyring and
-    facade alike), lists the generation and changes nothing; ``force`` destroys it
-    and is audited; once the generation expired no force is needed."""
+    """A generation made before the archive lineage is sealed under live epoch 1:
+    destroying it is refused (keyring and facade alike), lists the generation and
+    changes nothing; ``force`` destroys it and is audited; once the generation
+    expired no force is needed."""
     ks.memories.put("gus", NS, "k", {"text": "gus"})
-    gen = ks.backup.create()
+    gen = make_legacy(ks, ks.backup.create().generation)
+    assert gen.kek_lineage == "live"
     ks.keyring.rotate_kek()
     for destroy in (ks.keyring.destroy_kek_epochs_before, ks.destroy_kek_epochs_before):
         with pytest.raises(EpochInUse, match=gen.generation) as refused:
@@ -430,7 +501,7 @@ def test_destroying_an_epoch_that_retained_backups_need_is_refused(
         ks.backup.restore(gen.generation, tmp_path / "again")
 
     # The next epoch seals nothing retained once the second generation has expired.
-    second = ks.backup.create()
+    second = make_legacy(ks, ks.backup.create().generation)
     ks.keyring.rotate_kek()
     with pytest.raises(EpochInUse):
         ks.destroy_kek_epochs_before(second.kek_epoch + 1)
@@ -443,22 +514,89 @@ def test_destroying_an_epoch_that_retained_backups_need_is_refused(
 def test_a_restored_copy_outlives_the_destruction_of_its_generations_epoch(
     ks: Keyshred, tmp_path: Path
 ) -> None:
-    """A restore re-wraps the copy's keys under the live epoch: destroying the
-    generation's epoch afterwards (forced here, scheduled in production) breaks the
-    generation, never the copy that is already in use."""
+    """A restore re-wraps the copy's keys from the generation's archive epoch to
+    the copy's live lineage and drops the archive epoch key from it: destroying the
+    generation's archive epoch afterwards breaks the generation, never the copy."""
     ks.memories.put("hana", NS, "k", {"text": "hana's note"})
     gen = ks.backup.create()
-    ks.keyring.rotate_kek()
     report = ks.backup.restore(gen.generation, tmp_path / "restored")
     assert report.keys_rewrapped >= 1
-    ks.destroy_kek_epochs_before(gen.kek_epoch + 1, force=True)
+    archive = ks.keyring.archive_kek
+    assert archive is not None
+    archive.destroy_epochs_before(archive.rotate())
     copy = Keyshred.open(tmp_path / "restored")
     try:
+        assert copy.keyring.store.epoch_keys("archive") == []
+        assert {
+            r.kek_provider for r in copy.keyring.store.for_subject(copy.subject_ref("hana"))
+        } == {"local@live"}
         assert copy.memories.get("hana", NS, "k").value == {"text": "hana's note"}
     finally:
         copy.close()
-    with pytest.raises(KekEpochDestroyed):
+    with pytest.raises(KekEpochDestroyed, match="can never be restored"):
         ks.backup.restore(gen.generation, tmp_path / "again")
+
+
+def test_a_generation_restores_after_the_live_epoch_it_was_made_under_is_destroyed(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """Backups never depend on live epochs: the generation's key store copy holds no
+    live-epoch row and no key wrapped by one (nor their bytes, after VACUUM), and
+    it restores after the live lineage rotated and destroyed that epoch."""
+    ks.memories.put("lea", NS, "k", {"text": "lea's note"})
+    live_before = ks.keyring.live_epoch()
+    live_rows = {r.key_id: r.wrapped for r in ks.keyring.store.for_subject(ks.subject_ref("lea"))}
+    gen = ks.backup.create()
+    m = ks.backup.manifest(gen.generation)
+    wrapped = WrappedKey(m.keystore.kek_epoch, base64.b64decode(m.keystore.wrapped))
+    sealed = ks.backup.target().get_bytes(m.keystore.object)
+    image = ks.keyring.open_archive(m.kek_epoch, wrapped, sealed, f"backup:{gen.generation}")
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.deserialize(image)
+    assert db.execute("SELECT lineage, epoch FROM epoch_key").fetchall() == [
+        ("archive", gen.kek_epoch)
+    ]
+    assert {p for (p,) in db.execute("SELECT kek_provider FROM dek")} == {"local@archive"}
+    assert {p for (p,) in db.execute("SELECT kek_provider FROM secret")} == {"local@archive"}
+    db.close()
+    assert live_before.wrapped not in image
+    assert not any(w in image for w in live_rows.values())
+
+    run = ks.backup.maintain(now=live_before.created_at + timedelta(hours=2))
+    assert live_before.epoch in [d.epoch for d in run.destroyed]
+    assert live_before.epoch not in [e.epoch for e in ks.keyring.kek.epochs()]
+    report = ks.backup.restore(gen.generation, tmp_path / "restored")
+    assert report.memories_verified == 1
+    with Keyshred.open(tmp_path / "restored") as copy:
+        assert copy.memories.get("lea", NS, "k").value == {"text": "lea's note"}  # type: ignore[union-attr]
+
+
+def test_archive_epochs_are_destroyed_oldest_first_at_the_latest_earlier_expiry(
+    ks: Keyshred,
+) -> None:
+    """A monthly generation followed by a daily one: the daily one's archive epoch
+    cannot go before the monthly one's (providers destroy every epoch below a
+    bound), so both are destroyed at the monthly expiry; receipts say so."""
+    ks.memories.put("mo", NS, "k", {"text": "mo"})
+    monthly = ks.backup.create(retention_class="monthly")
+    daily = ks.backup.create(retention_class="daily")
+    assert daily.kek_epoch > monthly.kek_epoch
+    manifests = [ks.backup.manifest(g.generation) for g in (monthly, daily)]
+    dates = ks.backup.archive_schedule(manifests)
+    assert dates == {monthly.generation: monthly.expires_at, daily.generation: monthly.expires_at}
+    req = ks.erase("mo", requested_by="dpo", reason="art17")
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None and receipt.backups.backup_final_date == monthly.expires_at
+    archive = ks.keyring.archive_kek
+    assert archive is not None
+    after_daily = ks.backup.maintain(now=daily.expires_at + timedelta(seconds=1))
+    assert daily.kek_epoch not in [d.epoch for d in after_daily.archive_destroyed]
+    assert {monthly.kek_epoch, daily.kek_epoch} <= {e.epoch for e in archive.epochs()}
+    final = ks.backup.maintain(now=monthly.expires_at)
+    gone = {d.epoch for d in final.archive_destroyed}
+    assert {monthly.kek_epoch, daily.kek_epoch} <= gone
 
 
 def test_destroying_an_epoch_a_backup_on_another_target_needs_is_refused(
@@ -471,7 +609,7 @@ def test_destroying_an_epoch_a_backup_on_another_target_needs_is_refused(
     ks.backup.create()
     assert not (ks.path / "backup-targets").exists()  # the default needs no record
     other = str(tmp_path / "offsite")
-    gen = ks.backup.create(other)
+    gen = make_legacy(ks, ks.backup.create(other).generation, other)
     ks.keyring.rotate_kek()
     with pytest.raises(EpochInUse, match=gen.generation):
         ks.destroy_kek_epochs_before(gen.kek_epoch + 1)
@@ -500,7 +638,7 @@ def test_a_forced_epoch_destruction_is_not_blocked_by_an_unreadable_manifest(
     epoch seals); ``force`` is the operator's override and still destroys, audited
     with what could not be listed."""
     ks.memories.put("kim", NS, "k", {"text": "kim"})
-    gen = ks.backup.create()
+    gen = make_legacy(ks, ks.backup.create().generation)
     ks.keyring.rotate_kek()
     manifest = Path(ks.backup.target().url) / "generations" / gen.generation / "manifest.json"
     manifest.write_bytes(b"{ tampered")
@@ -563,3 +701,25 @@ def test_a_subject_suppressed_live_is_suppressed_in_a_restored_copy(
         assert copy.memories.get("pia", NS, "k").value == {"text": "pia's note"}
     finally:
         copy.close()
+
+
+def test_the_live_schedule_rotates_but_defers_destruction_while_a_manifest_is_unreadable(
+    ks: Keyshred,
+) -> None:
+    """An unreadable manifest may be a generation sealed under a live epoch (made
+    before the archive lineage): the live schedule still rotates but destroys no
+    live epoch, and audits why; once it reads again, the old epochs go."""
+    ks.memories.put("ola", NS, "k", {"text": "ola"})
+    gen = ks.backup.create()
+    manifest = Path(ks.backup.target().url) / "generations" / gen.generation / "manifest.json"
+    good = manifest.read_bytes()
+    manifest.write_bytes(b"{ tampered")
+    first = ks.keyring.live_epoch()
+    run = ks.backup.maintain_live(now=first.created_at + timedelta(hours=1))
+    assert run.rotated_to == first.epoch + 1 and run.destroyed == []
+    assert first.epoch in [e.epoch for e in ks.keyring.kek.epochs()]
+    (event,) = [e for e in ks.audit.events() if e.event == "kek.live_destroy_deferred"]
+    assert event.data == {"error": "IntegrityError"}
+    manifest.write_bytes(good)
+    later = ks.backup.maintain_live(now=first.created_at + timedelta(hours=1))
+    assert later.rotated_to is None and first.epoch in [d.epoch for d in later.destroyed]

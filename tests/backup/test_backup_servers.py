@@ -130,28 +130,32 @@ def test_epoch_schedule_on_real_kms(
     else:
         kek = _aws(request.getfixturevalue("moto"))
         window = timedelta(days=7)
-    ks = Keyshred.init(tmp_path / "data", _config(kek, rotate_kek_every_days=10))
+    ks = Keyshred.init(tmp_path / "data", _config(kek))
     try:
         ks.memories.put("max", NS, "a", {"text": "max"}, index=False)
         ks.memories.put("ned", NS, "a", {"text": "ned"}, index=False)
         gen = ks.backup.create(retention_class="monthly")
+        assert gen.kek_lineage == "archive"
         req = ks.erase("max", requested_by="dpo", reason="art17")
         receipt = ks.erasure.receipt(req.request_id)
         assert receipt is not None and receipt.backups.backup_final_date is not None
-        created = {e.epoch: e.created_at for e in ks.keyring.kek.epochs()}[gen.kek_epoch]
-        destroy_at = created + timedelta(days=10 + 90)
+        # The archive schedule: the only generation's epoch goes when it expires.
+        destroy_at = gen.expires_at
         assert receipt.backups.backup_final_date == destroy_at + window
+        assert receipt.live_residue_until is not None
 
         ks.backup.restore(gen.generation, tmp_path / "early")  # restorable (with replay)
         offsite = tmp_path / "offsite"  # a copy that outlives pruning
         shutil.copytree(ks.backup.target().url, offsite)
         early = ks.backup.maintain(now=destroy_at - timedelta(hours=1))
-        assert early.destroyed == [] and early.pruned == [gen.generation]  # expired at 90 days
+        # The live lineage rotated and destroyed its old epochs; the backup is intact.
+        assert early.rotated_to is not None and early.destroyed
+        assert gen.kek_epoch not in [d.epoch for d in early.archive_destroyed]
+        assert early.pruned == []
         ks.backup.restore(gen.generation, tmp_path / "copy", target=str(offsite))
         report = ks.backup.maintain(now=destroy_at)
-        # (The epoch the simulated-time rotation made has a real creation time in
-        # the same second on Transit, so it can be due as well.)
-        assert gen.kek_epoch in [d.epoch for d in report.destroyed]
+        assert gen.kek_epoch in [d.epoch for d in report.archive_destroyed]
+        assert report.pruned == [gen.generation]
         with pytest.raises(KekEpochDestroyed):
             ks.backup.restore(gen.generation, tmp_path / "late", target=str(offsite))
         assert ks.memories.get("ned", NS, "a").value == {"text": "ned"}  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 KEYSHRED = str(Path(sys.executable).parent / "keyshred")
@@ -59,6 +60,17 @@ def test_init_and_keys_commands(tmp_path: Path) -> None:
     assert [d["epoch"] for d in gone["destroyed"]] == [1]
     status = json.loads(run("keys", "status", "--path", str(data), "--json").stdout)
     assert [e["epoch"] for e in status["epochs"]] == [2]
+    live = status["live"]
+    assert live["epoch"] == 2 and live["overdue"] is False
+    assert datetime.fromisoformat(live["due_at"]) - datetime.fromisoformat(
+        live["created_at"]
+    ) == timedelta(minutes=60)
+    # A live epoch older than its period is flagged until 'keyshred maintain' runs.
+    soon = {"KEYSHRED_KEYRING__LIVE_ROTATE_MINUTES": "0.0001"}
+    text = run("keys", "status", "--path", str(data), env=soon)
+    assert "OVERDUE" in text.stdout, text.stdout
+    maintained = json.loads(run("maintain", "--path", str(data), "--json", env=soon).stdout)
+    assert maintained["rotated_to"] == 3 and [d["epoch"] for d in maintained["destroyed"]] == [2]
 
 
 def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
@@ -430,19 +442,22 @@ def test_version_metrics_json_and_no_data_found(tmp_path: Path) -> None:
     assert all({"name", "labels", "value"} <= set(s) for s in samples) and samples
 
 
-def test_destroy_epochs_refuses_while_a_backup_needs_them(tmp_path: Path) -> None:
+def test_destroying_live_epochs_leaves_backups_restorable(tmp_path: Path) -> None:
+    """A generation's key store is under its own archive epoch: destroying the live
+    epoch it was made under needs no force and the generation still restores."""
     data = tmp_path / "d"
     run("init", str(data))
     gen = json.loads(run("backup", "create", "--path", str(data), "--json").stdout)
+    assert gen["kek_lineage"] == "archive"
     run("keys", "rotate-kek", "--path", str(data))
-    refused = run("keys", "destroy-epochs", "--before", "2", "--path", str(data))
-    assert refused.returncode == 2 and gen["generation"] in refused.stderr, refused
+    done = run("keys", "destroy-epochs", "--before", "2", "--path", str(data), "--json")
+    assert [d["epoch"] for d in json.loads(done.stdout)["destroyed"]] == [1], done.stderr
     status = json.loads(run("keys", "status", "--path", str(data), "--json").stdout)
-    assert [e["epoch"] for e in status["epochs"]] == [1, 2]
-    forced = run(
-        "keys", "destroy-epochs", "--before", "2", "--force", "--path", str(data), "--json"
+    assert [e["epoch"] for e in status["epochs"]] == [2]
+    restored = run(
+        "backup", "restore", gen["generation"], "--into", str(tmp_path / "r"), "--path", str(data)
     )
-    assert [d["epoch"] for d in json.loads(forced.stdout)["destroyed"]] == [1]
+    assert restored.returncode == 0, restored.stderr
 
 
 def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from keyshred.keyring import _primitives as prim
+from keyshred.keyring.epochs import epoch_key_context
 from keyshred.keyring.kek import KekProvider, WrappedKey
 from keyshred.keyring.keyring import Keyring, _dek_context, _secret_context
 from keyshred.keyring.keystore import SQLiteKeyStore
@@ -118,14 +119,25 @@ def _workload(kek: KekProvider, tmp_path_factory: pytest.TempPathFactory) -> lis
     keyring.data_key("ref0", "default")  # unwrapped again
     keyring.signer()
     deks = []
+    for epoch_key in store.epoch_keys("live"):  # the epoch key the provider wrapped
+        deks.append(
+            kek.unwrap(
+                WrappedKey(epoch_key.provider_epoch, epoch_key.wrapped),
+                epoch_key_context("live", epoch_key.epoch),
+            )
+        )
     for i in range(3):  # the raw DEKs the keyring created and wrapped
         record = store.find(f"ref{i}", "default")
         assert record is not None
         context = _dek_context(record.key_id, record.tenant, record.subject_ref, record.scope)
-        deks.append(kek.unwrap(WrappedKey(record.kek_epoch, record.wrapped), context))
+        deks.append(
+            keyring._unwrap_one(record.kek_provider, record.kek_epoch, record.wrapped, context)
+        )
     for secret in store.secrets():  # subject-ref key, receipt signing key
-        wrapped = WrappedKey(secret.kek_epoch, secret.wrapped)
-        deks.append(kek.unwrap(wrapped, _secret_context(secret.name)))
+        context = _secret_context(secret.name)
+        deks.append(
+            keyring._unwrap_one(secret.kek_provider, secret.kek_epoch, secret.wrapped, context)
+        )
     store.close()
     assert seen[: len(keys) + 1] == [keys[0], *keys]
     return [*keys, *seen, *deks]

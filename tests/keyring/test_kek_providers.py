@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import uuid
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from keyshred.errors import ConfigError, IntegrityError, KekEpochDestroyed
+from keyshred.config import AwsSettings, Config, KekSettings, VaultSettings
+from keyshred.errors import ConfigError, IntegrityError, KekEpochDestroyed, KekError
 from keyshred.keyring.kek import KekProvider, WrappedKey
 
 CTX = {"keyshred:key_id": "00ff", "keyshred:subject_ref": "abc", "keyshred:scope": "default"}
@@ -140,3 +144,66 @@ def test_aws_destroy_disables_and_schedules_deletion(moto: object) -> None:
     meta = client.describe_key(KeyId=first)["KeyMetadata"]
     assert meta["KeyState"] == "PendingDeletion"
     assert destroyed.effective_at > meta["CreationDate"]
+
+
+def _kek_settings(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> KekSettings:
+    unique = uuid.uuid4().hex[:10]
+    if name == "local":
+        return KekSettings(provider="local")
+    if name == "vault":
+        server = request.getfixturevalue("openbao")
+        request.getfixturevalue("monkeypatch").setenv("VAULT_TOKEN", server.token)
+        return KekSettings(provider="vault", vault=VaultSettings(url=server.url, key=f"k-{unique}"))
+    server = request.getfixturevalue("moto")
+    return KekSettings(
+        provider="aws",
+        aws=AwsSettings(
+            endpoint_url=server.url, region="us-east-1", alias_prefix=f"alias/lin-{unique}"
+        ),
+    )
+
+
+@pytest.mark.parametrize("name", ["local", "vault", "aws"])
+def test_archive_lineage_is_a_second_key_independent_of_the_live_one(
+    name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The archive provider of each profile is a second key (file, transit key
+    ``<key>-archive``, alias prefix ``<prefix>-archive``): a backup copy costs two
+    archive calls (rotate, wrap) whatever the number of keys, opens with one, does
+    not depend on the live lineage at all, and ends when its archive epoch does."""
+    from keyshred._backends import make_archive_kek, make_kek
+    from keyshred.keyring.epochs import epoch_key_context
+    from keyshred.keyring.keyring import Keyring
+    from keyshred.keyring.keystore import SQLiteKeyStore
+    from tests.keyring.test_epochs import CountingKek
+
+    config = Config(kek=_kek_settings(name, request, tmp_path))
+    live = CountingKek(make_kek(config, tmp_path, create=True))
+    archive = CountingKek(make_archive_kek(config, tmp_path))
+    assert archive.name == live.name
+    if name == "local":
+        assert (tmp_path / "keys" / "kek.archive.json").exists()
+    ring = Keyring(SQLiteKeyStore(tmp_path / "ks.db"), live, archive_kek=archive)
+    try:
+        refs = [ring.subject_ref(f"s{i}") for i in range(30)]
+        for r in refs:
+            ring.data_key(r, "default")
+        live.calls.clear()
+        copy = ring.archive_copy(ring.store.snapshot(), "backup:g1")
+        assert archive.calls == {"rotate": 1, "wrap": 1} and live.calls == {}
+        assert copy.keys == 30
+        # The live provider cannot open the archive epoch key: another key.
+        with pytest.raises((IntegrityError, KekEpochDestroyed, KekError)):
+            live.inner.unwrap(copy.wrapped, epoch_key_context("archive", copy.epoch))
+        archive.calls.clear()
+        image = ring.open_archive(copy.epoch, copy.wrapped, copy.sealed, "backup:g1")
+        assert archive.calls == {"unwrap": 1}
+        # Destroying every live epoch the copy was made under changes nothing for it.
+        ring.maintain_live(timedelta(0))
+        assert ring.open_archive(copy.epoch, copy.wrapped, copy.sealed, "backup:g1") == image
+        # Destroying its archive epoch ends it.
+        archive.inner.destroy_epochs_before(archive.inner.rotate())
+        with pytest.raises(KekEpochDestroyed):
+            ring.open_archive(copy.epoch, copy.wrapped, copy.sealed, "backup:g1")
+    finally:
+        ring.close()

@@ -35,7 +35,7 @@ def test_no_subject_id_dek_or_plaintext_in_any_file(
             for scope in ("default", "support/health"):
                 p = Place(ref, scope, "t", "r", "c")
                 ks.keyring.seal(f"plaintext-probe-{s}".encode(), p)
-    assert len(made) == 40 + 1  # 40 DEKs + the local KEK epoch
+    assert len(made) == 40 + 2  # 40 DEKs, the local KEK epoch and the live epoch key
     files = all_bytes(data_dir)
     assert "keys/keystore.db" in files
     for name, data in files.items():
