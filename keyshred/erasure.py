@@ -35,6 +35,7 @@ subclasses; the coordinator holds what they share: order, persistence, resumptio
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -77,6 +78,7 @@ from keyshred.storage.catalog import (
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred
+    from keyshred.residue import ResidueReport
     from keyshred.storage.memories import Memory
 
 __all__ = [
@@ -743,6 +745,16 @@ class ErasureCoordinator:
                 )
             ).scalar()
         return None if text is None else load_receipt(text)
+
+    def residue_scan(
+        self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
+    ) -> ResidueReport:
+        """Search every file under ``paths`` (a data folder, backups, exports) for
+        the probes, raw and decrypted with every key the live keyring still opens
+        (``keyshred.residue``); the report holds probe indexes, never probes."""
+        from keyshred.residue import residue_scan
+
+        return residue_scan(self._ks, probes, paths)
 
     def register_processor(self, processor: ExternalProcessor) -> None:
         _safe("processor name", processor.name)
