@@ -29,11 +29,13 @@ replaced by a digest). Nothing here logs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import mmap
 import os
 import re
+import shutil
 import sqlite3
 import stat
 import tempfile
@@ -245,6 +247,7 @@ class ResidueReport:
     probes: int
     files_scanned: int = 0
     bytes_scanned: int = 0
+    generations: int = 0  # backup generations read through their manifests
     decrypted: dict[str, int] = field(default_factory=dict)
     undecryptable: dict[str, int] = field(default_factory=dict)
     unreadable: dict[str, int] = field(default_factory=dict)
@@ -263,6 +266,7 @@ class ResidueReport:
             "probes": self.probes,
             "files_scanned": self.files_scanned,
             "bytes_scanned": self.bytes_scanned,
+            "generations": self.generations,
             "decrypted": dict(sorted(self.decrypted.items())),
             "undecryptable": dict(sorted(self.undecryptable.items())),
             "unreadable": dict(sorted(self.unreadable.items())),
@@ -582,24 +586,39 @@ class _Scanner:
 
     def _sqlite(self, root: _Root, file: Path) -> None:
         """A SQLite database found in the walk: if it is a keyshred catalog (the live
-        one, a backup generation's, a restored one), decrypt its sealed columns. It is
-        opened read-only in place: a copy would put another copy of whatever it holds
-        (a key store's wrapped keys) on disk."""
+        one, a backup generation's, a restored one), decrypt its sealed columns.
+
+        Nothing is written next to it (opening a WAL database even read-only creates
+        its ``-shm`` and ``-wal`` files) and a key store is never copied (that would
+        be one more copy of its wrapped keys): the tables are listed from the file as
+        it is; a catalog with no pending WAL is read as it is too, one whose WAL is in
+        use read-only beside its writer, and one with a WAL but no shared-memory file
+        from a private copy (its sealed columns are ciphertext)."""
         real = file.resolve()
         if real in root.decoded:
             return
         root.decoded.add(real)
-        uri = f"{real.as_uri()}?mode=ro"
-        engine = sa.create_engine(
-            "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False)
-        )
+        wal, shm = Path(f"{real}-wal"), Path(f"{real}-shm")
+        catalog_tables = {tokens.name, threads.name, checkpoints.name}
         try:
-            with engine.connect() as conn:
-                self._catalog(root, root.rel(file), conn)
+            with contextlib.ExitStack() as stack:
+                if not wal.is_file() or wal.stat().st_size == 0:
+                    uri = f"{real.as_uri()}?immutable=1"
+                elif shm.is_file():
+                    uri = f"{real.as_uri()}?mode=ro"  # in use: read beside its writer
+                else:
+                    with _sqlite_engine(f"{real.as_uri()}?immutable=1") as conn:
+                        if not set(sa.inspect(conn).get_table_names()) & catalog_tables:
+                            return  # never copy what may be a key store
+                    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                    shutil.copyfile(real, tmp / "db")
+                    shutil.copyfile(wal, tmp / "db-wal")
+                    uri = f"{(tmp / 'db').as_uri()}?mode=ro"
+                conn = stack.enter_context(_sqlite_engine(uri))
+                if set(sa.inspect(conn).get_table_names()) & catalog_tables:
+                    self._catalog(root, root.rel(file), conn)
         except _UNREADABLE:
             self._count(self._report.unreadable, DATABASE)
-        finally:
-            engine.dispose()
 
     def _live_catalog(self, root: _Root) -> None:
         """The live catalog, when the data folder is scanned but the catalog is not a
@@ -700,7 +719,7 @@ class _Scanner:
             except _UNREADABLE:
                 self._count(self._report.unreadable, BACKUP_MANIFEST)
                 continue
-            self._count(self._report.decrypted, BACKUP_MANIFEST)
+            self._report.generations += 1
             out.append((file.parent.parent.parent, manifest))
         return out
 
@@ -761,6 +780,18 @@ class _Scanner:
                 link.symlink_to(path)
             label = f"{root.rel(members[0][0].parent)}/[vectors/{top}]"
             self._dataset(root, dataset, top.removesuffix(".lance"), label)
+
+
+@contextlib.contextmanager
+def _sqlite_engine(uri: str) -> Iterator[sa.Connection]:
+    engine = sa.create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False)
+    )
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 def _walk(root: Path) -> Iterator[Path]:

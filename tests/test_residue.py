@@ -107,6 +107,12 @@ def found(report: ResidueReport, *, root: int, layer: str) -> dict[str, set[int]
     return out
 
 
+def snapshot(root: Path) -> set[tuple[str, int, int]]:
+    return {
+        (str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in root.rglob("*") if f.is_file()
+    }
+
+
 def assert_no_probe(text: str, probes: list[str]) -> None:
     for probe in probes:
         for _, needle in probe_forms(probe):
@@ -118,7 +124,10 @@ def test_before_erasure_found_decrypted_never_raw_and_after_nowhere(
 ) -> None:
     p = plant(ks, tmp_path)
     roots = [p.data, p.backups, p.exports]
+    untouched = snapshot(p.backups) | snapshot(p.exports)
     before = ks.erasure.residue_scan(p.probes, roots)
+    # The scan reads: nothing is created or changed under a backup or an export.
+    assert snapshot(p.backups) | snapshot(p.exports) == untouched
     assert_no_probe(json.dumps(before.as_dict(), ensure_ascii=False) + repr(before), p.probes)
 
     # Encryption works: no probe in any file's bytes, in any encoding.
