@@ -68,6 +68,8 @@ from keyshred.storage.partition import Partition, decode_record
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.vectors import VectorIndex
+from keyshred.vault.journal import _MAGIC as _JOURNAL_MAGIC
+from keyshred.vault.journal import Segment as JournalSegment
 from keyshred.vault.tokens import _templates as token_place
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ LOG = "memory_log_record"
 VECTOR = "vector"
 VECTOR_DATASET = "vector_dataset"
 TOKEN = "token"  # noqa: S105 - a kind's name, not a secret
+TOKEN_JOURNAL = "token_journal"  # noqa: S105 - pending tokens of group commit
 THREAD = "thread"
 CHECKPOINT = "checkpoint"
 CHECKPOINT_WRITE = "checkpoint_write"
@@ -386,12 +389,15 @@ class _Scanner:
         files = [path] if path.is_file() else sorted(_walk(path))
         generations = self._generations(files)
         objects = self._objects(generations)
+        kinds: dict[Path, str] = {}
         for file in files:
             obj = objects.get(file.resolve())
-            self._raw(root, file, obj.kind if obj else _kind_of(file))
-        for file in files:
-            if file.resolve() not in objects:  # backup objects: decoded by their manifest
-                self._decode(root, file)
+            kind = obj.kind if obj else _kind_of(file)
+            self._raw(root, file, kind)
+            if obj is None:  # backup objects are decoded through their manifest
+                kinds[file] = kind
+        for file, kind in kinds.items():
+            self._decode(root, file, kind)
         self._decode_backups(root, generations, objects)
         self._live_catalog(root)
 
@@ -421,22 +427,27 @@ class _Scanner:
         finally:
             os.close(fd)
 
-    def _decode(self, root: _Root, file: Path) -> None:
-        """Decode a file found in the walk by what its name and place say it is."""
+    def _decode(self, root: _Root, file: Path, kind: str) -> None:
+        """Decode a file found in the walk by what its name, place and first bytes
+        say it is."""
         parent = file.parent.name
-        if parent.startswith(_SUBJECT_DIR) and _SEGMENT_NAME.fullmatch(file.name):
+        if kind == SEGMENT:
             self._segment(root, file, parent.removeprefix(_SUBJECT_DIR), root.rel(file))
-        elif parent.startswith(_SUBJECT_DIR) and (m := _LOG_NAME.fullmatch(file.name)):
+        elif kind == LOG and (m := _LOG_NAME.fullmatch(file.name)):
             ref = parent.removeprefix(_SUBJECT_DIR)
             self._log(root, file, int(m.group(1)), ref, root.rel(file))
-        elif file.parent.name == "_versions" and file.parent.parent.name.endswith(".lance"):
-            dataset = file.parent.parent
-            if dataset not in root.decoded:
-                root.decoded.add(dataset)
-                self._dataset(root, dataset, dataset.name.removesuffix(".lance"), root.rel(dataset))
-        elif _head(file, len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
+        elif kind == VECTOR_DATASET:
+            if parent == "_versions" and file.parent.parent.name.endswith(".lance"):
+                dataset = file.parent.parent
+                if dataset not in root.decoded:
+                    root.decoded.add(dataset)
+                    ref = dataset.name.removesuffix(".lance")
+                    self._dataset(root, dataset, ref, root.rel(dataset))
+        elif kind == DATABASE:
             self._sqlite(root, file)
-        elif _kind_of(file) == EXPORT:
+        elif kind == TOKEN_JOURNAL:
+            self._token_journal(root, file)
+        elif kind == EXPORT:
             self._export(file)
 
     # -- memory partitions -------------------------------------------------------------
@@ -688,6 +699,20 @@ class _Scanner:
         self._count(self._report.decrypted, kind)
         self._search_plain(root, label, kind, plain)
 
+    def _token_journal(self, root: _Root, file: Path) -> None:
+        """A vault journal: token rows a process wrote before their group commit
+        (zeroed once stored; a dead process's stay until replayed)."""
+        try:
+            rows = JournalSegment(file, -1).read()  # reads by path; the fd is unused
+        except _UNREADABLE:
+            self._count(self._report.unreadable, TOKEN_JOURNAL)
+            return
+        label = root.rel(file)
+        for _epoch, row in rows:
+            token, ref, scope, value = row[1], row[2], row[3], row[10]
+            opener = partial(self._keyring.open_at, bytes(value), token_place(ref, scope), token)
+            self._open(root, label, TOKEN_JOURNAL, opener)
+
     # -- exports -----------------------------------------------------------------------
 
     def _export(self, file: Path) -> None:
@@ -827,6 +852,8 @@ def _kind_of(file: Path) -> str:
     head = _head(file, 4096)
     if head.startswith(_SQLITE_MAGIC):
         return DATABASE
+    if head.startswith(_JOURNAL_MAGIC):
+        return TOKEN_JOURNAL
     if head.startswith(b"{") and b"keyshred-export/" in head.partition(b"\n")[0]:
         return EXPORT
     return FILE
