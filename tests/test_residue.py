@@ -315,3 +315,15 @@ def test_a_token_journal_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> No
         assert after.hits == [] and after.undecryptable == {"token_journal": 1}
     finally:
         journal.close()
+
+
+def test_every_vector_version_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> None:
+    """A re-embedded memory leaves its old vector in an older LanceDB version until
+    compaction: the scan decrypts every version, not only the latest."""
+    ks = sqlite_ks
+    ks.memories.put("fay", NS, "k", {"text": "fay rows kayaks"}, index=["text"])
+    ks.memories.put("fay", NS, "k", {"text": "fay climbs rocks"}, index=["text"])
+    assert ks.vectors.count(ks.subject_ref("fay")) == 1  # the live version holds one
+    report = ks.erasure.residue_scan(["nothing-here"], [tmp_path / "data" / "vectors"])
+    assert report.decrypted == {"vector": 2}
+    assert report.hits == []
