@@ -32,7 +32,6 @@ import base64
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 import re
 import shutil
@@ -99,6 +98,7 @@ DECRYPTED = "decrypted"
 LIVE_CATALOG = "<live catalog>"
 
 _MIN_PROBE_CHARS = 3
+_CHUNK = 8 << 20
 _MIN_NEEDLE_BYTES = 4  # shorter encoded forms (a trimmed base64 piece) match noise
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _SEGMENT_NAME = re.compile(r"seg-g\d+-\d+\.parquet")
@@ -176,8 +176,24 @@ class _Needles:
             for name, needle in probe_forms(probe)
         ]
 
-    def find(self, data: bytes | mmap.mmap) -> list[tuple[str, int]]:
-        return [(name, index) for index, name, needle in self.items if data.find(needle) != -1]
+        self._overlap = max((len(n) for _, _, n in self.items), default=1) - 1
+
+    def find(self, data: bytes) -> list[tuple[str, int]]:
+        return [(name, index) for index, name, needle in self.items if needle in data]
+
+    def find_in(self, fd: int) -> tuple[list[tuple[str, int]], int]:
+        """``find`` over a file read in chunks (a mapping would die of SIGBUS if a
+        live file, a SQLite WAL say, were truncated under it); returns the forms
+        found and the bytes read."""
+        found: dict[tuple[str, int], None] = {}
+        tail = b""
+        size = 0
+        while chunk := os.read(fd, _CHUNK):
+            size += len(chunk)
+            buf = tail + chunk
+            found.update(dict.fromkeys(self.find(buf)))
+            tail = buf[len(buf) - self._overlap :] if self._overlap else b""
+        return list(found), size
 
 
 def _check_probes(probes: Any) -> list[str]:
@@ -304,7 +320,8 @@ def residue_scan(
             scanner.scan_root(index, root)
     finally:
         scanner.close()
-    report.hits.sort()
+    # A folder given to scan may itself be named after a probe.
+    report.roots = [scanner.safe_path(r) for r in report.roots]
     report.seconds = time.monotonic() - started
     return report
 
@@ -363,7 +380,7 @@ class _Scanner:
         if n:
             which[kind] = which.get(kind, 0) + n
 
-    def _safe_path(self, rel: str) -> str:
+    def safe_path(self, rel: str) -> str:
         """A path as reported: one that holds a probe is replaced by its digest."""
         if self._needles.find(rel.encode("utf-8", "surrogateescape")):
             return (
@@ -376,7 +393,7 @@ class _Scanner:
     ) -> None:
         for encoding, probe in found:
             self._hits.add(
-                ResidueHit(root.index, self._safe_path(label), kind, layer, encoding, probe)
+                ResidueHit(root.index, self.safe_path(label), kind, layer, encoding, probe)
             )
 
     def _search_plain(self, root: _Root, label: str, kind: str, plain: bytes) -> None:
@@ -415,17 +432,17 @@ class _Scanner:
             self._count(self._report.unreadable, kind)
             return
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return
-            self._report.files_scanned += 1
-            self._report.bytes_scanned += st.st_size
-            if st.st_size == 0:
-                return
-            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
-                self._hit(root, rel, kind, RAW, self._needles.find(data))
+            found, size = self._needles.find_in(fd)
+        except OSError:
+            self._count(self._report.unreadable, kind)
+            return
         finally:
             os.close(fd)
+        self._report.files_scanned += 1
+        self._report.bytes_scanned += size
+        self._hit(root, rel, kind, RAW, found)
 
     def _decode(self, root: _Root, file: Path, kind: str) -> None:
         """Decode a file found in the walk by what its name, place and first bytes

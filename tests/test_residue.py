@@ -210,11 +210,14 @@ def encoded_files(folder: Path, probes: list[str]) -> dict[str, tuple[int, bytes
 def test_each_encoding_is_found_raw(sqlite_ks: Keyshred, tmp_path: Path) -> None:
     probes = ["13812345678", "v.x81@example.org", "Zoë Ørsted-Ñúñez"]
     files = encoded_files(tmp_path / "dump", probes)
+    # Across the boundary of the scan's 8 MiB reads.
+    (tmp_path / "dump" / "straddle.bin").write_bytes(b"\0" * ((8 << 20) - 5) + probes[1].encode())
     report = sqlite_ks.erasure.residue_scan(probes, [tmp_path / "dump"])
     hits = {(h.path, h.encoding, h.probe) for h in report.hits if h.layer == "raw"}
     for enc, (probe, _) in files.items():
         assert (f"{enc}.bin", enc, probe) in hits, enc
-    assert report.files_scanned == len(files)
+    assert ("straddle.bin", "utf-8", 1) in hits
+    assert report.files_scanned == len(files) + 1
     # UTF-8 and plain JSON of a probe JSON leaves alone are the same bytes: one form.
     assert "json" not in dict(probe_forms("13812345678"))
     assert dict(probe_forms('say "hi" there'))["json"] == b'say \\"hi\\" there'
