@@ -873,7 +873,9 @@ def backup_maintain(
 def verify_residue(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="Folders or files to scan: a data folder, backups, exports."),
+        typer.Argument(
+            metavar="PATH", help="Folders or files to scan: a data folder, backups, exports."
+        ),
     ],
     probe: Annotated[
         list[str] | None,
