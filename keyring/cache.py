@@ -18,7 +18,8 @@ __all__ = ["KeyCache"]
 
 
 class KeyCache:
-    """LRU by key id, with an owner index for the seal path's (subject, scope) lookup."""
+    """LRU by key id, with an owner index for the seal path's (holder, scope, owner
+    set) lookup."""
 
     def __init__(
         self,
@@ -31,7 +32,7 @@ class KeyCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._by_id: OrderedDict[bytes, tuple[DataKey, float]] = OrderedDict()
-        self._by_owner: dict[tuple[str, str], bytes] = {}
+        self._by_owner: dict[tuple[str, str, str], bytes] = {}
         self.hits = 0
         self.misses = 0
 
@@ -50,8 +51,9 @@ class KeyCache:
             self.hits += 1
             return key
 
-    def get_owner(self, subject_ref: str, scope: str) -> DataKey | None:
-        key_id = self._by_owner.get((subject_ref, scope))
+    def get_owner(self, subject_ref: str, scope: str, tag: str = "") -> DataKey | None:
+        """The cached key of (holder, scope, owner set tag)."""
+        key_id = self._by_owner.get((subject_ref, scope, tag))
         if key_id is None:
             return None
         with self._lock:  # ``get`` inline: this runs on every seal
@@ -68,7 +70,7 @@ class KeyCache:
         with self._lock:
             self._by_id[key.key_id] = (key, self._clock() + self._ttl)
             self._by_id.move_to_end(key.key_id)
-            self._by_owner[(key.subject_ref, key.scope)] = key.key_id
+            self._by_owner[(key.subject_ref, key.scope, key.owner_tag)] = key.key_id
             while len(self._by_id) > self._max:
                 oldest = next(iter(self._by_id))
                 self._drop(oldest)
@@ -76,7 +78,7 @@ class KeyCache:
     def _drop(self, key_id: bytes) -> None:
         entry = self._by_id.pop(key_id, None)
         if entry is not None:
-            owner = (entry[0].subject_ref, entry[0].scope)
+            owner = (entry[0].subject_ref, entry[0].scope, entry[0].owner_tag)
             if self._by_owner.get(owner) == key_id:
                 del self._by_owner[owner]
 

@@ -28,16 +28,31 @@ __all__ = ["DataKey"]
 
 
 class DataKey:
-    """One subject's scope key, unwrapped, in memory."""
+    """One subject's scope key (or a key it shares with the other subjects its data
+    is about), unwrapped, in memory."""
 
-    __slots__ = ("_aad", "_aead", "_derive_key", "header", "key_id", "scope", "subject_ref")
+    __slots__ = (
+        "_aad",
+        "_aead",
+        "_derive_key",
+        "header",
+        "key_id",
+        "owner_tag",
+        "scope",
+        "subject_ref",
+    )
 
-    def __init__(self, key_id: bytes, subject_ref: str, scope: str, raw: bytes) -> None:
+    def __init__(
+        self, key_id: bytes, subject_ref: str, scope: str, raw: bytes, owner_tag: str = ""
+    ) -> None:
         if len(raw) != prim.KEY_BYTES:
             raise InvalidInput("a DEK is 32 bytes")
         self.key_id = key_id
+        # The holder and scope: a shared key (``owner_tag`` not "") seals the holder's
+        # rows like the scope key does, and is destroyed when any of its owners is.
         self.subject_ref = subject_ref
         self.scope = scope
+        self.owner_tag = owner_tag
         self.header = header_for(key_id)
         self._aad = aad_prefix_for(self.header)
         self._aead = prim.new_aead(raw)
@@ -109,7 +124,7 @@ class DataKey:
     def __repr__(self) -> str:
         return (
             f"DataKey(key_id={self.key_id.hex()!r}, subject_ref={self.subject_ref!r}, "
-            f"scope={self.scope!r})"
+            f"scope={self.scope!r}{', shared' if self.owner_tag else ''})"
         )
 
     def __reduce__(self) -> NoReturn:

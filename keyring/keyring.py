@@ -1,12 +1,17 @@
 """``Keyring``: the DEK lifecycle on top of a key store and a KEK provider.
 
-- one random DEK per (tenant, subject_ref, scope), random 16-byte key id, created on
-  first use and wrapped by the current KEK epoch;
+- one random DEK per (tenant, holder subject_ref, scope, owner set), random 16-byte
+  key id, created on first use and wrapped by the current KEK epoch. The owners are
+  every subject the data under the key is about: the holder alone for its scope key,
+  the holder plus mentioned subjects (and the owners of a derived asset's sources) for
+  a shared key. The key store indexes each key by every owner;
 - unwrap through a bounded, TTL'd cache, with batch unwrap for bulk reads;
 - ``rotate_kek`` re-wraps every stored DEK (and system secret) under a new epoch
   without touching any data; ``destroy_kek_epochs_before`` then retires old epochs;
 - ``destroy`` crypto-erases a subject (or one scope): wrapped DEKs deleted and a
-  tombstone written in one transaction, caches evicted, then verified;
+  tombstone written in one transaction, caches evicted, then verified. A subject's
+  erasure destroys every key it owns, including keys other subjects hold, so no copy
+  of data about it outlives the erasure under someone else's key;
 - system secrets (the subject-ref HMAC key, the receipt signing key, the vault's
   token-id key) are wrapped like DEKs and re-wrapped on rotation.
 
@@ -40,7 +45,7 @@ from keyshred.keyring.cache import KeyCache
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import KEY_ID_BYTES, Place, PlaceTemplate, key_id_of
 from keyshred.keyring.kek import Context, DestroyedEpoch, KekProvider, WrappedKey
-from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, Tombstone
+from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, Tombstone, owner_tag
 from keyshred.keyring.tokenid import TokenIds
 
 __all__ = ["DestroyResult", "Keyring", "RotationResult", "Signer", "verify_signature"]
@@ -55,14 +60,25 @@ _ROTATE_PAGE = 1000
 _REF_CACHE = 10_000
 
 
-def _dek_context(record_key_id: bytes, tenant: str, subject_ref: str, scope: str) -> Context:
-    return {
+def _dek_context(
+    record_key_id: bytes, tenant: str, subject_ref: str, scope: str, tag: str = ""
+) -> Context:
+    context = {
         "keyshred:kind": "dek",
         "keyshred:key_id": record_key_id.hex(),
         "keyshred:tenant": tenant,
         "keyshred:subject_ref": subject_ref,
         "keyshred:scope": scope,
     }
+    if tag:
+        # Bound, so a shared key's record cannot pass for a scope key (or another
+        # owner set's) in an altered key store. Scope keys keep their old context.
+        context["keyshred:owners"] = tag
+    return context
+
+
+def _record_context(r: KeyRecord) -> Context:
+    return _dek_context(r.key_id, r.tenant, r.subject_ref, r.scope, r.owner_tag)
 
 
 def _secret_context(name: str) -> Context:
@@ -75,6 +91,18 @@ def _blob_context(label: str) -> Context:
 
 def _blob_aad(label: str) -> bytes:
     return b"keyshred/blob\x00" + label.encode("utf-8")
+
+
+def _others(holder: str, owners: Iterable[str]) -> tuple[str, ...]:
+    """The owners besides the holder, sorted and checked (subject_refs)."""
+    if isinstance(owners, str):
+        raise InvalidInput("owners is a collection of subject_refs")
+    others = set()
+    for owner in owners:
+        _check_name("an owner", owner)
+        if owner != holder:
+            others.add(owner)
+    return tuple(sorted(others))
 
 
 def _check_name(kind: str, value: str) -> None:
@@ -90,6 +118,9 @@ class DestroyResult:
     keys_destroyed: int
     cache_entries_evicted: int
     verified: bool
+    # (key id, holder subject_ref) of keys other subjects hold that the erased subject
+    # co-owned: their data about it is unreadable in every copy from now on.
+    shared_keys: tuple[tuple[bytes, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +252,7 @@ class Keyring:
     # -- DEKs ----------------------------------------------------------------------
 
     def _unwrap_record(self, record: KeyRecord) -> DataKey:
-        context = _dek_context(record.key_id, record.tenant, record.subject_ref, record.scope)
+        context = _record_context(record)
         try:
             raw = self.kek.unwrap(WrappedKey(record.kek_epoch, record.wrapped), context)
         except KekEpochDestroyed:
@@ -229,33 +260,48 @@ class Keyring:
             raise SubjectErased(
                 f"key {record.key_id.hex()} is wrapped by destroyed KEK epoch {record.kek_epoch}"
             ) from None
-        key = DataKey(record.key_id, record.subject_ref, record.scope, raw)
+        key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
         self.cache.put(key)
         return key
 
-    def data_key(self, subject_ref: str, scope: str, *, create: bool = True) -> DataKey:
-        """The live DEK of (subject_ref, scope); created on first use unless told not to."""
-        cached = self.cache.get_owner(subject_ref, scope)
+    def data_key(
+        self, subject_ref: str, scope: str, *, create: bool = True, owners: Iterable[str] = ()
+    ) -> DataKey:
+        """The live DEK of (holder ``subject_ref``, ``scope``, owner set); created on
+        first use unless told not to. ``owners`` are the other subjects (refs) the data
+        is about: none for the holder's own scope key, else the key shared by that
+        owner set, which the erasure of any of them destroys."""
+        if owners:
+            others = _others(subject_ref, owners)
+            tag = owner_tag(others)
+        else:
+            others, tag = (), ""
+        cached = self.cache.get_owner(subject_ref, scope, tag)
         if cached is not None:
             return cached
-        record = self.store.find(subject_ref, scope)
+        record = self.store.find(subject_ref, scope, tag)
         if record is None:
             if not create:
                 if self.store.is_tombstoned(subject_ref, scope):
                     raise SubjectErased(f"the keys of subject_ref {subject_ref} were destroyed")
                 raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
             _check_name("scope", scope)
-            record = self._create(subject_ref, scope)
+            record = self._create(subject_ref, scope, others)
         return self._unwrap_record(record)
 
-    def _create(self, subject_ref: str, scope: str) -> KeyRecord:
+    def owners_of(self, key_ids: Iterable[bytes]) -> dict[bytes, tuple[str, ...]]:
+        """The other owners of each shared key (scope keys are absent)."""
+        return self.store.owners_of(list(key_ids))
+
+    def _create(self, subject_ref: str, scope: str, others: tuple[str, ...] = ()) -> KeyRecord:
+        tag = owner_tag(others)
         with self._create_lock:
-            existing = self.store.find(subject_ref, scope)
+            existing = self.store.find(subject_ref, scope, tag)
             if existing is not None:
                 return existing
             key_id = prim.random_bytes(KEY_ID_BYTES)
             raw = prim.random_key()
-            wrapped = self.kek.wrap(raw, _dek_context(key_id, self.tenant, subject_ref, scope))
+            wrapped = self.kek.wrap(raw, _dek_context(key_id, self.tenant, subject_ref, scope, tag))
             return self.store.insert(
                 KeyRecord(
                     key_id,
@@ -266,6 +312,8 @@ class Keyring:
                     wrapped.epoch,
                     wrapped.blob,
                     self._clock(),
+                    tag,
+                    others,
                 )
             )
 
@@ -297,19 +345,13 @@ class Keyring:
             if key_id not in records:
                 self._raise_missing(key_id)
         ordered = [records[k] for k in missing]
-        items = [
-            (
-                WrappedKey(r.kek_epoch, r.wrapped),
-                _dek_context(r.key_id, r.tenant, r.subject_ref, r.scope),
-            )
-            for r in ordered
-        ]
+        items = [(WrappedKey(r.kek_epoch, r.wrapped), _record_context(r)) for r in ordered]
         try:
             raws = self.kek.unwrap_many(items)
         except KekEpochDestroyed:
             raise SubjectErased("a key is wrapped by a destroyed KEK epoch") from None
         for record, raw in zip(ordered, raws, strict=True):
-            key = DataKey(record.key_id, record.subject_ref, record.scope, raw)
+            key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
             self.cache.put(key)
             out[record.key_id] = key
         return out
@@ -367,13 +409,7 @@ class Keyring:
             page = self.store.older_than(epoch, _ROTATE_PAGE)
             if not page:
                 break
-            items = [
-                (
-                    WrappedKey(r.kek_epoch, r.wrapped),
-                    _dek_context(r.key_id, r.tenant, r.subject_ref, r.scope),
-                )
-                for r in page
-            ]
+            items = [(WrappedKey(r.kek_epoch, r.wrapped), _record_context(r)) for r in page]
             rewrapped = self.kek.rewrap_many(items)
             self.store.update_wrapped(
                 [(r.key_id, w.epoch, w.blob) for r, w in zip(page, rewrapped, strict=True)]
@@ -445,22 +481,34 @@ class Keyring:
     def destroy(self, subject_ref: str, scope: str | None = None) -> DestroyResult:
         """Crypto-erase a subject (every scope) or one scope; idempotent.
 
-        The wrapped DEKs are deleted and the tombstone written in one transaction,
-        every cache entry is evicted, and the result is verified: each destroyed key
-        id must now raise ``SubjectErased``.
+        A whole subject: every key it holds and every key it co-owns with others (a
+        memory of someone else that mentions it, a summary built from its data). One
+        scope: the keys it holds in that scope, whatever their owners. The wrapped
+        DEKs are deleted and the tombstone written in one transaction, every cache
+        entry is evicted, and the result is verified: each destroyed key id must now
+        raise ``SubjectErased``.
         """
         records = self.store.for_subject(subject_ref, scope)
+        shared = self.store.owned_by(subject_ref) if scope is None else []
+        held = {r.key_id for r in records}
+        shared = [r for r in shared if r.key_id not in held]
         tombstone = Tombstone(
             tombstone_id=uuid.uuid4().hex,
             subject_ref=subject_ref,
             scope=scope,
-            key_ids=tuple(sorted(r.key_id for r in records)),
+            key_ids=tuple(sorted(held | {r.key_id for r in shared})),
             erased_at=self._clock(),
         )
-        deleted = self.store.destroy(tombstone.key_ids, tombstone) if records else 0
+        deleted = self.store.destroy(tombstone.key_ids, tombstone) if tombstone.key_ids else 0
         evicted = self.cache.evict(tombstone.key_ids) + self.cache.evict_subject(subject_ref, scope)
         self._verify_destroyed(tombstone.key_ids)
-        return DestroyResult(tombstone, deleted, evicted, verified=True)
+        return DestroyResult(
+            tombstone,
+            deleted,
+            evicted,
+            verified=True,
+            shared_keys=tuple(sorted((r.key_id, r.subject_ref) for r in shared)),
+        )
 
     def _verify_destroyed(self, key_ids: Sequence[bytes]) -> None:
         for key_id in key_ids:

@@ -18,6 +18,7 @@ never leave a key deleted without the tombstone that lets restores replay it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sqlite3
 import threading
@@ -25,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,24 @@ from typing import Any
 from keyshred._pooling import sqlite_busy
 from keyshred.errors import BackendUnavailable, KeyshredError
 
-__all__ = ["KeyRecord", "KeyStore", "SQLiteKeyStore", "SecretRecord", "Tombstone"]
+__all__ = [
+    "KeyRecord",
+    "KeyStore",
+    "SQLiteKeyStore",
+    "SecretRecord",
+    "Tombstone",
+    "owner_tag",
+]
+
+
+def owner_tag(owners: Sequence[str]) -> str:
+    """The name of an owner set in the key store's unique key: ``""`` for a holder's
+    own scope key, else a hash of the sorted other owners (a set of any size fits an
+    index; the owners themselves are listed in the owner table)."""
+    if not owners:
+        return ""
+    joined = "\x00".join(sorted(set(owners))).encode("utf-8")
+    return hashlib.sha256(b"keyshred/owner-set\x00" + joined).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +66,17 @@ class KeyRecord:
     kek_epoch: int
     wrapped: bytes
     created_at: datetime
+    # ``owner_tag(owners)``: "" for the holder's own scope key. The other owners
+    # (subjects the data under this key is about) are in ``owners`` when the record
+    # was built for an insert or read with ``owned_by``/``owners_of``.
+    owner_tag: str = ""
+    owners: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
+        shared = f", shared_by={len(self.owners) or '?'}" if self.owner_tag else ""
         return (
             f"KeyRecord(key_id={self.key_id.hex()!r}, subject_ref={self.subject_ref!r}, "
-            f"scope={self.scope!r}, kek={self.kek_provider}:{self.kek_epoch})"
+            f"scope={self.scope!r}, kek={self.kek_provider}:{self.kek_epoch}{shared})"
         )
 
 
@@ -96,16 +120,27 @@ class KeyStore(ABC):
     def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]: ...
 
     @abstractmethod
-    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
-        """The live DEK of (subject_ref, scope), if any."""
+    def find(self, subject_ref: str, scope: str, tag: str = "") -> KeyRecord | None:
+        """The live DEK of (holder subject_ref, scope, owner set tag), if any."""
 
     @abstractmethod
-    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]: ...
+    def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
+        """Every DEK the subject holds (of one scope, or all), whatever its owners."""
+
+    @abstractmethod
+    def owned_by(self, subject_ref: str) -> list[KeyRecord]:
+        """Every DEK other subjects hold that ``subject_ref`` co-owns (its
+        ``owners`` filled in): what the subject's erasure destroys besides its own."""
+
+    @abstractmethod
+    def owners_of(self, key_ids: Sequence[bytes]) -> dict[bytes, tuple[str, ...]]:
+        """The other owners of each shared key (keys without other owners are absent)."""
 
     @abstractmethod
     def insert(self, record: KeyRecord) -> KeyRecord:
-        """Insert, or return the record another writer inserted first for the same
-        (subject_ref, scope): exactly one live DEK per pair, even across processes."""
+        """Insert (with its ``owners``), or return the record another writer inserted
+        first for the same (subject_ref, scope, owner_tag): exactly one live DEK per
+        owner set, even across processes."""
 
     @abstractmethod
     def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
@@ -162,9 +197,16 @@ CREATE TABLE IF NOT EXISTS dek (
     kek_epoch    INTEGER NOT NULL,
     wrapped      BLOB NOT NULL,
     created_at   TEXT NOT NULL,
-    UNIQUE (subject_ref, scope)
+    owner_tag    TEXT NOT NULL DEFAULT '',
+    UNIQUE (subject_ref, scope, owner_tag)
 );
 CREATE INDEX IF NOT EXISTS dek_epoch ON dek (kek_epoch);
+CREATE TABLE IF NOT EXISTS dek_owner (
+    owner_ref    TEXT NOT NULL,
+    key_id       BLOB NOT NULL,
+    PRIMARY KEY (owner_ref, key_id)
+);
+CREATE INDEX IF NOT EXISTS dek_owner_key ON dek_owner (key_id);
 CREATE TABLE IF NOT EXISTS tombstone (
     tombstone_id TEXT PRIMARY KEY,
     subject_ref  TEXT NOT NULL,
@@ -184,7 +226,9 @@ CREATE TABLE IF NOT EXISTS secret (
 );
 """
 
-_DEK_COLUMNS = "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at"
+_DEK_COLUMNS = (
+    "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at, owner_tag"
+)
 
 
 def _ts(value: datetime) -> str:
@@ -194,7 +238,7 @@ def _ts(value: datetime) -> str:
 def _record(row: Sequence[Any]) -> KeyRecord:
     """A key row of either SQL store (SQLite keeps times as ISO text, PostgreSQL as
     ``timestamptz``)."""
-    key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created = row
+    key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created, tag = row[:9]
     if isinstance(created, str):
         created = datetime.fromisoformat(created)
     return KeyRecord(
@@ -206,6 +250,7 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         int(epoch),
         bytes(wrapped),
         created if created.tzinfo else created.replace(tzinfo=UTC),
+        str(tag or ""),
     )
 
 
@@ -219,10 +264,16 @@ def _statements(mark: str, prefix: str) -> dict[str, str]:
     upsert = ", ".join(f"{c} = excluded.{c}" for c in ("kek_provider", "kek_epoch", "wrapped"))
     sql = {
         "get": select + "key_id = ?",
-        "find": select + "subject_ref = ? AND scope = ?",
+        "find": select + "subject_ref = ? AND scope = ? AND owner_tag = ?",
         "for_subject": select + "subject_ref = ?",
+        "for_scope": select + "subject_ref = ? AND scope = ?",
+        "owned_by": f"SELECT {_DEK_COLUMNS} FROM {dek} WHERE key_id IN "  # noqa: S608
+        f"(SELECT key_id FROM {prefix}dek_owner WHERE owner_ref = ?)",
+        "owner_rows": f"SELECT key_id, owner_ref FROM {prefix}dek_owner WHERE key_id = ?",  # noqa: S608
+        "insert_owner": f"INSERT INTO {prefix}dek_owner (owner_ref, key_id) VALUES (?,?) "  # noqa: S608
+        "ON CONFLICT DO NOTHING",
         "older_than": select + "kek_epoch < ? LIMIT ?",
-        "insert": f"INSERT INTO {dek} ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?) "  # noqa: S608
+        "insert": f"INSERT INTO {dek} ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "  # noqa: S608
         "ON CONFLICT DO NOTHING",
         "update_wrapped": f"UPDATE {dek} SET kek_epoch = ?, wrapped = ? WHERE key_id = ?",  # noqa: S608
         "is_tombstoned": f"SELECT 1 FROM {prefix}tombstone WHERE subject_ref = ? "  # noqa: S608
@@ -237,6 +288,7 @@ def _statements(mark: str, prefix: str) -> dict[str, str]:
     sql.update(
         {f"count_{t}": f"SELECT COUNT(*) FROM {prefix}{t}" for t in ("dek", "tombstone", "secret")}  # noqa: S608
     )
+    sql["count_shared"] = f"SELECT COUNT(*) FROM {dek} WHERE owner_tag <> ''"  # noqa: S608
     return {name: text.replace("?", mark) for name, text in sql.items()}
 
 
@@ -268,18 +320,32 @@ class _SqlKeyStore(KeyStore):
         rows = self._query(self._sql["get"], (key_id,))
         return _record(rows[0]) if rows else None
 
-    def find(self, subject_ref: str, scope: str) -> KeyRecord | None:
-        rows = self._query(self._sql["find"], (subject_ref, scope))
+    def find(self, subject_ref: str, scope: str, tag: str = "") -> KeyRecord | None:
+        rows = self._query(self._sql["find"], (subject_ref, scope, tag))
         return _record(rows[0]) if rows else None
 
     def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
         if scope is None:
             rows = self._query(self._sql["for_subject"], (subject_ref,))
         else:
-            rows = self._query(self._sql["find"], (subject_ref, scope))
+            rows = self._query(self._sql["for_scope"], (subject_ref, scope))
         return [_record(r) for r in rows]
 
+    def owned_by(self, subject_ref: str) -> list[KeyRecord]:
+        records = [_record(r) for r in self._query(self._sql["owned_by"], (subject_ref,))]
+        owners = self.owners_of([r.key_id for r in records])
+        return [replace(r, owners=owners.get(r.key_id, ())) for r in records]
+
+    def owners_of(self, key_ids: Sequence[bytes]) -> dict[bytes, tuple[str, ...]]:
+        out: dict[bytes, list[str]] = {}
+        for key_id in dict.fromkeys(key_ids):
+            for kid, owner in self._query(self._sql["owner_rows"], (key_id,)):
+                out.setdefault(bytes(kid), []).append(str(owner))
+        return {k: tuple(sorted(v)) for k, v in out.items()}
+
     def insert(self, record: KeyRecord) -> KeyRecord:
+        if owner_tag(record.owners) != record.owner_tag:
+            raise KeyshredError("a key record's owner tag does not match its owners")
         with self._tx() as db:
             db.execute(
                 self._sql["insert"],
@@ -292,12 +358,28 @@ class _SqlKeyStore(KeyStore):
                     record.kek_epoch,
                     record.wrapped,
                     self._bind_time(record.created_at),
+                    record.owner_tag,
                 ),
             )
-        existing = self.find(record.subject_ref, record.scope)
+            # In the same transaction: a shared key is never without its owner index
+            # (an erasure finds it by any owner). Rows of a losing writer's key id
+            # name a key that does not exist, and are removed below.
+            db.executemany(
+                self._sql["insert_owner"], [(owner, record.key_id) for owner in record.owners]
+            )
+        existing = self.find(record.subject_ref, record.scope, record.owner_tag)
         if existing is None:  # pragma: no cover - only if destroyed in between
             raise KeyshredError("the key was destroyed while it was being created")
-        return existing
+        if existing.key_id != record.key_id and record.owners:
+            self._drop_owner_rows([record.key_id])
+        return replace(existing, owners=record.owners)
+
+    def _drop_owner_rows(self, key_ids: Sequence[bytes]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                f"DELETE FROM {self._prefix}dek_owner WHERE key_id = {self._mark}",  # noqa: S608
+                [(k,) for k in key_ids],
+            )
 
     def older_than(self, epoch: int, limit: int) -> list[KeyRecord]:
         return [_record(r) for r in self._query(self._sql["older_than"], (epoch, limit))]
@@ -340,10 +422,34 @@ class _SqlKeyStore(KeyStore):
         ]
 
     def counts(self) -> dict[str, int]:
+        """Row counts: keys (``dek``, of which ``shared`` have other owners),
+        tombstones and secrets."""
         return {
             t: int(self._query(self._sql[f"count_{t}"])[0][0])
-            for t in ("dek", "tombstone", "secret")
+            for t in ("dek", "shared", "tombstone", "secret")
         }
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a key store (or snapshot image) from before owner sets up to date, inside
+    the caller's transaction: the key table gains ``owner_tag`` and its unique key
+    becomes (subject_ref, scope, owner_tag), which SQLite can only do by rebuilding the
+    table; the owner table is created. Existing keys are all scope keys (tag "")."""
+    columns = [r[1] for r in db.execute("PRAGMA table_info(dek)")]
+    if not columns:
+        return  # a new store: the schema script makes every table
+    if "owner_tag" not in columns:
+        db.execute("ALTER TABLE dek RENAME TO dek_before_owner_sets")
+        db.execute(_SCHEMA.split(";", maxsplit=1)[0])  # the new key table
+        old = "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at"
+        db.execute(
+            f"INSERT INTO dek ({old}, owner_tag) SELECT {old}, '' FROM dek_before_owner_sets"  # noqa: S608
+        )
+        db.execute("DROP TABLE dek_before_owner_sets")
+        db.execute("DROP INDEX IF EXISTS dek_epoch")
+    for statement in _SCHEMA.split(";"):
+        if "dek_owner" in statement or "dek_epoch" in statement:
+            db.execute(statement)
 
 
 @contextmanager
@@ -383,6 +489,14 @@ class SQLiteKeyStore(_SqlKeyStore):
                 self._db.execute("PRAGMA secure_delete=ON")
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
+                with self._lock:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    try:
+                        _migrate(self._db)
+                    except BaseException:
+                        self._db.execute("ROLLBACK")
+                        raise
+                    self._db.execute("COMMIT")
                 self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError:
             raise KeyshredError(f"the key store at {self._path} cannot be opened") from None
@@ -423,6 +537,7 @@ class SQLiteKeyStore(_SqlKeyStore):
             deleted = 0
             for key_id in key_ids:
                 deleted += db.execute("DELETE FROM dek WHERE key_id = ?", (key_id,)).rowcount
+                db.execute("DELETE FROM dek_owner WHERE key_id = ?", (key_id,))
             db.execute(
                 "INSERT OR IGNORE INTO tombstone VALUES (?,?,?,?)",
                 (
@@ -525,8 +640,12 @@ class SQLiteKeyStore(_SqlKeyStore):
             db.deserialize(data)
             db.execute("PRAGMA secure_delete=ON")
             with db:
+                _migrate(db)  # a snapshot from before owner sets has no owner table
                 for tomb in tombstones:
                     db.executemany("DELETE FROM dek WHERE key_id = ?", [(k,) for k in tomb.key_ids])
+                    db.executemany(
+                        "DELETE FROM dek_owner WHERE key_id = ?", [(k,) for k in tomb.key_ids]
+                    )
                     db.execute(
                         "INSERT OR IGNORE INTO tombstone VALUES (?,?,?,?)",
                         (tomb.tombstone_id, tomb.subject_ref, tomb.scope, _ts(tomb.erased_at)),

@@ -56,9 +56,16 @@ CREATE TABLE IF NOT EXISTS ks_dek (
     kek_epoch    INTEGER NOT NULL,
     wrapped      BYTEA NOT NULL,
     created_at   TIMESTAMPTZ NOT NULL,
-    UNIQUE (subject_ref, scope)
+    owner_tag    TEXT NOT NULL DEFAULT ''
 );
+CREATE UNIQUE INDEX IF NOT EXISTS ks_dek_owner_set ON ks_dek (subject_ref, scope, owner_tag);
 CREATE INDEX IF NOT EXISTS ks_dek_epoch ON ks_dek (kek_epoch);
+CREATE TABLE IF NOT EXISTS ks_dek_owner (
+    owner_ref    TEXT NOT NULL,
+    key_id       BYTEA NOT NULL,
+    PRIMARY KEY (owner_ref, key_id)
+);
+CREATE INDEX IF NOT EXISTS ks_dek_owner_key ON ks_dek_owner (key_id);
 CREATE TABLE IF NOT EXISTS ks_tombstone (
     tombstone_id TEXT PRIMARY KEY,
     subject_ref  TEXT NOT NULL,
@@ -87,6 +94,20 @@ def _dsn(url: str) -> str:
     if url.startswith(("postgresql://", "postgres://")) or "=" in url:
         return url
     raise ConfigError("keyring.store_url is a postgresql:// URL")
+
+
+# A store from before owner sets: the column, and the unique key moved from
+# (subject_ref, scope) to (subject_ref, scope, owner_tag). Run only when the column is
+# missing (ALTER TABLE locks the table even when it changes nothing).
+_PG_MIGRATE_OWNERS = """
+LOCK TABLE ks_dek IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE ks_dek ADD COLUMN IF NOT EXISTS owner_tag TEXT NOT NULL DEFAULT '';
+ALTER TABLE ks_dek DROP CONSTRAINT IF EXISTS ks_dek_subject_ref_scope_key;
+"""
+_PG_HAS_OWNERS = (
+    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = 'ks_dek' AND column_name = 'owner_tag'"
+)
 
 
 class PostgresKeyStore(_SqlKeyStore):
@@ -123,6 +144,14 @@ class PostgresKeyStore(_SqlKeyStore):
         _STORES.add(self)
         try:
             with self._tx() as cur:
+                cur.execute(
+                    "SELECT 1 FROM information_schema.tables WHERE table_schema = "
+                    "current_schema() AND table_name = 'ks_dek'"
+                )
+                if cur.fetchone() is not None:
+                    cur.execute(_PG_HAS_OWNERS)
+                    if cur.fetchone() is None:
+                        cur.execute(_PG_MIGRATE_OWNERS)
                 cur.execute(_PG_SCHEMA)
         except BackendUnavailable:
             self._engine.dispose()
@@ -193,10 +222,21 @@ class PostgresKeyStore(_SqlKeyStore):
         )
         return {bytes(r[0]): _record(r) for r in rows}
 
+    def owners_of(self, key_ids: Sequence[bytes]) -> dict[bytes, tuple[str, ...]]:
+        if not key_ids:
+            return {}
+        rows = self._query(
+            "SELECT key_id, array_agg(owner_ref ORDER BY owner_ref) FROM ks_dek_owner "
+            "WHERE key_id = ANY(%s) GROUP BY key_id",
+            (list(key_ids),),
+        )
+        return {bytes(k): tuple(str(o) for o in owners) for k, owners in rows}
+
     def destroy(self, key_ids: Sequence[bytes], tombstone: Tombstone) -> int:
         with self._tx() as cur:
             cur.execute("DELETE FROM ks_dek WHERE key_id = ANY(%s)", (list(key_ids),))
             deleted = int(cur.rowcount or 0)
+            cur.execute("DELETE FROM ks_dek_owner WHERE key_id = ANY(%s)", (list(key_ids),))
             cur.execute(
                 "INSERT INTO ks_tombstone VALUES (%s,%s,%s,%s) ON CONFLICT DO NOTHING",
                 (
@@ -267,6 +307,7 @@ class PostgresKeyStore(_SqlKeyStore):
                 "SELECT tombstone_id, subject_ref, scope, erased_at FROM ks_tombstone"
             ).fetchall()
             tkeys = cur.execute("SELECT key_id, tombstone_id FROM ks_tombstone_key").fetchall()
+            owners = cur.execute("SELECT owner_ref, key_id FROM ks_dek_owner").fetchall()
             secrets = cur.execute(
                 "SELECT name, kek_provider, kek_epoch, wrapped FROM ks_secret"
             ).fetchall()
@@ -274,8 +315,15 @@ class PostgresKeyStore(_SqlKeyStore):
         try:
             db.executescript(_SCHEMA)
             db.executemany(
-                "INSERT INTO dek VALUES (?,?,?,?,?,?,?,?)",
-                [(bytes(k), t, r, s, p, e, bytes(w), _ts(c)) for k, t, r, s, p, e, w, c in dek],
+                f"INSERT INTO dek ({_DEK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",  # noqa: S608
+                [
+                    (bytes(k), t, r, s, p, e, bytes(w), _ts(c), g)
+                    for k, t, r, s, p, e, w, c, g in dek
+                ],
+            )
+            db.executemany(
+                "INSERT INTO dek_owner (owner_ref, key_id) VALUES (?,?)",
+                [(o, bytes(k)) for o, k in owners],
             )
             db.executemany(
                 "INSERT INTO tombstone VALUES (?,?,?,?)",

@@ -6,6 +6,7 @@ import pickle
 import shutil
 import sqlite3
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,49 @@ def test_a_tampered_key_store_secret_is_still_an_integrity_error(tmp_path: Path)
     with pytest.raises(IntegrityError) as info:
         Keyring(SQLiteKeyStore(tmp_path / "ks.db"), LocalKek(tmp_path / "a.json"))
     assert isinstance(info.value, KekMismatch)
+
+
+def test_shared_keys_die_with_any_owner(ring: Keyring) -> None:
+    dave, vic, zoe = "d" * 26, "v" * 26, "z" * 26
+    own = ring.data_key(dave, "default")
+    shared = ring.data_key(dave, "default", owners=[vic])
+    assert shared.key_id != own.key_id and shared.subject_ref == dave and shared.owner_tag
+    assert ring.data_key(dave, "default", owners=(vic, dave)).key_id == shared.key_id
+    assert ring.data_key(dave, "default", owners=()).key_id == own.key_id
+    three = ring.data_key(dave, "default", owners=[zoe, vic])
+    other_holder = ring.data_key(zoe, "default", owners=[vic])
+    p = place(dave)
+    sealed = shared.seal(b"vic's phone", p)
+    own_sealed = own.seal(b"dave's own", p)
+    ring.cache.clear()
+    assert ring.open(sealed, p) == b"vic's phone"  # from the store, with its owner tag
+    assert ring.owners_of([shared.key_id, own.key_id]) == {shared.key_id: (vic,)}
+    result = ring.destroy(vic)
+    assert set(result.tombstone.key_ids) == {shared.key_id, three.key_id, other_holder.key_id}
+    assert {h for _, h in result.shared_keys} == {dave, zoe} and len(result.shared_keys) == 3
+    with pytest.raises(SubjectErased):
+        ring.open(sealed, p)  # dave's row about vic: gone in every copy
+    assert ring.open(own_sealed, p) == b"dave's own"  # dave's own data stays
+    fresh = ring.data_key(dave, "default", owners=[vic])  # a new key after the erasure
+    assert fresh.key_id != shared.key_id
+
+
+def test_scope_destroy_takes_the_holders_shared_keys_of_that_scope(ring: Keyring) -> None:
+    dave, vic = "d" * 26, "v" * 26
+    health = ring.data_key(dave, "health", owners=[vic])
+    other = ring.data_key(dave, "default", owners=[vic])
+    result = ring.destroy(dave, "health")
+    assert result.tombstone.key_ids == (health.key_id,) and result.shared_keys == ()
+    assert ring.data_key_by_id(other.key_id).key_id == other.key_id
+
+
+def test_owner_tag_is_bound_to_the_wrapped_key(ring: Keyring, tmp_path: Path) -> None:
+    """A shared key's record moved to pass for the holder's scope key fails to unwrap."""
+    dave, vic = "d" * 26, "v" * 26
+    shared = ring.data_key(dave, "default", owners=[vic])
+    ring.cache.clear()
+    record = ring.store.get(shared.key_id)
+    assert record is not None
+    forged = replace(record, owner_tag="")
+    with pytest.raises(IntegrityError):
+        ring._unwrap_record(forged)

@@ -18,7 +18,14 @@ from keyshred import Config, Keyshred
 from keyshred.errors import BackendUnavailable, SubjectErased, SubjectSuppressed
 from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keyring import Keyring
-from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, SQLiteKeyStore, Tombstone
+from keyshred.keyring.keystore import (
+    KeyRecord,
+    KeyStore,
+    SecretRecord,
+    SQLiteKeyStore,
+    Tombstone,
+    owner_tag,
+)
 from tests.conftest import PG_DSN
 
 
@@ -112,7 +119,7 @@ def test_reads_rotation_destroy_tombstones_and_secrets(store: KeyStore) -> None:
     assert store.put_secret(SecretRecord("sign", "local", 1, b"s2")) == first  # first wins
     assert store.put_secret(SecretRecord("sign", "local", 2, b"s3"), replace=True).wrapped == b"s3"
     assert [s.name for s in store.secrets()] == ["sign"]
-    assert store.counts() == {"dek": 1, "tombstone": 2, "secret": 1}
+    assert store.counts() == {"dek": 1, "shared": 0, "tombstone": 2, "secret": 1}
 
 
 def test_snapshot_is_an_embedded_key_store(store: KeyStore, tmp_path: Path) -> None:
@@ -266,3 +273,75 @@ def test_a_forked_child_opens_its_own_postgres_key_store_connection() -> None:
             assert store._query("SELECT pg_backend_pid()") == [(parent,)]  # still ours
         finally:
             store.close()
+
+
+def shared_rec(ref: str, owners: tuple[str, ...], scope: str = "default") -> KeyRecord:
+    others = tuple(sorted(set(owners) - {ref}))
+    return KeyRecord(
+        uuid.uuid4().bytes,
+        "t",
+        ref,
+        scope,
+        "local",
+        1,
+        b"w" * 60,
+        datetime.now(UTC),
+        owner_tag(others),
+        others,
+    )
+
+
+def test_owner_sets_one_key_each_indexed_by_every_owner(store: KeyStore) -> None:
+    own = store.insert(rec("dave"))
+    with_vic = store.insert(shared_rec("dave", ("vic",)))
+    with_both = store.insert(shared_rec("dave", ("vic", "zoe")))
+    zoe_holds = store.insert(shared_rec("zoe", ("vic",)))
+    # Same owner set again (any order): the first key wins.
+    assert store.insert(shared_rec("dave", ("zoe", "vic"))).key_id == with_both.key_id
+    assert len({own.key_id, with_vic.key_id, with_both.key_id}) == 3
+    assert store.find("dave", "default") == own
+    assert store.find("dave", "default", owner_tag(("vic",))).key_id == with_vic.key_id  # type: ignore[union-attr]
+    assert {r.key_id for r in store.for_subject("dave")} == {
+        own.key_id,
+        with_vic.key_id,
+        with_both.key_id,
+    }
+    owned = {r.key_id: r for r in store.owned_by("vic")}
+    assert set(owned) == {with_vic.key_id, with_both.key_id, zoe_holds.key_id}
+    assert owned[with_both.key_id].owners == ("vic", "zoe")
+    assert store.owners_of([own.key_id, with_both.key_id]) == {with_both.key_id: ("vic", "zoe")}
+    assert store.counts()["shared"] == 3
+    tomb = Tombstone("tv", "vic", None, tuple(owned), datetime.now(UTC))
+    assert store.destroy(list(owned), tomb) == 3
+    assert store.owned_by("vic") == [] and store.owners_of(list(owned)) == {}
+    assert store.find("dave", "default") == own  # the holder's own key stays
+    snap = SQLiteKeyStore.describe_snapshot(store.snapshot())
+    assert snap[0] == ["dave"]
+
+
+def test_a_store_from_before_owner_sets_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE dek (key_id BLOB PRIMARY KEY, tenant TEXT NOT NULL,
+            subject_ref TEXT NOT NULL, scope TEXT NOT NULL, kek_provider TEXT NOT NULL,
+            kek_epoch INTEGER NOT NULL, wrapped BLOB NOT NULL, created_at TEXT NOT NULL,
+            UNIQUE (subject_ref, scope));
+        CREATE INDEX dek_epoch ON dek (kek_epoch);
+        """
+    )
+    db.execute(
+        "INSERT INTO dek VALUES (?,?,?,?,?,?,?,?)",
+        (b"k" * 16, "t", "ann", "default", "local", 1, b"w" * 60, datetime.now(UTC).isoformat()),
+    )
+    db.commit()
+    db.close()
+    store = SQLiteKeyStore(path)
+    try:
+        old = store.find("ann", "default")
+        assert old is not None and old.key_id == b"k" * 16 and old.owner_tag == ""
+        store.insert(shared_rec("ann", ("bob",)))  # the old unique key would refuse this
+        assert len(store.for_subject("ann")) == 2 and len(store.owned_by("bob")) == 1
+    finally:
+        store.close()
