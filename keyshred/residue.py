@@ -63,7 +63,7 @@ from keyshred.keyring.package import read_header
 from keyshred.storage.applog import AppendLog
 from keyshred.storage.catalog import checkpoint_writes, checkpoints, threads, tokens
 from keyshred.storage.checkpoints import thread_scope
-from keyshred.storage.partition import Partition, decode_record
+from keyshred.storage.partition import MemoryRow, Partition, decode_record
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.vectors import VectorIndex
@@ -79,6 +79,7 @@ __all__ = ["ResidueHit", "ResidueReport", "probe_forms", "residue_scan"]
 # Kinds of what was found or decoded (report keys; no personal data).
 SEGMENT = "memory_segment"
 LOG = "memory_log_record"
+MEMORY_ROW = "memory_row"  # rows of segments and log records
 VECTOR = "vector"
 VECTOR_DATASET = "vector_dataset"
 TOKEN = "token"  # noqa: S105 - a kind's name, not a secret
@@ -475,9 +476,10 @@ class _Scanner:
         return Partition(folder, ref, self._keyring, self._sealer, self._pme, fsync=False)
 
     def _segment(self, root: _Root, file: Path, ref: str, label: str) -> None:
+        part = self._partition(file.parent, ref)
         try:
             scope = self._segment_scope(file)
-            rows = self._partition(file.parent, ref)._read_segment(file, scope)
+            rows = part._read_segment(file, scope)
         except _ERASED:
             self._count(self._report.undecryptable, SEGMENT)
             return
@@ -485,14 +487,20 @@ class _Scanner:
             self._count(self._report.unreadable, SEGMENT)
             return
         self._count(self._report.decrypted, SEGMENT)
-        parts = []
+        self._search_plain(root, label, SEGMENT, self._rows_plain(rows))
+
+    def _rows_plain(self, rows: Sequence[MemoryRow]) -> bytes:
+        """Every readable row's names and value, one buffer to search; rows sealed
+        under a destroyed owner-set key (opaque once the partition module seals rows
+        under owner-set keys) count as undecryptable."""
+        parts: list[bytes] = []
         for row in rows:
-            parts += [
-                *(p.encode("utf-8") for p in row.namespace),
-                row.key.encode("utf-8"),
-                row.value,
-            ]
-        self._search_plain(root, label, SEGMENT, b"\x00".join(parts))
+            if getattr(row, "opaque", False):
+                self._count(self._report.undecryptable, MEMORY_ROW)
+                continue
+            self._count(self._report.decrypted, MEMORY_ROW)
+            parts += [*(p.encode("utf-8") for p in row.namespace), row.key.encode(), row.value]
+        return b"\x00".join(parts)
 
     def _segment_scope(self, file: Path) -> str:
         """The segment's scope, from its plaintext column. The footer is signed with
@@ -506,18 +514,23 @@ class _Scanner:
         return str(scopes.pop())
 
     def _log(self, root: _Root, file: Path, number: int, ref: str, label: str) -> None:
+        """Every record of an append log on its own (a later record overwriting an
+        earlier one leaves the earlier one's bytes in the file)."""
         log = AppendLog(file, number, ref, self._sealer, fsync=False)
+        # Rows sealed under owner-set keys inside a record are opened by the
+        # partition, as when it loads the log (``_unseal``, where the partition
+        # module has it).
+        unseal = getattr(self._partition(file.parent, ref), "_unseal", None)
         try:
             for _scope, payload in log.read(skip_erased=True):
                 if payload is None:
                     self._count(self._report.undecryptable, LOG)
                     continue
-                self._count(self._report.decrypted, LOG)
-                parts = [payload]
                 op, items = decode_record(payload)
-                if op == "put":
-                    parts += [r.value for r in items]
-                self._search_plain(root, label, LOG, b"\x00".join(parts))
+                rows = unseal(items) if unseal is not None and op == "put" else items
+                self._count(self._report.decrypted, LOG)
+                plain = [payload, self._rows_plain(rows)] if op == "put" else [payload]
+                self._search_plain(root, label, LOG, b"\x00".join(plain))
         except _ERASED:
             self._count(self._report.undecryptable, LOG)
         except _UNREADABLE:
@@ -599,7 +612,9 @@ class _Scanner:
             ),
         )
         try:
-            # The store's own bulk reader: its places, its owner checks.
+            # The store's own bulk reader: its places, its owner checks. A key that
+            # was destroyed raises, or (where the vector store keeps such rows as
+            # unreadable) leaves its rows out of what comes back.
             opened = self._vectors._open_all(ref, table)
         except _ERASED:
             self._count(self._report.undecryptable, VECTOR, len(group))
@@ -607,7 +622,8 @@ class _Scanner:
         except _UNREADABLE:
             self._count(self._report.unreadable, VECTOR, len(group))
             return
-        self._count(self._report.decrypted, VECTOR, len(group))
+        self._count(self._report.decrypted, VECTOR, len(opened.vec_ids))
+        self._count(self._report.undecryptable, VECTOR, len(group) - len(opened.vec_ids))
         self._search_plain(root, label, VECTOR, bytes(opened.matrix.tobytes()))
 
     # -- catalogs ----------------------------------------------------------------------
