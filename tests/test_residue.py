@@ -26,6 +26,7 @@ from keyshred import Keyshred
 from keyshred.errors import InvalidInput
 from keyshred.residue import ResidueReport, probe_forms
 from keyshred.storage.checkpoints import CheckpointRow, WriteRow
+from keyshred.storage.partition import MemoryRow
 from tests.e2e.test_cli import run
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
@@ -330,3 +331,37 @@ def test_every_vector_version_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) 
     report = ks.erasure.residue_scan(["nothing-here"], [tmp_path / "data" / "vectors"])
     assert report.decrypted == {"vector": 2}
     assert report.hits == []
+
+
+@pytest.mark.skipif(
+    not hasattr(MemoryRow, "opaque"),
+    reason="rows sealed under owner-set keys (issue 19 item 1) are not in this build",
+)
+def test_a_mention_is_unreadable_in_every_copy_after_erasure(
+    sqlite_ks: Keyshred, tmp_path: Path
+) -> None:
+    """Carol's facts mention the victim: sealed under their shared key inside
+    carol's segment and log (opened through the partition's own code), they are
+    found before the erasure, live and in a copy of the backup; after it they are
+    opaque rows everywhere, and carol's own rows still open."""
+    ks = sqlite_ks
+    phone = "13812345678"
+    ks.memories.put("vic", NS, "own", {"n": 1})
+    ks.memories.put("carol", ("facts",), "tea", "carol likes tea")
+    ks.memories.put("carol", ("facts",), "met", f"met vic, call {phone}", mentions=["vic"])
+    ks.memories.flush()  # carol's segment
+    ks.memories.put("carol", ("facts",), "again", f"vic: {phone}", mentions=["vic"])  # her log
+    ks.backup.create(str(tmp_path / "b"))
+    shutil.copytree(tmp_path / "b", tmp_path / "copy")
+    roots = [tmp_path / "data", tmp_path / "copy"]
+    before = ks.erasure.residue_scan([phone], roots)
+    both = {"memory_segment": {0}, "memory_log_record": {0}}
+    assert found(before, root=0, layer="decrypted") == both
+    assert found(before, root=1, layer="decrypted") == both
+    assert [h for h in before.hits if h.layer == "raw"] == []
+
+    assert ks.erase("vic", requested_by="dpo", reason="art17").state == "completed"
+    after = ks.erasure.residue_scan([phone], roots)
+    assert after.hits == [], after.as_dict()
+    assert after.undecryptable["memory_row"] >= 2  # both facts, in the backup copy
+    assert after.decrypted["memory_row"] >= 2  # carol's tea, live and in the copy
