@@ -12,14 +12,21 @@ strings (a phone number, an e-mail, a name) in two layers:
    Encryption working means no raw hit anywhere.
 2. **decrypted**: everything the *live* keyring can still open, decoded with the
    stores' own readers (``keyshred.storage.partition`` for Parquet segments and
-   append logs, ``keyshred.storage.vectors`` for LanceDB datasets, every version),
-   the catalog's sealed columns (tokens, threads, checkpoints and their writes, in
-   any SQLite catalog found under the folders and in the live catalog when the data
-   folder is scanned), and backup generations: each object is mapped back to what it
-   is through the generation's manifest and decoded like the original. A
-   generation's own sealed key store is never opened: only keys the live keyring
-   can unwrap count. A ciphertext whose key was destroyed counts as undecryptable,
-   which is what an erasure should leave behind.
+   append logs, each record on its own, rows sealed under owner-set keys opened as
+   the partition opens them; ``keyshred.storage.vectors`` for LanceDB datasets,
+   every version), the catalog's sealed columns (tokens, threads, checkpoints and
+   their writes, in any SQLite catalog found under the folders and in the live
+   catalog when the data folder is scanned), the vault's token journals, and backup
+   generations: each object is mapped back to what it is through the generation's
+   manifest and decoded like the original. A generation's own sealed key store is
+   never opened: only keys the live keyring can unwrap count. A ciphertext whose key
+   was destroyed counts as undecryptable, which is what an erasure should leave
+   behind. An export package needs its recipient's secret: only whether its subject
+   key still exists is reported.
+
+Nothing under the scanned folders is written (SQLite files are opened immutable or
+read-only beside their writer, LanceDB datasets read by version, files read in
+chunks, never mapped).
 
 The report holds counts, paths relative to the scanned root, kinds, encodings and
 probe *indexes*: never a probe, never plaintext (a path that itself holds a probe is
@@ -30,7 +37,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -57,6 +63,7 @@ from keyshred.errors import (
     KeyNotFound,
     SubjectErased,
 )
+from keyshred.keyring import _primitives as prim
 from keyshred.keyring.envelope import Place, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.package import read_header
@@ -370,6 +377,7 @@ class _Scanner:
         self._pme = PmeCrypto(self._keyring)  # our own: its key cache is forgotten at close
         self._vectors = VectorIndex("", self._keyring)  # its reader only; never connects
         self._hits: set[ResidueHit] = set()
+        self._name_key = prim.random_bytes(32)
 
     def close(self) -> None:
         self._pme.forget()
@@ -382,11 +390,12 @@ class _Scanner:
             which[kind] = which.get(kind, 0) + n
 
     def safe_path(self, rel: str) -> str:
-        """A path as reported: one that holds a probe is replaced by its digest."""
-        if self._needles.find(rel.encode("utf-8", "surrogateescape")):
-            return (
-                "<redacted " + hashlib.sha256(rel.encode("utf-8", "replace")).hexdigest()[:16] + ">"
-            )
+        """A path as reported: one that holds a probe is replaced by a keyed digest
+        (a key of this scan only: no one can test guesses against it, and two hits
+        in one file still name the same place)."""
+        raw = rel.encode("utf-8", "surrogateescape")
+        if self._needles.find(raw):
+            return "<redacted " + prim.hmac_sha256(self._name_key, raw).hex()[:16] + ">"
         return rel
 
     def _hit(
