@@ -898,6 +898,10 @@ def _kind_of(file: Path) -> str:
         return TOKEN_JOURNAL
     if head.startswith(b"{") and b"keyshred-export/" in head.partition(b"\n")[0]:
         return EXPORT
+    if parent.startswith(_SUBJECT_DIR) and head[:4] in (b"PAR1", b"PARE"):
+        # A Parquet file in a subject's folder under another name: a backup object
+        # no manifest in the scanned folders names (pruned generation, one folder).
+        return SEGMENT
     return FILE
 
 

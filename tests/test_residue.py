@@ -180,8 +180,13 @@ def test_the_append_log_of_the_backup_is_decoded(sqlite_ks: Keyshred, tmp_path: 
     report = ks.erasure.residue_scan([phone], [tmp_path / "b"])
     assert found(report, root=0, layer="decrypted") == {"memory_log_record": {0}}
     assert report.decrypted["memory_log_record"] == 1
+    # The objects folder alone (no manifest): Parquet objects are still segments.
+    ks.memories.flush()
+    ks.backup.create(str(tmp_path / "b"))
+    objects = ks.erasure.residue_scan([phone], [tmp_path / "b" / "objects"])
+    assert found(objects, root=0, layer="decrypted") == {"memory_segment": {0}}
     # One generation folder alone: its objects lie outside it, and are still read.
-    (gen,) = (tmp_path / "b" / "generations").iterdir()
+    gen = min((tmp_path / "b" / "generations").iterdir())  # the first, log only
     alone = ks.erasure.residue_scan([phone], [gen])
     assert found(alone, root=0, layer="decrypted") == {"memory_log_record": {0}}
     assert all(h.path.startswith("../../objects/") for h in alone.hits)
