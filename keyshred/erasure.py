@@ -35,7 +35,6 @@ subclasses; the coordinator holds what they share: order, persistence, resumptio
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -77,6 +76,8 @@ from keyshred.storage.catalog import (
 )
 
 if TYPE_CHECKING:
+    import os
+
     from keyshred.facade import Keyshred
     from keyshred.residue import ResidueReport
     from keyshred.storage.memories import Memory
