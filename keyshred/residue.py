@@ -6,9 +6,10 @@ backup generation or a whole local backup target, an export) and looks for probe
 strings (a phone number, an e-mail, a name) in two layers:
 
 1. **raw**: the bytes of every file, in every form a program may have written the
-   probe: UTF-8, UTF-16 (LE and BE), hex (lower and upper case), base64 at each of
-   the three byte alignments (the characters that depend on neighbouring bytes are
-   trimmed) and JSON-escaped (as is, and ``\\uXXXX``-escaped for non-ASCII text).
+   probe: UTF-8, UTF-16 (LE and BE), hex (lower and upper case), base64 (standard
+   and URL-safe) at each of the three byte alignments (the characters that depend
+   on neighbouring bytes are trimmed) and JSON-escaped (as is, and
+   ``\\uXXXX``-escaped for non-ASCII text).
    Encryption working means no raw hit anywhere.
 2. **decrypted**: everything the *live* keyring can still open, decoded with the
    stores' own readers (``keyshred.storage.partition`` for Parquet segments and
@@ -154,7 +155,11 @@ def probe_forms(probe: str) -> list[tuple[str, bytes]]:
         ("hex", raw.hex().encode("ascii")),
         ("hex-upper", raw.hex().upper().encode("ascii")),
     ]
-    forms += [(f"base64-{shift}", piece) for shift, piece in enumerate(_base64_pieces(raw))]
+    pieces = _base64_pieces(raw)
+    forms += [(f"base64-{shift}", piece) for shift, piece in enumerate(pieces)]
+    # The URL-safe alphabet (JWTs, URLs) differs only in '+' and '/'.
+    urlsafe = bytes.maketrans(b"+/", b"-_")
+    forms += [(f"base64url-{k}", piece.translate(urlsafe)) for k, piece in enumerate(pieces)]
     escaped = json.dumps(probe, ensure_ascii=True)[1:-1]
     forms += [
         ("json", json.dumps(probe, ensure_ascii=False)[1:-1].encode("utf-8")),

@@ -240,6 +240,10 @@ def test_forms_and_refusals(sqlite_ks: Keyshred, tmp_path: Path) -> None:
     for shift in range(3):
         piece = dict(probe_forms("alice@example.org"))[f"base64-{shift}"]
         assert piece in base64.b64encode(b"\xfe" * shift + b"alice@example.org\x01\x02")
+    # A probe whose base64 holds '+' or '/' is also looked for in the URL-safe alphabet.
+    url = dict(probe_forms("ab>>>?cd"))
+    assert b"+" in url["base64-0"] or b"/" in url["base64-0"]
+    assert url["base64url-0"] in base64.urlsafe_b64encode(b"ab>>>?cd")
     with pytest.raises(InvalidInput):
         sqlite_ks.erasure.residue_scan([], [tmp_path])
     with pytest.raises(InvalidInput):
