@@ -40,6 +40,10 @@ consent_app = typer.Typer(no_args_is_help=True, help="Consent records: grant, re
 app.add_typer(consent_app, name="consent")
 retention_app = typer.Typer(no_args_is_help=True, help="Retention: run the scanner, show settings.")
 app.add_typer(retention_app, name="retention")
+verify_app = typer.Typer(
+    no_args_is_help=True, help="Checks anyone can run: residue of erased data in files."
+)
+app.add_typer(verify_app, name="verify")
 
 out = Console()
 
@@ -882,6 +886,82 @@ def backup_maintain(
 ) -> None:
     """Same as 'keyshred maintain' (kept for existing schedules)."""
     _maintain(target, path, as_json)
+
+
+@verify_app.command("residue")
+def verify_residue(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="PATH", help="Folders or files to scan: a data folder, backups, exports."
+        ),
+    ],
+    probe: Annotated[
+        list[str] | None,
+        typer.Option("--probe", help="Text to look for (repeat the option for several)."),
+    ] = None,
+    probes_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--probes-file", help="A file with one probe a line (keeps them out of argv)."
+        ),
+    ] = None,
+    path: Annotated[
+        Path,
+        typer.Option(
+            "--path",
+            "-p",
+            "--data",
+            envvar="KEYSHRED_PATH",
+            help="The data folder whose live keyring decrypts (default: .).",
+        ),
+    ] = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Search files for probes, raw (UTF-8, UTF-16, hex, base64, JSON-escaped) and
+    decrypted with every key the live keyring still unwraps. Prints probe numbers,
+    never probes. Exits 0 when nothing is found, 1 when something is."""
+    probes = list(probe or [])
+    if probes_file is not None:
+        try:
+            lines = probes_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            raise KeyshredError(f"cannot read {probes_file} as UTF-8 text") from None
+        probes += [line for line in lines if line.strip()]
+    if not probes:
+        raise KeyshredError("give at least one --probe (or --probes-file)")
+    with Keyshred.open(path) as ks:
+        report = ks.erasure.residue_scan(probes, paths)
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+
+        def counts(which: dict[str, int]) -> str:
+            return ", ".join(f"{n} {k}" for k, n in sorted(which.items())) or "none"
+
+        out.print(
+            f"residue scan: {report.files_scanned} files, {report.bytes_scanned} bytes, "
+            f"{report.probes} probe(s) in {report.seconds:.2f} s",
+            highlight=False,
+        )
+        out.print(f"decrypted with live keys: {counts(report.decrypted)}", highlight=False)
+        out.print(f"undecryptable (erased): {counts(report.undecryptable)}", highlight=False)
+        if report.unreadable:
+            out.print(f"unreadable: {counts(report.unreadable)}", highlight=False)
+        if report.locked:
+            out.print(f"sealed to a recipient: {counts(report.locked)}", highlight=False)
+        for h in report.hits:
+            typer.echo(
+                f"HIT probe #{h.probe} {h.layer} {h.encoding} in {h.kind} "
+                f"{report.roots[h.root]}: {h.path}"
+            )
+        out.print(
+            "[green]no probe found[/green]"
+            if report.clean
+            else f"[red]{len(report.hits)} hit(s)[/red]"
+        )
+    if not report.clean:
+        raise typer.Exit(1)
 
 
 @app.command()

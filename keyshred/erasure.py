@@ -83,7 +83,10 @@ from keyshred.storage.catalog import (
 from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:
+    import os
+
     from keyshred.facade import Keyshred
+    from keyshred.residue import ResidueReport
     from keyshred.storage.memories import Memory
 
 __all__ = [
@@ -783,6 +786,16 @@ class ErasureCoordinator:
                 )
             ).scalar()
         return None if text is None else load_receipt(text)
+
+    def residue_scan(
+        self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
+    ) -> ResidueReport:
+        """Search every file under ``paths`` (a data folder, backups, exports) for
+        the probes, raw and decrypted with every key the live keyring still opens
+        (``keyshred.residue``); the report holds probe indexes, never probes."""
+        from keyshred.residue import residue_scan
+
+        return residue_scan(self._ks, probes, paths)
 
     def register_processor(self, processor: ExternalProcessor) -> None:
         _safe("processor name", processor.name)

@@ -1,0 +1,922 @@
+"""The residue check: ``keyshred verify residue`` and ``ks.erasure.residue_scan``.
+
+After an erasure, "the keys are destroyed" is a claim; this module checks it the way
+an auditor would. It walks every file under the given folders (a data folder, a
+backup generation or a whole local backup target, an export) and looks for probe
+strings (a phone number, an e-mail, a name) in two layers:
+
+1. **raw**: the bytes of every file, in every form a program may have written the
+   probe: UTF-8, UTF-16 (LE and BE), hex (lower and upper case), base64 (standard
+   and URL-safe) at each of the three byte alignments (the characters that depend
+   on neighbouring bytes are trimmed) and JSON-escaped (as is, and
+   ``\\uXXXX``-escaped for non-ASCII text).
+   Encryption working means no raw hit anywhere.
+2. **decrypted**: everything the *live* keyring can still open, decoded with the
+   stores' own readers (``keyshred.storage.partition`` for Parquet segments and
+   append logs, each record on its own, rows sealed under owner-set keys opened as
+   the partition opens them; ``keyshred.storage.vectors`` for LanceDB datasets,
+   every version), the catalog's sealed columns (tokens, threads, checkpoints and
+   their writes, in any SQLite catalog found under the folders and in the live
+   catalog when the data folder is scanned), the vault's token journals, and backup
+   generations: each object is mapped back to what it is through the generation's
+   manifest and decoded like the original. A generation's own sealed key store is
+   never opened: only keys the live keyring can unwrap count. A ciphertext whose key
+   was destroyed counts as undecryptable, which is what an erasure should leave
+   behind. An export package needs its recipient's secret: only whether its subject
+   key still exists is reported.
+
+Nothing under the scanned folders is written (SQLite files are opened immutable or
+read-only beside their writer, LanceDB datasets read by version, files read in
+chunks, never mapped).
+
+The report holds counts, paths relative to the scanned root, kinds, encodings and
+probe *indexes*: never a probe, never plaintext (a path that itself holds a probe is
+replaced by a digest). Nothing here logs.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import sqlite3
+import stat
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import sqlalchemy as sa
+
+from keyshred.errors import (
+    IntegrityError,
+    InvalidInput,
+    KekEpochDestroyed,
+    KeyNotFound,
+    SubjectErased,
+)
+from keyshred.keyring import _primitives as prim
+from keyshred.keyring.envelope import Place, key_id_of
+from keyshred.keyring.keyring import Keyring
+from keyshred.keyring.package import read_header
+from keyshred.storage.applog import AppendLog
+from keyshred.storage.catalog import checkpoint_writes, checkpoints, threads, tokens
+from keyshred.storage.checkpoints import thread_scope
+from keyshred.storage.partition import MemoryRow, Partition, decode_record
+from keyshred.storage.pme import PmeCrypto
+from keyshred.storage.sealer import KeyringSealer
+from keyshred.storage.vectors import VectorIndex
+from keyshred.vault.journal import _MAGIC as _JOURNAL_MAGIC
+from keyshred.vault.journal import Segment as JournalSegment
+from keyshred.vault.tokens import _templates as token_place
+
+if TYPE_CHECKING:
+    from keyshred.facade import Keyshred
+
+__all__ = ["ResidueHit", "ResidueReport", "probe_forms", "residue_scan"]
+
+# Kinds of what was found or decoded (report keys; no personal data).
+SEGMENT = "memory_segment"
+LOG = "memory_log_record"
+MEMORY_ROW = "memory_row"  # rows of segments and log records
+VECTOR = "vector"
+VECTOR_DATASET = "vector_dataset"
+TOKEN = "token"  # noqa: S105 - a kind's name, not a secret
+TOKEN_JOURNAL = "token_journal"  # noqa: S105 - pending tokens of group commit
+THREAD = "thread"
+CHECKPOINT = "checkpoint"
+CHECKPOINT_WRITE = "checkpoint_write"
+DATABASE = "database"
+BACKUP_MANIFEST = "backup_manifest"
+BACKUP_KEYSTORE = "backup_keystore"
+BACKUP_OBJECT = "backup_object"
+EXPORT = "export"
+FILE = "file"
+FILE_NAME = "file_name"
+RAW = "raw"
+DECRYPTED = "decrypted"
+LIVE_CATALOG = "<live catalog>"
+
+_MIN_PROBE_CHARS = 3
+_CHUNK = 8 << 20
+_MIN_NEEDLE_BYTES = 4  # shorter encoded forms (a trimmed base64 piece) match noise
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SEGMENT_NAME = re.compile(r"seg-g\d+-\d+\.parquet")
+_LOG_NAME = re.compile(r"log-(\d+)\.ksl")
+_SUBJECT_DIR = "subject="
+_ERASED = (SubjectErased, KekEpochDestroyed)
+# What a file that does not decode raises: ours (already typed) and the readers'
+# own (pyarrow, LanceDB, SQLite through SQLAlchemy, JSON).
+_UNREADABLE = (
+    IntegrityError,
+    KeyNotFound,
+    OSError,
+    ValueError,
+    RuntimeError,
+    KeyError,
+    TypeError,
+    sa.exc.SQLAlchemyError,
+)
+
+
+# -- probes ------------------------------------------------------------------------
+
+
+def _base64_pieces(data: bytes) -> list[bytes]:
+    """The base64 of ``data`` at byte offsets 0, 1 and 2 of a longer stream: the
+    characters that also depend on the bytes before or after are trimmed."""
+    pieces = []
+    for shift in range(3):
+        encoded = base64.b64encode(b"\x00" * shift + data).rstrip(b"=")
+        start = -(-8 * shift // 6)  # characters holding a bit of the bytes before
+        end = 8 * (shift + len(data)) // 6  # the last character made only of ours
+        pieces.append(encoded[start:end])
+    return pieces
+
+
+def probe_forms(probe: str) -> list[tuple[str, bytes]]:
+    """Every (encoding name, bytes) a probe is searched as; identical byte strings
+    are kept once, under the first name, and forms too short to mean anything are
+    left out."""
+    raw = probe.encode("utf-8")
+    forms: list[tuple[str, bytes]] = [
+        ("utf-8", raw),
+        ("utf-16-le", probe.encode("utf-16-le")),
+        ("utf-16-be", probe.encode("utf-16-be")),
+        ("hex", raw.hex().encode("ascii")),
+        ("hex-upper", raw.hex().upper().encode("ascii")),
+    ]
+    pieces = _base64_pieces(raw)
+    forms += [(f"base64-{shift}", piece) for shift, piece in enumerate(pieces)]
+    # The URL-safe alphabet (JWTs, URLs) differs only in '+' and '/'.
+    urlsafe = bytes.maketrans(b"+/", b"-_")
+    forms += [(f"base64url-{k}", piece.translate(urlsafe)) for k, piece in enumerate(pieces)]
+    escaped = json.dumps(probe, ensure_ascii=True)[1:-1]
+    forms += [
+        ("json", json.dumps(probe, ensure_ascii=False)[1:-1].encode("utf-8")),
+        ("json-ascii", escaped.encode("ascii")),
+        # Other serializers write \u00E9 where Python writes \u00e9.
+        (
+            "json-ascii-upper",
+            re.sub(r"\\u([0-9a-f]{4})", lambda m: "\\u" + m.group(1).upper(), escaped).encode(),
+        ),
+    ]
+    out: list[tuple[str, bytes]] = []
+    seen: set[bytes] = set()
+    for name, needle in forms:
+        if len(needle) >= _MIN_NEEDLE_BYTES and needle not in seen:
+            seen.add(needle)
+            out.append((name, needle))
+    return out
+
+
+class _Needles:
+    """Every encoded form of every probe; ``find`` says which occur in a buffer."""
+
+    def __init__(self, probes: Sequence[str]) -> None:
+        self.items = [
+            (index, name, needle)
+            for index, probe in enumerate(probes)
+            for name, needle in probe_forms(probe)
+        ]
+
+        self._overlap = max((len(n) for _, _, n in self.items), default=1) - 1
+
+    def find(self, data: bytes) -> list[tuple[str, int]]:
+        return [(name, index) for index, name, needle in self.items if needle in data]
+
+    def find_in(self, fd: int) -> tuple[list[tuple[str, int]], int]:
+        """``find`` over a file read in chunks (a mapping would die of SIGBUS if a
+        live file, a SQLite WAL say, were truncated under it); returns the forms
+        found and the bytes read."""
+        found: dict[tuple[str, int], None] = {}
+        tail = b""
+        size = 0
+        while chunk := os.read(fd, _CHUNK):
+            size += len(chunk)
+            buf = tail + chunk
+            found.update(dict.fromkeys(self.find(buf)))
+            tail = buf[len(buf) - self._overlap :] if self._overlap else b""
+        return list(found), size
+
+
+def _check_probes(probes: Any) -> list[str]:
+    if isinstance(probes, str) or not isinstance(probes, Iterable):
+        raise InvalidInput("probes is a list of strings")
+    out = list(probes)
+    if not out:
+        raise InvalidInput("give at least one probe")
+    for probe in out:
+        if not isinstance(probe, str) or len(probe.strip()) < _MIN_PROBE_CHARS:
+            # Never echo the probe: it is the personal data being looked for.
+            raise InvalidInput(f"a probe is text of at least {_MIN_PROBE_CHARS} characters")
+        try:
+            probe.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput("a probe is valid Unicode text") from None
+    return out
+
+
+def _check_paths(paths: Any) -> list[Path]:
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    if not isinstance(paths, Iterable):
+        raise InvalidInput("paths is a list of folders or files")
+    out = [Path(p) for p in paths]
+    if not out:
+        raise InvalidInput("give at least one folder or file to scan")
+    for p in out:
+        if not p.exists():
+            raise InvalidInput(f"{p} does not exist")
+    return out
+
+
+# -- the report --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ResidueHit:
+    """One probe found: where (``root`` indexes ``ResidueReport.roots``; ``path`` is
+    relative to it), in what (``kind``), in which layer (``raw`` bytes or
+    ``decrypted`` plaintext), in which encoding, and which probe (its index)."""
+
+    root: int
+    path: str
+    kind: str
+    layer: str
+    encoding: str
+    probe: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "path": self.path,
+            "kind": self.kind,
+            "layer": self.layer,
+            "encoding": self.encoding,
+            "probe": self.probe,
+        }
+
+
+@dataclass
+class ResidueReport:
+    """What a residue scan did and found (counts and places only: no probe, no
+    plaintext). ``undecryptable`` counts ciphertexts whose key was destroyed (what
+    an erasure leaves); ``unreadable`` those no live key is known for or that failed
+    to decode; ``locked`` export packages whose key is live but that also need the
+    recipient's secret."""
+
+    roots: list[str]
+    probes: int
+    files_scanned: int = 0
+    bytes_scanned: int = 0
+    generations: int = 0  # backup generations read through their manifests
+    decrypted: dict[str, int] = field(default_factory=dict)
+    undecryptable: dict[str, int] = field(default_factory=dict)
+    unreadable: dict[str, int] = field(default_factory=dict)
+    locked: dict[str, int] = field(default_factory=dict)
+    hits: list[ResidueHit] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.hits
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "clean": self.clean,
+            "roots": list(self.roots),
+            "probes": self.probes,
+            "files_scanned": self.files_scanned,
+            "bytes_scanned": self.bytes_scanned,
+            "generations": self.generations,
+            "decrypted": dict(sorted(self.decrypted.items())),
+            "undecryptable": dict(sorted(self.undecryptable.items())),
+            "unreadable": dict(sorted(self.unreadable.items())),
+            "locked": dict(sorted(self.locked.items())),
+            "hits": [h.as_dict() for h in self.hits],
+            "seconds": round(self.seconds, 3),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"ResidueReport(files_scanned={self.files_scanned}, hits={len(self.hits)}, "
+            f"decrypted={sum(self.decrypted.values())}, "
+            f"undecryptable={sum(self.undecryptable.values())})"
+        )
+
+
+# -- the scan ----------------------------------------------------------------------
+
+
+def residue_scan(
+    ks: Keyshred, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
+) -> ResidueReport:
+    """Scan ``paths`` for ``probes`` (raw bytes, and everything the live keyring of
+    ``ks`` can decrypt); see the module docstring."""
+    checked = _check_probes(probes)
+    roots = _check_paths(paths)
+    report = ResidueReport(roots=[str(r) for r in roots], probes=len(checked))
+    started = time.monotonic()
+    scanner = _Scanner(ks, _Needles(checked), report)
+    try:
+        for index, root in enumerate(roots):
+            scanner.scan_root(index, root)
+    finally:
+        scanner.close()
+    # A folder given to scan may itself be named after a probe.
+    report.roots = [scanner.safe_path(r) for r in report.roots]
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Object:
+    """A backup object as its generation manifest names it."""
+
+    kind: str
+    subject_ref: str
+    rel: str  # its path in a data folder (memories/subject=…/seg-….parquet)
+
+
+class _Root:
+    """The state of one scanned root: where hits are reported relative to, and what
+    was already decoded (a content-addressed object shared by generations is
+    decoded once)."""
+
+    def __init__(self, index: int, path: Path) -> None:
+        self.index = index
+        self.path = path
+        self.base = path if path.is_dir() else path.parent
+        self.raw_done: set[Path] = set()
+        self.decoded: set[Path] = set()
+
+    def rel(self, path: Path) -> str:
+        return os.path.relpath(path, self.base)
+
+
+class _Scanner:
+    def __init__(self, ks: Keyshred, needles: _Needles, report: ResidueReport) -> None:
+        self._ks = ks
+        self._keyring: Keyring = ks.keyring
+        self._needles = needles
+        self._report = report
+        self._sealer = KeyringSealer(self._keyring)
+        self._pme = PmeCrypto(self._keyring)  # our own: its key cache is forgotten at close
+        self._vectors = VectorIndex("", self._keyring)  # its reader only; never connects
+        self._hits: set[ResidueHit] = set()
+        self._name_key = prim.random_bytes(32)
+
+    def close(self) -> None:
+        self._pme.forget()
+        self._report.hits = sorted(self._hits)
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _count(self, which: dict[str, int], kind: str, n: int = 1) -> None:
+        if n:
+            which[kind] = which.get(kind, 0) + n
+
+    def safe_path(self, rel: str) -> str:
+        """A path as reported: one that holds a probe is replaced by a keyed digest
+        (a key of this scan only: no one can test guesses against it, and two hits
+        in one file still name the same place)."""
+        raw = rel.encode("utf-8", "surrogateescape")
+        if self._needles.find(raw):
+            return "<redacted " + prim.hmac_sha256(self._name_key, raw).hex()[:16] + ">"
+        return rel
+
+    def _hit(
+        self, root: _Root, label: str, kind: str, layer: str, found: list[tuple[str, int]]
+    ) -> None:
+        for encoding, probe in found:
+            self._hits.add(
+                ResidueHit(root.index, self.safe_path(label), kind, layer, encoding, probe)
+            )
+
+    def _search_plain(self, root: _Root, label: str, kind: str, plain: bytes) -> None:
+        self._hit(root, label, kind, DECRYPTED, self._needles.find(plain))
+
+    # -- walking -----------------------------------------------------------------------
+
+    def scan_root(self, index: int, path: Path) -> None:
+        root = _Root(index, path)
+        files = [path] if path.is_file() else sorted(_walk(path))
+        generations = self._generations(files)
+        objects = self._objects(generations)
+        kinds: dict[Path, str] = {}
+        for file in files:
+            obj = objects.get(file.resolve())
+            kind = obj.kind if obj else _kind_of(file)
+            self._raw(root, file, kind)
+            if obj is None:  # backup objects are decoded through their manifest
+                kinds[file] = kind
+        for file, kind in kinds.items():
+            self._decode(root, file, kind)
+        self._decode_backups(root, generations, objects)
+        self._live_catalog(root)
+
+    def _raw(self, root: _Root, file: Path, kind: str) -> None:
+        real = file.resolve()
+        if real in root.raw_done:
+            return
+        root.raw_done.add(real)
+        rel = root.rel(file)
+        name_hits = self._needles.find(rel.encode("utf-8", "surrogateescape"))
+        self._hit(root, rel, FILE_NAME, RAW, name_hits)
+        try:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            self._count(self._report.unreadable, kind)
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            found, size = self._needles.find_in(fd)
+        except OSError:
+            self._count(self._report.unreadable, kind)
+            return
+        finally:
+            os.close(fd)
+        self._report.files_scanned += 1
+        self._report.bytes_scanned += size
+        self._hit(root, rel, kind, RAW, found)
+
+    def _decode(self, root: _Root, file: Path, kind: str) -> None:
+        """Decode a file found in the walk by what its name, place and first bytes
+        say it is."""
+        parent = file.parent.name
+        if kind == SEGMENT:
+            self._segment(root, file, parent.removeprefix(_SUBJECT_DIR), root.rel(file))
+        elif kind == LOG and (m := _LOG_NAME.fullmatch(file.name)):
+            ref = parent.removeprefix(_SUBJECT_DIR)
+            self._log(root, file, int(m.group(1)), ref, root.rel(file))
+        elif kind == VECTOR_DATASET:
+            if parent == "_versions" and file.parent.parent.name.endswith(".lance"):
+                dataset = file.parent.parent
+                if dataset not in root.decoded:
+                    root.decoded.add(dataset)
+                    ref = dataset.name.removesuffix(".lance")
+                    self._dataset(root, dataset, ref, root.rel(dataset))
+        elif kind == DATABASE:
+            self._sqlite(root, file)
+        elif kind == TOKEN_JOURNAL:
+            self._token_journal(root, file)
+        elif kind == EXPORT:
+            self._export(file)
+
+    # -- memory partitions -------------------------------------------------------------
+
+    def _partition(self, folder: Path, ref: str) -> Partition:
+        # The store's own partition object and reader: how rows are sealed is
+        # decided there (and inherited here), never re-implemented.
+        return Partition(folder, ref, self._keyring, self._sealer, self._pme, fsync=False)
+
+    def _segment(self, root: _Root, file: Path, ref: str, label: str) -> None:
+        part = self._partition(file.parent, ref)
+        try:
+            scope = self._segment_scope(file)
+            rows = part._read_segment(file, scope)
+        except _ERASED:
+            self._count(self._report.undecryptable, SEGMENT)
+            return
+        except _UNREADABLE:
+            self._count(self._report.unreadable, SEGMENT)
+            return
+        self._count(self._report.decrypted, SEGMENT)
+        self._search_plain(root, label, SEGMENT, self._rows_plain(rows))
+
+    def _rows_plain(self, rows: Sequence[MemoryRow]) -> bytes:
+        """Every readable row's names and value, one buffer to search; rows sealed
+        under a destroyed owner-set key (opaque once the partition module seals rows
+        under owner-set keys) count as undecryptable."""
+        parts: list[bytes] = []
+        for row in rows:
+            if getattr(row, "opaque", False):
+                self._count(self._report.undecryptable, MEMORY_ROW)
+                continue
+            self._count(self._report.decrypted, MEMORY_ROW)
+            parts += [*(p.encode("utf-8") for p in row.namespace), row.key.encode(), row.value]
+        return b"\x00".join(parts)
+
+    def _segment_scope(self, file: Path) -> str:
+        """The segment's scope, from its plaintext column. The footer is signed with
+        the segment's key, so a destroyed key already raises here."""
+        table = pq.ParquetFile(file, decryption_properties=self._pme.decryption()).read(
+            columns=["scope"]
+        )
+        scopes = set(table.column("scope").to_pylist())
+        if len(scopes) != 1:
+            raise IntegrityError()
+        return str(scopes.pop())
+
+    def _log(self, root: _Root, file: Path, number: int, ref: str, label: str) -> None:
+        """Every record of an append log on its own (a later record overwriting an
+        earlier one leaves the earlier one's bytes in the file)."""
+        log = AppendLog(file, number, ref, self._sealer, fsync=False)
+        # Rows sealed under owner-set keys inside a record are opened by the
+        # partition, as when it loads the log (``_unseal``, where the partition
+        # module has it).
+        unseal = getattr(self._partition(file.parent, ref), "_unseal", None)
+        try:
+            for _scope, payload in log.read(skip_erased=True):
+                if payload is None:
+                    self._count(self._report.undecryptable, LOG)
+                    continue
+                op, items = decode_record(payload)
+                rows = unseal(items) if unseal is not None and op == "put" else items
+                self._count(self._report.decrypted, LOG)
+                plain = [payload, self._rows_plain(rows)] if op == "put" else [payload]
+                self._search_plain(root, label, LOG, b"\x00".join(plain))
+        except _ERASED:
+            self._count(self._report.undecryptable, LOG)
+        except _UNREADABLE:
+            self._count(self._report.unreadable, LOG)
+        finally:
+            log.close()
+
+    # -- vectors -----------------------------------------------------------------------
+
+    def _dataset(self, root: _Root, dataset: Path, ref: str, label: str) -> None:
+        """Every version of a LanceDB dataset: its sealed vectors (each distinct
+        ciphertext once) decrypted by the vector store's reader, its plaintext
+        columns searched as well."""
+        try:
+            import lancedb  # slow to import: only when a dataset is found
+
+            table = lancedb.connect(str(dataset.parent)).open_table(
+                dataset.name.removesuffix(".lance")
+            )
+            versions = [int(v["version"]) for v in table.list_versions()]
+        except _UNREADABLE:
+            self._count(self._report.unreadable, VECTOR_DATASET)
+            return
+        seen: dict[bytes, tuple[str, str, str, str]] = {}
+        for version in versions:
+            try:
+                table.checkout(version)
+                arrow = table.to_arrow()
+            except _UNREADABLE:
+                self._count(self._report.unreadable, VECTOR_DATASET)
+                continue
+            cols = [
+                arrow.column(n).to_pylist()
+                for n in ("vec", "vec_id", "scope", "memory_id", "field")
+            ]
+            for vec, vec_id, scope, memory_id, fld in zip(*cols, strict=True):
+                if vec is not None and vec not in seen:
+                    seen[vec] = (vec_id, scope, memory_id, fld)
+        plain_meta = b"\x00".join(
+            "\x00".join(map(str, meta)).encode("utf-8") for meta in seen.values()
+        )
+        self._search_plain(root, label, VECTOR, plain_meta)
+        by_key: dict[bytes, list[bytes]] = defaultdict(list)
+        for vec in seen:
+            try:
+                by_key[key_id_of(vec)].append(vec)
+            except IntegrityError:
+                self._count(self._report.unreadable, VECTOR)
+        for group in by_key.values():
+            self._vectors_of_key(root, label, ref, group, seen)
+
+    def _vectors_of_key(
+        self,
+        root: _Root,
+        label: str,
+        ref: str,
+        group: list[bytes],
+        meta: dict[bytes, tuple[str, str, str, str]],
+    ) -> None:
+        rows = [meta[v] for v in group]
+        table = pa.table(
+            {
+                "vec_id": [r[0] for r in rows],
+                "memory_id": [r[2] for r in rows],
+                "scope": [r[1] for r in rows],
+                "field": [r[3] for r in rows],
+                "updated_us": [0] * len(rows),
+                "vec": group,
+            },
+            schema=pa.schema(
+                [
+                    ("vec_id", pa.string()),
+                    ("memory_id", pa.string()),
+                    ("scope", pa.string()),
+                    ("field", pa.string()),
+                    ("updated_us", pa.int64()),
+                    ("vec", pa.binary()),
+                ]
+            ),
+        )
+        try:
+            # The store's own bulk reader: its places, its owner checks. A key that
+            # was destroyed raises, or (where the vector store keeps such rows as
+            # unreadable) leaves its rows out of what comes back.
+            opened = self._vectors._open_all(ref, table)
+        except _ERASED:
+            self._count(self._report.undecryptable, VECTOR, len(group))
+            return
+        except _UNREADABLE:
+            self._count(self._report.unreadable, VECTOR, len(group))
+            return
+        self._count(self._report.decrypted, VECTOR, len(opened.vec_ids))
+        self._count(self._report.undecryptable, VECTOR, len(group) - len(opened.vec_ids))
+        self._search_plain(root, label, VECTOR, bytes(opened.matrix.tobytes()))
+
+    # -- catalogs ----------------------------------------------------------------------
+
+    def _sqlite(self, root: _Root, file: Path) -> None:
+        """A SQLite database found in the walk: if it is a keyshred catalog (the live
+        one, a backup generation's, a restored one), decrypt its sealed columns.
+
+        Nothing is written next to it (opening a WAL database even read-only creates
+        its ``-shm`` and ``-wal`` files) and a key store is never copied (that would
+        be one more copy of its wrapped keys): the tables are listed from the file as
+        it is; a catalog with no pending WAL is read as it is too, one whose WAL is in
+        use read-only beside its writer, and one with a WAL but no shared-memory file
+        from a private copy (its sealed columns are ciphertext)."""
+        real = file.resolve()
+        if real in root.decoded:
+            return
+        root.decoded.add(real)
+        wal, shm = Path(f"{real}-wal"), Path(f"{real}-shm")
+        catalog_tables = {tokens.name, threads.name, checkpoints.name}
+        try:
+            with contextlib.ExitStack() as stack:
+                if not wal.is_file() or wal.stat().st_size == 0:
+                    uri = f"{real.as_uri()}?immutable=1"
+                elif shm.is_file():
+                    uri = f"{real.as_uri()}?mode=ro"  # in use: read beside its writer
+                else:
+                    with _sqlite_engine(f"{real.as_uri()}?immutable=1") as conn:
+                        if not set(sa.inspect(conn).get_table_names()) & catalog_tables:
+                            return  # never copy what may be a key store
+                    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                    shutil.copyfile(real, tmp / "db")
+                    shutil.copyfile(wal, tmp / "db-wal")
+                    uri = f"{(tmp / 'db').as_uri()}?mode=ro"
+                conn = stack.enter_context(_sqlite_engine(uri))
+                if set(sa.inspect(conn).get_table_names()) & catalog_tables:
+                    self._catalog(root, root.rel(file), conn)
+        except _UNREADABLE:
+            self._count(self._report.unreadable, DATABASE)
+
+    def _live_catalog(self, root: _Root) -> None:
+        """The live catalog, when the data folder is scanned but the catalog is not a
+        file under the root (PostgreSQL, or a SQLite file kept elsewhere)."""
+        if not root.path.is_dir() or not _inside(self._ks.path, root.path):
+            return
+        catalog = self._ks.catalog
+        database = catalog.engine.url.database
+        if catalog.dialect == "sqlite" and database and _inside(Path(database), root.path):
+            return  # found in the walk
+        with catalog.engine.connect() as conn:
+            self._catalog(root, LIVE_CATALOG, conn)
+
+    def _catalog(self, root: _Root, label: str, conn: sa.Connection) -> None:
+        names = set(sa.inspect(conn).get_table_names())
+        if tokens.name in names:
+            t = tokens.c
+            for token, ref, scope, value in conn.execute(
+                sa.select(t.token, t.subject_ref, t.scope, t.value)
+            ):
+                self._open(
+                    root,
+                    label,
+                    TOKEN,
+                    partial(self._keyring.open_at, bytes(value), token_place(ref, scope), token),
+                )
+        if threads.name in names:
+            t = threads.c
+            for thread_ref, ref, sealed in conn.execute(
+                sa.select(t.thread_ref, t.subject_ref, t.thread)
+            ):
+                place = Place(ref, thread_scope(thread_ref), "threads", thread_ref, "data")
+                self._open(root, label, THREAD, partial(self._keyring.open, bytes(sealed), place))
+        if checkpoints.name in names:
+            c = checkpoints.c
+            query = sa.select(c.thread_ref, c.checkpoint_ns, c.checkpoint_id, c.subject_ref, c.data)
+            for thread_ref, ns, cid, ref, data in conn.execute(query):
+                record = f"{thread_ref}/{ns}/{cid}"
+                place = Place(ref, thread_scope(thread_ref), "checkpoints", record, "data")
+                self._open(root, label, CHECKPOINT, partial(self._keyring.open, bytes(data), place))
+        if checkpoint_writes.name in names:
+            w = checkpoint_writes.c
+            query = sa.select(
+                w.thread_ref,
+                w.checkpoint_ns,
+                w.checkpoint_id,
+                w.task_id,
+                w.idx,
+                w.subject_ref,
+                w.data,
+            )
+            for r in conn.execute(query):
+                record = f"{r.thread_ref}/{r.checkpoint_ns}/{r.checkpoint_id}/{r.task_id}/{r.idx}"
+                place = Place(r.subject_ref, thread_scope(r.thread_ref), "writes", record, "data")
+                opener = partial(self._keyring.open, bytes(r.data), place)
+                self._open(root, label, CHECKPOINT_WRITE, opener)
+
+    def _open(self, root: _Root, label: str, kind: str, opener: Callable[[], bytes]) -> None:
+        try:
+            plain = opener()
+        except _ERASED:
+            self._count(self._report.undecryptable, kind)
+            return
+        except _UNREADABLE:
+            self._count(self._report.unreadable, kind)
+            return
+        self._count(self._report.decrypted, kind)
+        self._search_plain(root, label, kind, plain)
+
+    def _token_journal(self, root: _Root, file: Path) -> None:
+        """A vault journal: token rows a process wrote before their group commit
+        (zeroed once stored; a dead process's stay until replayed)."""
+        try:
+            rows = JournalSegment(file, -1).read()  # reads by path; the fd is unused
+        except _UNREADABLE:
+            self._count(self._report.unreadable, TOKEN_JOURNAL)
+            return
+        label = root.rel(file)
+        for _epoch, row in rows:
+            token, ref, scope, value = row[1], row[2], row[3], row[10]
+            opener = partial(self._keyring.open_at, bytes(value), token_place(ref, scope), token)
+            self._open(root, label, TOKEN_JOURNAL, opener)
+
+    # -- exports -----------------------------------------------------------------------
+
+    def _export(self, file: Path) -> None:
+        """An export package cannot be opened without its recipient's secret; its
+        subject key can be checked: destroyed means every copy is noise."""
+        try:
+            header = read_header(_head(file, 4096))
+            self._keyring.data_key(header.subject_ref, header.key_scope, create=False)
+        except _ERASED:
+            self._count(self._report.undecryptable, EXPORT)
+            return
+        except _UNREADABLE:
+            self._count(self._report.unreadable, EXPORT)
+            return
+        self._count(self._report.locked, EXPORT)
+
+    # -- backups -----------------------------------------------------------------------
+
+    def _generations(self, files: list[Path]) -> list[tuple[Path, Any]]:
+        """(target folder, manifest) of every generation found in the walk."""
+        from keyshred.backup.manifest import Manifest
+
+        out = []
+        for file in files:
+            if file.name != "manifest.json" or file.parent.parent.name != "generations":
+                continue
+            try:
+                manifest = Manifest.parse(file.read_bytes(), file.parent.name)
+            except _UNREADABLE:
+                self._count(self._report.unreadable, BACKUP_MANIFEST)
+                continue
+            self._report.generations += 1
+            out.append((file.parent.parent.parent, manifest))
+        return out
+
+    @staticmethod
+    def _objects(generations: list[tuple[Path, Any]]) -> dict[Path, _Object]:
+        """Every object the generations name, by real path, with what it is."""
+        out: dict[Path, _Object] = {}
+        for target, manifest in generations:
+            for seg in manifest.segments:
+                obj = (target / seg.object).resolve()
+                out.setdefault(obj, _Object(_object_kind(seg.path), seg.subject_ref, seg.path))
+        return out
+
+    def _decode_backups(
+        self, root: _Root, generations: list[tuple[Path, Any]], objects: dict[Path, _Object]
+    ) -> None:
+        """Decode every object of every generation like the file it is a copy of.
+        Objects outside the root (one generation folder scanned) are raw-scanned
+        too; an object shared by generations is decoded once."""
+        done_datasets: set[frozenset[Path]] = set()
+        for target, manifest in generations:
+            datasets: dict[str, list[tuple[Path, str]]] = defaultdict(list)
+            for seg in manifest.segments:
+                path = (target / seg.object).resolve()
+                obj = objects[path]
+                if not path.is_file():
+                    continue  # pruned meanwhile
+                self._raw(root, path, obj.kind)
+                if obj.kind == VECTOR_DATASET:
+                    top, _, rest = obj.rel.removeprefix("vectors/").partition("/")
+                    datasets[top].append((path, rest))
+                    continue
+                if path in root.decoded:
+                    continue
+                root.decoded.add(path)
+                name = obj.rel.rsplit("/", 1)[-1]
+                if obj.kind == SEGMENT:
+                    self._segment(root, path, obj.subject_ref, root.rel(path))
+                elif obj.kind == LOG and (m := _LOG_NAME.fullmatch(name)):
+                    self._log(root, path, int(m.group(1)), obj.subject_ref, root.rel(path))
+            for top, members in sorted(datasets.items()):
+                key = frozenset(p for p, _ in members)
+                if key not in done_datasets:
+                    done_datasets.add(key)
+                    self._backup_dataset(root, top, members)
+
+    def _backup_dataset(self, root: _Root, top: str, members: list[tuple[Path, str]]) -> None:
+        """A LanceDB dataset from backup objects: laid out again as symbolic links
+        (no copy of the ciphertext) in a private folder, then read like a live one.
+        Hits name the subject's object folder and the dataset."""
+        with tempfile.TemporaryDirectory(prefix="keyshred-residue-") as tmp:
+            dataset = Path(tmp) / top
+            for path, rest in members:
+                link = dataset / rest
+                if link.exists() or ".." in Path(rest).parts:
+                    continue
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(path)
+            label = f"{root.rel(members[0][0].parent)}/[vectors/{top}]"
+            self._dataset(root, dataset, top.removesuffix(".lance"), label)
+
+
+@contextlib.contextmanager
+def _sqlite_engine(uri: str) -> Iterator[sa.Connection]:
+    engine = sa.create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False)
+    )
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(folder) / name
+            if not path.is_symlink():  # a link is not data; its target is scanned where it is
+                yield path
+
+
+def _head(file: Path, n: int) -> bytes:
+    try:
+        with file.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def _kind_of(file: Path) -> str:
+    """What a file in the walk is, from its name and place."""
+    name, parent = file.name, file.parent.name
+    if parent.startswith(_SUBJECT_DIR) and _SEGMENT_NAME.fullmatch(name):
+        return SEGMENT
+    if parent.startswith(_SUBJECT_DIR) and _LOG_NAME.fullmatch(name):
+        return LOG
+    if any(p.endswith(".lance") for p in file.parts[:-1]):
+        return VECTOR_DATASET
+    if name == "manifest.json" and file.parent.parent.name == "generations":
+        return BACKUP_MANIFEST
+    if name == "keystore.sealed":
+        return BACKUP_KEYSTORE
+    head = _head(file, 4096)
+    if head.startswith(_SQLITE_MAGIC):
+        return DATABASE
+    if head.startswith(_JOURNAL_MAGIC):
+        return TOKEN_JOURNAL
+    if head.startswith(b"{") and b"keyshred-export/" in head.partition(b"\n")[0]:
+        return EXPORT
+    if parent.startswith(_SUBJECT_DIR) and head[:4] in (b"PAR1", b"PARE"):
+        # A Parquet file in a subject's folder under another name: a backup object
+        # no manifest in the scanned folders names (pruned generation, one folder).
+        return SEGMENT
+    return FILE
+
+
+def _object_kind(rel: str) -> str:
+    parts = rel.split("/")
+    if parts[0] == "memories" and len(parts) == 3 and parts[1].startswith(_SUBJECT_DIR):
+        if _SEGMENT_NAME.fullmatch(parts[2]):
+            return SEGMENT
+        if _LOG_NAME.fullmatch(parts[2]):
+            return LOG
+    if parts[0] == "vectors" and len(parts) > 2 and parts[1].endswith(".lance"):
+        return VECTOR_DATASET
+    return BACKUP_OBJECT
