@@ -505,11 +505,10 @@ class _Scanner:
 
     def _rows_plain(self, rows: Sequence[MemoryRow]) -> bytes:
         """Every readable row's names and value, one buffer to search; rows sealed
-        under a destroyed owner-set key (opaque once the partition module seals rows
-        under owner-set keys) count as undecryptable."""
+        under a destroyed owner-set key (opaque) count as undecryptable."""
         parts: list[bytes] = []
         for row in rows:
-            if getattr(row, "opaque", False):
+            if row.opaque:
                 self._count(self._report.undecryptable, MEMORY_ROW)
                 continue
             self._count(self._report.decrypted, MEMORY_ROW)
@@ -532,16 +531,15 @@ class _Scanner:
         earlier one leaves the earlier one's bytes in the file)."""
         log = AppendLog(file, number, ref, self._sealer, fsync=False)
         # Rows sealed under owner-set keys inside a record are opened by the
-        # partition, as when it loads the log (``_unseal``, where the partition
-        # module has it).
-        unseal = getattr(self._partition(file.parent, ref), "_unseal", None)
+        # partition, as when it loads the log.
+        unseal = self._partition(file.parent, ref)._unseal
         try:
             for _scope, payload in log.read(skip_erased=True):
                 if payload is None:
                     self._count(self._report.undecryptable, LOG)
                     continue
                 op, items = decode_record(payload)
-                rows = unseal(items) if unseal is not None and op == "put" else items
+                rows = unseal(items) if op == "put" else items
                 self._count(self._report.decrypted, LOG)
                 plain = [payload, self._rows_plain(rows)] if op == "put" else [payload]
                 self._search_plain(root, label, LOG, b"\x00".join(plain))

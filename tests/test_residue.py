@@ -26,7 +26,6 @@ from keyshred import Keyshred
 from keyshred.errors import InvalidInput
 from keyshred.residue import ResidueReport, probe_forms
 from keyshred.storage.checkpoints import CheckpointRow, WriteRow
-from keyshred.storage.partition import MemoryRow
 from tests.e2e.test_cli import run
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
@@ -344,10 +343,6 @@ def test_every_vector_version_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) 
     assert report.hits == []
 
 
-@pytest.mark.skipif(
-    not hasattr(MemoryRow, "opaque"),
-    reason="rows sealed under owner-set keys (issue 19 item 1) are not in this build",
-)
 def test_a_mention_is_unreadable_in_every_copy_after_erasure(
     sqlite_ks: Keyshred, tmp_path: Path
 ) -> None:
