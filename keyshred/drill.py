@@ -4,14 +4,19 @@ front door, and prove it on every path.
 This is the main job (``keyshred drill``, ``make demo``). Workload: several subjects
 with indexed memories in two scopes (one under consent), tokens issued by the vault,
 a summary derived from two subjects' memories (with a rebuild function), a fact of a
-third subject that mentions the first, and LangGraph threads (a two-node graph with
+third subject that mentions the first, a memory of the last subject that holds the
+first one's registered e-mail and phone (a mention nobody declares: the detector finds
+it), and LangGraph threads (a two-node graph with
 ``KeyshredSaver``, no LLM) of the first two subjects. Then a backup, ``ks.erase`` for
 the first subject, and checks that each try to read what should be gone: key
 unwrap, partitions, catalog, key search, semantic search, token resolution, the
 rebuilt summary, the dropped fact, the agent threads, a restore of the pre-erasure
 backup into an isolated folder (tombstone replay), a byte scan of the whole data
 folder (backups and the restored copy included), the audit chain, the receipt's
-signature, and the pre-erasure backup's key store once its KEK epoch is destroyed.
+signature, the keys other holders shared with the subject (destroyed with its own),
+a residue scan of the data folder and the pre-erasure backup (raw and decrypted with
+the live keyring) after the erasure and again after the live KEK epoch rotated, and
+the pre-erasure backup's key store once its archive KEK epoch is destroyed.
 Every check is timed; probe strings are random per run.
 """
 
@@ -29,6 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
+from keyshred.backup.targets import LocalTarget
 from keyshred.config import Config, ScopeSettings
 from keyshred.errors import (
     KekEpochDestroyed,
@@ -212,6 +218,15 @@ def _drill(
     ks.memories.put(
         ids[2], ("facts",), "met", f"person 2 met {probe} at the conference", mentions=[victim]
     )
+    # The victim's registered e-mail, found in what another subject writes: nobody
+    # declares this mention, the detector finds it and the key is shared with them.
+    ks.subjects.register_identifiers(victim, emails=[victim], phones=["+86 138 1234 5678"])
+    ks.memories.put(
+        ids[-1],
+        ("facts",),
+        "contact",
+        {"text": f"ask {victim.upper()} or call 138-1234-5678 about the {probe} trip"},
+    )
     tokens = ks.vault.sanitize(
         f"{probe}: call 13812345678 or mail {victim}", victim, "support-reply", timedelta(days=1)
     )
@@ -222,13 +237,17 @@ def _drill(
         mark = probe if subject == victim else "other"
         graph.invoke({"notes": [f"{mark} asked about the allergy"]}, _thread(thread, subject))
     ks.memories.flush()
+    found = ks.catalog.mention_counts()
+    keys = ks.keyring.store.counts()
     report.checks.append(
         DrillCheck(
             "workload written (memories, vectors, tokens, derived, agent threads)",
             True,
             time.perf_counter() - start,
             f"{report.records + n_subjects} memories with vectors, {len(tokens.tokens)} tokens, "
-            f"1 shared summary, 1 mention, {len(threads)} LangGraph threads",
+            f"1 shared summary, {found['declared']} declared and {found['detected']} detected "
+            f"mention(s), {len(threads)} LangGraph threads; {keys['dek']} keys, of which "
+            f"{keys['shared']} shared by an owner set",
         )
     )
     victim_keys = [r.key_id for r in ks.keyring.store.for_subject(report.erased_subject_ref)]
@@ -424,6 +443,55 @@ def _drill(
             "no subject id, probe or token value"
         )
 
+    def shared_keys_destroyed() -> str:
+        _require(receipt is not None, "no receipt")
+        assert receipt is not None  # noqa: S101 - for the type checker
+        shared = receipt.shared_keys or []
+        holders = {k.holder_subject_ref for k in shared}
+        wanted = {ks.subject_ref(s) for s in (ids[1], ids[2], ids[-1])}
+        _require(wanted <= holders, "a co-owned key of another holder was not destroyed")
+        for k in shared:
+            try:
+                ks.keyring.data_key_by_id(bytes.fromhex(k.key_id))
+            except SubjectErased:
+                continue
+            raise DrillFailure("a co-owned key still unwraps")
+        _require(
+            ks.memories.get(ids[-1], ("facts",), "contact") is None,
+            "the memory with the detected mention survived",
+        )
+        assets = sum(len(k.assets) for k in shared)
+        return (
+            f"{len(shared)} keys of {len(holders)} other holders destroyed with the subject's "
+            f"({assets} assets: the summary's old version, the declared and the detected "
+            "mention), unreadable in every copy"
+        )
+
+    needles = [probe, victim, "13812345678"]
+    target = ks.backup.target()
+    backups = target.root if isinstance(target, LocalTarget) else None
+
+    def residue(after: str) -> Callable[[], str]:
+        def scan() -> str:
+            ks.memories.flush()
+            paths = [path] if backups is None or _inside(path, backups) else [path, backups]
+            result = ks.erasure.residue_scan(needles, paths)
+            _require(
+                not result.hits,
+                f"{len(result.hits)} hit(s): "
+                + ", ".join(sorted({f"{h.kind}/{h.layer}" for h in result.hits})),
+            )
+            undecryptable = sum(result.undecryptable.values())
+            _require(undecryptable > 0, "nothing of the subject left to find undecryptable")
+            return (
+                f"{result.files_scanned} files ({result.bytes_scanned} bytes) of the data "
+                f"folder and the pre-erasure backup {after}: no probe raw or decrypted with "
+                f"the live keyring in any encoding; {sum(result.decrypted.values())} items "
+                f"decrypted, {undecryptable} undecryptable (erased)"
+            )
+
+        return scan
+
     def audit_chain() -> str:
         return f"{ks.audit.verify()} events, hash chain intact"
 
@@ -504,15 +572,29 @@ def _drill(
     check("other subjects intact", others_intact)
     check("pre-erasure backup restored with tombstone replay", backup_restore)
     check("byte scan of the data folder", byte_scan)
+    check("co-owned keys destroyed with the subject", shared_keys_destroyed)
+    check("residue scan after the erasure", residue("after the erasure"))
     check("audit chain verifies", audit_chain)
     check("pre-erasure backup's key store dies with its KEK epoch", old_keystore_copy)
     check("other subjects intact after KEK rotation", others_intact)
+    check(
+        "residue scan after the live epoch rotated",
+        residue("after the live KEK epoch rotated and the old one was destroyed"),
+    )
     ks.close()
     return report
 
 
 class _AgentState(TypedDict):
     notes: list[str]
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def _thread(thread_id: str, subject: str) -> dict[str, Any]:
