@@ -789,13 +789,17 @@ class Keyring:
 
         A whole subject: every key it holds and every key it co-owns with others (a
         memory of someone else that mentions it, a summary built from its data). One
-        scope: the keys it holds in that scope, whatever their owners. The wrapped
+        scope: the keys it holds in that scope, whatever their owners, and the keys
+        others hold over data derived from that scope (owner ``ref@scope``). The wrapped
         DEKs are deleted and the tombstone written in one transaction, every cache
         entry is evicted, and the result is verified: each destroyed key id must now
         raise ``SubjectErased``.
         """
         records = self.store.for_subject(subject_ref, scope)
-        shared = self.store.owned_by(subject_ref) if scope is None else []
+        # A whole subject: every key it co-owns, as a person and through any scope's
+        # data; one scope: the keys co-owned through that scope's data (a mention is
+        # about the person, so only the subject's erasure takes it).
+        shared = self.store.owned_by(subject_ref, scope)
         held = {r.key_id for r in records}
         shared = [r for r in shared if r.key_id not in held]
         tombstone = Tombstone(

@@ -41,8 +41,23 @@ __all__ = [
     "SQLiteKeyStore",
     "SecretRecord",
     "Tombstone",
+    "owner_subject",
     "owner_tag",
+    "owner_token",
 ]
+
+
+def owner_token(subject_ref: str, scope: str | None = None) -> str:
+    """How an owner is named in a key's owner set: ``ref`` for the whole subject (a
+    mention: the data is about the person), ``ref@scope`` for its data in one scope
+    (the source of a derived asset), so withdrawing consent for that scope destroys
+    the keys of what was derived from it, and erasing the subject destroys both."""
+    return subject_ref if scope is None else f"{subject_ref}@{scope}"
+
+
+def owner_subject(token: str) -> str:
+    """The subject_ref of an owner token (subject_refs never hold ``@``)."""
+    return token.split("@", 1)[0]
 
 
 def owner_tag(owners: Sequence[str]) -> str:
@@ -149,9 +164,11 @@ class KeyStore(ABC):
         """Every DEK the subject holds (of one scope, or all), whatever its owners."""
 
     @abstractmethod
-    def owned_by(self, subject_ref: str) -> list[KeyRecord]:
+    def owned_by(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
         """Every DEK other subjects hold that ``subject_ref`` co-owns (its
-        ``owners`` filled in): what the subject's erasure destroys besides its own."""
+        ``owners`` filled in): what the subject's erasure destroys besides its own.
+        With ``scope``: the keys co-owned by its data in that scope only
+        (``owner_token(ref, scope)``), what withdrawing that scope destroys."""
 
     @abstractmethod
     def owners_of(self, key_ids: Sequence[bytes]) -> dict[bytes, tuple[str, ...]]:
@@ -347,6 +364,11 @@ def _statements(mark: str, prefix: str, lock: str = "") -> dict[str, str]:
         "for_scope": select + "subject_ref = ? AND scope = ?",
         "owned_by": f"SELECT {_DEK_COLUMNS} FROM {dek} WHERE key_id IN "  # noqa: S608
         f"(SELECT key_id FROM {prefix}dek_owner WHERE owner_ref = ?)",
+        # The subject itself and every ``ref@scope`` of it: a range on the primary
+        # key ("@" sorts just before "A"; subject_refs are lower-case base32).
+        "owned_by_subject": f"SELECT {_DEK_COLUMNS} FROM {dek} WHERE key_id IN "  # noqa: S608
+        f"(SELECT key_id FROM {prefix}dek_owner WHERE owner_ref = ? "
+        "OR (owner_ref >= ? AND owner_ref < ?))",
         "owner_rows": f"SELECT key_id, owner_ref FROM {prefix}dek_owner WHERE key_id = ?",  # noqa: S608
         "insert_owner": f"INSERT INTO {prefix}dek_owner (owner_ref, key_id) VALUES (?,?) "  # noqa: S608
         "ON CONFLICT DO NOTHING",
@@ -432,8 +454,13 @@ class _SqlKeyStore(KeyStore):
             rows = self._query(self._sql["for_scope"], (subject_ref, scope))
         return [_record(r) for r in rows]
 
-    def owned_by(self, subject_ref: str) -> list[KeyRecord]:
-        records = [_record(r) for r in self._query(self._sql["owned_by"], (subject_ref,))]
+    def owned_by(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
+        if scope is None:
+            args: tuple[str, ...] = (subject_ref, subject_ref + "@", subject_ref + "A")
+            rows = self._query(self._sql["owned_by_subject"], args)
+        else:
+            rows = self._query(self._sql["owned_by"], (owner_token(subject_ref, scope),))
+        records = [_record(r) for r in rows]
         owners = self.owners_of([r.key_id for r in records])
         return [replace(r, owners=owners.get(r.key_id, ())) for r in records]
 
@@ -799,7 +826,8 @@ class SQLiteKeyStore(_SqlKeyStore):
             query = "SELECT subject_ref FROM dek"
             if owned:  # a snapshot from before owner sets has no owner table
                 query += (
-                    " UNION SELECT o.owner_ref FROM dek_owner o JOIN dek d ON d.key_id = o.key_id"
+                    " UNION SELECT substr(o.owner_ref, 1, instr(o.owner_ref || '@', '@') - 1)"
+                    " FROM dek_owner o JOIN dek d ON d.key_id = o.key_id"
                 )
             refs = [r[0] for r in db.execute(f"SELECT DISTINCT * FROM ({query}) ORDER BY 1")]  # noqa: S608
             tombs = [r[0] for r in db.execute("SELECT tombstone_id FROM tombstone ORDER BY 1")]

@@ -410,9 +410,8 @@ class _Extent:
     def keys_left(self) -> int:
         """Keys the subject (or scope) holds, and for a subject the keys it co-owns."""
         store = self.ks.keyring.store
-        if self.scope is None:
-            return len(store.owned_by(self.ref)) + len(store.for_subject(self.ref))
-        return len(store.for_subject(self.ref, self.scope))
+        held = store.for_subject(self.ref, self.scope)
+        return len(held) + len(store.owned_by(self.ref, self.scope))
 
     def sweep_keys(self) -> list[str] | None:
         """Destroy keys about the subject created after ``destroy_keys`` (a writer

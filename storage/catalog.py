@@ -1526,11 +1526,12 @@ class Catalog:
             return self._rows(conn, assets.c.asset_id.in_(sorted(ids))) if ids else []
 
     def source_owners(self, source_ids: Iterable[str]) -> dict[str, set[str]]:
-        """Every subject each source asset is about: its holder and the subjects it
-        mentions, and the same of its own sources, transitively (a derived asset of
-        a derived asset). One recursive query over the provenance and mention
-        tables, however many sources and levels. Sources the catalog does not hold
-        (erased) have no owners."""
+        """Every owner each source asset is about, as owner tokens
+        (``keyshred.keyring.keystore.owner_token``): its holder's data in its scope
+        (``ref@scope``) and the subjects it mentions (``ref``), and the same of its own
+        sources, transitively (a derived asset of a derived asset). One recursive
+        query over the provenance and mention tables, however many sources and
+        levels. Sources the catalog does not hold (erased) have no owners."""
         ids = sorted(set(source_ids))
         if not ids:
             return {}
@@ -1543,7 +1544,7 @@ class Catalog:
                 SELECT walk.root, s.source_id FROM walk
                 JOIN {asset_sources.name} s ON s.asset_id = walk.asset_id
             )
-            SELECT walk.root, a.subject_ref FROM walk
+            SELECT walk.root, a.subject_ref || '@' || a.scope FROM walk
             JOIN {assets.name} a ON a.asset_id = walk.asset_id
             UNION
             SELECT walk.root, m.subject_ref FROM walk

@@ -43,6 +43,7 @@ from keyshred.errors import (
 )
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.keyring import Keyring
+from keyshred.keyring.keystore import owner_token
 from keyshred.storage import faults
 from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog, assets
 from keyshred.storage.embeddings import Embedder
@@ -691,7 +692,9 @@ class MemoryStore:
             owners = set(r.mentions)
             for source in r.sources:
                 owners |= source_owners.get(source, set())
-            owners.discard(ref)
+            # The holder's own data of this scope is under the scope key already; of
+            # another scope it stays an owner (withdrawing that scope kills this key).
+            owners -= {ref, owner_token(ref, r.scope)}
             if not owners:
                 out.append(r)
                 continue
@@ -701,11 +704,12 @@ class MemoryStore:
                 # subject's keys would carry the data past it. The catalog refuses the
                 # mention again in the write transaction, and the erasure sweeps any
                 # key created in between.
+                subject, _, scope = owner.partition("@")
                 try:
-                    self._catalog.check_guard(owner)
+                    self._catalog.check_guard(subject, scope=scope or None)
                 except SubjectSuppressed:
                     raise SubjectSuppressed(
-                        f"the memory is about subject_ref {owner}, which is being erased "
+                        f"the memory is about subject_ref {subject}, which is being erased "
                         "or was erased"
                     ) from None
                 checked.add(owner)

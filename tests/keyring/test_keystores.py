@@ -345,3 +345,26 @@ def test_a_store_from_before_owner_sets_is_migrated(tmp_path: Path) -> None:
         assert len(store.for_subject("ann")) == 2 and len(store.owned_by("bob")) == 1
     finally:
         store.close()
+
+
+def test_owners_through_one_scope_and_as_the_whole_subject(store: KeyStore) -> None:
+    """``ref@scope`` co-owns through one scope's data; the subject's erasure reaches
+    both forms, a scope's only its own."""
+    from keyshred.keyring.keystore import owner_subject, owner_token
+
+    vic = "v" * 26
+    mention = store.insert(shared_rec("dave", (vic,)))
+    health = store.insert(shared_rec("dave", (owner_token(vic, "health"),)))
+    other_scope = store.insert(shared_rec("zoe", (owner_token(vic, "default"),)))
+    near = store.insert(shared_rec("zoe", ("v" * 25 + "w",)))  # another subject
+    assert {r.key_id for r in store.owned_by(vic)} == {
+        mention.key_id,
+        health.key_id,
+        other_scope.key_id,
+    }
+    assert [r.key_id for r in store.owned_by(vic, "health")] == [health.key_id]
+    assert store.owned_by(vic, "nothing") == []
+    assert near.key_id not in {r.key_id for r in store.owned_by(vic)}
+    assert owner_subject(owner_token(vic, "health")) == vic == owner_subject(vic)
+    snap = SQLiteKeyStore.describe_snapshot(store.snapshot())
+    assert vic in snap[0] and f"{vic}@health" not in snap[0]

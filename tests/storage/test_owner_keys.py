@@ -321,13 +321,16 @@ def test_a_derived_asset_is_owned_by_the_owners_of_its_sources_transitively(
         producer_version="1",
     )
     ks.memories.flush()
+    ref = ks.subject_ref
+    # A mention owns as the person (ref); a source's holder through its scope's data
+    # (ref@scope), so withdrawing that scope destroys what was derived from it.
     for subject, m, expect in (
-        ("bob", first, {victim, "carol"}),
-        ("dave", second, {victim, "carol", "bob"}),
+        ("bob", first, {ref(victim), f"{ref('carol')}@default"}),
+        ("dave", second, {ref(victim), f"{ref('carol')}@default", f"{ref('bob')}@default"}),
     ):
         value = _sealed_values(ks, ks.subject_ref(subject))[m.memory_id]
         owners = ks.keyring.owners_of([value[4:20]])[value[4:20]]
-        assert set(owners) == {ks.subject_ref(s) for s in expect}
+        assert set(owners) == expect
 
 
 # -- provenance through every write path -------------------------------------------
@@ -521,12 +524,13 @@ def test_a_sealed_row_moved_or_under_another_holders_key_raises(ks: Keyshred) ->
     assert [r.value for r in part._unseal([rows[a.memory_id]])] == [b'"one"']
 
 
-def test_a_scope_erasure_rewrites_the_rebuilt_summary_out_of_the_live_files(
-    ks: Keyshred,
+def test_a_scope_erasure_destroys_the_keys_of_what_was_derived_from_that_scope(
+    ks: Keyshred, tmp_path: Path
 ) -> None:
-    """A scope erasure destroys no key the victim co-owns (keys are owned by subjects,
-    not scopes): the summary built from the victim's scope is rebuilt without it, and
-    its previous version is rewritten out of bob's live segment and log at once."""
+    """A summary built from the victim's health scope is co-owned by the victim's
+    data *in that scope* (``ref@scope``): withdrawing the scope destroys its key, so
+    its old version is unreadable live and in a pre-erasure backup, while a mention
+    of the victim (about the person, not a scope) and the victim's other scopes stay."""
     probe = f"zq{uuid.uuid4().hex[:10]}"
     victim = "victim@example.org"
     ks.consent.grant(victim, scope="support/health", category="health")
@@ -534,7 +538,7 @@ def test_a_scope_erasure_rewrites_the_rebuilt_summary_out_of_the_live_files(
         victim, NS, "h", f"{probe} asthma", scope="support/health", category="health"
     )
     other = ks.memories.put(victim, NS, "o", "likes chess")
-    ks.derived.register(
+    summary = ks.derived.register(
         "summary",
         subject="bob",
         namespace=("s",),
@@ -545,13 +549,35 @@ def test_a_scope_erasure_rewrites_the_rebuilt_summary_out_of_the_live_files(
         producer_version="1",
         rebuild=summarize,
     )
+    ks.memories.put("carol", NS, "met", "carol met the victim", mentions=[victim])
+    ks.memories.flush()
+    gen = ks.backup.create()
+    summary_key = _sealed_values(ks, ks.subject_ref("bob"))[summary.memory_id][4:20]
     req = ks.erase(victim, scope="support/health", requested_by="dpo", reason="withdrawn")
     assert req.state == "completed", req.error
+    with pytest.raises(SubjectErased):
+        ks.keyring.data_key_by_id(summary_key)
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None and receipt.shared_keys
+    assert {k.key_id for k in receipt.shared_keys} == {summary_key.hex()}
     bob = ks.subject_ref("bob")
     plain, _ = decrypt_partition_files(ks, ks.memories.partition_path(bob), bob)
     assert _found(probe, plain) == 0
     rebuilt = ks.memories.get("bob", ("s",), "sum")
     assert rebuilt is not None and rebuilt.value == '"likes chess"'
+    # The victim's other scope and carol's mention of the victim are untouched.
+    assert ks.memories.get(victim, NS, "o") is not None
+    assert ks.memories.get("carol", NS, "met") is not None
+    # The pre-erasure backup's copy of bob's partition: the old summary is dead.
+    target = ks.backup.target()
+    copy = tmp_path / "copy"
+    for seg in ks.backup.manifest(gen.generation).segments:
+        if seg.subject_ref == bob:
+            dst = copy / seg.path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            target.get_file(seg.object, dst)
+    plain, erased = decrypt_partition_files(ks, copy / "memories" / f"subject={bob}", bob)
+    assert _found(probe, plain) == 0 and erased >= 1
 
 
 # -- writes about a subject being erased ------------------------------------------
