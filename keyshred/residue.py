@@ -74,7 +74,7 @@ from keyshred.storage.checkpoints import thread_scope
 from keyshred.storage.partition import MemoryRow, Partition, decode_record
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.sealer import KeyringSealer
-from keyshred.storage.vectors import VectorIndex
+from keyshred.storage.vectors import VEC_SCHEMA, VectorIndex
 from keyshred.vault.journal import _MAGIC as _JOURNAL_MAGIC
 from keyshred.vault.journal import Segment as JournalSegment
 from keyshred.vault.tokens import _templates as token_place
@@ -612,16 +612,7 @@ class _Scanner:
                 "updated_us": [0] * len(rows),
                 "vec": group,
             },
-            schema=pa.schema(
-                [
-                    ("vec_id", pa.string()),
-                    ("memory_id", pa.string()),
-                    ("scope", pa.string()),
-                    ("field", pa.string()),
-                    ("updated_us", pa.int64()),
-                    ("vec", pa.binary()),
-                ]
-            ),
+            schema=VEC_SCHEMA,
         )
         try:
             # The store's own bulk reader: its places, its owner checks. A key that
