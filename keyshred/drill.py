@@ -474,7 +474,9 @@ def _drill(
     def residue(after: str) -> Callable[[], str]:
         def scan() -> str:
             ks.memories.flush()
-            paths = [path] if backups is None or _inside(path, backups) else [path, backups]
+            paths = [path]
+            if backups is not None and not backups.resolve().is_relative_to(path.resolve()):
+                paths.append(backups)
             result = ks.erasure.residue_scan(needles, paths)
             _require(
                 not result.hits,
@@ -587,14 +589,6 @@ def _drill(
 
 class _AgentState(TypedDict):
     notes: list[str]
-
-
-def _inside(root: Path, path: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
 
 
 def _thread(thread_id: str, subject: str) -> dict[str, Any]:
