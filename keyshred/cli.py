@@ -823,7 +823,9 @@ def backup_list(
             g.retention_class,
             f"{g.created_at:%Y-%m-%d %H:%M}",
             f"{g.expires_at:%Y-%m-%d}",
-            str(g.kek_epoch),
+            # Which lineage: an archive epoch is the generation's own, a live one
+            # (generations made before the archive lineage) is shared with the store.
+            f"{g.kek_lineage} {g.kek_epoch}",
             str(g.segments),
             str(g.bytes_total),
         )

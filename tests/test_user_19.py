@@ -1,0 +1,54 @@
+"""Issue 19 as a new user meets it: what the README tour and the CLI table promise."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from keyshred import Keyshred
+from tests.storage.conftest import make_config
+from tests.storage.test_vectors import bag_of_words
+
+VICTIM = "victim@example.com"
+PHONE = "13812345678"
+
+
+def test_update_and_correct_keep_a_detected_mention_counted_as_detected(tmp_path: Path) -> None:
+    """A mention found from a registered identifier stays "detected" when ``update``
+    or ``correct`` carries it over; it was re-recorded as "declared", so
+    ``mention_counts`` (what the drill reports as found) dropped to 0."""
+    with Keyshred.init(tmp_path / "d", make_config(None), embeddings=bag_of_words) as ks:
+        ks.subjects.register_identifiers(VICTIM, phones=[PHONE])
+        m = ks.memories.put("dave", ("facts",), "f", {"text": f"her phone is {PHONE}"})
+        assert m.mentions == (ks.subject_ref(VICTIM),)
+        assert ks.catalog.mention_counts() == {"declared": 0, "detected": 1}
+        ks.memories.update("dave", ("facts",), "f", {"text": "she moved"})
+        assert ks.catalog.mention_counts() == {"declared": 0, "detected": 1}
+        ks.memories.correct("dave", ("facts",), "f", {"text": "she moved again"}, reason="fix")
+        # The current value and its history version both carry the found mention.
+        assert ks.catalog.mention_counts() == {"declared": 0, "detected": 2}
+        # Replacing the mentions on purpose makes them declared.
+        ks.memories.update("dave", ("facts",), "f", {"text": "x"}, mentions=[VICTIM])
+        assert ks.catalog.mention_counts() == {"declared": 1, "detected": 1}
+
+
+def test_backup_list_names_the_kek_lineage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A generation's epoch is an archive epoch (its own), not a live one: the table
+    said only "KEK epoch 2" while ``keys status`` listed live epoch 1."""
+    from keyshred import cli
+
+    data = tmp_path / "d"
+    with Keyshred.init(data, make_config(None), embeddings=bag_of_words) as ks:
+        ks.memories.put("dave", ("facts",), "f", {"text": "x"})
+        gen = ks.backup.create()
+    monkeypatch.setattr(sys, "argv", ["keyshred", "backup", "list", "--path", str(data)])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code in {0, None}
+    text = capsys.readouterr().out
+    assert "archive" in text, text
+    assert gen.generation[:8] in text
