@@ -52,3 +52,41 @@ def test_backup_list_names_the_kek_lineage(
     text = capsys.readouterr().out
     assert "archive" in text, text
     assert gen.generation[:8] in text
+
+
+def test_an_archive_kek_that_is_the_live_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kek.archive_local_path`` set to the live key file made the backup's archive
+    epoch a live epoch of the same file (``keys status``: epoch 2, live [1, 2]): the
+    archive schedule would then destroy live epochs. Refused with ``ConfigError``,
+    nothing written; the same for Transit and KMS names."""
+    from keyshred._backends import make_kek
+    from keyshred.config import AwsSettings, KekSettings, VaultSettings
+    from keyshred.errors import ConfigError
+
+    data = tmp_path / "d"
+    config = make_config(None)
+    shared = config.model_copy(
+        update={"kek": KekSettings(archive_local_path=str(data / "keys" / "kek.local.json"))}
+    )
+    with Keyshred.init(data, shared, embeddings=bag_of_words) as ks:
+        ks.memories.put("dave", ("facts",), "f", {"text": "x"})
+        with pytest.raises(ConfigError, match="archive KEK"):
+            ks.backup.create()
+        assert [e.epoch for e in ks.keyring.kek.epochs()] == [1]
+        m = ks.memories.get("dave", ("facts",), "f")
+        assert m is not None and m.value == {"text": "x"}
+        assert ks.backup.generations() == []
+    monkeypatch.setenv("KEYSHRED_VAULT_TOKEN", "not-used")
+    for kek in (
+        KekSettings(provider="vault", vault=VaultSettings(key="k", archive_key="k")),
+        KekSettings(
+            provider="aws", aws=AwsSettings(alias_prefix="alias/a", archive_alias_prefix="alias/a/")
+        ),
+        KekSettings(
+            provider="aws", aws=AwsSettings(alias_prefix="alias/a", archive_alias_prefix="alias")
+        ),
+    ):
+        with pytest.raises(ConfigError, match="archive KEK"):
+            make_kek(config.model_copy(update={"kek": kek}), data, create=True, archive=True)
