@@ -90,3 +90,25 @@ def test_an_archive_kek_that_is_the_live_one_is_refused(
     ):
         with pytest.raises(ConfigError, match="archive KEK"):
             make_kek(config.model_copy(update={"kek": kek}), data, create=True, archive=True)
+
+
+def test_a_one_word_name_is_refused_so_its_erasure_cannot_take_others_data(
+    tmp_path: Path,
+) -> None:
+    """Registering the name "May" made bob's "I may go to Oslo" mention may, so
+    erasing may dropped bob's own note. Names need two words (two ideographs)."""
+    from keyshred.errors import InvalidInput
+
+    with Keyshred.init(tmp_path / "d", make_config(None), embeddings=bag_of_words) as ks:
+        with pytest.raises(InvalidInput, match="2-4 words") as refused:
+            ks.subjects.register_identifiers("may@example.com", names=["May"])
+        assert "May" not in str(refused.value)
+        with pytest.raises(InvalidInput):
+            ks.subjects.register_identifiers("wei@example.com", names=["伟"])
+        assert ks.subjects.register_identifiers("wei@example.com", names=["张伟"]) == 1
+        assert ks.subjects.register_identifiers("may@example.com", names=["May Lee"]) == 1
+        note = ks.memories.put("bob", ("notes",), "n1", {"text": "I may go to Oslo"})
+        assert note.mentions == ()
+        ks.erase("may@example.com", requested_by="dpo", reason="test")
+        kept = ks.memories.get("bob", ("notes",), "n1")
+        assert kept is not None and kept.value == {"text": "I may go to Oslo"}
