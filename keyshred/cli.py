@@ -876,9 +876,12 @@ def _maintain(target: str | None, path: Path, as_json: bool) -> None:
 
 @app.command("maintain")
 def maintain(target: TargetOpt = None, path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
-    """The scheduled job, at least every keyring.live_rotate_minutes (default hourly):
-    rotate the live KEK epoch when due and destroy the previous one once nothing is
-    wrapped by it, destroy the archive epochs of expired backup generations, prune."""
+    """The scheduled job: rotate the live KEK epoch when due and destroy the previous
+    one once nothing is wrapped by it, destroy the archive epochs of expired backup
+    generations, prune. Run it every few minutes, not once per
+    keyring.live_rotate_minutes: an epoch is due that long after the run that made
+    it, so a run exactly one period later usually finds it not yet due and the epoch
+    lives two periods (past the receipts' live_residue_until)."""
     _maintain(target, path, as_json)
 
 
