@@ -102,6 +102,7 @@ BACKUP_OBJECT = "backup_object"
 EXPORT = "export"
 FILE = "file"
 FILE_NAME = "file_name"
+FOLDER = "folder"  # a folder the walk could not list (counted as unreadable)
 RAW = "raw"
 DECRYPTED = "decrypted"
 LIVE_CATALOG = "<live catalog>"
@@ -428,7 +429,11 @@ class _Scanner:
 
     def scan_root(self, index: int, path: Path) -> None:
         root = _Root(index, path)
-        files = [path] if path.is_file() else sorted(_walk(path))
+        # A folder that cannot be listed is counted, never skipped in silence: a scan
+        # that read less than it was given must say so.
+        failed: list[OSError] = []
+        files = [path] if path.is_file() else sorted(_walk(path, failed.append))
+        self._count(self._report.unreadable, FOLDER, len(failed))
         generations = self._generations(files)
         objects = self._objects(generations)
         kinds: dict[Path, str] = {}
@@ -877,8 +882,8 @@ def _sqlite_engine(uri: str) -> Iterator[sa.Connection]:
         engine.dispose()
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    for folder, dirs, names in os.walk(root, followlinks=False):
+def _walk(root: Path, onerror: Callable[[OSError], None]) -> Iterator[Path]:
+    for folder, dirs, names in os.walk(root, onerror=onerror, followlinks=False):
         dirs.sort()
         for name in sorted(names):
             path = Path(folder) / name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,28 @@ def test_a_one_word_name_is_refused_so_its_erasure_cannot_take_others_data(
         ks.erase("may@example.com", requested_by="dpo", reason="test")
         kept = ks.memories.get("bob", ("notes",), "n1")
         assert kept is not None and kept.value == {"text": "I may go to Oslo"}
+
+
+def test_a_folder_the_residue_scan_cannot_list_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subfolder that cannot be listed (no permission: a non-root user) was skipped
+    in silence, and the scan said "no probe found" over less than it was given."""
+    import os
+
+    with Keyshred.init(tmp_path / "d", make_config(None), embeddings=bag_of_words) as ks:
+        folder = tmp_path / "scan"
+        (folder / "closed").mkdir(parents=True)
+        (folder / "closed" / "a.txt").write_text(f"leaked {PHONE}", encoding="utf-8")
+        real = os.scandir
+
+        def scandir(path: Any = ".") -> Any:
+            # What a non-root user meets in a folder of mode 000 (tests run as root).
+            if Path(path).name == "closed":
+                raise PermissionError(13, "Permission denied")
+            return real(path)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+        report = ks.erasure.residue_scan([PHONE], [folder])
+        assert report.unreadable == {"folder": 1}
+        assert report.clean  # nothing readable held the probe; the count says why
