@@ -457,7 +457,8 @@ class Keyring:
         if type(subject_ref) is not str or type(scope) is not str:
             _check_name("a subject_ref", subject_ref)
             _check_name("scope", scope)
-        if owners or not isinstance(owners, Iterable):
+        # An empty tuple (the default, every scope key) skips the ABC check: hot path.
+        if owners or (type(owners) is not tuple and not isinstance(owners, Iterable)):
             others = _others(subject_ref, owners)
             tag = owner_tag(others)
         else:
