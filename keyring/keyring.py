@@ -145,7 +145,7 @@ def _unseal(key: bytes, blob: bytes, label: str) -> bytes:
 
 def _others(holder: str, owners: Iterable[str]) -> tuple[str, ...]:
     """The owners besides the holder, sorted and checked (subject_refs)."""
-    if isinstance(owners, str):
+    if isinstance(owners, str | bytes) or not isinstance(owners, Iterable):
         raise InvalidInput("owners is a collection of subject_refs")
     others = set()
     for owner in owners:
@@ -158,6 +158,12 @@ def _others(holder: str, owners: Iterable[str]) -> tuple[str, ...]:
 def _check_name(kind: str, value: str) -> None:
     if not isinstance(value, str) or not value or len(value) > 256:
         raise InvalidInput(f"{kind} must be a non-empty string of at most 256 characters")
+    if "\x00" in value:  # PostgreSQL text refuses NUL
+        raise InvalidInput(f"{kind} must not contain NUL")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{kind} must be valid Unicode text") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +452,13 @@ class Keyring:
         first use unless told not to. ``owners`` are the other subjects (refs) the data
         is about: none for the holder's own scope key, else the key shared by that
         owner set, which the erasure of any of them destroys."""
-        if owners:
+        # A name that is no string would raise from the cache (unhashable) as
+        # something else than InvalidInput; strings are checked in full on a miss.
+        if type(subject_ref) is not str or type(scope) is not str:
+            _check_name("a subject_ref", subject_ref)
+            _check_name("scope", scope)
+        # An empty tuple (the default, every scope key) skips the ABC check: hot path.
+        if owners or (type(owners) is not tuple and not isinstance(owners, Iterable)):
             others = _others(subject_ref, owners)
             tag = owner_tag(others)
         else:
@@ -454,13 +466,14 @@ class Keyring:
         cached = self.cache.get_owner(subject_ref, scope, tag)
         if cached is not None:
             return cached
+        _check_name("a subject_ref", subject_ref)
+        _check_name("scope", scope)
         record = self.store.find(subject_ref, scope, tag)
         if record is None:
             if not create:
                 if self.store.is_tombstoned(subject_ref, scope):
                     raise SubjectErased(f"the keys of subject_ref {subject_ref} were destroyed")
                 raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
-            _check_name("scope", scope)
             record = self._create(subject_ref, scope, others)
         return self._unwrap_record(record)
 

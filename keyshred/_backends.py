@@ -24,7 +24,13 @@ def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False)
     second key file, transit key (``<key>-archive``) or alias prefix
     (``<alias_prefix>-archive``) of the same provider."""
     settings = config.kek
+    # The two lineages must be two keys: one shared would let the archive schedule
+    # destroy live epochs (every live key with them) and the live one end backups.
+    same = "the archive KEK must be another key than the live one: set "
     if settings.provider == "local":
+        live_path = (
+            Path(settings.local_path) if settings.local_path else root / KEYS_DIR / LOCAL_KEK_FILE
+        )
         if archive:
             # The archive file is created on first use, also in an existing folder
             # (made before the archive lineage existed).
@@ -33,11 +39,10 @@ def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False)
                 if settings.archive_local_path
                 else root / KEYS_DIR / ARCHIVE_KEK_FILE
             )
+            if path.resolve() == live_path.resolve():
+                raise ConfigError(same + "kek.archive_local_path to another file")
             return LocalKek(path, create=True)
-        path = (
-            Path(settings.local_path) if settings.local_path else root / KEYS_DIR / LOCAL_KEK_FILE
-        )
-        return LocalKek(path, create=create)
+        return LocalKek(live_path, create=create)
     if settings.provider == "vault":
         from keyshred.keyring.kek.vault import VaultKek
 
@@ -45,6 +50,8 @@ def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False)
         if not token:
             raise ConfigError("the vault KEK provider needs KEYSHRED_VAULT_TOKEN or VAULT_TOKEN")
         v = settings.vault
+        if archive and (v.archive_key or f"{v.key}-archive") == v.key:
+            raise ConfigError(same + "kek.vault.archive_key to another transit key")
         return VaultKek(
             v.url,
             token,
@@ -59,6 +66,10 @@ def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False)
     from keyshred.keyring.kek.aws import AwsKmsKek
 
     a = settings.aws
+    if archive and a.archive_alias_prefix is not None:
+        live, arch = a.alias_prefix.rstrip("/") + "/", a.archive_alias_prefix.rstrip("/") + "/"
+        if live.startswith(arch) or arch.startswith(live):  # equal, or one inside the other
+            raise ConfigError(same + "kek.aws.archive_alias_prefix outside kek.aws.alias_prefix")
     return AwsKmsKek(
         alias_prefix=(
             (a.archive_alias_prefix or a.alias_prefix.rstrip("/") + "-archive")

@@ -823,7 +823,9 @@ def backup_list(
             g.retention_class,
             f"{g.created_at:%Y-%m-%d %H:%M}",
             f"{g.expires_at:%Y-%m-%d}",
-            str(g.kek_epoch),
+            # Which lineage: an archive epoch is the generation's own, a live one
+            # (generations made before the archive lineage) is shared with the store.
+            f"{g.kek_lineage} {g.kek_epoch}",
             str(g.segments),
             str(g.bytes_total),
         )
@@ -874,9 +876,12 @@ def _maintain(target: str | None, path: Path, as_json: bool) -> None:
 
 @app.command("maintain")
 def maintain(target: TargetOpt = None, path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
-    """The scheduled job, at least every keyring.live_rotate_minutes (default hourly):
-    rotate the live KEK epoch when due and destroy the previous one once nothing is
-    wrapped by it, destroy the archive epochs of expired backup generations, prune."""
+    """The scheduled job: rotate the live KEK epoch when due and destroy the previous
+    one once nothing is wrapped by it, destroy the archive epochs of expired backup
+    generations, prune. Run it every few minutes, not once per
+    keyring.live_rotate_minutes: an epoch is due that long after the run that made
+    it, so a run exactly one period later usually finds it not yet due and the epoch
+    lives two periods (past the receipts' live_residue_until)."""
     _maintain(target, path, as_json)
 
 

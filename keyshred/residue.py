@@ -102,6 +102,7 @@ BACKUP_OBJECT = "backup_object"
 EXPORT = "export"
 FILE = "file"
 FILE_NAME = "file_name"
+FOLDER = "folder"  # a folder the walk could not list (counted as unreadable)
 RAW = "raw"
 DECRYPTED = "decrypted"
 LIVE_CATALOG = "<live catalog>"
@@ -231,12 +232,22 @@ def _check_paths(paths: Any) -> list[Path]:
         paths = [paths]
     if not isinstance(paths, Iterable):
         raise InvalidInput("paths is a list of folders or files")
-    out = [Path(p) for p in paths]
+    out: list[Path] = []
+    for p in paths:
+        # bytes paths are refused too: the report names paths as text.
+        if not isinstance(p, str | os.PathLike) or isinstance(os.fspath(p), bytes):
+            raise InvalidInput("paths is a list of folders or files (str or Path)")
+        out.append(Path(p))
     if not out:
         raise InvalidInput("give at least one folder or file to scan")
     for p in out:
-        if not p.exists():
-            raise InvalidInput(f"{p} does not exist")
+        try:
+            # A NUL, a lone surrogate or a name too long is no file, not a crash.
+            os.stat(p)
+        except FileNotFoundError:
+            raise InvalidInput(f"{p!s} does not exist") from None
+        except (OSError, ValueError):
+            raise InvalidInput("a path to scan cannot be opened (not a valid file name?)") from None
     return out
 
 
@@ -414,7 +425,11 @@ class _Scanner:
 
     def scan_root(self, index: int, path: Path) -> None:
         root = _Root(index, path)
-        files = [path] if path.is_file() else sorted(_walk(path))
+        # A folder that cannot be listed is counted, never skipped in silence: a scan
+        # that read less than it was given must say so.
+        failed: list[OSError] = []
+        files = [path] if path.is_file() else sorted(_walk(path, failed.append))
+        self._count(self._report.unreadable, FOLDER, len(failed))
         generations = self._generations(files)
         objects = self._objects(generations)
         kinds: dict[Path, str] = {}
@@ -438,7 +453,10 @@ class _Scanner:
         name_hits = self._needles.find(rel.encode("utf-8", "surrogateescape"))
         self._hit(root, rel, FILE_NAME, RAW, name_hits)
         try:
-            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # O_NONBLOCK: a file given by name that is a FIFO does not wait for a writer.
+            fd = os.open(
+                file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+            )
         except OSError:
             self._count(self._report.unreadable, kind)
             return
@@ -851,13 +869,17 @@ def _sqlite_engine(uri: str) -> Iterator[sa.Connection]:
         engine.dispose()
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    for folder, dirs, names in os.walk(root, followlinks=False):
+def _walk(root: Path, onerror: Callable[[OSError], None]) -> Iterator[Path]:
+    for folder, dirs, names in os.walk(root, onerror=onerror, followlinks=False):
         dirs.sort()
         for name in sorted(names):
             path = Path(folder) / name
-            if not path.is_symlink():  # a link is not data; its target is scanned where it is
-                yield path
+            # A link is not data (its target is scanned where it is), and only regular
+            # files are read: opening a FIFO waits for a writer forever, a device
+            # never ends.
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    yield path
 
 
 def _head(file: Path, n: int) -> bytes:

@@ -1582,6 +1582,19 @@ class Catalog:
             )
             return self._rows(conn, assets.c.asset_id.in_(ids)) if ids else []
 
+    def detected_mentions(self, asset_id: str) -> frozenset[str]:
+        """The subjects an asset mentions because their identifiers were found in its
+        value (not declared): a rewrite that keeps the mentions keeps how they came."""
+        with self._read() as conn:
+            return frozenset(
+                conn.execute(
+                    sa.select(asset_mentions.c.subject_ref).where(
+                        asset_mentions.c.asset_id == asset_id,
+                        asset_mentions.c.how == DETECTED,
+                    )
+                ).scalars()
+            )
+
     def mention_counts(self) -> dict[str, int]:
         """Mentions recorded, by how they came: ``{"declared": n, "detected": m}``."""
         counts = {DECLARED: 0, DETECTED: 0}

@@ -526,10 +526,13 @@ class MemoryStore:
         epoch: int | None = None,
         mention_refs: Sequence[tuple[str, ...]] | None = None,
         produced_by: tuple[str, str | None, str | None] | None = None,
+        carried_detected: frozenset[str] = frozenset(),
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
         mentions as refs already, ``produced_by`` the assets' (kind, producer,
-        producer version) (rebuilding derived assets)."""
+        producer version) (rebuilding derived assets); ``carried_detected`` are
+        mentions of ``mention_refs`` carried over from an earlier version that were
+        detected there (they stay counted as detected)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -559,7 +562,9 @@ class MemoryStore:
                 mentioned = (
                     tuple(sorted({self._ref(m) for m in item.mentions})) if item.mentions else ()
                 )
-            detected[(ns, k)] = found[n_item].difference(mentioned)
+            detected[(ns, k)] = found[n_item].difference(mentioned) | carried_detected.intersection(
+                mentioned
+            )
             if found[n_item]:
                 mentioned = tuple(sorted(found[n_item].union(mentioned)))
             for source in item.sources:
@@ -922,6 +927,12 @@ class MemoryStore:
         ):
             raise InvalidInput("mentions is a list of subjects")
         refs = existing.mentions if mentions is None else tuple({self._ref(m) for m in mentions})
+        # Kept mentions keep how they came (found in the value, or declared).
+        carried = (
+            self._catalog.detected_mentions(existing.memory_id)
+            if mentions is None and refs
+            else frozenset()
+        )
         item = PutItem(
             existing.namespace,
             existing.key,
@@ -932,7 +943,11 @@ class MemoryStore:
             existing.sources if sources is None else sources,
         )
         return self._put_rows(
-            self._ref(subject), [_checked(item)], epoch=epoch, mention_refs=[refs]
+            self._ref(subject),
+            [_checked(item)],
+            epoch=epoch,
+            mention_refs=[refs],
+            carried_detected=carried,
         )[0]
 
     def delete(self, subject: Any, namespace: Sequence[str] | str, key: str) -> bool:
@@ -1011,7 +1026,10 @@ class MemoryStore:
             ),
             PutItem(ns, k, value, old.scope, old.purpose, old.category, old.sources, (), None),
         ]
-        memory = self._put_rows(ref, items, mention_refs=[old.mentions, old.mentions])[1]
+        carried = self._catalog.detected_mentions(old.memory_id) if old.mentions else frozenset()
+        memory = self._put_rows(
+            ref, items, mention_refs=[old.mentions, old.mentions], carried_detected=carried
+        )[1]
         if self.audit is not None:
             self.audit.record(
                 "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version

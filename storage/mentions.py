@@ -75,6 +75,10 @@ KINDS = (EMAIL, PHONE, RESIDENT_ID, NAME)
 PHONE_REGION = "CN"
 KINDS_TTL = 1.0  # seconds an unseen kind is believed absent (see the module doc)
 MAX_NAME_WORDS = 4
+# A registered name has at least two words (two ideographs: 张伟): a one-word name
+# ("May", "Will") matches every text that uses the word, and each match makes that
+# text co-owned by the subject, so its erasure would destroy other people's data.
+MIN_NAME_WORDS = 2
 MAX_IDENTIFIER_CHARS = 1024
 _DOMAIN = b"keyshred/identifier\x00"
 _HASH_BYTES = 16
@@ -304,8 +308,14 @@ class MentionFinder:
             normal = normalize(kind, value)
             if normal is None:
                 # The message names the kind, never the value.
-                extra = f" (1-{MAX_NAME_WORDS} words)" if kind == NAME else ""
+                extra = f" ({MIN_NAME_WORDS}-{MAX_NAME_WORDS} words)" if kind == NAME else ""
                 raise InvalidInput(f"a value to register is not a valid {kind}{extra}")
+            if kind == NAME and len(_words(normal)) < MIN_NAME_WORDS:
+                raise InvalidInput(
+                    f"a name to register has {MIN_NAME_WORDS}-{MAX_NAME_WORDS} words: one word "
+                    "would match every text using it, and erasing the subject would destroy "
+                    "those texts (declare such mentions with mentions= instead)"
+                )
             rows[self._hash(kind, normal)] = kind
             marks.add(_mark(kind, normal))
         if not rows:
@@ -459,7 +469,8 @@ class SubjectsApi:
         that contains one mentions ``subject`` (scopes with ``detect_mentions``).
         ``SubjectSuppressed`` for a suppressed or erased subject; ``InvalidInput``
         for a value that is not an identifier of its kind (the message never shows
-        it). Names are 1-4 words."""
+        it). Names are 2-4 words (``MIN_NAME_WORDS``; two ideographs for CJK): a
+        one-word name would make every text using the word co-owned by the subject."""
         pairs: list[tuple[str, str]] = []
         for kind, values in (
             (EMAIL, emails),
