@@ -289,6 +289,13 @@ class BackupManager:
     def live_period(self) -> timedelta:
         return timedelta(minutes=self._ks.config.keyring.live_rotate_minutes)
 
+    @property
+    def live_lead(self) -> timedelta:
+        """The maintenance interval: a live epoch is rotated at the first run within
+        this much of its end, so it is destroyed by its end date."""
+        settings = self._ks.config.keyring
+        return timedelta(minutes=min(settings.maintain_every_minutes, settings.live_rotate_minutes))
+
     def _kms_window(self) -> timedelta:
         if self._ks.config.kek.provider == "aws":
             return timedelta(days=self._ks.config.kek.aws.pending_window_days)
@@ -347,7 +354,7 @@ class BackupManager:
         now = now or self.clock()
         keyring = self._ks.keyring
         current = keyring.live_epoch()
-        if now < current.created_at + self.live_period:
+        if now < current.created_at + self.live_period - self.live_lead:
             keyring.rewrap_to_current()
             return None
         result = keyring.rotate_kek()
@@ -365,7 +372,9 @@ class BackupManager:
             # rotate (harmless) but destroy nothing until it can be read again.
             keep_from = 0
             self._ks.audit.record("kek.live_destroy_deferred", error=type(exc).__name__)
-        run = self._ks.keyring.maintain_live(self.live_period, now=now, keep_from=keep_from)
+        run = self._ks.keyring.maintain_live(
+            self.live_period, now=now, keep_from=keep_from, lead=self.live_lead
+        )
         if run.rotated_to is not None:
             self._ks.audit.record("kek.rotated", epoch=run.rotated_to, keys=run.keys_rewrapped)
         for d in run.destroyed:

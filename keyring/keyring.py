@@ -683,8 +683,11 @@ class Keyring:
         *,
         now: datetime | None = None,
         keep_from: int | None = None,
+        lead: timedelta = timedelta(0),
     ) -> LiveMaintenance:
-        """The live schedule: rotate when the current epoch is ``period`` old, then
+        """The live schedule: rotate when the current epoch is ``period - lead`` old
+        (``lead``: the interval the job runs at, so the run that rotates comes before
+        the epoch's end, not up to one interval after it), then
         destroy every older live epoch once nothing is wrapped by it (re-wrapping
         first what a crash or another process left behind). ``keep_from``: an epoch
         that must survive (a backup generation sealed before the archive lineage
@@ -692,7 +695,7 @@ class Keyring:
         now = now or self._clock()
         current = self.live_epoch()
         rotated: int | None = None
-        if now >= current.created_at + period:
+        if now >= current.created_at + period - lead:
             result = self.rotate_kek()
             rotated, keys = result.new_epoch, result.keys_rewrapped
         else:

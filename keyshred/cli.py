@@ -878,10 +878,9 @@ def _maintain(target: str | None, path: Path, as_json: bool) -> None:
 def maintain(target: TargetOpt = None, path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
     """The scheduled job: rotate the live KEK epoch when due and destroy the previous
     one once nothing is wrapped by it, destroy the archive epochs of expired backup
-    generations, prune. Run it every few minutes, not once per
-    keyring.live_rotate_minutes: an epoch is due that long after the run that made
-    it, so a run exactly one period later usually finds it not yet due and the epoch
-    lives two periods (past the receipts' live_residue_until)."""
+    generations, prune. Schedule it every keyring.maintain_every_minutes (default 5):
+    a live epoch is rotated at the first run within that interval of its end, so it
+    is destroyed by the receipts' live_residue_until as long as the job keeps to it."""
     _maintain(target, path, as_json)
 
 

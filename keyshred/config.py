@@ -102,6 +102,13 @@ class KeyringSettings(_Model):
     # rotates the live epoch this often and then destroys the previous one, so a
     # wrapped key left in database pages, WAL or replicas is useless after this long.
     live_rotate_minutes: float = Field(60.0, gt=0)
+    # How often ``keyshred maintain`` is scheduled. A live epoch is rotated (and the
+    # previous one destroyed) at the first run within this much of its end, so an
+    # epoch never outlives ``live_rotate_minutes`` while the job keeps its schedule
+    # (rotating only once it is a full period old, a run a few seconds early would
+    # leave it for one more interval, past the date a receipt states).
+    # (Capped at the period.)
+    maintain_every_minutes: float = Field(5.0, gt=0)
 
 
 Basis = Literal["consent", "contract", "legitimate_interest", "legal_obligation"]

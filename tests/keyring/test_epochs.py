@@ -25,7 +25,7 @@ from keyshred.keyring.kek import (
 )
 from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keyring import Keyring, _dek_context, _secret_context
-from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord
+from keyshred.keyring.keystore import KeyRecord, KeyStore, SecretRecord, SQLiteKeyStore
 from tests.keyring.test_keystores import open_store, store_url  # noqa: F401 - fixture
 
 HOUR = timedelta(hours=1)
@@ -353,3 +353,23 @@ def test_the_store_guards_writes_under_a_destroyed_live_epoch(store: KeyStore) -
         store.put_secret(SecretRecord("s", "local@live", 1, b"w" * 60))
     assert store.find("bob", "default") is None and store.get_secret("s") is None
     assert store.get(record.key_id).wrapped == b"v" * 60  # type: ignore[union-attr]
+
+
+def test_a_run_within_the_maintenance_interval_of_the_end_rotates(tmp_path: Path) -> None:
+    """With the job scheduled every 5 minutes, an epoch is rotated by the first run
+    within 5 minutes of its end, not left for one more interval past it (which would
+    break the receipts' ``live_residue_until``)."""
+    ring = Keyring(SQLiteKeyStore(tmp_path / "ks.db"), LocalKek(tmp_path / "kek.json", create=True))
+    try:
+        first = ring.live_epoch()
+        lead = timedelta(minutes=5)
+        early = ring.maintain_live(HOUR, now=first.created_at + HOUR - lead * 2, lead=lead)
+        assert early.rotated_to is None
+        # A run a few seconds before the end (the hourly run that used to miss it).
+        run = ring.maintain_live(
+            HOUR, now=first.created_at + HOUR - timedelta(seconds=3), lead=lead
+        )
+        assert run.rotated_to == first.epoch + 1
+        assert [d.epoch for d in run.destroyed] == [first.epoch]
+    finally:
+        ring.close()
