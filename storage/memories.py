@@ -701,20 +701,29 @@ class MemoryStore:
                 # subject's keys would carry the data past it. The catalog refuses the
                 # mention again in the write transaction, and the erasure sweeps any
                 # key created in between.
-                try:
-                    self._catalog.check_guard(owner)
-                except SubjectSuppressed:
-                    raise SubjectSuppressed(
-                        f"the memory is about subject_ref {owner}, which is being erased "
-                        "or was erased"
-                    ) from None
+                self._check_owner(owner)
                 checked.add(owner)
             wanted = (r.scope, tuple(sorted(owners)))
             key = keys.get(wanted)
             if key is None:
                 key = keys[wanted] = self._keyring.data_key(ref, r.scope, owners=wanted[1])
             out.append(seal_row(key, ref, r))
+        # Checked again once every key exists: a key made before a suppression is
+        # one that erasure's destroy step finds, one made after is refused here.
+        # Without this, a whole erasure (its verify sweep included) that ran between
+        # the first check and the key's creation left the key alive, and the row the
+        # catalog then refused stayed readable in the log and the vectors under it.
+        for owner in checked:
+            self._check_owner(owner)
         return out
+
+    def _check_owner(self, owner: str) -> None:
+        try:
+            self._catalog.check_guard(owner)
+        except SubjectSuppressed:
+            raise SubjectSuppressed(
+                f"the memory is about subject_ref {owner}, which is being erased or was erased"
+            ) from None
 
     # -- indexing ------------------------------------------------------------------
 

@@ -1,0 +1,67 @@
+"""Attacks on the owner-set keys of issue 19 (races between a write about a subject
+and that subject's erasure): each test reproduces a way data about an erased subject
+stayed readable with the live keyring, and checks it no longer does."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.errors import SubjectSuppressed
+from tests.storage.conftest import make_config
+from tests.storage.test_owner_keys import decrypt_partition_files
+from tests.storage.test_vectors import bag_of_words
+
+
+@pytest.fixture
+def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
+    store = Keyshred.init(tmp_path / "data", make_config(catalog_url), embeddings=bag_of_words)
+    yield store
+    store.close()
+
+
+def test_a_key_made_after_the_whole_erasure_seals_nothing_about_the_subject(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """A writer checks the mentioned subject's guard, then the subject's whole
+    erasure runs (its verify step sweeps keys made so far), then the writer creates
+    the shared key. The catalog refuses the mention and the put is undone, but the
+    sealed row used to stay in dave's log under a live key the erased subject
+    co-owns, which nothing would ever destroy: the victim's phone decrypted."""
+    victim = "victim@example.org"
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    ks.memories.put(victim, ("notes",), "own", "the victim's own note")
+    vref, dref = ks.subject_ref(victim), ks.subject_ref("dave")
+    real = ks.keyring.data_key
+    erased: list[str] = []
+
+    def late(subject_ref: str, scope: str, **kwargs: Any) -> Any:
+        if vref in tuple(kwargs.get("owners", ())) and not erased:
+            req = ks.erase(victim, requested_by="dpo", reason="gdpr-art17")
+            erased.append(req.state)
+        return real(subject_ref, scope, **kwargs)
+
+    ks.keyring.data_key = late  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SubjectSuppressed) as err:
+            ks.memories.put(
+                "dave", ("facts",), "met", {"text": f"v phone {probe}"},
+                mentions=[victim], index=["text"],
+            )
+    finally:
+        ks.keyring.data_key = real  # type: ignore[method-assign]
+    assert erased == ["completed"]
+    assert victim not in str(err.value) and probe not in str(err.value)
+    assert ks.memories.get("dave", ("facts",), "met") is None
+    # Nothing about the victim under a key the live keyring still unwraps.
+    plain, _ = decrypt_partition_files(ks, ks.memories.partition_path(dref), dref)
+    assert not [p for p in plain if probe.encode() in p]
+    # The key the writer made may stay (nothing is sealed under it); the residue
+    # scan opens every file (log, segments, vectors) with every live key.
+    report = ks.erasure.residue_scan([probe], [tmp_path / "data"])
+    assert report.clean, report.as_dict()
