@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from keyshred import Keyshred
+from keyshred.errors import SubjectErased
 from keyshred.integrations.langgraph import KeyshredSaver
 from tests.integrations.test_langgraph_saver import _config, _graph
 from tests.storage.conftest import make_config
@@ -24,11 +25,6 @@ def ks(catalog_url: str, tmp_path: Path) -> Any:
     store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: checkpoints are sealed under the thread key of their holder only; "
-    "no detection runs on them and no owner-set key covers them (see the report)",
-)
 def test_a_registered_phone_in_another_subjects_thread_goes_with_the_subject(
     ks: Keyshred,
 ) -> None:
@@ -39,15 +35,21 @@ def test_a_registered_phone_in_another_subjects_thread_goes_with_the_subject(
     ks.subjects.register_identifiers(victim, phones=[PHONE])
     ks.memories.put(victim, ("notes",), "own", "the victim's own note")
     graph = _graph(KeyshredSaver(ks), interrupt=False)
-    cfg = _config("bob-1", "bob")
+    cfg, other = _config("bob-1", "bob"), _config("bob-2", "bob")
     graph.invoke({"notes": [f"call the victim on {PHONE}"]}, cfg)
+    graph.invoke({"notes": ["bob's own plans"]}, other)
     # The memory path finds it (the control): erased with the victim.
     ks.memories.put("bob", ("facts",), "call", f"call the victim on {PHONE}")
     req = ks.erase(victim, requested_by="dpo", reason="gdpr-art17")
     assert req.state == "completed", req.error
     assert ks.memories.get("bob", ("facts",), "call") is None
-    try:
-        notes = graph.get_state(cfg).values.get("notes", [])
-    except Exception:  # noqa: BLE001 - unreadable is what erasure should leave
-        notes = []
-    assert not [n for n in notes if PHONE in n]
+    # Crypto-erased: the thread's state that holds the phone no longer opens.
+    with pytest.raises(SubjectErased):
+        graph.get_state(cfg)
+    # Bob's thread that is only about bob is untouched, and the erased thread can
+    # go on afresh under a new key.
+    assert graph.get_state(other).values["notes"][0] == "bob's own plans"
+    saver = KeyshredSaver(ks)
+    saver.delete_thread("bob-1")
+    graph.invoke({"notes": ["again"]}, cfg)
+    assert graph.get_state(cfg).values["notes"] == ["again", "remembered", "answered"]

@@ -50,8 +50,12 @@ def test_a_key_made_after_the_whole_erasure_seals_nothing_about_the_subject(
     try:
         with pytest.raises(SubjectSuppressed) as err:
             ks.memories.put(
-                "dave", ("facts",), "met", {"text": f"v phone {probe}"},
-                mentions=[victim], index=["text"],
+                "dave",
+                ("facts",),
+                "met",
+                {"text": f"v phone {probe}"},
+                mentions=[victim],
+                index=["text"],
             )
     finally:
         ks.keyring.data_key = real  # type: ignore[method-assign]
