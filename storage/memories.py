@@ -15,7 +15,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -525,10 +525,12 @@ class MemoryStore:
         epoch: int | None = None,
         mention_refs: Sequence[tuple[str, ...]] | None = None,
         produced_by: tuple[str, str | None, str | None] | None = None,
+        kept_sources: Collection[str] = (),
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
         mentions as refs already, ``produced_by`` the assets' (kind, producer,
-        producer version) (rebuilding derived assets)."""
+        producer version) (rebuilding derived assets); ``kept_sources`` are sources
+        the memory had already (an update keeps them even once they are deleted)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -579,6 +581,18 @@ class MemoryStore:
             if self._sealer.encrypted and any(item.sources for *_, item in prepared)
             else {}
         )
+        if self._sealer.encrypted:
+            # A new source the catalog does not hold gives no owner, so the value
+            # derived from it would go under the holder's key alone: refused. It was
+            # deleted or erased (a value read before its subject's erasure completed
+            # would otherwise outlive it) or never registered.
+            for *_, item in prepared:
+                for source in item.sources:
+                    if source not in source_owners and source not in kept_sources:
+                        raise NotFound(
+                            "a source asset is not in the catalog: deleted, erased or "
+                            "never registered"
+                        )
 
         part = self._partition(ref)
         # Embedding is slow: do it before taking the partition lock. The fields of an
@@ -937,7 +951,11 @@ class MemoryStore:
             existing.sources if sources is None else sources,
         )
         return self._put_rows(
-            self._ref(subject), [_checked(item)], epoch=epoch, mention_refs=[refs]
+            self._ref(subject),
+            [_checked(item)],
+            epoch=epoch,
+            mention_refs=[refs],
+            kept_sources=existing.sources,
         )[0]
 
     def delete(self, subject: Any, namespace: Sequence[str] | str, key: str) -> bool:
@@ -1016,7 +1034,9 @@ class MemoryStore:
             ),
             PutItem(ns, k, value, old.scope, old.purpose, old.category, old.sources, (), None),
         ]
-        memory = self._put_rows(ref, items, mention_refs=[old.mentions, old.mentions])[1]
+        memory = self._put_rows(
+            ref, items, mention_refs=[old.mentions, old.mentions], kept_sources=old.sources
+        )[1]
         if self.audit is not None:
             self.audit.record(
                 "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
@@ -1493,7 +1513,11 @@ class MemoryStore:
             None,
         )
         memory = self._put_rows(
-            ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by
+            ref,
+            [item],
+            mention_refs=[tuple(mentions)],
+            produced_by=produced_by,
+            kept_sources=row.sources,
         )[0]
         # The previous version leaves the live files at once, as a deletion's does: it
         # is unreadable already when a destroyed key sealed it, but a scope erasure

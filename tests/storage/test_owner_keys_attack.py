@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from keyshred import Keyshred
-from keyshred.errors import SubjectSuppressed
+from keyshred.errors import NotFound, SubjectSuppressed
 from tests.storage.conftest import make_config
 from tests.storage.test_owner_keys import decrypt_partition_files
 from tests.storage.test_vectors import bag_of_words
@@ -69,3 +69,49 @@ def test_a_key_made_after_the_whole_erasure_seals_nothing_about_the_subject(
     # scan opens every file (log, segments, vectors) with every live key.
     report = ks.erasure.residue_scan([probe], [tmp_path / "data"])
     assert report.clean, report.as_dict()
+
+
+def test_a_summary_registered_after_its_sources_subject_was_erased_is_not_kept(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """The application reads the victim's memory, the victim's erasure completes,
+    then the application registers bob's summary built from it. The source is gone
+    from the catalog, so it adds no owner: the summary is sealed under bob's own
+    key and the victim's data in it outlives the erasure."""
+    victim = "victim@example.org"
+    probe = f"zq{uuid.uuid4().hex[:10]}"
+    mine = ks.memories.put(victim, ("notes",), "phone", f"{probe} phone")
+    read = ks.memories.get(victim, ("notes",), "phone")
+    assert read is not None
+    req = ks.erase(victim, requested_by="dpo", reason="gdpr-art17")
+    assert req.state == "completed", req.error
+    with pytest.raises(NotFound):
+        ks.derived.register(
+            "summary",
+            subject="bob",
+            namespace=("shared",),
+            key="summary",
+            value=f"bob knows {read.value}",
+            produced_from=[mine.memory_id],
+            producer="summarizer",
+            producer_version="1",
+        )
+    assert ks.memories.get("bob", ("shared",), "summary") is None
+    report = ks.erasure.residue_scan([probe], [tmp_path / "data"])
+    assert report.clean, report.as_dict()
+    # A source deleted after the summary was made stays a source of its updates.
+    other = ks.memories.put("carol", ("notes",), "n", "carol's note")
+    ks.derived.register(
+        "summary",
+        subject="bob",
+        namespace=("shared",),
+        key="s2",
+        value="about carol",
+        produced_from=[other.memory_id],
+        producer="summarizer",
+        producer_version="1",
+    )
+    assert ks.memories.delete("carol", ("notes",), "n")
+    updated = ks.memories.update("bob", ("shared",), "s2", "about carol, again")
+    assert updated.sources == (other.memory_id,)
+    ks.memories.correct("bob", ("shared",), "s2", "about carol, corrected", reason="typo")
