@@ -1456,8 +1456,27 @@ class MemoryStore:
         if pending:
             self._delete_rows(ref, part, pending)
         if report.unregistered:
-            self._register_found(ref, [by_id[m] for m in report.unregistered], epoch)
+            found = [by_id[m] for m in report.unregistered]
+            # A killed put about a subject erased (or being erased) since: its row is
+            # opaque or its mention would be refused by the catalog, which made every
+            # repair of this partition fail (and ``repair_all`` skip it). Its put was
+            # never acknowledged, and it is about that subject: deleted, not registered.
+            doomed = [r for r in found if r.opaque or not self._mentions_active(r)]
+            if doomed:
+                self._delete_rows(ref, part, doomed)
+            gone = {r.memory_id for r in doomed}
+            keep = [r for r in found if r.memory_id not in gone]
+            if keep:
+                self._register_found(ref, keep, epoch)
         return replace(report, applied=True, forgot_lost=forget_lost and bool(report.lost))
+
+    def _mentions_active(self, row: MemoryRow) -> bool:
+        for mentioned in row.mentions:
+            try:
+                self._catalog.check_guard(mentioned)
+            except SubjectSuppressed:
+                return False
+        return True
 
     def _register_found(self, ref: str, rows: list[MemoryRow], epoch: int) -> None:
         """Register rows a killed put left in the partition. Vectors the put wrote

@@ -115,3 +115,43 @@ def test_a_summary_registered_after_its_sources_subject_was_erased_is_not_kept(
     updated = ks.memories.update("bob", ("shared",), "s2", "about carol, again")
     assert updated.sources == (other.memory_id,)
     ks.memories.correct("bob", ("shared",), "s2", "about carol, corrected", reason="typo")
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL at a fault point: nothing after it runs (``put.after_log``
+    is before the put's undo handler)."""
+
+
+def test_repair_after_a_killed_put_about_a_subject_erased_since(ks: Keyshred) -> None:
+    """A put of dave's fact about the victim is killed after its log write; the
+    victim is erased; dave's repair then tried to register the row with its mention
+    of an erased subject, which the catalog refuses: every repair of dave's
+    partition failed and ``repair_all`` skipped it for good."""
+    from keyshred.storage import faults
+
+    victim = "victim@example.org"
+    ks.memories.put(victim, ("notes",), "own", "the victim's own note")
+    ks.memories.put("dave", ("notes",), "mine", "dave's own note")
+
+    def kill(point: str) -> None:
+        if point == "put.after_log":
+            raise _Killed
+
+    faults.hook = kill
+    try:
+        with pytest.raises(_Killed):
+            ks.memories.put("dave", ("facts",), "met", "dave met v", mentions=[victim])
+    finally:
+        faults.hook = None
+    req = ks.erase(victim, requested_by="dpo", reason="gdpr-art17")
+    assert req.state == "completed", req.error
+    dref = ks.subject_ref("dave")
+    found = ks.memories.repair(dref)
+    assert len(found.unregistered) == 1
+    done = ks.memories.repair(dref, apply=True)
+    assert done.applied
+    assert ks.memories.repair(dref).clean
+    assert dref in {r.subject_ref for r in ks.memories.repair_all()}
+    assert ks.memories.get("dave", ("facts",), "met") is None
+    mine = ks.memories.get("dave", ("notes",), "mine")
+    assert mine is not None and mine.value == "dave's own note"
