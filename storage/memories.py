@@ -543,6 +543,8 @@ class MemoryStore:
         # and per (namespace, key) those of them no caller declared.
         found = self.mentions.find(ref, items)
         detected: dict[tuple[tuple[str, ...], str], frozenset[str]] = {}
+        if any(found) and not kept_sources:
+            self._check_derived_names(ref, items)
         for n_item, item in enumerate(items):
             ns, k = _namespace(item.namespace), _key(item.key)
             raw = self._encode(item.value)
@@ -690,6 +692,23 @@ class MemoryStore:
             if part.log_records >= self._flush_records:
                 part.flush()
         return [_memory(r) for r in rows]
+
+    def _check_derived_names(self, ref: str, items: Sequence[PutItem]) -> None:
+        """A derived asset's namespace and key stay readable under the holder's
+        own key (its rebuild after an erasure needs them), so they may not carry
+        another subject's registered identifier: that would outlive the subject's
+        erasure in the rebuilt asset. Values are sealed under the owners' key."""
+        derived = [
+            PutItem(item.namespace, item.key, None, item.scope)
+            for item in items
+            if item.sources and isinstance(item.scope, str)
+        ]
+        if derived and any(self.mentions.find(ref, derived)):
+            raise InvalidInput(
+                "a derived asset's namespace and key stay readable after the erasure "
+                "of the subjects it is about (its rebuild needs them): they may not "
+                "hold another subject's registered identifier"
+            )
 
     def _seal_shared(
         self, ref: str, rows: list[MemoryRow], source_owners: Mapping[str, set[str]]

@@ -155,3 +155,44 @@ def test_repair_after_a_killed_put_about_a_subject_erased_since(ks: Keyshred) ->
     assert ks.memories.get("dave", ("facts",), "met") is None
     mine = ks.memories.get("dave", ("notes",), "mine")
     assert mine is not None and mine.value == "dave's own note"
+
+
+def test_a_derived_assets_name_cannot_carry_another_subjects_identifier(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """A summary of bob named after the victim's registered e-mail: its name stays
+    readable under bob's own key (the rebuild needs it), so after the victim's
+    erasure the rebuilt summary kept the e-mail in bob's segment. Refused now; the
+    same name on a memory without sources is sealed with its value and goes."""
+    from keyshred.errors import InvalidInput
+
+    victim, email = "victim@example.org", "zofia.kowalska@example.org"
+    ks.subjects.register_identifiers(victim, emails=[email])
+    mine = ks.memories.put(victim, ("notes",), "own", "victim likes kayaks")
+    bobs = ks.memories.put("bob", ("notes",), "b", "bob likes chess")
+
+    def register(key: str) -> Any:
+        return ks.derived.register(
+            "summary",
+            subject="bob",
+            namespace=("people",),
+            key=key,
+            value="kayaks and chess",
+            produced_from=[mine.memory_id, bobs.memory_id],
+            producer="summarizer",
+            producer_version="1",
+            rebuild=lambda ms: " | ".join(sorted(str(m.value) for m in ms)),
+        )
+
+    with pytest.raises(InvalidInput) as err:
+        register(f"about {email}")
+    assert email not in str(err.value)
+    summary = register("about the victim")
+    ks.memories.put("bob", ("people",), f"met {email}", "at the lake")
+    ks.memories.flush()
+    req = ks.erase(victim, requested_by="dpo", reason="gdpr-art17")
+    assert req.state == "completed", req.error
+    rebuilt = ks.memories.get("bob", ("people",), "about the victim")
+    assert rebuilt is not None and rebuilt.memory_id == summary.memory_id
+    report = ks.erasure.residue_scan([email], [tmp_path / "data"])
+    assert report.clean, report.as_dict()
