@@ -121,7 +121,11 @@ class Keyshred:
         self.vault = self._guard(self._vault)
         self.checkpoints = self._guard(
             CheckpointStore(
-                catalog, keyring, tenant=config.tenant, first_key=self._memories.first_key
+                catalog,
+                keyring,
+                tenant=config.tenant,
+                first_key=self._memories.first_key,
+                mentions=self._memories.mentions,
             )
         )
         self.erasure = self._guard(ErasureCoordinator(self))

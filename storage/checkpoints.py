@@ -43,6 +43,7 @@ from keyshred.storage.catalog import (
     subject_guard,
     threads,
 )
+from keyshred.storage.mentions import MentionFinder
 
 __all__ = ["THREAD_KIND", "CheckpointRow", "CheckpointStore", "WriteRow", "thread_scope"]
 
@@ -103,6 +104,17 @@ class _Thread:
     scope: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Serialized:
+    """A checkpoint's or write's serialized bytes as the mention finder reads an
+    item: as text (undecodable bytes become separators), under the thread's scope."""
+
+    value: str
+    scope: str
+    namespace: tuple[str, ...] = ()
+    key: str = ""
+
+
 class CheckpointStore:
     """Threads, checkpoints and writes; see the module docstring."""
 
@@ -113,10 +125,14 @@ class CheckpointStore:
         *,
         tenant: str,
         first_key: Callable[[str, str, str | None], DataKey],
+        mentions: MentionFinder | None = None,
     ) -> None:
         self._catalog = catalog
         self._keyring = keyring
         self._tenant = tenant
+        # Registered identifiers of other subjects found in what a thread stores make
+        # them co-owners of the key it is sealed under (as for a memory).
+        self._mentions = mentions
         # Makes a thread's key safely against a racing erasure
         # (``MemoryStore.first_key``).
         self._first_key = first_key
@@ -301,9 +317,42 @@ class CheckpointStore:
                 self._threads.pop(th.thread_ref, None)
             raise NotFound("the thread was deleted") from None
 
+    def _sealing_key(self, th: _Thread, datas: Sequence[bytes]) -> DataKey:
+        """The thread's key, or, when the data holds registered identifiers of
+        other subjects, the thread's key shared with them: erasing any of them
+        destroys it, so the thread's state that carries their data goes with them.
+        Their guards are read before the key is fetched or made and again after (a
+        key made before a suppression is one that erasure destroys; one made after
+        is refused here, before anything is sealed under it)."""
+        key = self._key(th)  # the thread still exists (a racing delete_thread)
+        if self._mentions is None:
+            return key
+        found = self._mentions.find(
+            th.subject_ref,
+            [_Serialized(d.decode("utf-8", "replace"), th.scope) for d in datas],
+        )
+        owners = sorted(set().union(*found)) if found else []
+        if not owners:
+            return key
+        self._check_owners(owners)
+        shared = self._keyring.data_key(th.subject_ref, thread_scope(th.thread_ref), owners=owners)
+        self._check_owners(owners)
+        return shared
+
+    def _check_owners(self, owners: Iterable[str]) -> None:
+        for owner in owners:
+            try:
+                self._catalog.check_guard(owner)
+            except SubjectSuppressed:
+                raise SubjectSuppressed(
+                    f"the checkpoint is about subject_ref {owner}, which is being erased "
+                    "or was erased"
+                ) from None
+
     def put_checkpoint(self, th: _Thread, row: CheckpointRow, run_id: str | None) -> None:
         record = f"{th.thread_ref}/{row.checkpoint_ns}/{row.checkpoint_id}"
-        sealed = self._key(th).seal(row.data, self._place(th, "checkpoints", record))
+        key = self._sealing_key(th, [row.data])
+        sealed = key.seal(row.data, self._place(th, "checkpoints", record))
         with self._catalog.hot(write=True) as cur:
             self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
             cur.execute(
@@ -331,7 +380,7 @@ class CheckpointStore:
         params = []
         if not writes:
             return
-        key = self._key(th)
+        key = self._sealing_key(th, [w.data for w in writes])
         for w in writes:
             record = f"{th.thread_ref}/{checkpoint_ns}/{checkpoint_id}/{w.task_id}/{w.idx}"
             params.append(

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -527,12 +527,14 @@ class MemoryStore:
         mention_refs: Sequence[tuple[str, ...]] | None = None,
         produced_by: tuple[str, str | None, str | None] | None = None,
         carried_detected: frozenset[str] = frozenset(),
+        kept_sources: Collection[str] = (),
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
         mentions as refs already, ``produced_by`` the assets' (kind, producer,
         producer version) (rebuilding derived assets); ``carried_detected`` are
         mentions of ``mention_refs`` carried over from an earlier version that were
-        detected there (they stay counted as detected)."""
+        detected there (they stay counted as detected); ``kept_sources`` are sources
+        the memory had already (an update keeps them even once they are deleted)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -545,6 +547,8 @@ class MemoryStore:
         # and per (namespace, key) those of them no caller declared.
         found = self.mentions.find(ref, items)
         detected: dict[tuple[tuple[str, ...], str], frozenset[str]] = {}
+        if any(found) and not kept_sources:
+            self._check_derived_names(ref, items)
         for n_item, item in enumerate(items):
             ns, k = _namespace(item.namespace), _key(item.key)
             raw = self._encode(item.value)
@@ -585,6 +589,18 @@ class MemoryStore:
             if self._sealer.encrypted and any(item.sources for *_, item in prepared)
             else {}
         )
+        if self._sealer.encrypted:
+            # A new source the catalog does not hold gives no owner, so the value
+            # derived from it would go under the holder's key alone: refused. It was
+            # deleted or erased (a value read before its subject's erasure completed
+            # would otherwise outlive it) or never registered.
+            for *_, item in prepared:
+                for source in item.sources:
+                    if source not in source_owners and source not in kept_sources:
+                        raise NotFound(
+                            "a source asset is not in the catalog: deleted, erased or "
+                            "never registered"
+                        )
 
         part = self._partition(ref)
         # Embedding is slow: do it before taking the partition lock. The fields of an
@@ -683,6 +699,23 @@ class MemoryStore:
                 part.flush()
         return [_memory(r) for r in rows]
 
+    def _check_derived_names(self, ref: str, items: Sequence[PutItem]) -> None:
+        """A derived asset's namespace and key stay readable under the holder's
+        own key (its rebuild after an erasure needs them), so they may not carry
+        another subject's registered identifier: that would outlive the subject's
+        erasure in the rebuilt asset. Values are sealed under the owners' key."""
+        derived = [
+            PutItem(item.namespace, item.key, None, item.scope)
+            for item in items
+            if item.sources and isinstance(item.scope, str)
+        ]
+        if derived and any(self.mentions.find(ref, derived)):
+            raise InvalidInput(
+                "a derived asset's namespace and key stay readable after the erasure "
+                "of the subjects it is about (its rebuild needs them): they may not "
+                "hold another subject's registered identifier"
+            )
+
     def _seal_shared(
         self, ref: str, rows: list[MemoryRow], source_owners: Mapping[str, set[str]]
     ) -> list[MemoryRow]:
@@ -709,21 +742,32 @@ class MemoryStore:
                 # subject's keys would carry the data past it. The catalog refuses the
                 # mention again in the write transaction, and the erasure sweeps any
                 # key created in between.
-                subject, _, scope = owner.partition("@")
-                try:
-                    self._catalog.check_guard(subject, scope=scope or None)
-                except SubjectSuppressed:
-                    raise SubjectSuppressed(
-                        f"the memory is about subject_ref {subject}, which is being erased "
-                        "or was erased"
-                    ) from None
+                self._check_owner(owner)
                 checked.add(owner)
             wanted = (r.scope, tuple(sorted(owners)))
             key = keys.get(wanted)
             if key is None:
                 key = keys[wanted] = self._keyring.data_key(ref, r.scope, owners=wanted[1])
             out.append(seal_row(key, ref, r))
+        # Checked again once every key exists: a key made before a suppression is
+        # one that erasure's destroy step finds, one made after is refused here.
+        # Without this, a whole erasure (its verify sweep included) that ran between
+        # the first check and the key's creation left the key alive, and the row the
+        # catalog then refused stayed readable in the log and the vectors under it.
+        for owner in checked:
+            self._check_owner(owner)
         return out
+
+    def _check_owner(self, owner: str) -> None:
+        """Refuse data about an owner (``ref``, or ``ref@scope``: its data in that
+        scope) whose subject, or that scope of it, is suppressed or erased."""
+        subject, _, scope = owner.partition("@")
+        try:
+            self._catalog.check_guard(subject, scope=scope or None)
+        except SubjectSuppressed:
+            raise SubjectSuppressed(
+                f"the memory is about subject_ref {subject}, which is being erased or was erased"
+            ) from None
 
     # -- indexing ------------------------------------------------------------------
 
@@ -948,6 +992,7 @@ class MemoryStore:
             epoch=epoch,
             mention_refs=[refs],
             carried_detected=carried,
+            kept_sources=existing.sources,
         )[0]
 
     def delete(self, subject: Any, namespace: Sequence[str] | str, key: str) -> bool:
@@ -1028,7 +1073,11 @@ class MemoryStore:
         ]
         carried = self._catalog.detected_mentions(old.memory_id) if old.mentions else frozenset()
         memory = self._put_rows(
-            ref, items, mention_refs=[old.mentions, old.mentions], carried_detected=carried
+            ref,
+            items,
+            mention_refs=[old.mentions, old.mentions],
+            carried_detected=carried,
+            kept_sources=old.sources,
         )[1]
         if self.audit is not None:
             self.audit.record(
@@ -1449,8 +1498,27 @@ class MemoryStore:
         if pending:
             self._delete_rows(ref, part, pending)
         if report.unregistered:
-            self._register_found(ref, [by_id[m] for m in report.unregistered], epoch)
+            found = [by_id[m] for m in report.unregistered]
+            # A killed put about a subject erased (or being erased) since: its row is
+            # opaque or its mention would be refused by the catalog, which made every
+            # repair of this partition fail (and ``repair_all`` skip it). Its put was
+            # never acknowledged, and it is about that subject: deleted, not registered.
+            doomed = [r for r in found if r.opaque or not self._mentions_active(r)]
+            if doomed:
+                self._delete_rows(ref, part, doomed)
+            gone = {r.memory_id for r in doomed}
+            keep = [r for r in found if r.memory_id not in gone]
+            if keep:
+                self._register_found(ref, keep, epoch)
         return replace(report, applied=True, forgot_lost=forget_lost and bool(report.lost))
+
+    def _mentions_active(self, row: MemoryRow) -> bool:
+        for mentioned in row.mentions:
+            try:
+                self._catalog.check_guard(mentioned)
+            except SubjectSuppressed:
+                return False
+        return True
 
     def _register_found(self, ref: str, rows: list[MemoryRow], epoch: int) -> None:
         """Register rows a killed put left in the partition. Vectors the put wrote
@@ -1506,7 +1574,11 @@ class MemoryStore:
             None,
         )
         memory = self._put_rows(
-            ref, [item], mention_refs=[tuple(mentions)], produced_by=produced_by
+            ref,
+            [item],
+            mention_refs=[tuple(mentions)],
+            produced_by=produced_by,
+            kept_sources=row.sources,
         )[0]
         # The previous version leaves the live files at once, as a deletion's does: it
         # is unreadable already when a destroyed key sealed it, but a scope erasure
