@@ -15,6 +15,16 @@ subject and purpose → same token, keyed by a key derived from the subject's DE
 allows joins across texts; random mode is the default. Erasure removes a subject's
 tokens and their keys, so they resolve for nobody again.
 
+A value that is a registered identifier of other subjects (``ks.subjects``, found by
+``keyshred.storage.mentions``) is sealed instead under the key the subject shares
+with them (``keyring.data_key(subject, scope, owners=...)``), as a memory or an agent
+thread about them is: the erasure of any of them destroys that key, and the token
+then resolves for nobody (``UnknownToken``). Resolution reads the key id from the
+ciphertext, so nothing else changes for live owners. A deterministic value of a
+shared key has its lookup under that key, so it never reuses the scope key's token
+of the same value. A text holding an identifier of a subject being erased is
+refused (``SubjectSuppressed``) like a memory about them.
+
 Token rows are the token assets: ``ks_tokens`` holds every field an asset has
 (subject_ref, scope, purpose, expiry as retain-until; tokens derive from nothing), and
 the catalog lists them as assets of kind ``token``; there is no second row per token.
