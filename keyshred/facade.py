@@ -117,6 +117,7 @@ class Keyshred:
             first_key=self._memories.first_key,
             on_flush_failure=self.metrics.token_flush_failure,
             max_text_bytes=config.tokens.max_text_bytes,
+            mentions=self._memories.mentions,
         )
         self.vault = self._guard(self._vault)
         self.checkpoints = self._guard(

@@ -380,6 +380,10 @@ class MentionFinder:
             out.append(found)
             scope = item.scope
             detect = enabled.get(scope) if isinstance(scope, str) else None
+            if detect is None and scope is None:
+                # A vault token's value: vault scopes are no declared scopes, and a
+                # value that is a registered identifier is always looked up.
+                detect = True
             if detect is None:
                 # An unknown scope or a scope that is not a name raises here as it
                 # would a line later in the store.

@@ -15,6 +15,16 @@ subject and purpose → same token, keyed by a key derived from the subject's DE
 allows joins across texts; random mode is the default. Erasure removes a subject's
 tokens and their keys, so they resolve for nobody again.
 
+A value that is a registered identifier of other subjects (``ks.subjects``, found by
+``keyshred.storage.mentions``) is sealed instead under the key the subject shares
+with them (``keyring.data_key(subject, scope, owners=...)``), as a memory or an agent
+thread about them is: the erasure of any of them destroys that key, and the token
+then resolves for nobody (``UnknownToken``). Resolution reads the key id from the
+ciphertext, so nothing else changes for live owners. A deterministic value of a
+shared key has its lookup under that key, so it never reuses the scope key's token
+of the same value. A text holding an identifier of a subject being erased is
+refused (``SubjectSuppressed``) like a memory about them.
+
 Token rows are the token assets: ``ks_tokens`` holds every field an asset has
 (subject_ref, scope, purpose, expiry as retain-until; tokens derive from nothing), and
 the catalog lists them as assets of kind ``token``; there is no second row per token.
@@ -63,7 +73,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -82,13 +92,27 @@ from keyshred.errors import (
 )
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
-from keyshred.keyring.envelope import Place, PlaceTemplate
+from keyshred.keyring.envelope import Place, PlaceTemplate, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, micros, tokens
 from keyshred.vault.detect import KINDS, Finding, Recognizer, default_spans, detect
 from keyshred.vault.journal import Segment, TokenJournal, encode
 
+if TYPE_CHECKING:  # storage.mentions imports the vault's detector
+    from keyshred.storage.mentions import MentionFinder
+
 __all__ = ["TOKEN_RE", "Sanitized", "TokenVault", "VaultStatus"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    """A token's value as the mention finder reads an item (``scope=None``: no
+    declared scope, always looked up)."""
+
+    value: str
+    scope: None = None
+    namespace: tuple[str, ...] = ()
+    key: str = ""
 
 
 class _Row:
@@ -189,6 +213,26 @@ def _templates(subject_ref: str, scope: str) -> PlaceTemplate:
     return PlaceTemplate(subject_ref, scope, "tokens", "value")
 
 
+def _seal(
+    key: DataKey,
+    keys: list[DataKey] | None,
+    items: list[tuple[str, bytes]],
+    template: PlaceTemplate,
+) -> list[bytes]:
+    """Seal ``items`` under ``key``, or each under its own of ``keys`` (one
+    ``seal_rows`` per key, results in the items' order)."""
+    if keys is None:
+        return key.seal_rows(items, template)
+    groups: dict[bytes, tuple[DataKey, list[int]]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k.key_id, (k, []))[1].append(i)
+    out: list[bytes] = [b""] * len(items)
+    for k, at in groups.values():
+        for i, ct in zip(at, k.seal_rows([items[i] for i in at], template), strict=True):
+            out[i] = ct
+    return out
+
+
 class Sanitized(NamedTuple):
     """The sanitized text and the tokens it carries (never the values)."""
 
@@ -275,8 +319,12 @@ class TokenVault:
         first_key: Callable[[str, str, str | None], DataKey],
         on_flush_failure: Callable[[], None] | None = None,
         max_text_bytes: int = 1024 * 1024,
+        mentions: MentionFinder | None = None,
     ) -> None:
         self._max_text = max_text_bytes
+        # A value that is another subject's registered identifier is sealed under
+        # the key the holder shares with that subject, so the token dies with either.
+        self._mentions = mentions
         self._catalog = catalog
         # Makes a subject's first key safely against a racing erasure
         # (``MemoryStore.first_key``).
@@ -390,6 +438,9 @@ class TokenVault:
         created = time.time_ns() // 1000 if clock is _utcnow else micros(clock())
         expires = created + ttl // _MICROSECOND
         key = self._key(ref, scope)
+        # Per finding (flat), its sealing key when some value is another subject's
+        # registered identifier; None (the usual case) when every one is the scope key.
+        keys = self._value_keys(ref, scope, key, spans)
         names = _KIND_NAMES
         issued: list[str] | None = None  # deterministic: every finding's token, given
         fresh: list[tuple[int, int, bytes | None]] = []  # (finding, number, lookup) to store
@@ -397,7 +448,7 @@ class TokenVault:
             kinds = [names.get(c[4]) or _kind_name(c[4]) for found in spans for c in found]
             values = [c[5].encode() for found in spans for c in found]
             issued, fresh = self._deterministic(
-                key, ref, scope, purpose, kinds=kinds, values=values
+                key, ref, scope, purpose, kinds=kinds, values=values, keys=keys
             )
         else:
             numbers = self._numbers(count)
@@ -429,13 +480,14 @@ class TokenVault:
         template = _templates(ref, scope)
         rows: list[tuple[Any, ...]]
         if issued is None:
-            sealed = key.seal_rows(items, template)
+            sealed = _seal(key, keys, items, template)
             rows = [
                 (n, token, ref, scope, kind, purpose, False, None, created, expires, ct)
                 for (n, kind), (token, _), ct in zip(meta, items, sealed, strict=True)
             ]
         elif fresh:
-            sealed = key.seal_rows([(issued[i], values[i]) for i, _, _ in fresh], template)
+            fresh_keys = None if keys is None else [keys[i] for i, _, _ in fresh]
+            sealed = _seal(key, fresh_keys, [(issued[i], values[i]) for i, _, _ in fresh], template)
             rows = [
                 (n, issued[i], ref, scope, kinds[i], purpose, True, lookup, created, expires, ct)
                 for (i, n, lookup), ct in zip(fresh, sealed, strict=True)
@@ -501,16 +553,23 @@ class TokenVault:
         *,
         kinds: list[str],
         values: list[bytes],
+        keys: list[DataKey] | None = None,
     ) -> tuple[list[str], list[tuple[int, int, bytes | None]]]:
         """The same token for the same (kind, value), subject, scope and purpose:
         ``(token per finding, (index, number, lookup) of each new one)``. A value's
         lookup is its HMAC under a key derived from the subject's DEK and the
         purpose; a value seen before gets its stored (or pending) token, a new one a
-        fresh number."""
-        det_key = key.derive(b"token:" + purpose.encode())
+        fresh number. A value sealed under a shared key (``keys``) has its lookup
+        under a key derived from that one: it never finds the scope key's token of
+        the same value, nor one of an earlier shared key (destroyed by an erasure)."""
+        derived: dict[bytes, bytes] = {}  # key id -> its lookup key for the purpose
         lookup_of: dict[tuple[str, bytes], bytes] = {}
-        for kv in zip(kinds, values, strict=True):
+        for i, kv in enumerate(zip(kinds, values, strict=True)):
             if kv not in lookup_of:
+                sealing = key if keys is None else keys[i]
+                det_key = derived.get(sealing.key_id)
+                if det_key is None:
+                    det_key = derived[sealing.key_id] = sealing.derive(b"token:" + purpose.encode())
                 lookup_of[kv] = prim.hmac_sha256(det_key, kv[0].encode() + b"\x00" + kv[1])[:16]
         known: dict[bytes, str] = {}
         with self._pending_lock:
@@ -533,6 +592,41 @@ class TokenVault:
             known[lookup_of[kv]] = f"<{kv[0]}_{hex_id}>"
             fresh.append((i, n, lookup_of[kv]))
         return [known[lookup_of[kv]] for kv in zip(kinds, values, strict=True)], fresh
+
+    def _value_keys(
+        self, ref: str, scope: str, key: DataKey, spans: list[list[tuple[Any, ...]]]
+    ) -> list[DataKey] | None:
+        """Each finding's sealing key: ``key`` (the holder's scope key), or, for a
+        value that is a registered identifier of other subjects, the key shared by
+        (holder, scope, those subjects), which the erasure of any of them destroys.
+        None when no value is one (nothing registered: no work beyond the finder's
+        cached kinds). The co-owners' guards are read before the shared key is
+        fetched or made and again after: a key made before a suppression is one that
+        erasure destroys, one made after is refused here, before anything is sealed
+        under it. A co-owner being erased refuses the whole call
+        (``SubjectSuppressed``), as a memory or a checkpoint about them is refused."""
+        finder = self._mentions
+        if finder is None or not finder.kinds():
+            return None
+        found = finder.find(ref, [_Value(c[5]) for found in spans for c in found])
+        if not any(found):
+            return None
+        wanted = {tuple(sorted(owners)) for owners in found if owners}
+        checked = sorted({owner for owners in wanted for owner in owners})
+        self._check_owners(checked)
+        shared = {owners: self._keyring.data_key(ref, scope, owners=owners) for owners in wanted}
+        self._check_owners(checked)
+        return [shared[tuple(sorted(owners))] if owners else key for owners in found]
+
+    def _check_owners(self, owners: Iterable[str]) -> None:
+        for owner in owners:
+            try:
+                self._catalog.check_guard(owner)
+            except SubjectSuppressed:
+                raise SubjectSuppressed(
+                    f"the text holds a registered identifier of subject_ref {owner}, which "
+                    "is being erased or was erased"
+                ) from None
 
     def number_of(self, token: str) -> int | None:
         """The row number a well-formed token's id enciphers (None otherwise)."""
@@ -819,8 +913,19 @@ class TokenVault:
             key = self._keyring.data_key(row.subject_ref, row.scope, create=False)
         except KeyNotFound:
             raise UnknownToken("the token's key is gone") from None
+        value = bytes(row.value)
+        key_id = key_id_of(value)
+        if key_id != key.key_id:
+            # Sealed under a key shared with the subjects the value identifies: gone
+            # with the erasure of any of them, and then the token resolves no more.
+            try:
+                key = self._keyring.data_key_by_id(key_id)
+            except (KeyNotFound, SubjectErased):
+                raise UnknownToken("the token's key is gone") from None
+            if key.subject_ref != row.subject_ref or key.scope != row.scope:
+                raise IntegrityError("the token's value is sealed under another subject's key")
         place = Place(row.subject_ref, row.scope, "tokens", token, "value")
-        return key.open(bytes(row.value), place).decode("utf-8"), row.subject_ref
+        return key.open(value, place).decode("utf-8"), row.subject_ref
 
     def _stored(self, number: int) -> Any:
         with self._catalog.engine.connect() as conn:
