@@ -21,6 +21,28 @@ Normal forms (registration and detection use the same functions):
   ideographs are words of one character each, joined without a space, so ``张伟``
   matches inside ``电话给张伟了``.
 
+Each registered normal form is also kept sealed under the subject's own key (the
+internal scope ``~identifiers``), next to its hash: erasing the subject destroys
+that key, so its sealed values die with it. The identifier key is not re-wrapped
+like other system secrets but replaced at every live KEK rotation
+(``Keyring.rotate_kek``, ``maintain_live``): a new version under the new epoch,
+every row re-hashed from its sealed value in one catalog transaction (rows whose
+subject's key is gone deleted), then the old version's secret row deleted. It was
+only ever wrapped under older epochs, so once those are destroyed the hashes left
+in dead tuples, WAL, replicas and archives can no longer be recomputed, and
+low-entropy identifiers (phones, resident ids) cannot be enumerated from them.
+Rows from before sealed values (a migrated catalog) cannot be re-hashed: they are
+kept, matching nothing after the first rotation, until the subject registers the
+identifier again. The re-hash reads the whole table in one transaction (fine for
+the table sizes seen so far; a very large one would need batching with both
+versions looked up meanwhile).
+
+The catalog records which version its hashes are under. A registration hashed
+under another version is refused in its transaction and redone; detection reads
+the version at most once per ``KINDS_TTL`` (one small query), so a process whose
+key another process rotated misses matches for at most that long (the window a
+registration from another process has anyway).
+
 Registration is not retroactive: values written before an identifier was
 registered are not scanned again.
 
@@ -46,7 +68,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from keyshred.errors import IntegrityError, InvalidInput, KeyNotFound, SubjectErased
+from keyshred.errors import InvalidInput, KeyNotFound, KeyshredError, SubjectErased
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.envelope import Place
 from keyshred.keyring.keyring import Keyring
@@ -260,6 +282,11 @@ def normalize(kind: str, value: str) -> str | None:
     raise InvalidInput(f"unknown identifier kind {kind!r}")
 
 
+def _digest(key: bytes, kind: str, normal: str) -> str:
+    message = _DOMAIN + kind.encode("ascii") + b"\x00" + normal.encode("utf-8", "surrogatepass")
+    return prim.hmac_sha256(key, message)[:_HASH_BYTES].hex()
+
+
 class MentionFinder:
     """Registered identifiers: their hashes in the catalog, and the search for them
     in values written under other subjects (``MemoryStore._put_rows``)."""
@@ -307,8 +334,7 @@ class MentionFinder:
             self._refresh_key(force=True)
             key = self._key
             assert key is not None  # noqa: S101 - just set
-        message = _DOMAIN + kind.encode("ascii") + b"\x00" + normal.encode("utf-8", "surrogatepass")
-        return prim.hmac_sha256(key, message)[:_HASH_BYTES].hex()
+        return _digest(key, kind, normal)
 
     # -- registration --------------------------------------------------------------
 
@@ -351,7 +377,7 @@ class MentionFinder:
             rows = {self._hash(kind, normal): (kind, normal) for kind, normal in pairs}
             added = self._catalog.add_identifiers(
                 subject_ref,
-                [(h, k, self._seal(subject_ref, h, k, n)) for h, (k, n) in rows.items()],
+                [(h, k, self._seal(subject_ref, k, n)) for h, (k, n) in rows.items()],
                 marks,
                 version,
             )
@@ -359,7 +385,7 @@ class MentionFinder:
                 break
             self._refresh_key(force=True)  # re-hashed under a new version meanwhile
         else:
-            raise IntegrityError("the identifier key kept changing during a registration")
+            raise KeyshredError("the identifier key kept changing during a registration")
         with self._lock:
             self._kinds = self._kinds | marks
         return added
@@ -369,8 +395,7 @@ class MentionFinder:
         # Bound to the subject and kind, not to the hash (it changes at a rotation).
         return Place(subject_ref, IDENTIFIER_SCOPE, "ks_identifiers", kind, "sealed")
 
-    def _seal(self, subject_ref: str, digest: str, kind: str, normal: str) -> bytes:
-        del digest
+    def _seal(self, subject_ref: str, kind: str, normal: str) -> bytes:
         return self._keyring.seal(normal.encode("utf-8"), self._place(subject_ref, kind))
 
     def rehash(self, version: int, key: bytes) -> tuple[int, int, int]:
@@ -384,10 +409,7 @@ class MentionFinder:
                 normal = self._keyring.open(sealed, self._place(subject_ref, kind)).decode()
             except (SubjectErased, KeyNotFound):
                 return None
-            message = (
-                _DOMAIN + kind.encode("ascii") + b"\x00" + normal.encode("utf-8", "surrogatepass")
-            )
-            return prim.hmac_sha256(key, message)[:_HASH_BYTES].hex()
+            return _digest(key, kind, normal)
 
         result = self._catalog.rehash_identifiers(version, one)
         with self._lock:
