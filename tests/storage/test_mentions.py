@@ -537,3 +537,36 @@ def test_phone_normal_form_is_what_phonenumbers_formats() -> None:
         expected = parsed(value)
         if expected is not None:
             assert normalize(PHONE, value) == expected, value
+
+
+def test_a_failed_rehash_blocks_the_old_epoch_and_is_resumed(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old identifier key stays wrapped under the old epoch until a re-hash
+    succeeds, so that epoch cannot be destroyed meanwhile (nor can detection
+    break); the next re-wrap finishes the rotation into the version made before."""
+    from keyshred.errors import BackendUnavailable
+
+    register_victim(ks)
+    victim = ks.subject_ref(VICTIM)
+    catalog = ks.catalog
+    real = catalog.rehash_identifiers
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise BackendUnavailable("the catalog cannot be reached")
+
+    monkeypatch.setattr(catalog, "rehash_identifiers", down)
+    with pytest.raises(BackendUnavailable):
+        ks.keyring.rotate_kek()
+    current = ks.keyring.live_epoch().epoch
+    with pytest.raises(KeyshredError):
+        ks.keyring.destroy_kek_epochs_before(current, force=True)
+    assert catalog.identifier_version() == 1
+    assert ks.memories.put("dave", NS, "k", "zofia kowalska").mentions == (victim,)
+    monkeypatch.setattr(catalog, "rehash_identifiers", real)
+    ks.keyring.rewrap_to_current()
+    assert catalog.identifier_version() == 2
+    names = {s.name for s in ks.keyring.store.secrets()}
+    assert {n for n in names if n.startswith("identifier-key")} == {"identifier-key.v2"}
+    ks.keyring.destroy_kek_epochs_before(current, force=True)
+    assert ks.memories.put("dave", NS, "k", "zofia kowalska").mentions == (victim,)
