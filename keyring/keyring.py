@@ -77,7 +77,7 @@ __all__ = [
 _REF_KEY = "subject-ref-key"
 _SIGNING_KEY = "receipt-signing-key"
 _TOKEN_ID_KEY = "token-id-key"  # noqa: S105 - a secret's name, not a secret
-_IDENTIFIER_KEY = "identifier-key"
+_IDENTIFIER_KEY = "identifier-key"  # its version 1; version n > 1 is "identifier-key.v<n>"
 _REF_DOMAIN = b"keyshred/subject-ref\x00"
 _REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
 _LEN = struct.Struct(">I")
@@ -153,6 +153,20 @@ def _others(holder: str, owners: Iterable[str]) -> tuple[str, ...]:
         if owner != holder:
             others.add(owner)
     return tuple(sorted(others))
+
+
+def _identifier_secret(version: int) -> str:
+    return _IDENTIFIER_KEY if version == 1 else f"{_IDENTIFIER_KEY}.v{version}"
+
+
+def _identifier_version(name: str) -> int | None:
+    """The identifier key version a secret's name stands for (None: another secret)."""
+    if name == _IDENTIFIER_KEY:
+        return 1
+    head, _, tail = name.partition(".v")
+    if head == _IDENTIFIER_KEY and tail.isdigit():
+        return int(tail)
+    return None
 
 
 def _check_name(kind: str, value: str) -> None:
@@ -273,7 +287,11 @@ class Keyring:
         self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
         self._signer: Signer | None = None
         self._token_ids: TokenIds | None = None
-        self._identifier_key: bytes | None = None
+        self._identifier_keys: dict[int, bytes] = {}
+        # Set by the mention finder (keyshred.storage.mentions): re-hashes every
+        # registered identifier under a new identifier key version (version, key).
+        # While it is unset the identifier key is re-wrapped like any secret.
+        self.identifier_rehash: Callable[[int, bytes], object] | None = None
         self._refs: dict[tuple[str, str], str] = {}
         # Who still needs KEK epochs before N (descriptions, safe to print); the
         # facade points it at the retained backup generations.
@@ -336,13 +354,57 @@ class Keyring:
             self._token_ids = TokenIds(self._system_secret(_TOKEN_ID_KEY, prim.random_key))
         return self._token_ids
 
-    def identifier_key(self) -> bytes:
-        """The key of the catalog's identifier lookup hashes (registered e-mails,
-        phones, resident ids, names; ``keyshred.storage.mentions``), created on first
-        use; like every system secret it is re-wrapped on KEK rotation."""
-        if self._identifier_key is None:
-            self._identifier_key = self._system_secret(_IDENTIFIER_KEY, prim.random_key)
-        return self._identifier_key
+    def identifier_key(self, version: int = 1) -> bytes:
+        """Version ``version`` of the key of the catalog's identifier lookup hashes
+        (registered e-mails, phones, resident ids, names; ``keyshred.storage.mentions``;
+        the catalog says which version its hashes are under). Version 1 is created
+        on first use when no version exists; a later one only by ``rotate_kek``,
+        which destroys the older ones (``KeyNotFound`` for a version destroyed)."""
+        key = self._identifier_keys.get(version)
+        if key is None:
+
+            def make() -> bytes:
+                # Never re-create a version a rotation destroyed.
+                if version != 1 or any(
+                    _identifier_version(r.name) is not None for r in self.store.secrets()
+                ):
+                    raise KeyNotFound(f"identifier key version {version} does not exist")
+                return prim.random_key()
+
+            key = self._identifier_keys[version] = self._system_secret(
+                _identifier_secret(version), make
+            )
+        return key
+
+    def _rotate_identifier_key(self, epoch: int) -> int:
+        """Replace the identifier key by a new version wrapped under live ``epoch``
+        instead of re-wrapping it: the catalog re-hashes every registered identifier
+        from its sealed normal form (``identifier_rehash``), then the older versions'
+        secret rows are deleted. Their rows only ever existed wrapped under older
+        epochs, so once those are destroyed the old hashes (in dead tuples, WAL,
+        replicas) can no longer be recomputed. Resumable: a version already under
+        ``epoch`` (a run the re-hash failed in) is reused. Returns the new version,
+        or 0 when nothing was to rotate (no identifier key, or no re-hash hook)."""
+        rehash = self.identifier_rehash
+        versions = {
+            v: r for r in self.store.secrets() if (v := _identifier_version(r.name)) is not None
+        }
+        if rehash is None or not versions:
+            return 0
+        newest = max(versions)
+        record = versions[newest]
+        current = record.kek_provider == self.live.marker and record.kek_epoch >= epoch
+        if current and len(versions) == 1:
+            return 0
+        target = newest if current else newest + 1
+        raw = self._system_secret(_identifier_secret(target), prim.random_key)
+        rehash(target, raw)
+        for v in versions:
+            if v != target:
+                self.store.delete_secret(_identifier_secret(v))
+                self._identifier_keys.pop(v, None)
+        self._identifier_keys[target] = raw
+        return target
 
     # -- subject refs --------------------------------------------------------------
 
@@ -637,6 +699,7 @@ class Keyring:
         while page := self.store.wrapped_by(self._archive_marker, _ROTATE_PAGE):
             move(page)
             keys += len(page)
+        self._rotate_identifier_key(epoch)
         secrets = 0
         for record in self.store.secrets():
             if record.kek_provider == self.live.marker and record.kek_epoch >= epoch:

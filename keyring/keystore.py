@@ -226,6 +226,10 @@ class KeyStore(ABC):
     def secrets(self) -> list[SecretRecord]: ...
 
     @abstractmethod
+    def delete_secret(self, name: str) -> bool:
+        """Delete a secret (a rotated identifier key version); True if it existed."""
+
+    @abstractmethod
     def counts(self) -> dict[str, int]:
         """Row counts for status output (keys, tombstones, secrets)."""
 
@@ -396,6 +400,7 @@ def _statements(mark: str, prefix: str, lock: str = "") -> dict[str, str]:
         "AND (scope IS NULL OR scope = ?) LIMIT 1",
         "get_secret": f"SELECT {secret_columns} FROM {secret} WHERE name = ?",  # noqa: S608
         "secrets": f"SELECT {secret_columns} FROM {secret} ORDER BY name",  # noqa: S608
+        "delete_secret": f"DELETE FROM {secret} WHERE name = ?",  # noqa: S608
         "put_secret": f"INSERT INTO {secret} ({secret_columns}) VALUES (?,?,?,?) "  # noqa: S608
         "ON CONFLICT (name) DO NOTHING",
         "replace_secret": f"INSERT INTO {secret} ({secret_columns}) VALUES (?,?,?,?) "  # noqa: S608
@@ -569,6 +574,10 @@ class _SqlKeyStore(KeyStore):
             SecretRecord(str(n), str(p), int(e), bytes(w))
             for n, p, e, w in self._query(self._sql["secrets"])
         ]
+
+    def delete_secret(self, name: str) -> bool:
+        with self._tx() as db:
+            return bool(db.execute(self._sql["delete_secret"], (name,)).rowcount)
 
     def counts(self) -> dict[str, int]:
         """Row counts: keys (``dek``, of which ``shared`` have other owners),

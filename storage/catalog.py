@@ -152,10 +152,14 @@ asset_mentions = sa.Table(
     sa.Index("ks_asset_mentions_subject", "subject_ref"),
 )
 
-# Identifiers a subject registered (keyshred.storage.mentions): only their keyed
-# lookup hashes, never the identifier. The primary key leads with the hash, so it is
-# the index the write path's lookup (``hash IN …``) probes; one hash may stand for
-# several subjects (two people of one name), and each is a mention.
+# Identifiers a subject registered (keyshred.storage.mentions): their keyed lookup
+# hashes, and the normal form sealed under the subject's own key (``sealed``: so a
+# new identifier key version can re-hash it; an erased subject's sealed values die
+# with its keys), never the identifier in clear. The primary key leads with the
+# hash, so it is the index the write path's lookup (``hash IN …``) probes; one hash
+# may stand for several subjects (two people of one name), and each is a mention.
+# Catalogs from before ``sealed`` gain it at open; their rows keep NULL (they cannot
+# be re-hashed, see ``rehash_identifiers``).
 identifiers = sa.Table(
     "ks_identifiers",
     metadata,
@@ -163,7 +167,18 @@ identifiers = sa.Table(
     sa.Column("subject_ref", sa.String(64), primary_key=True),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=True),
     sa.Index("ks_identifiers_subject", "subject_ref"),
+)
+
+# The identifier key version the hashes of ks_identifiers are under (one row, id 1;
+# absent means version 1). Registration and re-hashing lock it, so a registration
+# hashed under a version a concurrent re-hash replaced is refused and redone.
+identifier_key_version = sa.Table(
+    "ks_identifier_key",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("version", sa.Integer, nullable=False),
 )
 
 # The kinds of identifier ever registered (names as "name:<words>"), one row each,
@@ -584,6 +599,8 @@ class Catalog:
                 )
             if "how" not in {c["name"] for c in inspector.get_columns("ks_asset_mentions")}:
                 self._add_mention_how()
+            if "sealed" not in {c["name"] for c in inspector.get_columns("ks_identifiers")}:
+                self._add_identifier_sealed()
         self.on_stale: Callable[[], None] | None = None  # counts refused stale jobs
         # token -> its row number (set by the vault; None for what is not a token)
         self.token_number: Callable[[str], int | None] | None = None
@@ -609,6 +626,19 @@ class Catalog:
         except sa.exc.OperationalError:
             columns = sa.inspect(self.engine).get_columns("ks_asset_mentions")
             if "how" not in {c["name"] for c in columns}:
+                raise
+
+    def _add_identifier_sealed(self) -> None:
+        """A catalog from before sealed identifiers: add ``sealed`` (NULL for every
+        existing row; see ``rehash_identifiers``). Concurrent opens as for ``how``."""
+        exists = "IF NOT EXISTS " if self.dialect == "postgresql" else ""
+        blob = "BYTEA" if self.dialect == "postgresql" else "BLOB"
+        try:
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE ks_identifiers ADD COLUMN {exists}sealed {blob}")
+        except sa.exc.OperationalError:
+            columns = sa.inspect(self.engine).get_columns("ks_identifiers")
+            if "sealed" not in {c["name"] for c in columns}:
                 raise
 
     def _watch_errors(self) -> None:
@@ -1608,25 +1638,34 @@ class Catalog:
     # -- registered identifiers (keyshred.storage.mentions) -------------------------
 
     def add_identifiers(
-        self, subject_ref: str, rows: Iterable[tuple[str, str]], kinds: Iterable[str]
-    ) -> int:
-        """Store ``(hash, kind)`` lookup hashes of a subject's identifiers, and
-        ``kinds`` (``keyshred.storage.mentions`` marks: the kinds, names by their
-        number of words) among the kinds ever registered; returns how many hashes
-        were new. The subject's guard is re-read in the same write transaction: a
-        suppressed or erased subject registers nothing."""
-        wanted = dict(rows)
+        self,
+        subject_ref: str,
+        rows: Iterable[tuple[str, str, bytes | None]],
+        kinds: Iterable[str],
+        version: int = 1,
+    ) -> int | None:
+        """Store ``(hash, kind, sealed normal form)`` of a subject's identifiers,
+        hashed under identifier key ``version``, and ``kinds``
+        (``keyshred.storage.mentions`` marks: the kinds, names by their number of
+        words) among the kinds ever registered; returns how many hashes were new, or
+        None (nothing stored) when the catalog's hashes are under another version
+        (hash again under ``identifier_version()`` and retry). The subject's guard
+        is re-read in the same write transaction: a suppressed or erased subject
+        registers nothing."""
+        wanted = {h: (k, sealed) for h, k, sealed in rows}
         now = datetime.now(UTC)
         with self._write() as conn:
             self.enforce(subject_ref, self._lock_guard(conn, subject_ref), None)
+            if self._lock_identifier_version(conn, exclusive=False) != version:
+                return None
             have = set(
                 conn.execute(
                     sa.select(identifiers.c.hash).where(identifiers.c.subject_ref == subject_ref)
                 ).scalars()
             )
             new = [
-                {"hash": h, "subject_ref": subject_ref, "kind": k, "created_at": now}
-                for h, k in wanted.items()
+                {"hash": h, "subject_ref": subject_ref, "kind": k, "created_at": now, "sealed": b}
+                for h, (k, b) in wanted.items()
                 if h not in have
             ]
             if new:
@@ -1636,6 +1675,76 @@ class Catalog:
             if marks:
                 conn.execute(self._insert_ignore(identifier_kinds), marks)
         return len(new)
+
+    def _lock_identifier_version(self, conn: Connection, *, exclusive: bool) -> int:
+        """The identifier key version, its row created if absent and locked (shared
+        for a registration, exclusive for a re-hash) until ``conn`` commits. SQLite
+        write transactions are serialised anyway."""
+        conn.execute(self._insert_ignore(identifier_key_version), [{"id": 1, "version": 1}])
+        query = sa.select(identifier_key_version.c.version).where(identifier_key_version.c.id == 1)
+        if self.dialect == "postgresql":
+            query = query.with_for_update(read=not exclusive)
+        return int(conn.execute(query).scalar_one())
+
+    def identifier_version(self) -> int:
+        """The identifier key version the registered hashes are under."""
+        with self._read() as conn:
+            version = conn.execute(
+                sa.select(identifier_key_version.c.version).where(identifier_key_version.c.id == 1)
+            ).scalar()
+        return 1 if version is None else int(version)
+
+    def rehash_identifiers(
+        self, version: int, rehash: Callable[[str, str, bytes], str | None]
+    ) -> tuple[int, int, int]:
+        """Move every registered identifier to identifier key ``version`` in one
+        write transaction (concurrent lookups see the old hashes until it commits,
+        then the new ones; a concurrent registration waits for it and is redone):
+        ``rehash(subject_ref, kind, sealed)`` gives a row's new hash, or None when
+        its subject's key is gone (the row is deleted). Rows without a sealed value
+        (registered before it existed) cannot be re-hashed: they are kept as they
+        are, matching nothing any more, until the subject registers them again.
+        Returns (re-hashed, deleted, kept)."""
+        done = deleted = kept = 0
+        with self._write() as conn:
+            self._lock_identifier_version(conn, exclusive=True)
+            rows = conn.execute(
+                sa.select(
+                    identifiers.c.hash,
+                    identifiers.c.subject_ref,
+                    identifiers.c.kind,
+                    identifiers.c.sealed,
+                )
+            ).all()
+            moves: list[dict[str, Any]] = []
+            gone: list[dict[str, Any]] = []
+            for old, ref, kind, sealed in rows:
+                if sealed is None:
+                    kept += 1
+                    continue
+                new = rehash(str(ref), str(kind), bytes(sealed))
+                if new is None:
+                    gone.append({"o": old, "r": ref})
+                elif new != old:
+                    moves.append({"o": old, "r": ref, "n": new})
+                done += new is not None
+            where = sa.and_(
+                identifiers.c.hash == sa.bindparam("o"),
+                identifiers.c.subject_ref == sa.bindparam("r"),
+            )
+            if gone:
+                conn.execute(identifiers.delete().where(where), gone)
+            if moves:
+                conn.execute(
+                    identifiers.update().where(where).values(hash=sa.bindparam("n")), moves
+                )
+            conn.execute(
+                identifier_key_version.update()
+                .where(identifier_key_version.c.id == 1)
+                .values(version=version)
+            )
+        deleted = len(gone)
+        return done, deleted, kept
 
     def _insert_ignore(self, table: sa.Table) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` in this dialect."""

@@ -21,6 +21,28 @@ Normal forms (registration and detection use the same functions):
   ideographs are words of one character each, joined without a space, so ``张伟``
   matches inside ``电话给张伟了``.
 
+Each registered normal form is also kept sealed under the subject's own key (the
+internal scope ``~identifiers``), next to its hash: erasing the subject destroys
+that key, so its sealed values die with it. The identifier key is not re-wrapped
+like other system secrets but replaced at every live KEK rotation
+(``Keyring.rotate_kek``, ``maintain_live``): a new version under the new epoch,
+every row re-hashed from its sealed value in one catalog transaction (rows whose
+subject's key is gone deleted), then the old version's secret row deleted. It was
+only ever wrapped under older epochs, so once those are destroyed the hashes left
+in dead tuples, WAL, replicas and archives can no longer be recomputed, and
+low-entropy identifiers (phones, resident ids) cannot be enumerated from them.
+Rows from before sealed values (a migrated catalog) cannot be re-hashed: they are
+kept, matching nothing after the first rotation, until the subject registers the
+identifier again. The re-hash reads the whole table in one transaction (fine for
+the table sizes seen so far; a very large one would need batching with both
+versions looked up meanwhile).
+
+The catalog records which version its hashes are under. A registration hashed
+under another version is refused in its transaction and redone; detection reads
+the version at most once per ``KINDS_TTL`` (one small query), so a process whose
+key another process rotated misses matches for at most that long (the window a
+registration from another process has anyway).
+
 Registration is not retroactive: values written before an identifier was
 registered are not scanned again.
 
@@ -46,8 +68,9 @@ import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from keyshred.errors import InvalidInput
+from keyshred.errors import InvalidInput, KeyNotFound, KeyshredError, SubjectErased
 from keyshred.keyring import _primitives as prim
+from keyshred.keyring.envelope import Place
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.policy import Policy
@@ -81,6 +104,9 @@ MAX_NAME_WORDS = 4
 MIN_NAME_WORDS = 2
 MAX_IDENTIFIER_CHARS = 1024
 _DOMAIN = b"keyshred/identifier\x00"
+# The internal key scope a subject's registered identifiers are sealed under (its
+# erasure destroys it with every other key of the subject).
+IDENTIFIER_SCOPE = "~identifiers"
 _HASH_BYTES = 16
 # The detector's kinds and the identifier kinds they are matched against.
 _DETECTED = {"EMAIL": EMAIL, "PHONE": PHONE, "CN_ID": RESIDENT_ID}
@@ -256,6 +282,11 @@ def normalize(kind: str, value: str) -> str | None:
     raise InvalidInput(f"unknown identifier kind {kind!r}")
 
 
+def _digest(key: bytes, kind: str, normal: str) -> str:
+    message = _DOMAIN + kind.encode("ascii") + b"\x00" + normal.encode("utf-8", "surrogatepass")
+    return prim.hmac_sha256(key, message)[:_HASH_BYTES].hex()
+
+
 class MentionFinder:
     """Registered identifiers: their hashes in the catalog, and the search for them
     in values written under other subjects (``MemoryStore._put_rows``)."""
@@ -275,25 +306,42 @@ class MentionFinder:
         self._max_chars = max_chars  # a longer value is refused by the store anyway
         self._clock = clock
         self._key: bytes | None = None
+        self._version = 0  # of ``_key``
+        self._version_read = float("-inf")
+        keyring.identifier_rehash = self.rehash
         self._kinds: frozenset[str] = frozenset()
         self._kinds_read = float("-inf")
         self._lock = threading.Lock()
 
     # -- hashing -------------------------------------------------------------------
 
+    def _refresh_key(self, *, force: bool = False) -> None:
+        """Follow the catalog's identifier key version (a rotation in another
+        process), read at most once per ``KINDS_TTL`` unless ``force``."""
+        now = self._clock()
+        if not force and self._key is not None and now - self._version_read < KINDS_TTL:
+            return
+        version = self._catalog.identifier_version()
+        if version != self._version or self._key is None:
+            key = self._keyring.identifier_key(version)
+            with self._lock:
+                self._key, self._version = key, version
+        self._version_read = now
+
     def _hash(self, kind: str, normal: str) -> str:
         key = self._key
         if key is None:
-            key = self._key = self._keyring.identifier_key()
-        message = _DOMAIN + kind.encode("ascii") + b"\x00" + normal.encode("utf-8", "surrogatepass")
-        return prim.hmac_sha256(key, message)[:_HASH_BYTES].hex()
+            self._refresh_key(force=True)
+            key = self._key
+            assert key is not None  # noqa: S101 - just set
+        return _digest(key, kind, normal)
 
     # -- registration --------------------------------------------------------------
 
     def register(self, subject_ref: str, identifiers: Iterable[tuple[str, str]]) -> int:
         """Store the hashes of ``(kind, value)`` identifiers of a subject (refused
         for a suppressed or erased subject); returns how many were new."""
-        rows: dict[str, str] = {}
+        pairs: dict[tuple[str, str], None] = {}
         marks: set[str] = set()
         for kind, value in identifiers:
             if not isinstance(value, str) or not value or len(value) > MAX_IDENTIFIER_CHARS:
@@ -316,14 +364,58 @@ class MentionFinder:
                     "would match every text using it, and erasing the subject would destroy "
                     "those texts (declare such mentions with mentions= instead)"
                 )
-            rows[self._hash(kind, normal)] = kind
+            pairs[(kind, normal)] = None
             marks.add(_mark(kind, normal))
-        if not rows:
+        if not pairs:
             return 0
-        added = self._catalog.add_identifiers(subject_ref, rows.items(), marks)
+        # The guard before sealing: no key is made for a suppressed or erased
+        # subject (the catalog re-checks it in the transaction that stores rows).
+        self._catalog.check_guard(subject_ref)
+        self._refresh_key()
+        for _ in range(3):
+            version = self._version
+            rows = {self._hash(kind, normal): (kind, normal) for kind, normal in pairs}
+            added = self._catalog.add_identifiers(
+                subject_ref,
+                [(h, k, self._seal(subject_ref, k, n)) for h, (k, n) in rows.items()],
+                marks,
+                version,
+            )
+            if added is not None:
+                break
+            self._refresh_key(force=True)  # re-hashed under a new version meanwhile
+        else:
+            raise KeyshredError("the identifier key kept changing during a registration")
         with self._lock:
             self._kinds = self._kinds | marks
         return added
+
+    @staticmethod
+    def _place(subject_ref: str, kind: str) -> Place:
+        # Bound to the subject and kind, not to the hash (it changes at a rotation).
+        return Place(subject_ref, IDENTIFIER_SCOPE, "ks_identifiers", kind, "sealed")
+
+    def _seal(self, subject_ref: str, kind: str, normal: str) -> bytes:
+        return self._keyring.seal(normal.encode("utf-8"), self._place(subject_ref, kind))
+
+    def rehash(self, version: int, key: bytes) -> tuple[int, int, int]:
+        """Re-hash every registered identifier under identifier key ``version`` from
+        its sealed normal form (``Keyring.rotate_kek`` calls it, see
+        ``Catalog.rehash_identifiers``): one catalog transaction; a row whose
+        subject's key was destroyed is deleted. Returns (re-hashed, deleted, kept)."""
+
+        def one(subject_ref: str, kind: str, sealed: bytes) -> str | None:
+            try:
+                normal = self._keyring.open(sealed, self._place(subject_ref, kind)).decode()
+            except (SubjectErased, KeyNotFound):
+                return None
+            return _digest(key, kind, normal)
+
+        result = self._catalog.rehash_identifiers(version, one)
+        with self._lock:
+            self._key, self._version = key, version
+            self._version_read = self._clock()
+        return result
 
     def forget(self, subject_ref: str) -> int:
         return self._catalog.delete_identifiers(subject_ref)
@@ -353,6 +445,7 @@ class MentionFinder:
         kinds = self.kinds()
         if not kinds:
             return [none] * len(items)
+        self._refresh_key()
         per_item = self._candidates(items, kinds)
         wanted = set().union(*per_item) if per_item else set()
         if not wanted:

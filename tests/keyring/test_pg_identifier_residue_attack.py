@@ -1,8 +1,10 @@
-"""Attack (open finding): the keyed lookup hashes of an erased subject's registered
-identifiers outlive it in PostgreSQL's dead tuples (and WAL, replicas, PITR
-archives), and the key they are keyed with (the ``identifier-key`` system secret)
-is never destroyed. Phone numbers and resident ids have little entropy: anyone
-with the pages and the live keyring recovers them by enumeration."""
+"""Attack (issue 19, finding 6, fixed): the keyed lookup hashes of an erased
+subject's registered identifiers outlive it in PostgreSQL's dead tuples (and WAL,
+replicas, PITR archives). Phone numbers and resident ids have little entropy:
+anyone with the pages and the key they are keyed with recovers them by enumeration.
+The identifier key is therefore replaced at every live KEK rotation (every row
+re-hashed from its sealed normal form) and its old version destroyed with the old
+epoch: after the erasure and one live rotation the search recovers nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from keyshred import Config, Keyshred
+from keyshred.errors import KeyshredError
 from tests.conftest import PG_DSN
 from tests.keyring.test_pg_residue import _raw_pages, pg_schema  # noqa: F401 - fixture
 
@@ -19,11 +22,6 @@ PHONE_PREFIX = "+4930123"  # the attacker knows the city; 10,000 numbers to try
 PERIOD = timedelta(minutes=61)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: identifier hashes are keyed by a system secret no schedule rotates "
-    "or destroys (see the attack report)",
-)
 def test_a_dead_identifier_tuple_gives_back_the_erased_subjects_phone(
     pg_schema: str,  # noqa: F811 - the fixture
     tmp_path: Path,
@@ -53,5 +51,9 @@ def test_a_dead_identifier_tuple_gives_back_the_erased_subjects_phone(
             if finder._hash("phone", f"{PHONE_PREFIX}{n:04d}").encode() in residue
         ]
         assert recovered == []
+        # The version the dead tuple was keyed with is gone from the key store.
+        assert ks.catalog.identifier_version() == 2
+        with pytest.raises(KeyshredError):
+            ks.keyring.identifier_key(1)
     finally:
         ks.close()

@@ -294,21 +294,119 @@ def test_no_clear_identifier_in_any_file_or_row(
             assert needle not in blob
 
 
-def test_the_identifier_key_is_a_rewrapped_system_secret(ks: Keyshred) -> None:
+def _identifier_rows(ks: Keyshred) -> dict[tuple[str, str], bytes | None]:
+    with ks.catalog.engine.connect() as conn:
+        return {
+            (str(h), str(r)): None if b is None else bytes(b)
+            for h, r, b in conn.exec_driver_sql(
+                "SELECT hash, subject_ref, sealed FROM ks_identifiers"
+            )
+        }
+
+
+def test_a_kek_rotation_rotates_the_identifier_key_and_rehashes(ks: Keyshred) -> None:
+    """The identifier key is not re-wrapped but replaced at every live rotation:
+    every row re-hashed from its sealed normal form, the old version's secret row
+    deleted (it was only ever wrapped under the old epoch), detection unchanged,
+    also in a process that opens the folder afterwards."""
     register_victim(ks)
-    names = {s.name for s in ks.keyring.store.secrets()}
-    assert "identifier-key" in names
-    before = ks.keyring.identifier_key()
+    victim = ks.subject_ref(VICTIM)
+    before = _identifier_rows(ks)
+    assert len(before) == 6 and all(b is not None for b in before.values())
+    old_key = ks.keyring.identifier_key()
     rotated = ks.keyring.rotate_kek()
-    assert rotated.secrets_rewrapped == len(names)
+    names = {s.name for s in ks.keyring.store.secrets()}
+    assert "identifier-key" not in names and "identifier-key.v2" in names
     epochs = {s.name: s.kek_epoch for s in ks.keyring.store.secrets()}
-    assert epochs["identifier-key"] == rotated.new_epoch
+    assert epochs["identifier-key.v2"] == rotated.new_epoch
+    assert ks.catalog.identifier_version() == 2
+    after = _identifier_rows(ks)
+    assert len(after) == 6 and not set(before) & set(after)
+    assert {r for _, r in after} == {victim}
+    assert ks.keyring.identifier_key(2) != old_key
+    with pytest.raises(KeyshredError):
+        ks.keyring.identifier_key(1)  # destroyed, never made again
+    for key, value in WRITTEN.items():
+        assert ks.memories.put("dave", NS, key, value).mentions == (victim,), key
+    # A second rotation moves on to version 3; a rotation without new epoch none.
+    ks.keyring.rotate_kek()
+    assert ks.catalog.identifier_version() == 3
+    ks.keyring.rewrap_to_current()
+    assert ks.catalog.identifier_version() == 3
     ks.close()
     again = Keyshred.open(ks.path)
     try:
-        assert again.keyring.identifier_key() == before
         m = again.memories.put("dave", NS, "k", "zofia kowalska")
         assert m.mentions == (again.subject_ref(VICTIM),)
+    finally:
+        again.close()
+
+
+def test_another_process_follows_the_new_identifier_key(ks: Keyshred, catalog_url: str) -> None:
+    """A process that cached the old version picks up the new one: its next
+    registration is refused by the catalog and re-hashed, its detection after at
+    most ``KINDS_TTL``."""
+    if not catalog_url.startswith("postgresql"):
+        pytest.skip("two processes on one catalog: PostgreSQL")
+    other = Keyshred.open(ks.path)
+    try:
+        register_victim(other)  # caches version 1
+        finder = other.memories.mentions
+        assert finder._version == 1
+        ks.keyring.rotate_kek()
+        assert other.subjects.register_identifiers("carol", names=["Carol Danvers"]) == 1
+        assert finder._version == 2
+        assert ks.memories.put("dave", NS, "k", "met carol danvers").mentions == (
+            ks.subject_ref("carol"),
+        )
+        ks.keyring.rotate_kek()  # version 3, the other process still holds 2
+        now = [1e9]
+        finder._clock = lambda: now[0]
+        finder._version_read = now[0]
+        assert finder._version == 2
+        now[0] += 2  # past KINDS_TTL
+        m = other.memories.put("dave", NS, "k2", "zofia kowalska")
+        assert m.mentions == (other.subject_ref(VICTIM),)
+        assert finder._version == 3
+    finally:
+        other.close()
+
+
+def test_a_rehash_deletes_rows_of_destroyed_keys_and_keeps_unsealed_ones(
+    ks: Keyshred,
+) -> None:
+    register_victim(ks)
+    ks.subjects.register_identifiers("carol", names=["Carol Danvers"])
+    carol = ks.subject_ref("carol")
+    # A row from before sealed values (a migrated catalog): kept, it cannot be
+    # re-hashed; re-registering the identifier makes it match again.
+    with ks.catalog.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO ks_identifiers (hash, subject_ref, kind, created_at) "
+            "VALUES ('00ff', 'legacy-ref', 'email', CURRENT_TIMESTAMP)"
+        )
+    ks.keyring.destroy(ks.subject_ref(VICTIM))  # the key gone, the rows not (yet)
+    assert ks.catalog.count_identifiers(ks.subject_ref(VICTIM)) == 6
+    ks.keyring.rotate_kek()
+    assert ks.catalog.count_identifiers(ks.subject_ref(VICTIM)) == 0
+    assert ks.catalog.count_identifiers("legacy-ref") == 1
+    assert ks.catalog.count_identifiers(carol) == 1
+    assert ks.memories.put("dave", NS, "k", "carol danvers").mentions == (carol,)
+
+
+def test_a_catalog_without_sealed_identifiers_is_migrated(catalog_url: str, tmp_path: Path) -> None:
+    ks = Keyshred.init(tmp_path / "data", config(catalog_url))
+    try:
+        with ks.catalog.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE ks_identifiers DROP COLUMN sealed")
+    finally:
+        ks.close()
+    again = Keyshred.open(tmp_path / "data")
+    try:
+        cols = {c["name"] for c in sa.inspect(again.catalog.engine).get_columns("ks_identifiers")}
+        assert "sealed" in cols
+        register_victim(again)
+        assert all(b is not None for b in _identifier_rows(again).values())
     finally:
         again.close()
 
@@ -439,3 +537,36 @@ def test_phone_normal_form_is_what_phonenumbers_formats() -> None:
         expected = parsed(value)
         if expected is not None:
             assert normalize(PHONE, value) == expected, value
+
+
+def test_a_failed_rehash_blocks_the_old_epoch_and_is_resumed(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old identifier key stays wrapped under the old epoch until a re-hash
+    succeeds, so that epoch cannot be destroyed meanwhile (nor can detection
+    break); the next re-wrap finishes the rotation into the version made before."""
+    from keyshred.errors import BackendUnavailable
+
+    register_victim(ks)
+    victim = ks.subject_ref(VICTIM)
+    catalog = ks.catalog
+    real = catalog.rehash_identifiers
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise BackendUnavailable("the catalog cannot be reached")
+
+    monkeypatch.setattr(catalog, "rehash_identifiers", down)
+    with pytest.raises(BackendUnavailable):
+        ks.keyring.rotate_kek()
+    current = ks.keyring.live_epoch().epoch
+    with pytest.raises(KeyshredError):
+        ks.keyring.destroy_kek_epochs_before(current, force=True)
+    assert catalog.identifier_version() == 1
+    assert ks.memories.put("dave", NS, "k", "zofia kowalska").mentions == (victim,)
+    monkeypatch.setattr(catalog, "rehash_identifiers", real)
+    ks.keyring.rewrap_to_current()
+    assert catalog.identifier_version() == 2
+    names = {s.name for s in ks.keyring.store.secrets()}
+    assert {n for n in names if n.startswith("identifier-key")} == {"identifier-key.v2"}
+    ks.keyring.destroy_kek_epochs_before(current, force=True)
+    assert ks.memories.put("dave", NS, "k", "zofia kowalska").mentions == (victim,)
