@@ -34,14 +34,17 @@ Written = dict[tuple[str, tuple[str, ...], str], Any]
 
 
 def populate(data: Path) -> tuple[Written, str]:
-    """Three subjects' memories, some indexed, one corrected (a history row); left in
-    the logs (no flush on close) so that a compaction has work to do."""
+    """Three subjects' memories, some indexed, one corrected (a history row); the
+    target mentions carol, so it (and its history version) is sealed under the key
+    the owner shares with her. Left in the logs (no flush on close) so that a
+    compaction has work to do."""
     written: Written = {}
     ks = Keyshred.init(data, make_config(None), embeddings=bag_of_words)
     for subject in (OWNER, BYSTANDER, CAROL):
         for i in range(4):
             value = {"text": f"{subject} memory {i}"}
-            ks.memories.put(subject, ("m",), f"k{i}", value, index=i % 2 == 1)
+            about = [CAROL] if (subject, ("m",), f"k{i}") == (OWNER, *TARGET) else []
+            ks.memories.put(subject, ("m",), f"k{i}", value, index=i % 2 == 1, mentions=about)
             written[(subject, ("m",), f"k{i}")] = value
     ks.memories.correct(OWNER, *TARGET, {"text": "corrected"}, reason="typo")
     written[(OWNER, *TARGET)] = {"text": "corrected"}
@@ -119,6 +122,16 @@ def test_sigkill_inside_a_write_leaves_a_store_that_opens(
         assert ks.memories.delete(OWNER, ("m",), "k0")
         hits = ks.memories.search(OWNER, ("m",), query="after the crash", limit=1)
         assert hits and hits[0].key == "after"
+        # Carol's erasure reaches the owner's row about her, whatever the kill left:
+        # gone with its history, the owner's and the bystander's own data intact.
+        req = ks.erase(CAROL, requested_by="dpo", reason="r")
+        assert req.state == "completed", req.error
+        assert ks.memories.get(OWNER, *TARGET) is None
+        assert ks.memories.history(OWNER, *TARGET) == []
+        for (subject, ns, key), value in written.items():
+            if subject != CAROL and key != "k0":
+                got = ks.memories.get(subject, ns, key)
+                assert got is not None and got.value == value, (subject, key)
 
 
 @pytest.mark.parametrize("point", [p for p in POINTS if p.startswith("put.")])
