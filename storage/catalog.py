@@ -28,23 +28,19 @@ import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import QueuePool
 
-from keyshred._pooling import replace_hung_up, unreachable
+from keyshred._pooling import unreachable
+from keyshred.db import Micros, create_engine, micros, sqlite_url, unavailable, utc
 from keyshred.errors import (
-    BackendUnavailable,
     ConfigError,
     InvalidInput,
-    KeyshredError,
-    MissingExtraError,
     StaleEpoch,
     SubjectSuppressed,
 )
@@ -80,33 +76,6 @@ DECLARED = "declared"
 DETECTED = "detected"
 
 metadata = sa.MetaData()
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def micros(value: datetime) -> int:
-    """A datetime as integer microseconds since 1970 UTC (naive means UTC)."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return (value - _EPOCH) // _MICROSECOND
-
-
-class Micros(sa.types.TypeDecorator[datetime]):
-    """A UTC datetime stored as integer microseconds since 1970: the vault's hot path
-    binds integers, because formatting two datetimes cost more than the rest of a
-    token's row. SQLAlchemy statements still bind and return aware datetimes."""
-
-    impl = sa.BigInteger
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Any) -> int | None:
-        if value is None or isinstance(value, int):
-            return value
-        return micros(value)
-
-    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
-        return None if value is None else _EPOCH + timedelta(microseconds=int(value))
 
 
 assets = sa.Table(
@@ -376,20 +345,6 @@ checkpoint_writes = sa.Table(
 )
 
 
-def _utc(value: datetime | str | None) -> datetime | None:
-    """Aware UTC from whatever the driver returned (SQLite gives naive UTC text)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def utc(value: datetime | str | None) -> datetime | None:
-    """Public alias of the driver-value normalizer (for keyshred.erasure/.audit)."""
-    return _utc(value)
-
-
 def _sqlite_time(value: Any) -> Any:
     """Bind a datetime the way SQLAlchemy's SQLite DATETIME stores it (naive UTC)."""
     if isinstance(value, datetime):
@@ -399,10 +354,6 @@ def _sqlite_time(value: Any) -> Any:
             value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
         )
     return value
-
-
-def sqlite_url(path: str | os.PathLike[str]) -> str:
-    return f"sqlite:///{Path(path)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,51 +445,13 @@ def _consent(row: Any) -> ConsentRecord:
         row.purpose,
         row.category,
         tuple(json.loads(row.actions)),
-        _utc(row.start_at),  # type: ignore[arg-type]
-        _utc(row.end_at),
+        utc(row.start_at),  # type: ignore[arg-type]
+        utc(row.end_at),
         row.policy_version,
         row.status,
-        _utc(row.created_at),  # type: ignore[arg-type]
-        _utc(row.revoked_at),
+        utc(row.created_at),  # type: ignore[arg-type]
+        utc(row.revoked_at),
     )
-
-
-def _missing_driver(exc: ImportError) -> KeyshredError:
-    """The catalog URL names a database driver that is not installed: say which
-    package and extra (the URL itself may hold a password, so it is not repeated)."""
-    if exc.name == "psycopg":
-        return MissingExtraError("postgres", "psycopg")
-    return ConfigError(
-        f"the catalog URL's database driver is not installed ({exc.name or 'unknown'}); "
-        "for PostgreSQL write postgresql+psycopg://... and pip install 'keyshred[postgres]'"
-    )
-
-
-def _pool_options(
-    url: str, pool_size: int, max_overflow: int, pool_timeout: float, pre_ping: bool
-) -> dict[str, Any]:
-    """One bounded pool per catalog: at most ``pool_size + max_overflow`` connections,
-    each checked out for one operation or transaction and returned. A PostgreSQL
-    connection whose server hung up is replaced at checkout (``keyshred._pooling``;
-    ``pre_ping`` adds SQLAlchemy's round-trip ping), so a restarted server or a
-    dropped connection costs a reconnect, not every later call."""
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
-        return {}  # in memory: SQLAlchemy's one-connection pool, nothing to bound
-    options: dict[str, Any] = {
-        "poolclass": QueuePool,
-        "pool_size": pool_size,
-        "max_overflow": max_overflow,
-        "pool_timeout": pool_timeout,
-    }
-    if parsed.get_backend_name() != "sqlite":
-        options["pool_pre_ping"] = pre_ping
-    return options
-
-
-def _unavailable(exc: BaseException) -> BackendUnavailable:
-    # The driver's message is left out: it can quote a statement and its parameters.
-    return BackendUnavailable(f"the catalog database cannot be reached ({type(exc).__name__})")
 
 
 class Catalog:
@@ -555,26 +468,19 @@ class Catalog:
         pre_ping: bool = False,
     ) -> None:
         self.url = url
-        try:
-            self.engine: Engine = sa.create_engine(
-                url,
-                future=True,
-                **_pool_options(url, pool_size, max_overflow, pool_timeout, pre_ping),
-            )
-        except ImportError as exc:
-            raise _missing_driver(exc) from None
-        except (sa.exc.ArgumentError, TypeError) as exc:
-            raise ConfigError(f"cannot use catalog URL: {type(exc).__name__}") from None
+        self.engine: Engine = create_engine(
+            url,
+            what="catalog",
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout=pool_timeout,
+            pre_ping=pre_ping,
+        )
         self.dialect = self.engine.dialect.name
-        if self.dialect == "postgresql":
-            replace_hung_up(self.engine)
-        self._watch_errors()
         self._mark = "?" if self.dialect == "sqlite" else "%s"  # DBAPI placeholders
         self._generation: _GuardGeneration | None = None
         if self.dialect == "sqlite":
-            self._sqlite_setup(url)
-        elif self.dialect != "postgresql":
-            raise ConfigError(f"the catalog runs on SQLite or PostgreSQL, not {self.dialect}")
+            self._sqlite_setup()
         if create:
             try:
                 metadata.create_all(self.engine)
@@ -640,20 +546,6 @@ class Catalog:
             columns = sa.inspect(self.engine).get_columns("ks_identifiers")
             if "sealed" not in {c["name"] for c in columns}:
                 raise
-
-    def _watch_errors(self) -> None:
-        """Statements through SQLAlchemy raise ``BackendUnavailable`` instead of the
-        driver's error when the database cannot be reached (every module that runs
-        statements on ``engine``: erasure, audit, checkpoints, the vault)."""
-        dialect, dbapi = self.dialect, self.engine.dialect.dbapi
-
-        @event.listens_for(self.engine, "handle_error")
-        def _handle_error(context: sa.engine.ExceptionContext) -> BaseException | None:
-            if context.is_pre_ping:  # the pool reconnects by itself
-                return None
-            if context.is_disconnect or unreachable(dialect, dbapi, context.original_exception):
-                return _unavailable(context.original_exception)
-            return None
 
     # -- the hot path: SQLAlchemy Core statements, compiled once per dialect -------
     #
@@ -776,7 +668,7 @@ class Catalog:
             return self.engine.raw_connection()
         except Exception as exc:
             if unreachable(self.dialect, self.engine.dialect.dbapi, exc):
-                raise _unavailable(exc) from None
+                raise unavailable(exc) from None
             raise
 
     @contextmanager
@@ -802,7 +694,7 @@ class Catalog:
                 raise
             if getattr(fairy.driver_connection, "closed", False):
                 fairy.invalidate()  # not back into the pool
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         finally:
             fairy.close()
 
@@ -847,34 +739,11 @@ class Catalog:
                 out[str(row[0])] = _guard_state(row[1:])
         return out
 
-    def _sqlite_setup(self, url: str) -> None:
+    def _sqlite_setup(self) -> None:
         path = self.engine.url.database
         if path and path != ":memory:":
             p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            if not p.exists():
-                os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
             self._generation = _GuardGeneration(p.with_name(p.name + ".guardgen"))
-
-        @event.listens_for(self.engine, "connect")
-        def _connect(dbapi: Any, _: Any) -> None:
-            dbapi.isolation_level = None  # we issue BEGIN ourselves, below
-            cur = dbapi.cursor()
-            for pragma in (
-                "journal_mode=WAL",
-                "synchronous=NORMAL",
-                "secure_delete=ON",
-                "busy_timeout=30000",
-            ):
-                cur.execute(f"PRAGMA {pragma}")
-            cur.close()
-
-        @event.listens_for(self.engine, "begin")
-        def _begin(conn: Connection) -> None:
-            # Writes take the write lock up front: the guard check and the insert
-            # that depends on it then see the same database state.
-            immediate = conn.get_execution_options().get("ks_write", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -1399,8 +1268,8 @@ class Catalog:
                 r.storage_key,
                 r.purpose,
                 r.category,
-                _utc(r.created_at),  # type: ignore[arg-type]
-                _utc(r.retain_until),
+                utc(r.created_at),  # type: ignore[arg-type]
+                utc(r.retain_until),
                 r.status,
                 r.lookup,
                 r.producer,
@@ -1450,8 +1319,8 @@ class Catalog:
                 "ks_tokens",
                 r.purpose,
                 "token",
-                _utc(r.created_at),  # type: ignore[arg-type]
-                _utc(r.expires_at),
+                utc(r.created_at),  # type: ignore[arg-type]
+                utc(r.expires_at),
             )
             for r in conn.execute(
                 sa.select(
@@ -1815,8 +1684,8 @@ class Catalog:
         policy_version: str = "1",
     ) -> ConsentRecord:
         now = datetime.now(UTC)
-        start = _utc(start_at) or now
-        end = _utc(end_at)
+        start = utc(start_at) or now
+        end = utc(end_at)
         if end is not None and end <= start:
             raise InvalidInput("a consent must end after it starts")
         if not actions:

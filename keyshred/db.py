@@ -1,0 +1,252 @@
+"""The one database layer: SQLAlchemy engines for the catalog and the key store.
+
+Every table of every component is reached through an engine built here, on SQLite
+(embedded profile) or PostgreSQL (shared profile):
+
+- one bounded pool per engine (``pool_size + max_overflow`` connections, each checked
+  out for one operation or transaction); a PostgreSQL connection whose server hung up
+  is replaced at checkout (``keyshred._pooling``), ``pre_ping`` adds a round trip;
+- driver errors that mean "the database cannot be reached" are raised as
+  ``BackendUnavailable`` without the driver's message (it can quote a statement and
+  its parameters);
+- SQLite runs in WAL mode with ``secure_delete`` and a busy timeout; a connection
+  marked ``ks_write`` begins with ``BEGIN IMMEDIATE``, so a read of the guard and the
+  write that depends on it see the same database state.
+
+This module sits at the bottom of the layers (beside ``errors``): the keyring, the
+storage and the services all build on it, none of them on each other's engines.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import QueuePool
+
+from keyshred._pooling import replace_hung_up, unreachable
+from keyshred.errors import BackendUnavailable, ConfigError, KeyshredError, MissingExtraError
+
+__all__ = [
+    "Micros",
+    "create_engine",
+    "micros",
+    "migrate",
+    "read",
+    "sqlite_url",
+    "utc",
+    "write",
+]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL", "secure_delete=ON")
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    return f"sqlite:///{Path(path)}"
+
+
+def micros(value: datetime) -> int:
+    """A datetime as integer microseconds since 1970 UTC (naive means UTC)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+class Micros(sa.types.TypeDecorator[datetime]):
+    """A UTC datetime stored as integer microseconds since 1970: hot paths bind
+    integers, because formatting datetimes cost more than the rest of a row.
+    SQLAlchemy statements still bind and return aware datetimes."""
+
+    impl = sa.BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        return micros(value)
+
+    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+        return None if value is None else _EPOCH + timedelta(microseconds=int(value))
+
+
+def utc(value: datetime | str | None) -> datetime | None:
+    """Aware UTC from whatever the driver returned (SQLite gives naive UTC text)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _pool_options(
+    url: sa.engine.URL, pool_size: int, max_overflow: int, pool_timeout: float, pre_ping: bool
+) -> dict[str, Any]:
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return {}  # in memory: SQLAlchemy's one-connection pool, nothing to bound
+    options: dict[str, Any] = {
+        "poolclass": QueuePool,
+        "pool_size": pool_size,
+        "max_overflow": max_overflow,
+        "pool_timeout": pool_timeout,
+    }
+    if url.get_backend_name() != "sqlite":
+        options["pool_pre_ping"] = pre_ping
+    return options
+
+
+def missing_driver(exc: ImportError, what: str = "catalog") -> KeyshredError:
+    """The URL names a database driver that is not installed: say which package and
+    extra (the URL itself may hold a password, so it is not repeated)."""
+    if exc.name == "psycopg":
+        return MissingExtraError("postgres", "psycopg")
+    return ConfigError(
+        f"the {what} URL's database driver is not installed ({exc.name or 'unknown'}); "
+        "for PostgreSQL write postgresql+psycopg://... and pip install 'keyshred[postgres]'"
+    )
+
+
+def unavailable(exc: BaseException, what: str = "catalog") -> BackendUnavailable:
+    # The driver's message is left out: it can quote a statement and its parameters.
+    return BackendUnavailable(f"the {what} database cannot be reached ({type(exc).__name__})")
+
+
+def create_engine(
+    url: str | sa.engine.URL,
+    *,
+    what: str = "catalog",
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    pool_timeout: float = 30.0,
+    pre_ping: bool = False,
+    busy_timeout_ms: int = 30000,
+) -> Engine:
+    """An engine on SQLite or PostgreSQL with keyshred's pool, error mapping and
+    SQLite settings; ``ConfigError`` for any other database or a malformed URL,
+    ``MissingExtraError`` when the driver is not installed. ``what`` names the
+    database in error messages ("catalog", "key store")."""
+    try:
+        parsed = sa.engine.make_url(url)
+        engine = sa.create_engine(
+            parsed,
+            **_pool_options(parsed, pool_size, max_overflow, pool_timeout, pre_ping),
+        )
+    except ImportError as exc:
+        raise missing_driver(exc, what) from None
+    except (sa.exc.ArgumentError, TypeError) as exc:
+        raise ConfigError(f"cannot use the {what} URL: {type(exc).__name__}") from None
+    dialect = engine.dialect.name
+    if dialect == "postgresql":
+        replace_hung_up(engine)
+    elif dialect == "sqlite":
+        _sqlite_setup(engine, busy_timeout_ms)
+    else:
+        engine.dispose()
+        raise ConfigError(f"the {what} runs on SQLite or PostgreSQL, not {dialect}")
+    _watch_errors(engine, what)
+    return engine
+
+
+def _watch_errors(engine: Engine, what: str) -> None:
+    """Statements raise ``BackendUnavailable`` instead of the driver's error when the
+    database cannot be reached."""
+    dialect, dbapi = engine.dialect.name, engine.dialect.dbapi
+
+    @event.listens_for(engine, "handle_error")
+    def _handle_error(context: sa.engine.ExceptionContext) -> BaseException | None:
+        if context.is_pre_ping:  # the pool reconnects by itself
+            return None
+        if context.is_disconnect or unreachable(dialect, dbapi, context.original_exception):
+            return unavailable(context.original_exception, what)
+        return None
+
+
+def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:
+    path = engine.url.database
+    if path and path != ":memory:":
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if not p.exists():  # owner-only from the first byte
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi: Any, _: Any) -> None:
+        dbapi.isolation_level = None  # we issue BEGIN ourselves, below
+        cur = dbapi.cursor()
+        for pragma in (*SQLITE_PRAGMAS, f"busy_timeout={int(busy_timeout_ms)}"):
+            cur.execute(f"PRAGMA {pragma}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        # Writes take the write lock up front: the guard check and the insert that
+        # depends on it then see the same database state.
+        immediate = conn.get_execution_options().get("ks_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextmanager
+def write(engine: Engine) -> Iterator[Connection]:
+    """A write transaction (``BEGIN IMMEDIATE`` on SQLite, committed on success)."""
+    with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
+        yield conn
+
+
+@contextmanager
+def read(engine: Engine) -> Iterator[Connection]:
+    """A read transaction."""
+    with engine.connect() as conn, conn.begin():
+        yield conn
+
+
+# Every component's schema changes are Alembic revisions in its own script folder
+# with its own version table (the key store and the catalog may share one PostgreSQL
+# database, or live in two SQLite files). ``env.py`` in each folder reads the
+# connection and the version table from ``config.attributes``.
+_MIGRATION_LOCK = 0x6B73_6D69  # "ksmi": PostgreSQL advisory lock held while migrating
+
+
+def migrate(
+    engine: Engine,
+    script_location: str,
+    version_table: str,
+    *,
+    legacy_table: str | None = None,
+    legacy_revision: str | None = None,
+) -> None:
+    """Bring ``engine``'s tables of one component to the newest revision in
+    ``script_location`` (``"keyshred.keyring:migrations"``).
+
+    A database written before versioned migrations (it has ``legacy_table`` but no
+    version table) is first stamped at ``legacy_revision``, the revision whose schema
+    it has. Processes that open one database at once migrate one after another
+    (PostgreSQL: an advisory lock; SQLite: the write lock of ``BEGIN IMMEDIATE``)."""
+    try:
+        from alembic import command
+        from alembic.config import Config as AlembicConfig
+    except ImportError:  # a core dependency: only a broken install lacks it
+        raise MissingExtraError("core", "alembic") from None
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", script_location)
+    with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+        cfg.attributes["connection"] = conn
+        cfg.attributes["version_table"] = version_table
+        names = set(sa.inspect(conn).get_table_names())
+        if (
+            legacy_table is not None
+            and legacy_revision is not None
+            and legacy_table in names
+            and version_table not in names
+        ):
+            command.stamp(cfg, legacy_revision)
+        command.upgrade(cfg, "head")
