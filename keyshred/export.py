@@ -48,7 +48,9 @@ from keyshred.errors import (
     TokenExpired,
 )
 from keyshred.keyring.package import open_package, read_header, seal_package
-from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events, tokens
+from keyshred.schema import audit_events
+from keyshred.storage.catalog import AssetRow, tokens
+from keyshred.storage.schema import asset_mentions, assets
 from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:
