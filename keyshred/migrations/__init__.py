@@ -15,29 +15,31 @@ refused the one layout that cannot be converted.
 
 from __future__ import annotations
 
+import importlib
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from keyshred import db
 from keyshred.errors import ConfigError
-from keyshred.storage.schema import DECLARED, VERSION_TABLE
+from keyshred.storage.schema import DECLARED, VERSION_TABLE, metadata
 
 __all__ = ["BASELINE", "SCRIPT_LOCATION", "VERSION_TABLE", "migrate_catalog", "target_metadata"]
 
 SCRIPT_LOCATION = "keyshred:migrations"
 BASELINE = "0001"  # the schema of the last release without versioned migrations
 _LEGACY_TABLE = "ks_assets"
+# The modules that define the catalog database's tables (storage's own are in
+# keyshred.storage.schema; the vault's token tables in keyshred.storage.catalog).
+_TABLE_MODULES = ("keyshred.storage.schema", "keyshred.storage.catalog", "keyshred.schema")
 
 
 def target_metadata() -> sa.MetaData:
     """Every table of the catalog database as the code defines it now: what the
     newest revision must have built (``env.py``; the tests compare the two)."""
-    # The modules that define tables on the catalog's metadata, imported for that.
-    import keyshred.schema
-    import keyshred.storage.catalog  # the vault's token tables
-    from keyshred.storage.schema import metadata
-
-    del keyshred.schema, keyshred.storage.catalog
+    # Every module that defines tables on the catalog's metadata, imported for that.
+    for module in _TABLE_MODULES:
+        importlib.import_module(module)
     return metadata
 
 

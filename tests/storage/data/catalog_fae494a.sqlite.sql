@@ -1,4 +1,5 @@
--- The catalog's schema as keyshred main@fae494a creates it on SQLite (sqlite_master).
+-- The catalog's schema as keyshred main@fae494a creates it on SQLite (sqlite_master,
+-- without SQLite's own sqlite_sequence).
 CREATE TABLE ks_assets (
 	asset_id VARCHAR(64) NOT NULL, 
 	subject_ref VARCHAR(64) NOT NULL, 
@@ -147,8 +148,6 @@ CREATE TABLE ks_token_blocks (
 	taken_at DATETIME NOT NULL, 
 	group_commit_ms FLOAT DEFAULT '0' NOT NULL
 );
-
-CREATE TABLE sqlite_sequence(name,seq);
 
 CREATE TABLE ks_legal_holds (
 	hold_id VARCHAR(64) NOT NULL, 
