@@ -25,19 +25,19 @@ storage and the services all build on it, none of them on each other's engines.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from keyshred._pooling import replace_hung_up, unreachable
 from keyshred.errors import BackendUnavailable, ConfigError, KeyshredError, MissingExtraError
@@ -238,19 +238,25 @@ def compile_sql(dialect: Dialect, statement: ClauseElement, *, positional: bool 
     named, by_position = _PARAMSTYLES[dialect.name]
     style = by_position if positional else named
     if dialect.paramstyle != style:
-        dialect = _restyled(type(dialect), style, dialect.dbapi)
-    compiled = statement.compile(dialect=dialect)
+        dialect = _restyled(dialect, style)
+    compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
     constants = sorted(k for k, b in compiled.binds.items() if not b.required)
     if constants:
         raise ValueError(f"bind these parameters by name, not as constants: {constants}")
     return compiled.string
 
 
-@functools.lru_cache(maxsize=8)
-def _restyled(cls: type[Dialect], style: str, dbapi: Any) -> Dialect:
+_RESTYLED: dict[tuple[type[Dialect], str], Dialect] = {}
+
+
+def _restyled(dialect: Dialect, style: str) -> Dialect:
     """The same dialect class in another of its driver's parameter styles (sqlite3
     and psycopg take both); the engine's own dialect is left as it is."""
-    return cls(paramstyle=style, dbapi=dbapi)  # type: ignore[call-arg]
+    key = (type(dialect), style)
+    restyled = _RESTYLED.get(key)
+    if restyled is None:
+        restyled = _RESTYLED[key] = type(dialect)(paramstyle=style, dbapi=dialect.dbapi)  # type: ignore[call-arg]
+    return restyled
 
 
 @contextmanager

@@ -50,8 +50,8 @@ from keyshred.errors import (
 from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.schema import audit_events
 from keyshred.storage.catalog import AssetRow, tokens
-from keyshred.storage.schema import asset_mentions, assets
 from keyshred.storage.partition import row_key_id
+from keyshred.storage.schema import asset_mentions, assets
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred

@@ -197,8 +197,9 @@ class CatalogBase:
     def _write(self) -> AbstractContextManager[Connection]:
         return db.write(self.engine)
 
-    def transaction(self) -> AbstractContextManager[Connection]:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite) as a context manager."""
+    def transaction(self) -> Any:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite) as a context manager
+        (typed ``Any`` as it always was: its callers index driver results freely)."""
         return db.write(self.engine)
 
     def _read(self) -> AbstractContextManager[Connection]:

@@ -165,7 +165,6 @@ def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path, 
     import sqlite3
 
     from keyshred.errors import ConfigError
-
     from keyshred.migrations import migrate_catalog
 
     path = tmp_path / "old.db"
