@@ -267,6 +267,10 @@ class _GuardGeneration:
     process dies) from the odd value to the even one, so a crash between the commit
     and the even value leaves an odd counter and nothing cached is trusted; a
     reader that can take the lock knows nobody is changing a guard and settles it.
+
+    Kept for a measured end-to-end gain (issue 20, ``bench_memories.py``, one run
+    window, embedded catalog): warm get p50 0.03 ms with it against 0.10 ms without
+    (0.49x against 1.44x LangGraph's SqliteStore); puts wait for an fsync either way.
     """
 
     def __init__(self, path: Path) -> None:

@@ -76,7 +76,7 @@ def _prepare_legacy(conn: Connection) -> None:
         if "ks_token_blocks" in names:
             blocks = {c["name"] for c in inspector.get_columns("ks_token_blocks")}
         if (
-            not {"number"} <= set(token_cols)
+            "number" not in token_cols
             or not isinstance(token_cols.get("created_at"), sa.Integer)
             or ("ks_token_blocks" in names and "group_commit_ms" not in blocks)
         ):
