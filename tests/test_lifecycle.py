@@ -130,6 +130,20 @@ def test_erasure_under_hold_waits_then_completes(ks: Keyshred) -> None:
     assert [e.event for e in events] == ["hold.placed", "hold.released"]
 
 
+def test_retention_withdraw_is_a_deprecated_alias_of_consent_withdraw(ks: Keyshred) -> None:
+    ks.consent.grant("eve", scope="marketing", category="preference")
+    ks.memories.put(
+        "eve", NS, "likes", {"text": "likes jazz"}, scope="marketing", category="preference"
+    )
+    with pytest.warns(DeprecationWarning, match=r"ks\.consent\.withdraw"):
+        req = ks.retention.withdraw("eve", scope="marketing", category="preference")
+    assert req.state == "completed", req.error
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None and receipt.kind == "consent-withdrawal"
+    assert ks.memories.get("eve", NS, "likes") is None
+    assert [c.status for c in ks.consent.list("eve")] == ["revoked"]
+
+
 def test_consent_withdrawal_erases_one_scope_only(ks: Keyshred) -> None:
     ks.consent.grant("eve", scope="marketing", category="preference")
     ks.memories.put(
@@ -137,7 +151,7 @@ def test_consent_withdrawal_erases_one_scope_only(ks: Keyshred) -> None:
     )
     ks.memories.put("eve", NS, "order", {"text": "order 7"})
     old_keys = {r.key_id for r in ks.keyring.store.for_subject(ks.subject_ref("eve"), "marketing")}
-    req = ks.retention.withdraw("eve", scope="marketing", category="preference")
+    req = ks.consent.withdraw("eve", "marketing", category="preference")
     assert req.state == "completed", req.error
     receipt = ks.erasure.receipt(req.request_id)
     assert (
