@@ -234,3 +234,30 @@ def test_idle_threads_expire(catalog_url: str, tmp_path: Path) -> None:
         assert saver.get_tuple(conf) is None
         ref = ks.checkpoints.thread_ref("t1")
         assert any(t.scope == f"~thread:{ref}" for t in ks.keyring.store.tombstones())
+
+
+def test_the_cli_withdraws_consent_through_ks_consent(tmp_path: Path) -> None:
+    import json
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from keyshred.cli import app
+
+    data = tmp_path / "cli"
+    with Keyshred.init(data, config(f"sqlite:///{tmp_path / 'cli-catalog.db'}")) as ks:
+        ks.consent.grant("eve", scope="marketing", category="preference")
+        ks.memories.put(
+            "eve", NS, "likes", {"text": "likes jazz"}, scope="marketing", category="preference"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # not the deprecated alias
+        result = CliRunner().invoke(
+            app,
+            ["consent", "withdraw", "eve", "--scope", "marketing", "--path", str(data), "--json"],
+        )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["state"] == "completed"
+    with Keyshred.open(data) as ks:
+        assert ks.memories.get("eve", NS, "likes") is None
+        assert [c.status for c in ks.consent.list("eve")] == ["revoked"]
