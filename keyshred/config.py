@@ -23,7 +23,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args, get_origin
@@ -309,7 +309,7 @@ class Config(_Model):
 
 
 @functools.cache
-def _environment_source() -> type[EnvSettingsSource]:
+def _environment_source() -> Callable[[Mapping[str, str]], EnvSettingsSource]:
     """pydantic-settings' environment source (prefix, nesting, JSON values) for
     ``Config``. Built on first use: pydantic-settings loads asyncio and argparse,
     ~0.1 s that a process using only the storage layer's ``ScopeSettings`` skips."""
@@ -401,7 +401,7 @@ def _read_environment(env: Mapping[str, str]) -> dict[str, Any]:
     from pydantic_settings import SettingsError
 
     try:
-        return _environment_source()(env)()  # type: ignore[call-arg]
+        return _environment_source()(env)()
     except SettingsError:
         # A JSON value that does not parse; name the variable, never its value.
         for path, name in _setting_variables(env).items():
