@@ -419,7 +419,9 @@ def _read_environment(env: Mapping[str, str]) -> dict[str, Any]:
 def _read_file(file: Path) -> dict[str, Any]:
     try:
         text = file.read_text("utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # No file (or no folder: ``keyshred init`` on a path that cannot be one
+        # says so itself).
         return {}
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{file} is not valid TOML: {exc.reason}") from None
