@@ -66,9 +66,11 @@ TAG_BYTES = 16
 # AES-GCM with random 96-bit nonces stays within NIST's 2**-32 collision bound for
 # 2**32 messages per key; one DEK per (tenant, subject, scope) never comes close.
 def random_nonce() -> bytes:
-    """A fresh 96-bit GCM nonce straight from ``os.urandom``: no pool, no state that
-    a thread or a forked child could share (measured: a pool saved about 0.5 µs a
-    seal and nothing visible end to end)."""
+    """A fresh 96-bit GCM nonce straight from ``os.urandom`` (one getrandom call):
+    no pool, so no state that a thread or a forked child could share. A per-thread
+    pool saved about 0.3 µs a draw and nothing measurable end to end (sanitize,
+    memory puts; benchmarks/README.md), not worth state in the one place where a
+    bug means nonce reuse."""
     return os.urandom(NONCE_BYTES)
 
 
