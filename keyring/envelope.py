@@ -195,16 +195,14 @@ def open_with(
     is written there and nothing is returned: the bulk loops fill their output
     without a copy.
     """
-    if type(ciphertext) is bytes:  # the common case, checked without a copy
-        if len(ciphertext) < OVERHEAD_BYTES or not ciphertext.startswith(header):
-            raise IntegrityError()
-    elif len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:HEADER_BYTES]) != header:
+    if len(ciphertext) < OVERHEAD_BYTES or ciphertext[:HEADER_BYTES] != header:
         raise IntegrityError()
     aad = _aad(aad_prefix, place)
     try:
-        if into is not None:
-            view = memoryview(ciphertext)
-            aead.decrypt_into(view[HEADER_BYTES:_BODY_START], view[_BODY_START:], aad, into)
+        if into is not None:  # a view's slices are views: no copy of the body
+            aead.decrypt_into(
+                ciphertext[HEADER_BYTES:_BODY_START], ciphertext[_BODY_START:], aad, into
+            )
             return None
         if len(ciphertext) <= _SLICE_LIMIT:
             # Small records: slicing copies a few hundred bytes, cheaper than views.
