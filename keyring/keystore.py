@@ -56,8 +56,8 @@ __all__ = [
     "KeyRecord",
     "KeyStore",
     "SQLiteKeyStore",
-    "SqlKeyStore",
     "SecretRecord",
+    "SqlKeyStore",
     "Tombstone",
     "owner_subject",
     "owner_tag",
@@ -311,7 +311,12 @@ def _record(row: Sequence[Any]) -> KeyRecord:
 def _epoch_record(row: Sequence[Any]) -> EpochKeyRecord:
     lineage, epoch, provider, provider_epoch, wrapped, created = row
     return EpochKeyRecord(
-        str(lineage), int(epoch), str(provider), int(provider_epoch), bytes(wrapped), _aware(created)
+        str(lineage),
+        int(epoch),
+        str(provider),
+        int(provider_epoch),
+        bytes(wrapped),
+        _aware(created),
     )
 
 
@@ -438,9 +443,9 @@ class SqlKeyStore(KeyStore):
         with self._typed(), db.write(self.engine) as conn:
             yield conn
 
-    def _rows(self, statement: sa.Executable) -> list[sa.Row[Any]]:
+    def _rows(self, statement: sa.Executable) -> list[tuple[Any, ...]]:
         with self._typed(), self.engine.connect() as conn:
-            return list(conn.execute(statement))
+            return [tuple(row) for row in conn.execute(statement)]
 
     def _guard_live_epoch(self, conn: sa.Connection, epoch: int) -> None:
         """Inside a write transaction: refuse to write under a live epoch whose key
@@ -488,7 +493,9 @@ class SqlKeyStore(KeyStore):
     def find(self, subject_ref: str, scope: str, tag: str = "") -> KeyRecord | None:
         d = self._t.dek.c
         rows = self._rows(
-            self._dek_select.where(d.subject_ref == subject_ref, d.scope == scope, d.owner_tag == tag)
+            self._dek_select.where(
+                d.subject_ref == subject_ref, d.scope == scope, d.owner_tag == tag
+            )
         )
         return _record(rows[0]) if rows else None
 
@@ -512,7 +519,9 @@ class SqlKeyStore(KeyStore):
         else:
             who = o.owner_ref == owner_token(subject_ref, scope)
         keys = sa.select(o.key_id).where(who)
-        records = [_record(r) for r in self._rows(self._dek_select.where(self._t.dek.c.key_id.in_(keys)))]
+        records = [
+            _record(r) for r in self._rows(self._dek_select.where(self._t.dek.c.key_id.in_(keys)))
+        ]
         owners = self.owners_of([r.key_id for r in records])
         return [replace(r, owners=owners.get(r.key_id, ())) for r in records]
 
@@ -520,7 +529,9 @@ class SqlKeyStore(KeyStore):
         o = self._t.dek_owner.c
         out: dict[bytes, list[str]] = {}
         for part in _chunks(key_ids):
-            for kid, owner in self._rows(sa.select(o.key_id, o.owner_ref).where(o.key_id.in_(part))):
+            for kid, owner in self._rows(
+                sa.select(o.key_id, o.owner_ref).where(o.key_id.in_(part))
+            ):
                 out.setdefault(bytes(kid), []).append(str(owner))
         return {k: tuple(sorted(v)) for k, v in out.items()}
 
@@ -609,7 +620,10 @@ class SqlKeyStore(KeyStore):
             if tombstone.key_ids:
                 conn.execute(
                     self._insert(self._t.tombstone_key).on_conflict_do_nothing(),
-                    [{"key_id": k, "tombstone_id": tombstone.tombstone_id} for k in tombstone.key_ids],
+                    [
+                        {"key_id": k, "tombstone_id": tombstone.tombstone_id}
+                        for k in tombstone.key_ids
+                    ],
                 )
         self._scrub(d)
         return deleted
@@ -845,18 +859,25 @@ class SqlKeyStore(KeyStore):
         with (
             self._typed(),
             self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn,
+            conn.begin(),
         ):
-            with conn.begin():
-                rows = [[r._mapping for r in conn.execute(sa.select(table))] for table in order]
+            rows = [[dict(r._mapping) for r in conn.execute(sa.select(table))] for table in order]
         image = db.create_engine("sqlite://", what="key store snapshot")
         try:
             db.migrate(image, schema.MIGRATIONS, schema.VERSION_TABLE)
             lite = schema.tables("")
-            targets = (lite.dek, lite.dek_owner, lite.tombstone, lite.tombstone_key, lite.secret, lite.epoch_key)
+            targets = (
+                lite.dek,
+                lite.dek_owner,
+                lite.tombstone,
+                lite.tombstone_key,
+                lite.secret,
+                lite.epoch_key,
+            )
             with db.write(image) as conn:
                 for target, data in zip(targets, rows, strict=True):
                     if data:
-                        conn.execute(target.insert(), [dict(m) for m in data])
+                        conn.execute(target.insert(), data)
             raw = image.raw_connection()
             try:
                 return bytes(raw.driver_connection.serialize())  # type: ignore[union-attr]
@@ -942,9 +963,7 @@ class SQLiteKeyStore(SqlKeyStore):
     def __init__(
         self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0, pool_size: int = 2
     ) -> None:
-        super().__init__(
-            db.sqlite_url(Path(path)), busy_timeout=busy_timeout, pool_size=pool_size
-        )
+        super().__init__(db.sqlite_url(Path(path)), busy_timeout=busy_timeout, pool_size=pool_size)
 
     @staticmethod
     def describe_snapshot(data: bytes) -> tuple[list[str], list[str]]:
@@ -990,7 +1009,12 @@ class SQLiteKeyStore(SqlKeyStore):
                     )
                     db.execute(
                         "INSERT OR IGNORE INTO tombstone VALUES (?,?,?,?)",
-                        (tomb.tombstone_id, tomb.subject_ref, tomb.scope, timestamp(tomb.erased_at)),
+                        (
+                            tomb.tombstone_id,
+                            tomb.subject_ref,
+                            tomb.scope,
+                            timestamp(tomb.erased_at),
+                        ),
                     )
                     db.executemany(
                         "INSERT OR IGNORE INTO tombstone_key VALUES (?,?)",

@@ -9,7 +9,7 @@ from keyshred.config import Config
 from keyshred.errors import ConfigError
 from keyshred.keyring.kek import KekProvider
 from keyshred.keyring.kek.local import LocalKek
-from keyshred.keyring.keystore import KeyStore, SqlKeyStore, SQLiteKeyStore
+from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore, SqlKeyStore
 
 __all__ = ["KEYS_DIR", "make_archive_kek", "make_kek", "make_keystore"]
 

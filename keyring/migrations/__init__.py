@@ -145,7 +145,9 @@ def _owner_sets(conn: Connection, dialect: str) -> None:
         conn.exec_driver_sql(
             "ALTER TABLE ks_dek ADD COLUMN IF NOT EXISTS owner_tag TEXT NOT NULL DEFAULT ''"
         )
-        conn.exec_driver_sql("ALTER TABLE ks_dek DROP CONSTRAINT IF EXISTS ks_dek_subject_ref_scope_key")
+        conn.exec_driver_sql(
+            "ALTER TABLE ks_dek DROP CONSTRAINT IF EXISTS ks_dek_subject_ref_scope_key"
+        )
         return
     old = "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, created_at"
     conn.exec_driver_sql("ALTER TABLE dek RENAME TO dek_before_owner_sets")

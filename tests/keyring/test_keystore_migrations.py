@@ -24,8 +24,8 @@ from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import (
     KeyRecord,
-    SqlKeyStore,
     SQLiteKeyStore,
+    SqlKeyStore,
     Tombstone,
     owner_tag,
 )
@@ -77,22 +77,22 @@ def _old_rows(url: str, dialect: str, key_id: bytes, wrapped: bytes, created: da
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    f"INSERT INTO {p}dek (key_id, tenant, subject_ref, scope, kek_provider, "  # noqa: S608
+                    f"INSERT INTO {p}dek (key_id, tenant, subject_ref, scope, kek_provider, "
                     "kek_epoch, wrapped, created_at, owner_tag) "
                     "VALUES (:k, 't', 'dave', 'default', 'local', 1, :w, :c, :g)"
                 ),
                 {"k": key_id, "w": wrapped, "c": when, "g": shared_tag},
             )
             conn.execute(
-                sa.text(f"INSERT INTO {p}dek_owner VALUES ('vic', :k)"),  # noqa: S608
+                sa.text(f"INSERT INTO {p}dek_owner VALUES ('vic', :k)"),
                 {"k": key_id},
             )
             conn.execute(
-                sa.text(f"INSERT INTO {p}tombstone VALUES ('t-old', 'zed', NULL, :c)"),  # noqa: S608
+                sa.text(f"INSERT INTO {p}tombstone VALUES ('t-old', 'zed', NULL, :c)"),
                 {"c": when},
             )
             conn.execute(
-                sa.text(f"INSERT INTO {p}tombstone_key VALUES (:k, 't-old')"),  # noqa: S608
+                sa.text(f"INSERT INTO {p}tombstone_key VALUES (:k, 't-old')"),
                 {"k": b"z" * 16},
             )
     finally:
@@ -146,9 +146,10 @@ def _seed(url: str, dialect: str, tmp_path: Path) -> tuple[bytes, bytes]:
     ct = ring.seal(b"ann's note", _place(ring, "ann"))
     source = schema.tables("")
     with seed.engine.connect() as conn:
-        rows = {t.name: [dict(r._mapping) for r in conn.execute(sa.select(t))] for t in (
-            source.dek, source.secret, source.epoch_key
-        )}
+        rows = {
+            t.name: [dict(r._mapping) for r in conn.execute(sa.select(t))]
+            for t in (source.dek, source.secret, source.epoch_key)
+        }
     ring.close()
     target = schema.tables(schema.prefix_for(dialect))
     engine = sa.create_engine(keystore.engine_url(url))

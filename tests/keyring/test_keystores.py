@@ -22,8 +22,8 @@ from keyshred.keyring.keystore import (
     KeyRecord,
     KeyStore,
     SecretRecord,
-    SqlKeyStore,
     SQLiteKeyStore,
+    SqlKeyStore,
     Tombstone,
     owner_tag,
 )
