@@ -380,6 +380,7 @@ class SqlKeyStore(KeyStore):
             sa.event.listen(self.engine, "connect", _synchronous_full)
         self._t = schema.tables(schema.prefix_for(self.dialect))
         self._insert = postgresql.insert if self._pg else sqlite.insert
+        self._prepare()
         _STORES.add(self)
         try:
             with self._typed():
@@ -392,6 +393,26 @@ class SqlKeyStore(KeyStore):
         except sa.exc.DBAPIError:
             self.engine.dispose()
             raise KeyshredError(f"the key store at {self._where()} cannot be opened") from None
+
+    def _prepare(self) -> None:
+        """The hot paths' statements, built once with bound parameters: building a
+        statement per call cost more than running it (SQLAlchemy then finds the
+        compiled form in its cache)."""
+        d, e = self._t.dek.c, self._t.epoch_key.c
+        self._get = self._dek_select.where(d.key_id == sa.bindparam("k"))
+        self._find = self._dek_select.where(
+            d.subject_ref == sa.bindparam("r"),
+            d.scope == sa.bindparam("s"),
+            d.owner_tag == sa.bindparam("g"),
+        )
+        self._guard = (
+            sa.select(sa.literal(1))
+            .where(e.lineage == LIVE_LINEAGE, e.epoch == sa.bindparam("e"))
+            .with_for_update(read=True)
+        )
+        self._insert_dek = self._insert(self._t.dek).on_conflict_do_nothing()
+        self._insert_owner = self._insert(self._t.dek_owner).on_conflict_do_nothing()
+        self._get_secret = self._secret_select.where(self._t.secret.c.name == sa.bindparam("n"))
 
     def _where(self) -> str:
         return str(self._path) if self._path is not None else "PostgreSQL"
@@ -443,22 +464,18 @@ class SqlKeyStore(KeyStore):
         with self._typed(), db.write(self.engine) as conn:
             yield conn
 
-    def _rows(self, statement: sa.Executable) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, statement: sa.Executable, params: dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
         with self._typed(), self.engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(statement)]
+            return [tuple(row) for row in conn.execute(statement, params)]
 
     def _guard_live_epoch(self, conn: sa.Connection, epoch: int) -> None:
         """Inside a write transaction: refuse to write under a live epoch whose key
         was destroyed (another process rotated and destroyed it meanwhile). Read
         under a share lock on PostgreSQL: a destroy of this epoch waits for the
         writer's commit and then sees its row (and refuses)."""
-        e = self._t.epoch_key.c
-        guard = (
-            sa.select(sa.literal(1))
-            .where(e.lineage == LIVE_LINEAGE, e.epoch == epoch)
-            .with_for_update(read=True)
-        )
-        if conn.execute(guard).first() is None:
+        if conn.execute(self._guard, {"e": epoch}).first() is None:
             raise KekEpochDestroyed(f"live KEK epoch {epoch} is destroyed")
 
     # -- keys ------------------------------------------------------------------------
@@ -479,7 +496,7 @@ class SqlKeyStore(KeyStore):
         )
 
     def get(self, key_id: bytes) -> KeyRecord | None:
-        rows = self._rows(self._dek_select.where(self._t.dek.c.key_id == key_id))
+        rows = self._rows(self._get, {"k": key_id})
         return _record(rows[0]) if rows else None
 
     def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]:
@@ -491,12 +508,7 @@ class SqlKeyStore(KeyStore):
         return out
 
     def find(self, subject_ref: str, scope: str, tag: str = "") -> KeyRecord | None:
-        d = self._t.dek.c
-        rows = self._rows(
-            self._dek_select.where(
-                d.subject_ref == subject_ref, d.scope == scope, d.owner_tag == tag
-            )
-        )
+        rows = self._rows(self._find, {"r": subject_ref, "s": scope, "g": tag})
         return _record(rows[0]) if rows else None
 
     def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
@@ -542,26 +554,25 @@ class SqlKeyStore(KeyStore):
             if record.kek_provider.endswith("@" + LIVE_LINEAGE):
                 self._guard_live_epoch(conn, record.kek_epoch)
             conn.execute(
-                self._insert(self._t.dek)
-                .values(
-                    key_id=record.key_id,
-                    tenant=record.tenant,
-                    subject_ref=record.subject_ref,
-                    scope=record.scope,
-                    kek_provider=record.kek_provider,
-                    kek_epoch=record.kek_epoch,
-                    wrapped=record.wrapped,
-                    created_at=record.created_at,
-                    owner_tag=record.owner_tag,
-                )
-                .on_conflict_do_nothing()
+                self._insert_dek,
+                {
+                    "key_id": record.key_id,
+                    "tenant": record.tenant,
+                    "subject_ref": record.subject_ref,
+                    "scope": record.scope,
+                    "kek_provider": record.kek_provider,
+                    "kek_epoch": record.kek_epoch,
+                    "wrapped": record.wrapped,
+                    "created_at": record.created_at,
+                    "owner_tag": record.owner_tag,
+                },
             )
             # In the same transaction: a shared key is never without its owner index
             # (an erasure finds it by any owner). Rows of a losing writer's key id
             # name a key that does not exist, and are removed below.
             if record.owners:
                 conn.execute(
-                    self._insert(self._t.dek_owner).on_conflict_do_nothing(),
+                    self._insert_owner,
                     [{"owner_ref": owner, "key_id": record.key_id} for owner in record.owners],
                 )
         existing = self.find(record.subject_ref, record.scope, record.owner_tag)
@@ -717,7 +728,7 @@ class SqlKeyStore(KeyStore):
         return sa.select(s.name, s.kek_provider, s.kek_epoch, s.wrapped)
 
     def get_secret(self, name: str) -> SecretRecord | None:
-        rows = self._rows(self._secret_select.where(self._t.secret.c.name == name))
+        rows = self._rows(self._get_secret, {"n": name})
         return _secret(rows[0]) if rows else None
 
     def put_secret(self, record: SecretRecord, *, replace: bool = False) -> SecretRecord:
