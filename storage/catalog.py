@@ -69,6 +69,7 @@ __all__ = [
     "Micros",
     "micros",
     "sqlite_url",
+    "utc",
 ]
 
 # Token rows per INSERT statement in a group commit (11 parameters a row; SQLite
