@@ -304,7 +304,8 @@ class Restore(Generations):
         decide before decrypting as the live store does."""
         import sqlalchemy as sa
 
-        from keyshred.storage.catalog import ACTIVE, Catalog, subject_guard
+        from keyshred.storage.catalog import ACTIVE, Catalog
+        from keyshred.storage.schema import subject_guard
 
         columns = (
             subject_guard.c.subject_ref,

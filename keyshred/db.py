@@ -11,7 +11,12 @@ Every table of every component is reached through an engine built here, on SQLit
   its parameters);
 - SQLite runs in WAL mode with ``secure_delete`` and a busy timeout; a connection
   marked ``ks_write`` begins with ``BEGIN IMMEDIATE``, so a read of the guard and the
-  write that depends on it see the same database state.
+  write that depends on it see the same database state;
+- hot paths (the guard check and the asset insert of every put and get) run
+  statements built with SQLAlchemy Core, compiled once by SQLAlchemy's compiler in
+  the driver's own parameter style (``compile_sql``), on a DBAPI cursor of a pooled
+  connection (``cursor``): SQLAlchemy's execution machinery cost more per statement
+  than the rest of a put.
 
 This module sits at the bottom of the layers (beside ``errors``): the keyring, the
 storage and the services all build on it, none of them on each other's engines.
@@ -19,24 +24,29 @@ storage and the services all build on it, none of them on each other's engines.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.pool import QueuePool
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from keyshred._pooling import replace_hung_up, unreachable
 from keyshred.errors import BackendUnavailable, ConfigError, KeyshredError, MissingExtraError
 
 __all__ = [
     "Micros",
+    "compile_sql",
     "create_engine",
+    "cursor",
     "micros",
     "migrate",
     "read",
@@ -207,6 +217,104 @@ def read(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+# -- hot paths: statements compiled once, run on a pooled DBAPI connection ----------
+#
+# Going through SQLAlchemy's execution machinery costs ~180 us per statement, more
+# than the rest of a put; the statements of the paths every put and get take are
+# built with SQLAlchemy Core, compiled once here and run on the driver's cursor.
+
+# The driver's parameter styles, by dialect: named (a dict of values) and positional.
+_PARAMSTYLES = {"sqlite": ("named", "qmark"), "postgresql": ("pyformat", "format")}
+
+
+def compile_sql(dialect: Dialect, statement: ClauseElement, *, positional: bool = False) -> str:
+    """``statement`` as SQL text for the driver of ``dialect``, compiled by SQLAlchemy
+    in one of the driver's own parameter styles: named (``:name`` for sqlite3,
+    ``%(name)s`` for psycopg, bound with a dict) or, with ``positional``, positional
+    (``?``/``%s``, bound with a sequence in the order of the statement's
+    parameters). Every parameter is a ``bindparam`` the caller binds: a constant in
+    the statement (``column == "active"``) is refused, because its value would not
+    be in the text."""
+    named, by_position = _PARAMSTYLES[dialect.name]
+    style = by_position if positional else named
+    if dialect.paramstyle != style:
+        dialect = _restyled(dialect, style)
+    compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
+    constants = sorted(k for k, b in compiled.binds.items() if not b.required)
+    if constants:
+        raise ValueError(f"bind these parameters by name, not as constants: {constants}")
+    return compiled.string
+
+
+_RESTYLED: dict[tuple[type[Dialect], str], Dialect] = {}
+
+
+def _restyled(dialect: Dialect, style: str) -> Dialect:
+    """The same dialect class in another of its driver's parameter styles (sqlite3
+    and psycopg take both); the engine's own dialect is left as it is."""
+    key = (type(dialect), style)
+    restyled = _RESTYLED.get(key)
+    if restyled is None:
+        restyled = _RESTYLED[key] = type(dialect)(paramstyle=style, dbapi=dialect.dbapi)  # type: ignore[call-arg]
+    return restyled
+
+
+@contextmanager
+def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[Any]:
+    """A DBAPI cursor on a connection checked out of ``engine``'s pool for one
+    operation, in a transaction for writes (``BEGIN IMMEDIATE`` on SQLite, committed
+    when the block ends, rolled back on an error); on SQLite a read runs in
+    autocommit (one SELECT is atomic by itself), on PostgreSQL in a transaction the
+    block ends. The connection goes back to the pool however the block ends; one the
+    driver found broken is dropped, and "cannot be reached" is ``BackendUnavailable``
+    as for every other statement."""
+    dialect, dbapi = engine.dialect.name, engine.dialect.dbapi
+    try:
+        fairy = engine.raw_connection()
+    except Exception as exc:
+        if unreachable(dialect, dbapi, exc):
+            raise unavailable(exc, what) from None
+        raise
+    try:
+        conn = fairy.driver_connection
+        cur = conn.cursor()  # type: ignore[union-attr]
+        try:
+            if dialect == "sqlite" and not write:
+                yield cur
+            else:
+                yield from _in_transaction(dialect, conn, cur)
+        finally:
+            with contextlib.suppress(Exception):  # a dead connection's cursor
+                cur.close()
+    except Exception as exc:
+        if not unreachable(dialect, dbapi, exc):
+            raise
+        if getattr(fairy.driver_connection, "closed", False):
+            fairy.invalidate()  # not back into the pool
+        raise unavailable(exc, what) from None
+    finally:
+        fairy.close()
+
+
+def _in_transaction(dialect: str, conn: Any, cur: Any) -> Iterator[Any]:
+    """``cursor``'s transaction around the caller's block."""
+    sqlite = dialect == "sqlite"
+    if sqlite:
+        cur.execute("BEGIN IMMEDIATE")
+    try:
+        yield cur
+    except BaseException:
+        # A connection that died mid-transaction cannot roll back; the server drops
+        # its transaction by itself, and the caller's error says more.
+        with contextlib.suppress(Exception):
+            cur.execute("ROLLBACK") if sqlite else conn.rollback()
+        raise
+    if sqlite:
+        cur.execute("COMMIT")
+    else:
+        conn.commit()
+
+
 # Every component's schema changes are Alembic revisions in its own script folder
 # with its own version table (the key store and the catalog may share one PostgreSQL
 # database, or live in two SQLite files). ``env.py`` in each folder reads the
@@ -221,14 +329,18 @@ def migrate(
     *,
     legacy_table: str | None = None,
     legacy_revision: str | None = None,
+    prepare_legacy: Callable[[Connection], None] | None = None,
 ) -> None:
     """Bring ``engine``'s tables of one component to the newest revision in
     ``script_location`` (``"keyshred.keyring:migrations"``).
 
     A database written before versioned migrations (it has ``legacy_table`` but no
     version table) is first stamped at ``legacy_revision``, the revision whose schema
-    it has. Processes that open one database at once migrate one after another
-    (PostgreSQL: an advisory lock; SQLite: the write lock of ``BEGIN IMMEDIATE``)."""
+    it has; ``prepare_legacy`` runs on it just before, in the same transaction: it
+    brings an older unversioned layout to that revision's schema, or refuses it with
+    a ``KeyshredError``. Processes that open one database at once migrate one after
+    another (PostgreSQL: an advisory lock; SQLite: the write lock of ``BEGIN
+    IMMEDIATE``), each in one transaction."""
     try:
         from alembic import command
         from alembic.config import Config as AlembicConfig
@@ -248,5 +360,7 @@ def migrate(
             and legacy_table in names
             and version_table not in names
         ):
+            if prepare_legacy is not None:
+                prepare_legacy(conn)
             command.stamp(cfg, legacy_revision)
         command.upgrade(cfg, "head")

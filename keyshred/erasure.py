@@ -53,6 +53,7 @@ import sqlalchemy as sa
 
 from keyshred._validate import check_text
 from keyshred.audit import AuditLog
+from keyshred.db import utc
 from keyshred.errors import (
     InvalidInput,
     KeyNotFound,
@@ -72,14 +73,8 @@ from keyshred.receipts import (
     load_receipt,
     sign_receipt,
 )
-from keyshred.storage.catalog import (
-    ACTIVE,
-    AssetRow,
-    Catalog,
-    deletion_requests,
-    legal_holds,
-    utc,
-)
+from keyshred.schema import deletion_requests, legal_holds
+from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
 from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:
@@ -300,7 +295,7 @@ class DerivedApi:
         )
         ref = self._ks.subject_ref(subject)
         with self._ks.catalog.transaction() as conn:
-            from keyshred.storage.catalog import assets
+            from keyshred.storage.schema import assets
 
             conn.execute(
                 assets.update()

@@ -48,8 +48,10 @@ from keyshred.errors import (
     TokenExpired,
 )
 from keyshred.keyring.package import open_package, read_header, seal_package
-from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events, tokens
+from keyshred.schema import audit_events
+from keyshred.storage.catalog import AssetRow, tokens
 from keyshred.storage.partition import row_key_id
+from keyshred.storage.schema import asset_mentions, assets
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred

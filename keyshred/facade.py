@@ -28,6 +28,7 @@ from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
 from keyshred.lifecycle import Consent, Lifecycle
 from keyshred.metrics import Metrics
+from keyshred.migrations import migrate_catalog
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.checkpoints import CheckpointStore
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
@@ -294,6 +295,7 @@ class Keyshred:
         try:
             catalog = Catalog(
                 url,
+                migrate=migrate_catalog,  # Alembic: created, or upgraded in place
                 pool_size=config.storage.pool_size,
                 max_overflow=config.storage.pool_max_overflow,
                 pool_timeout=config.storage.pool_timeout_seconds,

@@ -74,10 +74,11 @@ from keyshred.keyring.envelope import Place, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.package import read_header
 from keyshred.storage.applog import AppendLog
-from keyshred.storage.catalog import checkpoint_writes, checkpoints, threads, tokens
+from keyshred.storage.catalog import tokens
 from keyshred.storage.checkpoints import thread_scope
 from keyshred.storage.partition import MemoryRow, Partition, decode_record
 from keyshred.storage.pme import PmeCrypto
+from keyshred.storage.schema import checkpoint_writes, checkpoints, threads
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.vectors import VEC_SCHEMA, VectorIndex
 from keyshred.vault.journal import _MAGIC as _JOURNAL_MAGIC

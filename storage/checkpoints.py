@@ -34,16 +34,9 @@ from keyshred.errors import InvalidInput, KeyNotFound, NotFound, SubjectErased, 
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import (
-    ACTIVE,
-    AssetRow,
-    Catalog,
-    checkpoint_writes,
-    checkpoints,
-    subject_guard,
-    threads,
-)
+from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
 from keyshred.storage.mentions import MentionFinder
+from keyshred.storage.schema import checkpoint_writes, checkpoints, subject_guard, threads
 
 __all__ = ["THREAD_KIND", "CheckpointRow", "CheckpointStore", "WriteRow", "thread_scope"]
 

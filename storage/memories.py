@@ -45,7 +45,7 @@ from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import owner_token
 from keyshred.storage import faults
-from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog, assets
+from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.mentions import MentionFinder
@@ -59,6 +59,7 @@ from keyshred.storage.partition import (
 )
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
+from keyshred.storage.schema import assets
 from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
 from keyshred.storage.vectors import VectorIndex, VectorItem
 

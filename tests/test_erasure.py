@@ -254,7 +254,7 @@ def test_receipt_verification_needs_the_trusted_key(ks: Keyshred) -> None:
 
 
 def test_audit_chain_detects_edits(ks: Keyshred) -> None:
-    from keyshred.storage.catalog import audit_events
+    from keyshred.schema import audit_events
 
     ks.memories.put("ivy", NS, "k", 1)
     ks.erase("ivy", requested_by="dpo", reason="request")

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from keyshred import Keyshred
 from keyshred.errors import KeyshredError
-from keyshred.storage.catalog import identifiers
+from keyshred.storage.schema import identifiers
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 from tests.test_inputs_property import SETTINGS, anything, wild_text

@@ -11,7 +11,7 @@ import pytest
 
 from keyshred import Config, Keyshred
 from keyshred.errors import ConsentRequired, NotFound, SubjectSuppressed
-from keyshred.storage.catalog import audit_events
+from keyshred.schema import audit_events
 
 NS = ("notes",)
 

@@ -19,7 +19,7 @@ from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from keyshred import Keyshred
 from keyshred.errors import InvalidInput, SubjectErased, SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredSaver
-from keyshred.storage.catalog import checkpoint_writes, checkpoints
+from keyshred.storage.schema import checkpoint_writes, checkpoints
 from tests.storage.conftest import make_config
 
 

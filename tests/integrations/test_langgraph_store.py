@@ -141,7 +141,7 @@ def test_ttl_maps_onto_retention_and_sweeps(ks: Keyshred) -> None:
     try:
         assert store.get(("u", "eve"), "short") is None  # expired: invisible at once
         assert store.get(("u", "eve"), "long") is not None  # refreshed on read
-        from keyshred.storage.catalog import assets
+        from keyshred.storage.schema import assets
 
         with ks.catalog.engine.begin() as conn:  # the sweep reads retention from the catalog
             conn.execute(

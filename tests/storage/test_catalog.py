@@ -126,11 +126,11 @@ def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None
     try:
         ref = "ref-cached"
         assert cat.guard(ref).status == ACTIVE
-        real = cat._checkout
-        cat._checkout = lambda: pytest.fail("a cached guard read reached the database")  # type: ignore[method-assign]
+        real = cat._hot
+        cat._hot = lambda write: pytest.fail("a cached guard read reached the database")  # type: ignore[method-assign]
         assert cat.check_guard(ref) == 0  # no statement: the generation has not moved
         assert cat.guard(ref).status == ACTIVE
-        cat._checkout = real  # type: ignore[method-assign]
+        cat._hot = real  # type: ignore[method-assign]
         code = (
             "from keyshred.storage.catalog import Catalog\n"
             f"c = Catalog({url!r})\n"
@@ -165,12 +165,14 @@ def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path, 
     import sqlite3
 
     from keyshred.errors import ConfigError
+    from keyshred.migrations import migrate_catalog
 
     path = tmp_path / "old.db"
-    with sqlite3.connect(path) as conn:
+    with sqlite3.connect(path) as conn:  # a catalog from before versioned migrations
+        conn.execute("CREATE TABLE ks_assets (asset_id VARCHAR(64) PRIMARY KEY)")
         conn.execute(table)
     with pytest.raises(ConfigError, match="predates token numbers"):
-        Catalog(sqlite_url(path))
+        Catalog(sqlite_url(path), migrate=migrate_catalog)
 
 
 def _token_rows(numbers: range, ref: str = "ref-a") -> list[tuple[object, ...]]:

@@ -399,6 +399,7 @@ def test_a_catalog_without_sealed_identifiers_is_migrated(catalog_url: str, tmp_
     try:
         with ks.catalog.engine.begin() as conn:
             conn.exec_driver_sql("ALTER TABLE ks_identifiers DROP COLUMN sealed")
+            conn.exec_driver_sql("DROP TABLE ks_alembic_catalog")  # from before versions
     finally:
         ks.close()
     again = Keyshred.open(tmp_path / "data")
@@ -413,15 +414,19 @@ def test_a_catalog_without_sealed_identifiers_is_migrated(catalog_url: str, tmp_
 
 def test_old_catalogs_gain_the_mention_provenance_column(catalog_url: str) -> None:
     """A mention table from before ``how``: opening adds it, old rows declared."""
+    from keyshred.migrations import migrate_catalog
+    from keyshred.migrations.baseline import assets
+
     engine = sa.create_engine(catalog_url)
     with engine.begin() as conn:
+        assets.create(conn)  # a catalog from before versioned migrations
         conn.exec_driver_sql(
             "CREATE TABLE ks_asset_mentions (asset_id VARCHAR(64) NOT NULL, "
             "subject_ref VARCHAR(64) NOT NULL, PRIMARY KEY (asset_id, subject_ref))"
         )
         conn.exec_driver_sql("INSERT INTO ks_asset_mentions VALUES ('a1', 'ref1')")
     engine.dispose()
-    catalog = Catalog(catalog_url)
+    catalog = Catalog(catalog_url, migrate=migrate_catalog)
     try:
         assert catalog.mention_counts() == {"declared": 1, "detected": 0}
         now = datetime.now(UTC)
@@ -434,7 +439,7 @@ def test_old_catalogs_gain_the_mention_provenance_column(catalog_url: str) -> No
         )
     finally:
         catalog.close()
-    again = Catalog(catalog_url)  # a second open finds the column there
+    again = Catalog(catalog_url, migrate=migrate_catalog)  # a second open finds the column
     try:
         assert again.mention_counts() == {"declared": 2, "detected": 1}
         assert again.mentioning("ref3")[0].mentions == ("ref2", "ref3")

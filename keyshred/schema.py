@@ -1,0 +1,67 @@
+"""The services' tables in the catalog database: erasure requests, legal holds and
+the audit log (``keyshred.erasure``, ``keyshred.audit``).
+
+They are defined on the catalog database's ``metadata`` (``keyshred.storage.schema``),
+so snapshots and the migrations see them with the storage and vault tables; schema
+changes are Alembic revisions in ``keyshred.migrations``.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from keyshred.storage.schema import metadata
+
+__all__ = ["audit_anchor", "audit_events", "deletion_requests", "legal_holds"]
+
+deletion_requests = sa.Table(
+    "ks_deletion_requests",
+    metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=True),
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("requested_by", sa.String(128), nullable=False),
+    sa.Column("reason", sa.String(256), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("doc", sa.Text, nullable=False),  # JSON: steps done, per-store details
+    sa.Column("receipt", sa.Text, nullable=True),
+    sa.Index("ks_deletion_requests_subject", "subject_ref"),
+)
+
+audit_events = sa.Table(
+    "ks_audit",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("event", sa.String(64), nullable=False),
+    sa.Column("subject_ref", sa.String(64), nullable=True),
+    sa.Column("request_id", sa.String(64), nullable=True),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+)
+
+audit_anchor = sa.Table(
+    "ks_audit_anchor",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("pruned_through", sa.Integer, nullable=False),
+    sa.Column("last_hash", sa.String(64), nullable=False),
+    sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+legal_holds = sa.Table(
+    "ks_legal_holds",
+    metadata,
+    sa.Column("hold_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=True),
+    sa.Column("reason", sa.String(256), nullable=False),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("placed_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("released_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ks_legal_holds_subject", "subject_ref"),
+)

@@ -1,0 +1,196 @@
+"""The storage layer's tables in the catalog database (SQLAlchemy Core).
+
+The asset index with its provenance and mention edges, registered identifiers,
+consent records, the subject guard, and LangGraph threads and checkpoints. Only
+pseudonymous values are stored: subject_refs, asset ids, scopes, purposes,
+categories, keyed lookup hashes, timestamps, and ciphertext. Never a subject id, a
+namespace, a key or a value in clear.
+
+``metadata`` holds every table of the catalog database: the vault and the services
+(``keyshred.schema``) define theirs on it too, so a snapshot copies them all and the
+migrations (``keyshred.migrations``) compare one collection with the database.
+Schema changes are Alembic revisions there, never edits here alone.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = [
+    "DECLARED",
+    "DETECTED",
+    "VERSION_TABLE",
+    "asset_mentions",
+    "asset_sources",
+    "assets",
+    "checkpoint_writes",
+    "checkpoints",
+    "consents",
+    "identifier_key_version",
+    "identifier_kinds",
+    "identifiers",
+    "metadata",
+    "subject_guard",
+    "threads",
+]
+
+DECLARED = "declared"  # a mention the writer declared
+DETECTED = "detected"  # a mention found in the value by a registered identifier
+
+# The Alembic version table of the catalog database's revisions (keyshred.migrations).
+VERSION_TABLE = "ks_alembic_catalog"
+
+metadata = sa.MetaData()
+
+assets = sa.Table(
+    "ks_assets",
+    metadata,
+    sa.Column("asset_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("storage_system", sa.String(32), nullable=False),
+    sa.Column("storage_key", sa.String(512), nullable=False),
+    sa.Column("purpose", sa.String(128), nullable=False),
+    sa.Column("category", sa.String(128), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("retain_until", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("lookup", sa.String(64), nullable=True),
+    sa.Column("producer", sa.String(128), nullable=True),
+    sa.Column("producer_version", sa.String(64), nullable=True),
+    sa.Index("ks_assets_subject", "subject_ref", "scope", "kind"),
+    sa.Index("ks_assets_retain", "retain_until"),
+)
+
+
+asset_sources = sa.Table(
+    "ks_asset_sources",
+    metadata,
+    sa.Column("asset_id", sa.String(64), primary_key=True),
+    sa.Column("source_id", sa.String(64), primary_key=True),
+    sa.Index("ks_asset_sources_source", "source_id"),
+)
+
+asset_mentions = sa.Table(
+    "ks_asset_mentions",
+    metadata,
+    sa.Column("asset_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    # "declared" by the writer, or "detected" in the value by a registered identifier
+    # (keyshred.storage.mentions).
+    sa.Column("how", sa.String(16), nullable=False, server_default=DECLARED),
+    sa.Index("ks_asset_mentions_subject", "subject_ref"),
+)
+
+# Identifiers a subject registered (keyshred.storage.mentions): their keyed lookup
+# hashes, and the normal form sealed under the subject's own key (``sealed``: so a
+# new identifier key version can re-hash it; an erased subject's sealed values die
+# with its keys), never the identifier in clear. The primary key leads with the
+# hash, so it is the index the write path's lookup (``hash IN …``) probes; one hash
+# may stand for several subjects (two people of one name), and each is a mention.
+# Catalogs from before ``sealed`` gain it when migrated; their rows keep NULL (they cannot
+# be re-hashed, see ``rehash_identifiers``).
+identifiers = sa.Table(
+    "ks_identifiers",
+    metadata,
+    sa.Column("hash", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=True),
+    sa.Index("ks_identifiers_subject", "subject_ref"),
+)
+
+# The identifier key version the hashes of ks_identifiers are under (one row, id 1;
+# absent means version 1). Registration and re-hashing lock it, so a registration
+# hashed under a version a concurrent re-hash replaced is refused and redone.
+identifier_key_version = sa.Table(
+    "ks_identifier_key",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("version", sa.Integer, nullable=False),
+)
+
+# The kinds of identifier ever registered (names as "name:<words>"), one row each,
+# never deleted: the write path skips detection while there is none, and generates
+# name n-grams only of the lengths registered.
+identifier_kinds = sa.Table(
+    "ks_identifier_kinds",
+    metadata,
+    sa.Column("kind", sa.String(16), primary_key=True),
+)
+
+consents = sa.Table(
+    "ks_consents",
+    metadata,
+    sa.Column("consent_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("purpose", sa.String(128), nullable=False),
+    sa.Column("category", sa.String(128), nullable=False),
+    sa.Column("actions", sa.String(256), nullable=False),
+    sa.Column("start_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("end_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("policy_version", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ks_consents_subject", "subject_ref", "purpose", "category"),
+)
+
+subject_guard = sa.Table(
+    "ks_subject_guard",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("deletion_epoch", sa.Integer, nullable=False),
+    sa.Column("suppressed_scopes", sa.Text, nullable=False, server_default="[]"),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+# -- LangGraph threads and checkpoints (keyshred.storage.checkpoints) ----------------
+# Thread ids are stored as keyed pseudonyms (and, sealed, for listing); checkpoints
+# and writes as envelope ciphertext under the thread's own key, so deleting a thread
+# is crypto-erasure too. Namespaces, checkpoint ids, run ids, task ids and channel
+# names are graph structure, not personal data, and stay plaintext for the queries.
+
+threads = sa.Table(
+    "ks_threads",
+    metadata,
+    sa.Column("thread_ref", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=False),  # the policy scope
+    sa.Column("thread", sa.LargeBinary, nullable=False),  # sealed thread id
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ks_threads_subject", "subject_ref"),
+)
+
+checkpoints = sa.Table(
+    "ks_checkpoints",
+    metadata,
+    sa.Column("thread_ref", sa.String(64), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(512), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+    sa.Column("parent_checkpoint_id", sa.String(64), nullable=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("run_id", sa.String(128), nullable=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),  # sealed checkpoint + metadata
+    sa.Index("ks_checkpoints_subject", "subject_ref"),
+    sa.Index("ks_checkpoints_run", "run_id"),
+)
+
+checkpoint_writes = sa.Table(
+    "ks_checkpoint_writes",
+    metadata,
+    sa.Column("thread_ref", sa.String(64), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(512), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("channel", sa.String(256), nullable=False),
+    sa.Column("task_path", sa.String(512), nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),  # sealed value
+    sa.Index("ks_checkpoint_writes_subject", "subject_ref"),
+)

@@ -1,0 +1,267 @@
+"""The catalog database's Alembic revisions on SQLite and PostgreSQL: a catalog of
+the previous release (keyshred main at fae494a, before versioned migrations) is
+stamped and upgraded in place with its data intact, and the migrated schema is the
+one the models define (autogenerate finds nothing to do)."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from keyshred.errors import ConfigError
+from keyshred.migrations import SCRIPT_LOCATION, VERSION_TABLE, migrate_catalog, target_metadata
+from keyshred.migrations import baseline as old
+from keyshred.storage.catalog import SUPPRESSED, Catalog, sqlite_url
+
+DATA = Path(__file__).with_name("data")
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def _head() -> str:
+    cfg = Config()
+    cfg.set_main_option("script_location", SCRIPT_LOCATION)
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
+
+
+def _version(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return [str(v) for (v,) in conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}")]
+
+
+def _diff(engine: sa.Engine) -> list[object]:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
+        )
+        return list(compare_metadata(context, target_metadata()))
+
+
+def _previous_release(url: str) -> None:
+    """The tables exactly as main@fae494a created them (its DDL, dumped for both
+    dialects), with rows in them."""
+    engine = sa.create_engine(url)
+    ddl = (DATA / f"catalog_fae494a.{engine.dialect.name}.sql").read_text()
+    statements = [s.strip() for s in ddl.split(";") if s.strip().removeprefix("--").strip()]
+    with engine.begin() as conn:
+        for stmt in statements:
+            lines = [ln for ln in stmt.splitlines() if not ln.startswith("--")]
+            conn.exec_driver_sql("\n".join(lines))
+        conn.execute(
+            old.assets.insert(),
+            [
+                {
+                    "asset_id": aid,
+                    "subject_ref": "ref-a",
+                    "scope": "default",
+                    "kind": "memory",
+                    "storage_system": "parquet",
+                    "storage_key": "memories/subject=ref-a",
+                    "purpose": "support",
+                    "category": "general",
+                    "created_at": NOW,
+                    "retain_until": NOW + timedelta(days=30),
+                    "status": "live",
+                }
+                for aid in ("m1", "m2")
+            ],
+        )
+        conn.execute(old.asset_sources.insert(), [{"asset_id": "m2", "source_id": "m1"}])
+        conn.execute(
+            old.asset_mentions.insert(),
+            [{"asset_id": "m2", "subject_ref": "ref-c", "how": "detected"}],
+        )
+        conn.execute(
+            old.identifiers.insert(),
+            [
+                {
+                    "hash": "h1",
+                    "subject_ref": "ref-c",
+                    "kind": "email",
+                    "created_at": NOW,
+                    "sealed": b"\x00sealed",
+                }
+            ],
+        )
+        conn.execute(
+            old.subject_guard.insert(),
+            [
+                {
+                    "subject_ref": "ref-b",
+                    "status": SUPPRESSED,
+                    "deletion_epoch": 3,
+                    "suppressed_scopes": "[]",
+                    "updated_at": NOW,
+                }
+            ],
+        )
+        conn.execute(
+            old.consents.insert(),
+            [
+                {
+                    "consent_id": "c1",
+                    "subject_ref": "ref-a",
+                    "purpose": "support",
+                    "category": "general",
+                    "actions": '["store", "use"]',
+                    "start_at": NOW,
+                    "end_at": None,
+                    "policy_version": "1",
+                    "status": "active",
+                    "created_at": NOW,
+                    "revoked_at": None,
+                }
+            ],
+        )
+        block = conn.execute(
+            old.token_blocks.insert().values(taken_at=NOW, group_commit_ms=0.0)
+        ).inserted_primary_key
+        assert block is not None
+        conn.execute(
+            old.tokens.insert(),
+            [
+                {
+                    "number": int(block[0]) * 1024,
+                    "token": "<PHONE_0000000001>",
+                    "subject_ref": "ref-a",
+                    "scope": "default",
+                    "kind": "PHONE",
+                    "purpose": "support",
+                    "deterministic": False,
+                    "lookup": None,
+                    "created_at": 1_764_504_000_000_000,
+                    "expires_at": 1_764_507_600_000_000,
+                    "value": b"ciphertext",
+                }
+            ],
+        )
+        conn.execute(
+            old.deletion_requests.insert(),
+            [
+                {
+                    "request_id": "r1",
+                    "subject_ref": "ref-b",
+                    "scope": None,
+                    "state": "done",
+                    "requested_by": "dpo",
+                    "reason": "art. 17",
+                    "created_at": NOW,
+                    "updated_at": NOW,
+                    "attempts": 1,
+                    "doc": "{}",
+                    "receipt": None,
+                }
+            ],
+        )
+    engine.dispose()
+
+
+def test_a_catalog_of_the_previous_release_is_upgraded_in_place(catalog_url: str) -> None:
+    _previous_release(catalog_url)
+    catalog = Catalog(catalog_url, migrate=migrate_catalog)
+    try:
+        assert _version(catalog.engine) == [_head()]
+        m2 = catalog.asset("m2")
+        assert m2 is not None
+        assert m2.sources == ("m1",) and m2.mentions == ("ref-c",)
+        assert m2.created_at == NOW and m2.retain_until == NOW + timedelta(days=30)
+        assert catalog.detected_mentions("m2") == frozenset({"ref-c"})
+        assert catalog.identifier_subjects(["h1"]) == [("h1", "ref-c")]
+        assert catalog.guard("ref-b").status == SUPPRESSED and catalog.guard("ref-b").epoch == 3
+        assert [c.consent_id for c in catalog.consents("ref-a")] == ["c1"]
+        tokens = catalog.assets("ref-a", kind="token")
+        assert [t.asset_id for t in tokens] == ["<PHONE_0000000001>"]
+        with catalog.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT state FROM ks_deletion_requests").all() == [
+                ("done",)
+            ]
+        # New writes on the upgraded catalog: a token block after the old one.
+        assert catalog.token_block() == 2 * 1024
+        assert _diff(catalog.engine) == []
+    finally:
+        catalog.close()
+    again = Catalog(catalog_url, migrate=migrate_catalog)  # at head: nothing to do
+    try:
+        assert _version(again.engine) == [_head()] and again.count("ref-a") == 2
+    finally:
+        again.close()
+
+
+def test_a_new_catalog_is_built_by_the_revisions_as_the_models_define_it(
+    catalog_url: str,
+) -> None:
+    catalog = Catalog(catalog_url, migrate=migrate_catalog)
+    try:
+        assert _version(catalog.engine) == [_head()]
+        assert _diff(catalog.engine) == []
+    finally:
+        catalog.close()
+
+
+def test_a_catalog_built_without_the_revisions_is_stamped_when_the_facade_opens_it(
+    tmp_path: Path,
+) -> None:
+    """``Catalog`` alone (tests, tools) creates the storage tables as defined now; the
+    migrations later stamp it and add what belongs to the layers above."""
+    url = sqlite_url(tmp_path / "catalog.db")
+    Catalog(url).close()
+    catalog = Catalog(url, migrate=migrate_catalog)
+    try:
+        assert _version(catalog.engine) == [_head()]
+        assert _diff(catalog.engine) == []
+    finally:
+        catalog.close()
+
+
+def test_catalogs_from_before_mention_provenance_and_sealed_identifiers(
+    catalog_url: str,
+) -> None:
+    """Development builds before main@fae494a lacked ``ks_asset_mentions.how`` and
+    ``ks_identifiers.sealed`` (and some tables): the stamp at 0001 comes after they
+    are added, old mentions declared, old identifiers without a sealed value."""
+    engine = sa.create_engine(catalog_url)
+    with engine.begin() as conn:
+        old.assets.create(conn)
+        conn.exec_driver_sql(
+            "CREATE TABLE ks_asset_mentions (asset_id VARCHAR(64) NOT NULL, "
+            "subject_ref VARCHAR(64) NOT NULL, PRIMARY KEY (asset_id, subject_ref))"
+        )
+        conn.exec_driver_sql("INSERT INTO ks_asset_mentions VALUES ('a1', 'ref1')")
+        conn.exec_driver_sql(
+            "CREATE TABLE ks_identifiers (hash VARCHAR(64) NOT NULL, subject_ref VARCHAR(64) "
+            "NOT NULL, kind VARCHAR(16) NOT NULL, created_at TIMESTAMP NOT NULL, "
+            "PRIMARY KEY (hash, subject_ref))"
+        )
+    engine.dispose()
+    catalog = Catalog(catalog_url, migrate=migrate_catalog)
+    try:
+        assert catalog.mention_counts() == {"declared": 1, "detected": 0}
+        assert _version(catalog.engine) == [_head()]
+        columns = {c["name"] for c in sa.inspect(catalog.engine).get_columns("ks_identifiers")}
+        assert "sealed" in columns
+    finally:
+        catalog.close()
+
+
+def test_a_token_table_from_before_token_numbers_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE ks_assets (asset_id VARCHAR(64) PRIMARY KEY)")
+        conn.execute("CREATE TABLE ks_tokens (token VARCHAR(64) PRIMARY KEY, value BLOB)")
+    conn.close()
+    with pytest.raises(ConfigError, match="predates token numbers"):
+        Catalog(sqlite_url(path), migrate=migrate_catalog)
+    # Refused as a whole: not stamped, nothing added.
+    with sqlite3.connect(path) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    assert VERSION_TABLE not in names and "ks_consents" not in names
