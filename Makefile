@@ -37,10 +37,11 @@ demo: $(VENV)/.installed-core
 
 # mypy cannot follow setuptools' editable-install import hook, so it checks a tree of
 # symlinks laid out as the installed package is (keyshred/keyring -> ../keyring ...).
-.typecheck/keyshred: $(wildcard keyshred/*.py keyshred/integrations/*.py)
+.typecheck/keyshred: $(wildcard keyshred/*.py keyshred/integrations/*.py keyshred/erasure/*.py)
 	rm -rf .typecheck && mkdir -p .typecheck/keyshred
 	for f in keyshred/*.py keyshred/py.typed; do ln -s ../../$$f .typecheck/keyshred/; done
 	ln -s ../../keyshred/integrations .typecheck/keyshred/integrations
+	ln -s ../../keyshred/erasure .typecheck/keyshred/erasure
 	for d in keyring storage vault backup; do ln -s ../../$$d .typecheck/keyshred/$$d; done
 
 lint: $(VENV)/.installed-dev

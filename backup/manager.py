@@ -583,7 +583,7 @@ class BackupManager:
         self._ks.vault.flush()
         try:
             with contextlib.ExitStack() as stack:
-                with self._ks.memories.freeze.exclusive():
+                with self._ks.memories.frozen():
                     snapshot = stack.enter_context(self._ks.catalog.snapshot())
                     files = self._capture(staging / "files")
                     keystore = keyring.store.snapshot()
