@@ -22,8 +22,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from keyshred.db import utc
 from keyshred.errors import IntegrityError, InvalidInput
-from keyshred.storage.catalog import Catalog, audit_anchor, audit_events, utc
+from keyshred.storage.catalog import Catalog, audit_anchor, audit_events
 
 __all__ = ["AuditEvent", "AuditLog"]
 

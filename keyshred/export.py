@@ -47,8 +47,9 @@ from keyshred.errors import (
     SubjectErased,
     TokenExpired,
 )
-from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.keyring.keyring import Keyring
+from keyshred.keyring.package import open_package, read_header, seal_package
+from keyshred.storage import faults
 from keyshred.storage.catalog import (
     AssetRow,
     Catalog,
@@ -57,7 +58,6 @@ from keyshred.storage.catalog import (
     audit_events,
     tokens,
 )
-from keyshred.storage import faults
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.partition import row_key_id
 
@@ -390,9 +390,7 @@ class ExportStore:
         if not target.whole_subject:
             return []
         ref = target.subject_ref
-        keys = [
-            r for r in self._keyring.store.for_subject(ref) if r.scope.startswith("~export:")
-        ]
+        keys = [r for r in self._keyring.store.for_subject(ref) if r.scope.startswith("~export:")]
         records = self._catalog.assets(ref, kind=EXPORT_KIND)
         return [
             StoreCheck(

@@ -91,9 +91,7 @@ class Keyshred:
             MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
         )
         # Registered identifiers found in values, tokens and threads add mentions.
-        mentions = MentionFinder(
-            catalog, keyring, self.policy, max_chars=settings.max_value_bytes
-        )
+        mentions = MentionFinder(catalog, keyring, self.policy, max_chars=settings.max_value_bytes)
         self._memories = MemoryStore(
             path,
             catalog,
@@ -203,9 +201,7 @@ class Keyshred:
         )
         return self.erasure.run(req.request_id)
 
-    def _residue_scan(
-        self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
-    ) -> Any:
+    def _residue_scan(self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]) -> Any:
         from keyshred.residue import residue_scan
 
         return residue_scan(self, probes, paths)

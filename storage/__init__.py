@@ -5,7 +5,9 @@
 - ``policy``: declared scopes, purposes, categories and retention;
 - ``memories``: the memory store (``ks.memories``), over per-subject ``partition``s
   of PME-encrypted Parquet segments and an encrypted append log (``applog``);
-- ``pme``: Parquet Modular Encryption with the keyring as its KMS.
+- ``pme``: Parquet Modular Encryption with the keyring as its KMS;
+- ``erasable``: ``Erasable``, the interface every store holding personal data
+  implements for the erasure coordinator (erase, verify, evict).
 
 Vector partitions and checkpoints are not built yet (issues #4 and #8).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from keyshred.storage.catalog import AssetRow, Catalog, ConsentRecord, GuardState
 from keyshred.storage.consent import ConsentApi
+from keyshred.storage.erasable import Erasable, ErasureTarget, StoreCheck, StoreErasure
 from keyshred.storage.memories import Memory, MemoryStore, PutItem
 from keyshred.storage.policy import Policy, ScopeRule
 
@@ -22,10 +25,14 @@ __all__ = [
     "Catalog",
     "ConsentApi",
     "ConsentRecord",
+    "Erasable",
+    "ErasureTarget",
     "GuardState",
     "Memory",
     "MemoryStore",
     "Policy",
     "PutItem",
     "ScopeRule",
+    "StoreCheck",
+    "StoreErasure",
 ]

@@ -34,6 +34,7 @@ from keyshred.errors import InvalidInput, KeyNotFound, NotFound, SubjectErased, 
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
+from keyshred.storage import faults
 from keyshred.storage.catalog import (
     ACTIVE,
     AssetRow,
@@ -43,7 +44,6 @@ from keyshred.storage.catalog import (
     subject_guard,
     threads,
 )
-from keyshred.storage import faults
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.mentions import MentionFinder
 

@@ -88,9 +88,7 @@ def main() -> None:
     # An update flushes (flush_records=1), so flushes happen inside it too.
     flush_records = 1 if sys.argv[3:4] == ["update"] else 1000
     url = sys.argv[5] if mode == "erase" and len(sys.argv) > 5 else None
-    ks = Keyshred.open(
-        data, make_config(url, flush_records=flush_records), embeddings=bag_of_words
-    )
+    ks = Keyshred.open(data, make_config(url, flush_records=flush_records), embeddings=bag_of_words)
     register_producers(ks)
     if mode == "erase":
         request_id, point = sys.argv[3], sys.argv[4]

@@ -13,7 +13,6 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.erasure import ExternalAnswer
-from keyshred.storage.erasable import ErasureTarget
 from keyshred.errors import (
     IntegrityError,
     InvalidInput,
@@ -24,6 +23,7 @@ from keyshred.errors import (
 )
 from keyshred.keyring.envelope import Place
 from keyshred.receipts import load_receipt, verify_receipt
+from keyshred.storage.erasable import ErasureTarget
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 

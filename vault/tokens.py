@@ -94,8 +94,8 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate, key_id_of
 from keyshred.keyring.keyring import Keyring
-from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, micros, tokens
 from keyshred.storage import faults
+from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, micros, tokens
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.vault.detect import KINDS, Finding, Recognizer, default_spans, detect
 from keyshred.vault.journal import Segment, TokenJournal, encode
@@ -975,7 +975,6 @@ class TokenVault:
                     sa.select(sa.func.count()).select_from(tokens).where(where)
                 ).scalar_one()
             )
-
 
     # -- Erasable (keyshred.storage.erasable) ---------------------------------------
 

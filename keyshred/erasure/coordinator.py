@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from keyshred.audit import AuditLog
+from keyshred.db import utc
 from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
 from keyshred.erasure.holds import HoldsMixin
 from keyshred.erasure.receipt import build_receipt, found_data
-from keyshred.erasure.steps import closure, verify
 from keyshred.erasure.requests import (
     AUTHORIZED,
     COMPLETED,
@@ -75,13 +75,14 @@ from keyshred.erasure.requests import (
     now,
     safe,
 )
-from keyshred.errors import InvalidInput, KeyNotFound, KeyshredError, NotFound, SubjectErased
+from keyshred.erasure.steps import closure, verify
+from keyshred.errors import InvalidInput, KeyshredError, NotFound
 from keyshred.ids import SubjectLike
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
 from keyshred.receipts import Receipt, load_receipt, sign_receipt
-from keyshred.storage.catalog import ACTIVE, Catalog, deletion_requests, utc
+from keyshred.storage.catalog import Catalog, deletion_requests
 from keyshred.storage.erasable import DROP, Erasable, StoreErasure
 from keyshred.storage.policy import Policy
 
@@ -303,7 +304,7 @@ class ErasureCoordinator(HoldsMixin):
         self, subject: SubjectLike | None = None, *, subject_ref: str | None = None
     ) -> list[ErasureRequest]:
         """Every request (of one subject, or by ``subject_ref=``), oldest first."""
-        ref = self._one_ref(subject, subject_ref, required=False)
+        ref = self._maybe_ref(subject, subject_ref)
         query = sa.select(deletion_requests.c.request_id).order_by(deletion_requests.c.created_at)
         if ref is not None:
             query = query.where(deletion_requests.c.subject_ref == ref)

@@ -31,8 +31,8 @@ from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from keyshred.errors import SubjectSuppressed
 from keyshred.erasure.requests import ProducerUnknown, iso, safe
+from keyshred.errors import SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog, assets
 from keyshred.storage.erasable import REBUILD, ErasureTarget, Phase, StoreCheck, StoreErasure
@@ -101,9 +101,7 @@ class DerivedApi:
     def register_producer(self, producer: str, version: str, rebuild: Rebuild) -> None:
         """How ``producer`` at ``version`` rebuilds its output from the remaining
         source memories; returning ``None`` drops the derived asset instead."""
-        self._rebuilders[(safe("producer", producer), safe("producer version", version))] = (
-            rebuild
-        )
+        self._rebuilders[(safe("producer", producer), safe("producer version", version))] = rebuild
 
     def copy_producers(self, other: DerivedApi) -> None:
         """Take over another store's rebuild functions (a restore's tombstone replay

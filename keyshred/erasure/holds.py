@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import overload
 
 import sqlalchemy as sa
 
 from keyshred.audit import AuditLog
+from keyshred.db import utc
 from keyshred.erasure.requests import Hold, now, safe
 from keyshred.errors import InvalidInput, NotFound
 from keyshred.ids import SubjectLike
-from keyshred.storage.catalog import ACTIVE, Catalog, legal_holds, utc
+from keyshred.storage.catalog import ACTIVE, Catalog, legal_holds
 
 __all__ = ["HoldsMixin"]
 
@@ -26,31 +26,21 @@ class HoldsMixin:
     _audit: AuditLog
     _ref: Callable[[SubjectLike], str]
 
-    @overload
-    def _one_ref(
-        self, subject: SubjectLike | None, subject_ref: str | None, *, required: bool = True
-    ) -> str: ...
+    def _one_ref(self, subject: SubjectLike | None, subject_ref: str | None) -> str:
+        """The reference of ``subject`` or the given ``subject_ref`` (exactly one)."""
+        ref = self._maybe_ref(subject, subject_ref)
+        if ref is None:
+            raise InvalidInput("a subject (or subject_ref=) is required")
+        return ref
 
-    @overload
-    def _one_ref(
-        self, subject: SubjectLike | None, subject_ref: str | None, *, required: bool
-    ) -> str | None: ...
-
-    def _one_ref(
-        self, subject: SubjectLike | None, subject_ref: str | None, *, required: bool = True
-    ) -> str | None:
-        """The reference of ``subject`` or the given ``subject_ref`` (one of them)."""
+    def _maybe_ref(self, subject: SubjectLike | None, subject_ref: str | None) -> str | None:
         if subject is not None and subject_ref is not None:
             raise InvalidInput("pass a subject or subject_ref=, not both")
         if subject is not None:
             return self._ref(subject)
-        if subject_ref is not None:
-            if not isinstance(subject_ref, str):
-                raise InvalidInput("subject_ref is a string")
-            return subject_ref
-        if required:
-            raise InvalidInput("a subject (or subject_ref=) is required")
-        return None
+        if subject_ref is not None and not isinstance(subject_ref, str):
+            raise InvalidInput("subject_ref is a string")
+        return subject_ref
 
     def place_hold(
         self,
@@ -123,7 +113,9 @@ class HoldsMixin:
             if r.scope is None or scope is None or r.scope == scope
         ]
 
-    def readmit(self, subject: SubjectLike | None = None, *, subject_ref: str | None = None) -> None:
+    def readmit(
+        self, subject: SubjectLike | None = None, *, subject_ref: str | None = None
+    ) -> None:
         """Let an erased subject return (new keys; old data stays erased; jobs that
         carry an epoch from before the erasure stay refused)."""
         ref = self._one_ref(subject, subject_ref)
