@@ -1,4 +1,6 @@
-"""Rebuild functions registered by name (issue 20, item 5): after a restart, a
+"""The erasure's public API (issue 20, item 5): holds, request lists and
+re-admission take a subject, as ``ks.erase`` does (``subject_ref=`` by keyword for a
+caller that holds nothing else); rebuild functions registered by name: after a restart, a
 derived asset whose producer no longer has a rebuild function is not silently
 dropped: the erasure waits in ``manual_review`` naming the producer and version,
 and completes once the application registers it again (on the handle, or in the
@@ -14,6 +16,7 @@ import pytest
 from keyshred import Keyshred
 from keyshred.erasure import derived as derived_module
 from keyshred.erasure import register_rebuilder
+from keyshred.errors import InvalidInput, SubjectSuppressed
 from keyshred.storage.memories import Memory
 from tests.storage.conftest import make_config
 
@@ -92,3 +95,27 @@ def test_a_producer_that_returns_none_drops_its_asset(
         assert receipt is not None
         assert [(d.asset_id, d.action) for d in receipt.derived] == [(summary_id, "dropped")]
         assert ks.memories.get("ben", ("s",), "sum") is None
+
+
+def test_holds_requests_and_readmission_take_a_subject_or_a_named_ref(tmp_path: Path) -> None:
+    with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        ref = ks.subject_ref("cy@example.org")
+        hold = ks.erasure.place_hold("cy@example.org", reason="case-7", owner="legal")
+        assert hold.subject_ref == ref
+        assert ks.erasure.holds("cy@example.org") == ks.erasure.holds(subject_ref=ref) == [hold]
+        assert ks.erasure.holds("someone-else") == []
+        with pytest.raises(InvalidInput):
+            ks.erasure.holds("cy@example.org", subject_ref=ref)  # one or the other
+        with pytest.raises(InvalidInput):
+            ks.erasure.place_hold(reason="case-7", owner="legal")  # neither
+        req = ks.erase("cy@example.org", requested_by="dpo", reason="test")
+        assert req.state == "legal_hold"
+        ks.erasure.release_hold(hold.hold_id)
+        assert ks.erasure.resume(req.request_id).state == "completed"
+        assert ks.erasure.requests("cy@example.org") == ks.erasure.requests(subject_ref=ref)
+        assert [r.request_id for r in ks.erasure.requests("cy@example.org")] == [req.request_id]
+        assert ks.erasure.requests("someone-else") == []
+        with pytest.raises(SubjectSuppressed):
+            ks.memories.put("cy@example.org", NS, "k", 1)
+        ks.erasure.readmit("cy@example.org")
+        ks.memories.put("cy@example.org", NS, "k", 1)
