@@ -138,6 +138,7 @@ def test_writers_racing_the_erasure(tmp_path: Path) -> None:
     for p in procs:  # both are writing before the erasure starts
         assert p.stdout is not None and p.stdout.readline().startswith("ACK")
     ks = Keyshred.open(data, make_config(None), embeddings=bag_of_words)
+    register_producers(ks)
     ref = ks.subject_ref(VICTIM)
     epoch = ks.deletion_epoch(VICTIM)
     errors: list[BaseException] = []
