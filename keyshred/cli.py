@@ -2,6 +2,10 @@
 
 User errors (a ``KeyshredError``: missing folder, bad config, server down) print one
 line on stderr and exit 2, never a traceback; a failed drill exits 1.
+
+Why one module of ~1,000 lines: Typer builds the command tree from the functions of
+this module; each command is a thin wrapper (parse, call the facade, print), and the
+shared error handling and printing live at the top.
 """
 
 from __future__ import annotations
@@ -663,7 +667,7 @@ def consent_withdraw(
     """Withdraw consent and erase the scope (reads and writes stop at once; the
     scope key is destroyed; a signed receipt). Other scopes stay."""
     with Keyshred.open(path) as ks:
-        req = ks.retention.withdraw(subject, scope=scope, category=category)
+        req = ks.consent.withdraw(subject, scope, category=category)
     _emit(_request_json(req), as_json, f"request {req.request_id}: {req.state}")
     if req.state not in ("completed", "legal_hold"):
         raise typer.Exit(1)

@@ -35,7 +35,7 @@ import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
@@ -62,7 +62,32 @@ from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, St
 from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:
-    from keyshred.facade import Keyshred
+    from keyshred.audit import AuditLog
+    from keyshred.storage.memories import MemoryStore
+    from keyshred.vault.tokens import TokenVault
+
+
+class Keyshred(Protocol):
+    """What exports need of an open data folder (an open ``keyshred.Keyshred`` is
+    one): services never import the facade."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def keyring(self) -> Keyring: ...
+
+    @property
+    def memories(self) -> MemoryStore: ...
+
+    @property
+    def vault(self) -> TokenVault: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    def subject_ref(self, subject: Any) -> str: ...
+
 
 __all__ = ["ExportResult", "ExportStore", "export_subject", "open_export"]
 

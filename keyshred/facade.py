@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from pathlib import Path
+from pathlib import Path, PurePath
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -22,15 +22,14 @@ from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError, KeyshredError
-from keyshred.export import ExportResult, ExportStore, export_subject, open_export
+from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
-from keyshred.lifecycle import Lifecycle
+from keyshred.lifecycle import Consent, Lifecycle
 from keyshred.metrics import Metrics
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.checkpoints import CheckpointStore
-from keyshred.storage.consent import ConsentApi
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.memories import MemoryStore
@@ -110,7 +109,6 @@ class Keyshred:
             audit=self._audit,
         )
         self.memories = self._guard(self._memories)
-        self.consent = self._guard(ConsentApi(catalog, self.policy, self._subject_ref))
         self.metrics = Metrics()
         catalog.on_stale = self.metrics.stale_job
         self.subjects = self._guard(SubjectsApi(mentions, self._subject_ref, self._audit))
@@ -137,7 +135,17 @@ class Keyshred:
             mentions=mentions,
         )
         self.checkpoints = self._guard(self._checkpoints)
-        self._backup = BackupManager(self)
+        self._backup = BackupManager(
+            path,
+            config,
+            keyring,
+            catalog,
+            self._audit,
+            freeze=self._memories.frozen,
+            flush_tokens=self._vault.flush,
+            open_copy=self._open_restored,
+            catalog_file=PurePath(CATALOG_DIR, CATALOG_FILE),
+        )
         self.backup = self._guard(self._backup)
         # Every store holding personal data, in the order the erasure runs them
         # (keyshred.storage.erasable); the coordinator never sees this handle.
@@ -161,7 +169,21 @@ class Keyshred:
             residue=self._residue_scan,
         )
         self.erasure = self._guard(self._erasure)
-        self.retention = self._guard(Lifecycle(self))
+        consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)
+        self.consent = self._guard(consent)
+        self.retention = self._guard(
+            Lifecycle(
+                config,
+                catalog,
+                self._audit,
+                memories_root=path / "memories",
+                checkpoints=self._checkpoints,
+                backups=self._backup,
+                erasures=self._erasure,
+                expire_exports=lambda now: expire_exports(self, now),
+                consent=consent,
+            )
+        )
         keyring.epoch_users = self._epoch_users
 
     def _is_closed(self) -> bool:
@@ -205,6 +227,23 @@ class Keyshred:
         from keyshred.residue import residue_scan
 
         return residue_scan(self, probes, paths)
+
+    def _open_restored(self, folder: Path, config: Config) -> Keyshred:
+        """Open a folder ``ks.backup.restore`` is building: with the live embedding
+        model (loaded only if a rebuild needs it) and the live producers, so derived
+        data is rebuilt there as it would be here."""
+        live = self._memories
+
+        def embed(texts: list[str]) -> Any:
+            return live.embedder.embed(texts)
+
+        restored = Keyshred.open(folder, config, embeddings=embed)
+        try:
+            restored.derived.copy_producers(self.derived)
+        except BaseException:
+            restored.close()
+            raise
+        return restored
 
     def _epoch_users(self, before: int) -> list[str]:
         return [

@@ -62,6 +62,7 @@ __all__ = [
     "Micros",
     "micros",
     "sqlite_url",
+    "utc",
 ]
 
 _MISSING = object()

@@ -6,6 +6,11 @@
 - ``keyshred.vault.tokens``: ``TokenVault`` (``ks.vault``): purpose-bound, expiring
   tokens; ``sanitize``/``sanitize_many``, ``restore``, ``detokenize``.
 - ``keyshred.vault.sanitizers``: the logging filter and the prompt guard.
+
+Only ``detect`` is imported here, eagerly: it is a leaf (standard library only) that
+any use of the vault loads anyway, and the function ``detect`` must win over the
+submodule of the same name whichever is imported first. ``tokens`` (SQLAlchemy,
+the keyring) loads only when imported.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ Overlapping candidates are resolved by validation strength (a checksummed ID bea
 Luhn-valid card of the same digits), then by length.
 
 A ``Finding``'s repr never shows the value.
+
+Why one module of ~650 lines: it holds the built-in recognizers (each a pattern plus
+its checksum or validator) beside the ``detect``/``redact`` engine they plug into, so
+that a recognizer's pattern and its context rules are read next to each other.
 """
 
 from __future__ import annotations
