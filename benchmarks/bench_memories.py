@@ -32,6 +32,7 @@ from langgraph.store.sqlite import SqliteStore
 
 from keyshred import Keyshred
 from keyshred.storage.memories import MemoryStore, PutItem
+from keyshred.storage.sealer import PlaintextSealer
 
 SUBJECTS = 100
 PER_SUBJECT = 100
@@ -53,6 +54,17 @@ class Engine:
     def close(self) -> None: ...
 
 
+class PlaintextMemoryStore(MemoryStore):
+    """The baseline: the memory store's own code with its sealing and Parquet
+    encryption replaced by plaintext. The store itself has no plaintext mode; this
+    benchmark-only subclass measures what encryption costs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sealer = PlaintextSealer()
+        self._pme = None  # type: ignore[assignment]  # partitions write plain Parquet
+
+
 class KeyshredEngine(Engine):
     def __init__(self, root: Path, *, encrypt: bool) -> None:
         self.name = "keyshred" if encrypt else "keyshred, encryption off"
@@ -64,13 +76,12 @@ class KeyshredEngine(Engine):
         if self.encrypt:
             return self.ks.memories
         # The same engine with the keyring's sealing and PME switched off.
-        return MemoryStore(
+        return PlaintextMemoryStore(
             self.ks.path,
             self.ks.catalog,
             self.ks.keyring,
             self.ks.policy,
             self.ks.subject_ref,
-            encrypt=False,
         )
 
     def put(self, s: int, i: int) -> None:

@@ -35,7 +35,7 @@ import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
@@ -47,16 +47,44 @@ from keyshred.errors import (
     SubjectErased,
     TokenExpired,
 )
+from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.schema import audit_events
-from keyshred.storage.catalog import AssetRow, tokens
+from keyshred.storage import faults
+from keyshred.storage.catalog import AssetRow, Catalog, tokens
+from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.partition import row_key_id
 from keyshred.storage.schema import asset_mentions, assets
 
 if TYPE_CHECKING:
-    from keyshred.facade import Keyshred
+    from keyshred.audit import AuditLog
+    from keyshred.storage.memories import MemoryStore
+    from keyshred.vault.tokens import TokenVault
 
-__all__ = ["ExportResult", "export_subject", "open_export"]
+
+class Keyshred(Protocol):
+    """What exports need of an open data folder (an open ``keyshred.Keyshred`` is
+    one): services never import the facade."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def keyring(self) -> Keyring: ...
+
+    @property
+    def memories(self) -> MemoryStore: ...
+
+    @property
+    def vault(self) -> TokenVault: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    def subject_ref(self, subject: Any) -> str: ...
+
+
+__all__ = ["ExportResult", "ExportStore", "export_subject", "open_export"]
 
 EXPORT_KIND = "export"
 _LABEL = b"subject-export"
@@ -115,9 +143,7 @@ def export_subject(
     expires_at = now + expires_in
     files: dict[str, Any] = {}
     with ks.memories.locked(ref):
-        part = ks.memories._partition(ref)
-        part.ensure_loaded()
-        rows = list(part.rows.values())
+        rows = ks.memories.live_rows(ref)
         conn = ks.catalog.engine.connect()
         if ks.catalog.dialect == "postgresql":
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
@@ -352,3 +378,49 @@ def expire_exports(ks: Keyshred, now: datetime) -> int:
             n += 1
         ks.catalog.delete(ids)
     return n
+
+
+class ExportStore:
+    """Issued export packages as an erasable store (``keyshred.storage.erasable``).
+
+    The packages themselves are with their recipients: what makes every copy
+    unreadable is the export DEK (key scope ``~export:<id>``), destroyed with the
+    subject's keys, and the registered ``export`` asset leaves with the subject's
+    other catalog rows. ``erase`` counts the packages so made unreadable (the
+    receipt says how many); ``verify`` checks that no export key or record is
+    left. A scope erasure leaves exports alone (a package is of the whole subject:
+    its key is co-owned by every subject its memories are about)."""
+
+    name = "exports"
+    phase: Phase = DROP
+
+    def __init__(self, catalog: Catalog, keyring: Keyring) -> None:
+        self._catalog = catalog
+        self._keyring = keyring
+
+    def erase(self, target: ErasureTarget) -> StoreErasure:
+        n = 0
+        if target.whole_subject:
+            kinds = self._catalog.asset_kinds(target.subject_ref)
+            n = sum(1 for kind in kinds.values() if kind == EXPORT_KIND)
+        faults.reached("erase.exports")
+        return StoreErasure(self.name, "packages-unreadable", n, datetime.now(UTC), found=n > 0)
+
+    def verify(self, target: ErasureTarget) -> list[StoreCheck]:
+        if not target.whole_subject:
+            return []
+        ref = target.subject_ref
+        keys = [r for r in self._keyring.store.for_subject(ref) if r.scope.startswith("~export:")]
+        records = self._catalog.assets(ref, kind=EXPORT_KIND)
+        return [
+            StoreCheck(
+                "export packages unreadable",
+                not keys and not records,
+                f"{len(keys)} export keys, {len(records)} export records left",
+            )
+        ]
+
+    def evict(self, subject_ref: str) -> None:
+        """Nothing to drop: no package or export key is kept in this process (the
+        keyring's cache is cleared by the key destruction)."""
+        del subject_ref

@@ -20,9 +20,9 @@ from keyshred._handle import check_open, disk_full_mapped, disk_full_test, guard
 from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
-from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
+from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError, KeyshredError
-from keyshred.export import ExportResult, expire_exports, export_subject, open_export
+from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
@@ -32,8 +32,9 @@ from keyshred.migrations import migrate_catalog
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.checkpoints import CheckpointStore
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
+from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.memories import MemoryStore
-from keyshred.storage.mentions import SubjectsApi
+from keyshred.storage.mentions import MentionFinder, SubjectsApi
 from keyshred.storage.policy import Policy
 from keyshred.storage.vectors import VectorIndex
 from keyshred.vault.tokens import TokenVault
@@ -73,16 +74,24 @@ class Keyshred:
         self.policy = Policy(config.scopes, config.storage.default_max_retention_days)
         settings = config.storage
         vec = config.vectors
+        self._audit = AuditLog(catalog, retention_days=config.audit.retention_days)
+        self.audit = self._guard(self._audit)
+        # Shared by the memory store and the vector index: every partition write
+        # holds it shared, a backup's snapshot exclusive.
+        freeze = FreezeLock(path / "FREEZE")
         self._vectors = VectorIndex(
             vec.uri or str(path / VECTORS_DIR),
             keyring,
             cache_max_vectors=vec.cache_max_vectors,
             compact_every=vec.compact_every,
+            freeze=freeze,
         )
         self.vectors = self._guard(self._vectors)
         embedder: Callable[[], Embedder] = (
             MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
         )
+        # Registered identifiers found in values, tokens and threads add mentions.
+        mentions = MentionFinder(catalog, keyring, self.policy, max_chars=settings.max_value_bytes)
         self._memories = MemoryStore(
             path,
             catalog,
@@ -96,16 +105,16 @@ class Keyshred:
             max_open_partitions=settings.max_open_partitions,
             vectors=self._vectors,
             embedder=embedder,
+            mentions=mentions,
+            freeze=freeze,
+            audit=self._audit,
         )
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()
         catalog.on_stale = self.metrics.stale_job
-        self._audit = AuditLog(catalog, retention_days=config.audit.retention_days)
-        self.audit = self._guard(self._audit)
-        self.subjects = self._guard(
-            SubjectsApi(self._memories.mentions, self._subject_ref, self._audit)
-        )
-        self.derived = self._guard(DerivedApi(self))
+        self.subjects = self._guard(SubjectsApi(mentions, self._subject_ref, self._audit))
+        self._derived = DerivedApi(self._memories, catalog, self._audit, self._subject_ref)
+        self.derived = self._guard(self._derived)
         self._vault = TokenVault(
             catalog,
             keyring,
@@ -116,7 +125,7 @@ class Keyshred:
             first_key=self._memories.first_key,
             on_flush_failure=self.metrics.token_flush_failure,
             max_text_bytes=config.tokens.max_text_bytes,
-            mentions=self._memories.mentions,
+            mentions=mentions,
         )
         self.vault = self._guard(self._vault)
         self._checkpoints = CheckpointStore(
@@ -124,25 +133,45 @@ class Keyshred:
             keyring,
             tenant=config.tenant,
             first_key=self._memories.first_key,
-            mentions=self._memories.mentions,
+            mentions=mentions,
         )
         self.checkpoints = self._guard(self._checkpoints)
-        self._erasure = ErasureCoordinator(self)
-        self.erasure = self._guard(self._erasure)
-        consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)
-        self.consent = self._guard(consent)
         self._backup = BackupManager(
             path,
             config,
             keyring,
             catalog,
             self._audit,
-            freeze=self._memories.freeze.exclusive,
+            freeze=self._memories.frozen,
             flush_tokens=self._vault.flush,
             open_copy=self._open_restored,
             catalog_file=PurePath(CATALOG_DIR, CATALOG_FILE),
         )
         self.backup = self._guard(self._backup)
+        # Every store holding personal data, in the order the erasure runs them
+        # (keyshred.storage.erasable); the coordinator never sees this handle.
+        self._erasure = ErasureCoordinator(
+            [
+                self._memories,
+                self._vectors,
+                self._vault,
+                self._checkpoints,
+                ExportStore(catalog, keyring),
+                DerivedStore(catalog, self._memories, self._derived),
+            ],
+            catalog,
+            keyring,
+            partitions=self._memories,
+            audit=self._audit,
+            metrics=self.metrics,
+            backups=self._backup,
+            policy=self.policy,
+            subject_ref=self._subject_ref,
+            residue=self._residue_scan,
+        )
+        self.erasure = self._guard(self._erasure)
+        consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)
+        self.consent = self._guard(consent)
         self.retention = self._guard(
             Lifecycle(
                 config,
@@ -156,7 +185,6 @@ class Keyshred:
                 consent=consent,
             )
         )
-        self._memories.audit = self._audit
         keyring.epoch_users = self._epoch_users
 
     def _is_closed(self) -> bool:
@@ -195,6 +223,11 @@ class Keyshred:
             probes=probes,
         )
         return self.erasure.run(req.request_id)
+
+    def _residue_scan(self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]) -> Any:
+        from keyshred.residue import residue_scan
+
+        return residue_scan(self, probes, paths)
 
     def _open_restored(self, folder: Path, config: Config) -> Keyshred:
         """Open a folder ``ks.backup.restore`` is building: with the live embedding

@@ -5,7 +5,9 @@
 - ``policy``: declared scopes, purposes, categories and retention;
 - ``memories``: the memory store (``ks.memories``), over per-subject ``partition``s
   of PME-encrypted Parquet segments and an encrypted append log (``applog``);
-- ``pme``: Parquet Modular Encryption with the keyring as its KMS.
+- ``pme``: Parquet Modular Encryption with the keyring as its KMS;
+- ``erasable``: ``Erasable``, the interface every store holding personal data
+  implements for the erasure coordinator (erase, verify, evict).
 
 Vector partitions and checkpoints are not built yet (issues #4 and #8).
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from keyshred.storage.catalog import AssetRow, Catalog, ConsentRecord, GuardState
     from keyshred.storage.consent import ConsentApi
+    from keyshred.storage.erasable import Erasable, ErasureTarget, StoreCheck, StoreErasure
     from keyshred.storage.memories import Memory, MemoryStore, PutItem
     from keyshred.storage.policy import Policy, ScopeRule
 
@@ -29,12 +32,16 @@ _LAZY = {
     "Catalog": "keyshred.storage.catalog",
     "ConsentApi": "keyshred.storage.consent",
     "ConsentRecord": "keyshred.storage.catalog",
+    "Erasable": "keyshred.storage.erasable",
+    "ErasureTarget": "keyshred.storage.erasable",
     "GuardState": "keyshred.storage.catalog",
     "Memory": "keyshred.storage.memories",
     "MemoryStore": "keyshred.storage.memories",
     "Policy": "keyshred.storage.policy",
     "PutItem": "keyshred.storage.memories",
     "ScopeRule": "keyshred.storage.policy",
+    "StoreCheck": "keyshred.storage.erasable",
+    "StoreErasure": "keyshred.storage.erasable",
 }
 
 __all__ = [
@@ -42,12 +49,16 @@ __all__ = [
     "Catalog",
     "ConsentApi",
     "ConsentRecord",
+    "Erasable",
+    "ErasureTarget",
     "GuardState",
     "Memory",
     "MemoryStore",
     "Policy",
     "PutItem",
     "ScopeRule",
+    "StoreCheck",
+    "StoreErasure",
 ]
 
 

@@ -34,7 +34,9 @@ from keyshred.errors import InvalidInput, KeyNotFound, NotFound, SubjectErased, 
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
+from keyshred.storage import faults
 from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
+from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.mentions import MentionFinder
 from keyshred.storage.schema import checkpoint_writes, checkpoints, subject_guard, threads
 
@@ -696,6 +698,29 @@ class CheckpointStore:
 
     def active(self, subject_ref: str) -> bool:
         return self._catalog.guard(subject_ref).status == ACTIVE
+
+    # -- Erasable (keyshred.storage.erasable) ---------------------------------------
+
+    name = "checkpoints"
+    phase: Phase = DROP
+
+    def erase(self, target: ErasureTarget) -> StoreErasure:
+        """The subject's (scope's) agent threads; listed memories leave threads to
+        their own retention (``retention.checkpoints_days``)."""
+        n = 0 if target.assets is not None else self.drop_subject(target.subject_ref, target.scope)
+        faults.reached("erase.checkpoints")
+        return StoreErasure(self.name, "threads-deleted", n, datetime.now(UTC), found=n > 0)
+
+    def verify(self, target: ErasureTarget) -> list[StoreCheck]:
+        if not target.whole_subject:
+            return []  # a scope's threads: their keys are destroyed, others stay
+        left = self.count(target.subject_ref)
+        return [StoreCheck("no thread or checkpoint left", not left, f"{left} rows left")]
+
+    def evict(self, subject_ref: str) -> None:
+        """Forget the cached thread records (they hold no key or value)."""
+        del subject_ref  # the cache is small: all of it goes
+        self.forget()
 
 
 def _uuid6_time(value: str) -> datetime | None:

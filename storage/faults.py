@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["POINTS", "hook", "reached"]
+__all__ = ["ERASE_POINTS", "POINTS", "hook", "reached"]
 
 POINTS = (
     # MemoryStore._delete_rows: delete, retention, derived-asset drops
@@ -32,7 +32,20 @@ POINTS = (
     "flush.after_manifest",  # the new manifest is committed, old files remain
     # Partition.drop: the erasure's removal of a whole partition folder
     "drop.after_first_file",
+    # Each store's Erasable.erase (keyshred.storage.erasable): the store has acted,
+    # the erasure has not yet recorded its step
+    "erase.memories",
+    "erase.vectors",
+    "erase.vault",
+    "erase.checkpoints",
+    "erase.exports",
+    # DerivedStore.erase: the first derived asset rebuilt or dropped (and recorded),
+    # the others not yet
+    "erase.derived",
 )
+
+# The point inside each store's ``erase``, by store name.
+ERASE_POINTS = {p.removeprefix("erase."): p for p in POINTS if p.startswith("erase.")}
 
 hook: Callable[[str], None] | None = None
 

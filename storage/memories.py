@@ -14,12 +14,13 @@ import json
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -47,6 +48,7 @@ from keyshred.keyring.keystore import owner_token
 from keyshred.storage import faults
 from keyshred.storage.catalog import ACTIVE, ASSET_COLUMNS, AssetRow, Catalog
 from keyshred.storage.embeddings import Embedder
+from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.mentions import MentionFinder
 from keyshred.storage.partition import (
@@ -60,7 +62,7 @@ from keyshred.storage.partition import (
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
 from keyshred.storage.schema import assets
-from keyshred.storage.sealer import KeyringSealer, PlaintextSealer, Sealer
+from keyshred.storage.sealer import KeyringSealer, Sealer
 from keyshred.storage.vectors import VectorIndex, VectorItem
 
 __all__ = ["Memory", "MemoryStore", "PutItem", "RepairReport", "text_at"]
@@ -305,6 +307,12 @@ def _reject_nan(value: str) -> Any:
     raise ValueError(value)
 
 
+class AuditSink(Protocol):
+    """Where the store records events (``keyshred.audit.AuditLog``)."""
+
+    def record(self, event: str, **fields: Any) -> Any: ...
+
+
 class MemoryStore:
     """``ks.memories``: put, get, search, update, delete."""
 
@@ -321,13 +329,15 @@ class MemoryStore:
         flush_records: int = 1000,
         fsync: bool = True,
         max_open_partitions: int = 256,
-        encrypt: bool = True,
         vectors: VectorIndex | None = None,
         embedder: Callable[[], Embedder] | None = None,
+        mentions: MentionFinder | None = None,
+        freeze: FreezeLock | None = None,
+        audit: AuditSink | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._root = root / "memories"
-        self.vectors = vectors
+        self._vectors = vectors
         self._embedder_factory = embedder
         self._embedder: Embedder | None = None
         self._catalog = catalog
@@ -340,15 +350,21 @@ class MemoryStore:
         self._fsync = fsync
         self._max_open = max_open_partitions
         self._clock = clock
-        self._sealer: Sealer = KeyringSealer(keyring) if encrypt else PlaintextSealer()
-        self.pme: PmeCrypto | None = PmeCrypto(keyring) if encrypt else None
-        # Registered identifiers found in values add mentions (ks.subjects).
-        self.mentions = MentionFinder(catalog, keyring, policy, max_chars=max_value_bytes)
+        # Always sealed: there is no plaintext mode (a benchmark's baseline brings
+        # its own code).
+        self._sealer: Sealer = KeyringSealer(keyring)
+        self._pme = PmeCrypto(keyring)
+        # Registered identifiers found in values add mentions (ks.subjects); the
+        # facade builds the finder and shares it with the vault and checkpoints.
+        self._mentions = mentions or MentionFinder(
+            catalog, keyring, policy, max_chars=max_value_bytes
+        )
         self._partitions: OrderedDict[str, Partition] = OrderedDict()
         self._lock = threading.Lock()
-        # Held shared by every partition write, exclusive by a backup's snapshot.
-        self.freeze = FreezeLock(root / "FREEZE")
-        self.audit: Any = None  # the facade's AuditLog: corrections and deletions are events
+        # Held shared by every partition write (and the vector index's drops),
+        # exclusive by a backup's snapshot (``frozen``).
+        self._freeze = freeze or FreezeLock(root / "FREEZE")
+        self._audit = audit  # corrections and deletions are events
         self._sql: str | None = None  # the compiled query of _expected_ids
 
     # -- partitions ----------------------------------------------------------------
@@ -364,11 +380,11 @@ class MemoryStore:
             subject_ref,
             self._keyring,
             self._sealer,
-            self.pme,
+            self._pme,
             fsync=self._fsync,
             expected_ids=self._expected_ids if checked else None,
             finish_deletes=self._finish_deletes if checked else None,
-            freeze=self.freeze,
+            freeze=self._freeze,
         )
 
     def _partition(self, subject_ref: str) -> Partition:
@@ -419,8 +435,8 @@ class MemoryStore:
         if done and part.holds_flock:
             part.flush()
             self._forget(ref, done, marked)
-            if self.audit is not None:
-                self.audit.record("memory.delete_finished", subject_ref=ref, count=len(done))
+            if self._audit is not None:
+                self._audit.record("memory.delete_finished", subject_ref=ref, count=len(done))
         return missing - done
 
     def _forget(self, ref: str, memory_ids: set[str], kinds: Mapping[str, str]) -> None:
@@ -428,8 +444,8 @@ class MemoryStore:
         vector_ids = [
             a for a, kind in kinds.items() if kind == VECTOR_KIND and a.split("/")[0] in memory_ids
         ]
-        if self.vectors is not None:
-            self.vectors.delete(ref, memory_ids)
+        if self._vectors is not None:
+            self._vectors.delete(ref, memory_ids)
         self._catalog.delete([*sorted(memory_ids), *vector_ids])
 
     def evict(self, subject_ref: str) -> None:
@@ -438,10 +454,9 @@ class MemoryStore:
             part = self._partitions.pop(subject_ref, None)
         if part is not None:
             part.close()
-        if self.vectors is not None:
-            self.vectors.evict(subject_ref)
-        if self.pme is not None:
-            self.pme.forget()
+        if self._vectors is not None:
+            self._vectors.evict(subject_ref)
+        self._pme.forget()
 
     # -- embeddings ----------------------------------------------------------------
 
@@ -455,9 +470,9 @@ class MemoryStore:
         return self._embedder
 
     def _vector_store(self) -> VectorIndex:
-        if self.vectors is None:
+        if self._vectors is None:
             raise KeyshredError("this store has no vector index")
-        return self.vectors
+        return self._vectors
 
     # -- validation ----------------------------------------------------------------
 
@@ -546,7 +561,7 @@ class MemoryStore:
         targets: dict[tuple[str, str | None, str | None], tuple[str, str, str, int]] = {}
         # Subjects whose registered identifiers are in each item (one catalog query),
         # and per (namespace, key) those of them no caller declared.
-        found = self.mentions.find(ref, items)
+        found = self._mentions.find(ref, items)
         detected: dict[tuple[tuple[str, ...], str], frozenset[str]] = {}
         if any(found) and not kept_sources:
             self._check_derived_names(ref, items)
@@ -691,9 +706,9 @@ class MemoryStore:
             except BaseException:
                 self._undo(part, rows, previous)
                 fresh = {r.memory_id for r in rows if previous.get(r.lookup) is None}
-                if vec_items and self.vectors is not None:
+                if vec_items and self._vectors is not None:
                     with contextlib.suppress(Exception):  # the original error matters
-                        self.vectors.delete(ref, fresh)
+                        self._vectors.delete(ref, fresh)
                 raise
             faults.reached("put.after_catalog")
             if part.log_records >= self._flush_records:
@@ -710,7 +725,7 @@ class MemoryStore:
             for item in items
             if item.sources and isinstance(item.scope, str)
         ]
-        if derived and any(self.mentions.find(ref, derived)):
+        if derived and any(self._mentions.find(ref, derived)):
             raise InvalidInput(
                 "a derived asset's namespace and key stay readable after the erasure "
                 "of the subjects it is about (its rebuild needs them): they may not "
@@ -1013,8 +1028,8 @@ class MemoryStore:
             # Deletion is not correction: the value goes with every earlier version.
             doomed = [row, *self._history_rows(part, ns, k)]
             self._delete_rows(ref, part, doomed)
-        if self.audit is not None:
-            self.audit.record(
+        if self._audit is not None:
+            self._audit.record(
                 "memory.deleted", subject_ref=ref, asset_id=row.memory_id, versions=len(doomed)
             )
         return True
@@ -1080,8 +1095,8 @@ class MemoryStore:
             carried_detected=carried,
             kept_sources=old.sources,
         )[1]
-        if self.audit is not None:
-            self.audit.record(
+        if self._audit is not None:
+            self._audit.record(
                 "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
             )
         return memory
@@ -1353,8 +1368,8 @@ class MemoryStore:
         part.flush()
         faults.reached("delete.after_rewrite")
         indexed = [r.memory_id for r in rows if r.index]
-        if indexed and self.vectors is not None:
-            self.vectors.delete(ref, indexed)
+        if indexed and self._vectors is not None:
+            self._vectors.delete(ref, indexed)
         faults.reached("delete.after_vectors")
         self._catalog.delete(ids)
 
@@ -1433,8 +1448,8 @@ class MemoryStore:
                     report = self._repair_apply(part, report, epoch, forget_lost=forget_lost)
         finally:
             part.close()
-        if report.applied and self.audit is not None:
-            self.audit.record(
+        if report.applied and self._audit is not None:
+            self._audit.record(
                 "memory.repaired",
                 subject_ref=subject_ref,
                 lost=len(report.lost),
@@ -1525,7 +1540,7 @@ class MemoryStore:
         """Register rows a killed put left in the partition. Vectors the put wrote
         are registered with them; a row without its vectors is registered without,
         and its first semantic search embeds it (``_repair``)."""
-        embedded = self.vectors.memory_ids(ref) if self.vectors is not None else set()
+        embedded = self._vectors.memory_ids(ref) if self._vectors is not None else set()
         found = [r if r.memory_id in embedded else replace(r, index=()) for r in rows]
         self._register_rows(ref, found, expected_epoch=epoch, replace=True, remove=())
 
@@ -1611,19 +1626,105 @@ class MemoryStore:
         with self._lock:
             part = self._partitions.pop(ref, None)
         if part is None:
-            part = Partition(self.partition_path(ref), ref, self._keyring, self._sealer, self.pme)
+            part = Partition(self.partition_path(ref), ref, self._keyring, self._sealer, self._pme)
         n = part.drop()
-        if self.pme is not None:
-            self.pme.forget()
+        self._pme.forget()
         return n
 
     def drop_scope(self, ref: str, scope: str) -> int:
         """Remove one scope's rows and files from the subject's partition."""
         part = self._partition(ref)
         n = part.drop_scope(scope)
-        if self.pme is not None:
-            self.pme.forget()
+        self._pme.forget()
         return n
+
+    # -- Erasable (keyshred.storage.erasable) ---------------------------------------
+
+    name = "memories"
+    phase: Phase = DROP
+
+    def erase(self, target: ErasureTarget) -> StoreErasure:
+        """The whole partition folder (a subject), one scope's rows and files, or
+        exactly the listed memories (retention: with their vectors and assets)."""
+        ref = target.subject_ref
+        if target.assets is not None:
+            n, action = self.delete_ids(ref, target.assets), "memories-deleted"
+        elif target.scope is None:
+            n, action = self.drop_subject(ref), "partition-dropped"
+        else:
+            n, action = self.drop_scope(ref, target.scope), "scope-dropped"
+        faults.reached("erase.memories")
+        # File counts do not show the subject had data (a folder may hold only its
+        # lock file): the keys and catalog assets found do.
+        return StoreErasure(self.name, action, n, datetime.now(UTC))
+
+    def verify(self, target: ErasureTarget) -> list[StoreCheck]:
+        ref = target.subject_ref
+        if target.assets is not None:
+            rows = self.rows_by_id(ref, target.assets)
+            n = len(target.assets)
+            return [StoreCheck("memories removed", not rows, f"{len(rows)} of {n} left")]
+        path = self.partition_path(ref)
+        if target.scope is not None:
+            manifest = path / "MANIFEST"
+            scopes = json.loads(manifest.read_text())["segments"] if manifest.exists() else {}
+            left = len(scopes)
+            ok = target.scope not in scopes
+            return [StoreCheck("scope segment removed", ok, f"scopes left: {left}")]
+
+        def files_left() -> list[str]:
+            return [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
+
+        left_files = files_left()
+        # A writer racing the erasure re-makes the folder with its lock file when it
+        # takes the lock, finds the subject suppressed, and removes both: a lone lock
+        # file may be on its way out. Anything else left, or a lock that stays,
+        # fails the check.
+        deadline = time.monotonic() + 2.0
+        while left_files == ["LOCK"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+            left_files = files_left()
+        n = len(left_files)
+        return [StoreCheck("memory partition removed", not left_files, f"{n} files left")]
+
+    # evict (above) drops the partition's decrypted rows, its vectors and the PME
+    # file-key cache: the Erasable ``evict``.
+
+    # -- for the erasure coordinator and exports, by subject_ref ------------------
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Hold every partition write of the data folder off (a backup's snapshot)."""
+        with self._freeze.exclusive():
+            yield
+
+    def live_rows(self, ref: str) -> list[MemoryRow]:
+        """The live rows of ``ref`` (loads the partition; no guard check). Under
+        ``locked(ref)`` they are one point in time (an export)."""
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return list(part.rows.values())
+
+    def key_ids_of(self, ref: str, memory_ids: Iterable[str]) -> dict[str, bytes | None]:
+        """The key id each listed row of ``ref`` is sealed under, opaque rows too
+        (read from the rows; no key is needed)."""
+        rows = self.rows_by_id(ref, memory_ids, opaque=True)
+        return {asset_id: row_key_id(row) for asset_id, row in rows.items()}
+
+    def probe_hits(self, ref: str, probes: Sequence[str]) -> int:
+        """How often the probe strings are found in ``ref``'s memories, by value and
+        by meaning (semantic search of its indexed memories). No guard check."""
+        rows = self.live_rows(ref)
+        hits = sum(1 for r in rows for p in probes if p.encode() in r.value)
+        indexed = [r for r in rows if r.index]
+        if indexed and self._vectors is not None and self._vectors.count(ref):
+            for probe in probes:
+                q = self.embedder.embed_query(probe)
+                for mid, _ in self._vectors.search(ref, q, 5):
+                    row = next((r for r in indexed if r.memory_id == mid), None)
+                    if row is not None and any(p.encode() in row.value for p in probes):
+                        hits += 1
+        return hits
 
     # -- maintenance ---------------------------------------------------------------
 
@@ -1652,7 +1753,7 @@ class MemoryStore:
                 except (SubjectErased, KeyNotFound):
                     pass  # crypto-erased meanwhile: nothing of it may be written again
             part.close()
-        self.freeze.close()
+        self._freeze.close()
 
 
 def text_at(value: Any, path: str) -> str:

@@ -32,9 +32,9 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,9 @@ from keyshred._handle import is_disk_full
 from keyshred.errors import IntegrityError, KeyshredError, SubjectErased
 from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
+from keyshred.storage import faults
+from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
+from keyshred.storage.freeze import FreezeLock
 
 __all__ = ["VEC_SCHEMA", "VectorIndex", "VectorItem"]
 
@@ -135,8 +138,12 @@ class VectorIndex:
         cache_max_vectors: int = 500_000,
         compact_every: int = 32,
         storage_options: dict[str, str] | None = None,
+        freeze: FreezeLock | None = None,
     ) -> None:
         self._uri = uri
+        # The data folder's freeze lock (shared with the memory store): an erasure's
+        # drop holds it shared, so a backup never links half of a dataset.
+        self._freeze = freeze
         self._keyring = keyring
         self._encrypt = encrypt
         self._cache_max = cache_max_vectors
@@ -505,6 +512,34 @@ class VectorIndex:
             if len(best) == k or take >= n:
                 return list(best.items())
             take = min(n, take * 4)
+
+    # -- Erasable (keyshred.storage.erasable) ---------------------------------------
+
+    name = "vectors"
+    phase: Phase = DROP
+
+    def erase(self, target: ErasureTarget) -> StoreErasure:
+        """The subject's dataset, or one scope's vectors; listed memories' vectors
+        went with them (``MemoryStore.erase``)."""
+        now = datetime.now(UTC)
+        if target.assets is not None:
+            return StoreErasure(self.name, "deleted-with-their-memories", 0, now)
+        with self._freeze.shared() if self._freeze is not None else nullcontext():
+            if target.scope is None:
+                n, action = (1 if self.drop(target.subject_ref) else 0), "dataset-dropped"
+            else:
+                n, action = self.delete_scope(target.subject_ref, target.scope), "scope-deleted"
+        faults.reached("erase.vectors")
+        return StoreErasure(self.name, action, n, datetime.now(UTC))
+
+    def verify(self, target: ErasureTarget) -> list[StoreCheck]:
+        if not target.whole_subject:
+            return []  # scope vectors: counted by the catalog's asset check
+        gone = not self.exists(target.subject_ref)
+        detail = "dataset absent" if gone else "still there"
+        return [StoreCheck("vector partition removed", gone, detail)]
+
+    # ``evict`` (above) forgets the decrypted vectors: the Erasable ``evict``.
 
 
 # What LanceDB and pyarrow raise for a file they cannot decode: pyarrow's

@@ -1,8 +1,9 @@
 """Helper process for the fault-injection and race tests.
 
-``python erasure_worker.py erase DATA REQUEST_ID POINT`` runs an erasure of the
-synthetic victim and SIGKILLs itself at POINT: right after the erasure step of that
-name, or inside a step at a storage fault point (``keyshred.storage.faults.POINTS``).
+``python erasure_worker.py erase DATA REQUEST_ID POINT [CATALOG_URL]`` runs an
+erasure of the synthetic victim and SIGKILLs itself at POINT: right after the
+erasure step of that name, or inside a step at a storage fault point
+(``keyshred.storage.faults.POINTS``); the catalog is SQLite unless CATALOG_URL.
 ``python erasure_worker.py store DATA OP POINT`` writes a few memories (printing
 ``ACK subject key`` for each), then runs OP (``delete``, ``update`` or ``compact``)
 on the store's own subject and SIGKILLs itself at POINT.
@@ -39,6 +40,19 @@ def digest(sources: list[Memory]) -> Any:
     return f"digest of {len(sources)} memories"
 
 
+def concat(sources: list[Memory]) -> Any:
+    """The "concat" producer's rebuild function: it drops its output (``None``)
+    instead of rebuilding it. Registered, so the erasure knows the producer; an
+    unknown producer stops the erasure in manual review instead."""
+    del sources
+    return None
+
+
+def register_producers(ks: Keyshred) -> None:
+    ks.derived.register_producer("digest", "1", digest)
+    ks.derived.register_producer("concat", "1", concat)
+
+
 def kill_at(ks: Keyshred, point: str) -> None:
     """SIGKILL this process the first time ``point`` is reached: the end of the
     erasure step of that name, or a storage fault point inside a step."""
@@ -73,10 +87,9 @@ def main() -> None:
     mode, data = sys.argv[1], Path(sys.argv[2])
     # An update flushes (flush_records=1), so flushes happen inside it too.
     flush_records = 1 if sys.argv[3:4] == ["update"] else 1000
-    ks = Keyshred.open(
-        data, make_config(None, flush_records=flush_records), embeddings=bag_of_words
-    )
-    ks.derived.register_producer("digest", "1", digest)
+    url = sys.argv[5] if mode == "erase" and len(sys.argv) > 5 else None
+    ks = Keyshred.open(data, make_config(url, flush_records=flush_records), embeddings=bag_of_words)
+    register_producers(ks)
     if mode == "erase":
         request_id, point = sys.argv[3], sys.argv[4]
         kill_at(ks, point)

@@ -23,6 +23,7 @@ from keyshred.errors import (
 )
 from keyshred.keyring.envelope import Place
 from keyshred.receipts import load_receipt, verify_receipt
+from keyshred.storage.erasable import ErasureTarget
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -118,12 +119,12 @@ def test_idempotent_and_old_ciphertexts_stay_dead(ks: Keyshred) -> None:
     first = ks.erase("dave", requested_by="dpo", reason="request", request_id="req-1")
     again = ks.erase("dave", requested_by="dpo", reason="request", request_id="req-1")
     assert first.state == again.state == "completed"
-    assert len(ks.erasure.requests(ref)) == 1
+    assert len(ks.erasure.requests(subject_ref=ref)) == 1
     with pytest.raises(SubjectErased):
         ks.keyring.open(ct, Place(ref, "default", "t", "r", "c"))
     with pytest.raises(SubjectSuppressed):
         ks.memories.put("dave", NS, "k", 2)
-    ks.erasure.readmit(ref)  # a returning subject starts fresh, with new keys
+    ks.erasure.readmit(subject_ref=ref)  # a returning subject starts fresh, with new keys
     ks.memories.put("dave", NS, "k", 3)
     assert ks.memories.get("dave", NS, "k").value == 3  # type: ignore[union-attr]
     with pytest.raises(SubjectErased):
@@ -162,7 +163,7 @@ def test_scope_erasure_leaves_other_scopes(ks: Keyshred) -> None:
 def test_legal_hold_blocks_until_released(ks: Keyshred) -> None:
     ks.memories.put("fay", NS, "k", 1)
     ref = ks.subject_ref("fay")
-    hold = ks.erasure.place_hold(ref, reason="litigation-42", owner="legal@example.com")
+    hold = ks.erasure.place_hold(subject_ref=ref, reason="litigation-42", owner="legal@example.com")
     req = ks.erase("fay", requested_by="dpo", reason="request")
     assert req.state == "legal_hold"
     assert ks.memories.get("fay", NS, "k") is not None  # nothing was touched
@@ -325,12 +326,10 @@ def test_a_lock_file_on_its_way_out_passes_verification_and_one_that_stays_fails
     req = ks.erase("alice", requested_by="dpo", reason="test")
     assert req.state == "completed", req.error
     path = ks.memories.partition_path(ks.subject_ref("alice"))
-    extent = ks.erasure._extent(req)
+    target = ErasureTarget(ks.subject_ref("alice"))
 
     def verify() -> dict[str, bool]:
-        results: dict[str, bool] = {}
-        extent.verify_stores(lambda name, ok, _detail: results.__setitem__(name, ok))
-        return results
+        return {c.name: c.passed for c in ks.memories.verify(target)}
 
     path.mkdir(parents=True)
     (path / "LOCK").touch()

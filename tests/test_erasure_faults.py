@@ -15,7 +15,7 @@ from keyshred.erasure import STEPS
 from keyshred.errors import StaleEpoch, SubjectErased, SubjectSuppressed
 from keyshred.receipts import verify_receipt
 from keyshred.storage.faults import POINTS
-from tests.erasure_worker import digest
+from tests.erasure_worker import register_producers
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -103,7 +103,7 @@ def test_sigkill_inside_a_step_then_resume(point: str, tmp_path: Path) -> None:
 
 def resume_and_check(data: Path) -> None:
     with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
-        ks.derived.register_producer("digest", "1", digest)
+        register_producers(ks)
         victim_unreadable(ks)  # at every moment after suppressed
         done = ks.erasure.resume("req-fault")
         assert done.state == "completed", done.error
@@ -114,7 +114,7 @@ def resume_and_check(data: Path) -> None:
         assert {s.store for s in receipt.stores} >= {"keyring", "memories", "vectors", "catalog"}
         victim_unreadable(ks)
         assert ks.memories.get("bob", ("m",), "b") is not None
-        assert ks.memories.get("bob", ("s",), "summary") is None  # no rebuilder: dropped
+        assert ks.memories.get("bob", ("s",), "summary") is None  # its producer drops it
         rebuilt = ks.memories.get("bob", ("s",), "digest")
         assert rebuilt is not None and rebuilt.value == "digest of 1 memories"
         assert ks.catalog.asset(rebuilt.memory_id).producer == "digest"  # type: ignore[union-attr]
@@ -138,6 +138,7 @@ def test_writers_racing_the_erasure(tmp_path: Path) -> None:
     for p in procs:  # both are writing before the erasure starts
         assert p.stdout is not None and p.stdout.readline().startswith("ACK")
     ks = Keyshred.open(data, make_config(None), embeddings=bag_of_words)
+    register_producers(ks)
     ref = ks.subject_ref(VICTIM)
     epoch = ks.deletion_epoch(VICTIM)
     errors: list[BaseException] = []

@@ -141,7 +141,7 @@ def test_close_evicts_decrypted_vectors_and_the_vector_index_is_refused(tmp_path
     assert ks.memories.search("alice", NS_CLOSED, query="peanuts", limit=5)
     ref = ks.subject_ref("alice")
     index = ks.vectors
-    raw = ks._memories.vectors
+    raw = ks._memories._vectors
     assert raw is not None
     ks.close()
     with pytest.raises(HandleClosed):

@@ -103,7 +103,7 @@ def test_retention_respects_legal_hold(ks: Keyshred) -> None:
     ks.memories.put("cid", NS, "c", {"text": "c"}, scope="chat")
     later = t0 + timedelta(days=2)
     _at(ks, later)
-    hold = ks.erasure.place_hold(ks.subject_ref("cid"), reason="litigation-42", owner="legal")
+    hold = ks.erasure.place_hold("cid", reason="litigation-42", owner="legal")
     report = ks.retention.run(now=later)
     assert report.held == 1 and report.requests[0]["state"] == "legal_hold"
     rid = report.requests[0]["request_id"]
@@ -120,7 +120,7 @@ def test_retention_respects_legal_hold(ks: Keyshred) -> None:
 
 def test_erasure_under_hold_waits_then_completes(ks: Keyshred) -> None:
     ks.memories.put("dan", NS, "k", {"v": 1})
-    hold = ks.erasure.place_hold(ks.subject_ref("dan"), reason="audit-2026", owner="legal")
+    hold = ks.erasure.place_hold("dan", reason="audit-2026", owner="legal")
     req = ks.erase("dan", requested_by="dpo", reason="art17")
     assert req.state == "legal_hold"
     assert ks.memories.get("dan", NS, "k") is not None  # nothing happened yet

@@ -94,7 +94,9 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, PlaceTemplate, key_id_of
 from keyshred.keyring.keyring import Keyring
+from keyshred.storage import faults
 from keyshred.storage.catalog import TOKEN_BLOCK, TOKEN_COLUMNS, Catalog, micros, tokens
+from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.vault.detect import KINDS, Finding, Recognizer, default_spans, detect
 from keyshred.vault.journal import Segment, TokenJournal, encode
 
@@ -973,3 +975,28 @@ class TokenVault:
                     sa.select(sa.func.count()).select_from(tokens).where(where)
                 ).scalar_one()
             )
+
+    # -- Erasable (keyshred.storage.erasable) ---------------------------------------
+
+    name = "vault"
+    phase: Phase = DROP
+
+    def erase(self, target: ErasureTarget) -> StoreErasure:
+        """The subject's (scope's) tokens, pending ones included; listed memories
+        leave tokens alone (tokens are not memories: their own expiry removes them)."""
+        n = 0 if target.assets is not None else self.drop_subject(target.subject_ref, target.scope)
+        faults.reached("erase.vault")
+        return StoreErasure(self.name, "tokens-deleted", n, datetime.now(UTC), found=n > 0)
+
+    def verify(self, target: ErasureTarget) -> list[StoreCheck]:
+        if target.assets is not None:
+            return []
+        left = self.count(target.subject_ref, target.scope)
+        return [StoreCheck("tokens unresolvable and removed", not left, f"{left} tokens left")]
+
+    def evict(self, subject_ref: str) -> None:
+        """Store the tokens this process holds for group commit: before the
+        suppression they are then erased and counted with the rest; after it a
+        flush drops the suppressed subject's pending ones."""
+        del subject_ref  # a flush stores every subject's pending tokens at once
+        self.flush()

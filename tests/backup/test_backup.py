@@ -156,7 +156,7 @@ def test_returning_subject_keeps_new_data(ks: Keyshred, tmp_path: Path) -> None:
     ks.memories.put("dana", NS, "old", {"text": "old life"})
     before = ks.backup.create()
     ks.erase("dana", requested_by="dpo", reason="art17")
-    ks.erasure.readmit(ks.subject_ref("dana"))
+    ks.erasure.readmit("dana")
     ks.memories.put("dana", NS, "new", {"text": "new life"})
     after = ks.backup.create()
 

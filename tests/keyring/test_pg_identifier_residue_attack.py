@@ -44,7 +44,7 @@ def test_a_dead_identifier_tuple_gives_back_the_erased_subjects_phone(
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             conn.execute(f"VACUUM {pg_schema}.ks_identifiers")
         residue = b"".join(_raw_pages(f"{pg_schema}.ks_identifiers"))
-        finder = ks.memories.mentions
+        finder = ks.memories._mentions
         recovered = [
             n
             for n in range(10_000)

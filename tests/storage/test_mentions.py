@@ -126,7 +126,7 @@ def test_registered_identifiers_are_found_in_other_subjects_values(ks: Keyshred)
 
 def test_put_many_looks_up_once_per_batch(ks: Keyshred, monkeypatch: pytest.MonkeyPatch) -> None:
     register_victim(ks)
-    catalog = ks.memories.mentions._catalog
+    catalog = ks.memories._mentions._catalog
     calls: list[int] = []
     real = catalog.identifier_subjects
 
@@ -147,7 +147,7 @@ def test_put_many_looks_up_once_per_batch(ks: Keyshred, monkeypatch: pytest.Monk
 def test_nothing_registered_means_no_detection(
     ks: Keyshred, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    catalog = ks.memories.mentions._catalog
+    catalog = ks.memories._mentions._catalog
     calls: list[int] = []
     monkeypatch.setattr(catalog, "identifier_subjects", lambda h: calls.append(1) or [])
     assert ks.memories.put("dave", NS, "k", f"{EMAIL_ID} zofia kowalska").mentions == ()
@@ -167,7 +167,7 @@ def test_a_registration_elsewhere_is_seen_within_the_ttl(catalog_url: str, tmp_p
     b = Keyshred.open(tmp_path / "a")
     try:
         now = [0.0]
-        b.memories.mentions._clock = lambda: now[0]
+        b.memories._mentions._clock = lambda: now[0]
         assert b.memories.put("dave", NS, "k", "zofia kowalska").mentions == ()
         register_victim(a)
         now[0] += 1.5
@@ -351,7 +351,7 @@ def test_another_process_follows_the_new_identifier_key(ks: Keyshred, catalog_ur
     other = Keyshred.open(ks.path)
     try:
         register_victim(other)  # caches version 1
-        finder = other.memories.mentions
+        finder = other.memories._mentions
         assert finder._version == 1
         ks.keyring.rotate_kek()
         assert other.subjects.register_identifiers("carol", names=["Carol Danvers"]) == 1
@@ -483,7 +483,7 @@ _json = st.recursive(
 def test_the_finder_raises_nothing_but_keyshred_errors(
     detecting: Keyshred, namespace: Any, key: str, value: Any
 ) -> None:
-    finder = detecting.memories.mentions
+    finder = detecting.memories._mentions
     item = PutItem(namespace, key, value)
     try:
         found = finder.find(detecting.subject_ref("dave"), [item])

@@ -63,7 +63,7 @@ def decrypt_partition_files(ks: Keyshred, folder: Path, ref: str) -> tuple[list[
         except SubjectErased:
             erased += 1
 
-    pme = ks.memories.pme
+    pme = ks.memories._pme
     assert pme is not None
     for path in sorted(folder.glob("seg-*.parquet")):
         table = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
@@ -257,7 +257,7 @@ def test_a_row_whose_shared_key_is_destroyed_is_opaque_not_corrupt(ks: Keyshred)
 
 
 def _sealed_values(ks: Keyshred, ref: str) -> dict[str, bytes]:
-    pme = ks.memories.pme
+    pme = ks.memories._pme
     assert pme is not None
     out: dict[str, bytes] = {}
     for path in sorted(ks.memories.partition_path(ref).glob("seg-*.parquet")):

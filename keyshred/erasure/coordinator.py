@@ -1,0 +1,539 @@
+"""The erasure coordinator: a persisted, resumable state machine per request.
+
+It is wired with the stores (``keyshred.storage.erasable.Erasable``), the catalog,
+the keyring and small explicit collaborators (audit log, metrics, backup hooks,
+policy, the subject reference function); never with the facade.
+
+Steps, each idempotent and recorded before the next starts, so a crash at any point
+resumes where it stopped and nothing becomes readable again:
+
+1. ``suppress``      stores evict; guard + deletion epoch bump in one transaction;
+                     stores evict again
+2. ``destroy_keys``  the scope DEKs, and the keys of other holders' data the subject
+                     co-owns (mentions, derived assets): from here every copy is
+                     unreadable
+3. ``closure``       the subject's assets and, by reverse provenance and mentions,
+                     every derived asset built from them (recorded, then acted on),
+                     with the assets each destroyed co-owned key made unreadable
+4. ``drop_<store>``  each ``DROP``-phase store's ``erase`` (memories, vectors, vault,
+                     checkpoints, exports): partitions, datasets, tokens, threads
+5. ``catalog``       the subject's assets (and, for a subject, consents and
+                     registered identifiers) deleted
+6. ``<store>``       each ``REBUILD``-phase store's ``erase``: ``derived`` rebuilds
+                     each derived asset from its remaining sources with the pinned
+                     producer version, or drops it; an unknown producer stops the
+                     request in ``manual_review`` (``ProducerUnknown``)
+7. ``external``      vendor deletion hooks: acknowledgement or ``deletion_not_verifiable``
+8. ``tombstone``     the key store's tombstone (key ids, subject_ref, time) confirmed
+   ``backups``       the tombstone journaled on the backup target (restores replay it)
+                     and the subject's segment objects deleted there, every version
+9. ``verify``        keys fail to unwrap, every store's ``verify``, no asset, mention
+                     or registered identifier left, probes not found by key or
+                     semantic search
+10. ``receipt``      signed from what the steps recorded, stored; the subject stays
+                     ``erased`` until re-admitted
+
+Three kinds of request run these steps (``keyshred.erasure.extent``): a subject or
+scope erasure, the retention scanner's listed memories and a replayed tombstone.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from keyshred.audit import AuditLog
+from keyshred.db import utc
+from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
+from keyshred.erasure.holds import HoldsMixin
+from keyshred.erasure.receipt import build_receipt, found_data
+from keyshred.erasure.requests import (
+    AUTHORIZED,
+    COMPLETED,
+    LEGACY_STEPS,
+    MANUAL_REVIEW,
+    MAX_ATTEMPTS,
+    PROPAGATING,
+    REJECTED,
+    REQUESTED,
+    RETRYABLE,
+    SUPPRESSED,
+    VERIFYING,
+    ErasureRequest,
+    ExternalProcessor,
+    ProducerUnknown,
+    VerificationFailed,
+    check_request,
+    is_safe,
+    iso,
+    now,
+    safe,
+)
+from keyshred.erasure.steps import closure, verify
+from keyshred.errors import InvalidInput, KeyshredError, NotFound
+from keyshred.ids import SubjectLike
+from keyshred.keyring.keyring import Keyring
+from keyshred.keyring.keystore import Tombstone
+from keyshred.metrics import Metrics
+from keyshred.receipts import Receipt, load_receipt, sign_receipt
+from keyshred.schema import deletion_requests
+from keyshred.storage.catalog import Catalog
+from keyshred.storage.erasable import DROP, Erasable, StoreErasure
+from keyshred.storage.policy import Policy
+
+if TYPE_CHECKING:
+    import os
+
+    from keyshred.residue import ResidueReport
+
+__all__ = ["ErasureCoordinator"]
+
+_STATE_AFTER = {
+    "suppress": SUPPRESSED,
+    "tombstone": VERIFYING,
+    "backups": VERIFYING,
+    "verify": VERIFYING,
+    "receipt": COMPLETED,
+}
+# Why a request in manual_review may continue: a producer registered since.
+_REVIEW_PRODUCER = "producer"
+
+
+class ErasureCoordinator(HoldsMixin):
+    """``ks.erasure``: requests, resumption, status, receipts, holds, processors."""
+
+    def __init__(
+        self,
+        stores: Sequence[Erasable],
+        catalog: Catalog,
+        keyring: Keyring,
+        *,
+        partitions: Partitions,
+        audit: AuditLog,
+        metrics: Metrics,
+        backups: BackupHooks,
+        policy: Policy,
+        subject_ref: Callable[[SubjectLike], str],
+        residue: Callable[[Sequence[str], Sequence[str | os.PathLike[str]]], ResidueReport]
+        | None = None,
+        on_step: Callable[[str, ErasureRequest], None] | None = None,
+    ) -> None:
+        names = [s.name for s in stores]
+        if len(set(names)) != len(names):
+            raise InvalidInput(f"stores need distinct names: {names}")
+        self._w = Wiring(tuple(stores), catalog, keyring, partitions, backups, metrics)
+        self._catalog = catalog
+        self._keyring = keyring
+        self._audit = audit
+        self._metrics = metrics
+        self._policy = policy
+        self._ref = subject_ref
+        self._residue = residue
+        self._processors: list[ExternalProcessor] = []
+        self.on_step = on_step
+        self._lock = threading.Lock()
+        self._probes: dict[str, list[str]] = {}
+        drop = [s for s in stores if s.phase == DROP]
+        rebuild = [s for s in stores if s.phase != DROP]
+        self._store_steps = {f"drop_{s.name}": s for s in drop} | {s.name: s for s in rebuild}
+        self.steps: tuple[str, ...] = (
+            "suppress",
+            "destroy_keys",
+            "closure",
+            *(f"drop_{s.name}" for s in drop),
+            "catalog",
+            *(s.name for s in rebuild),
+            "external",
+            "tombstone",
+            "backups",
+            "verify",
+            "receipt",
+        )
+
+    @property
+    def stores(self) -> tuple[Erasable, ...]:
+        """The stores this coordinator erases from, in step order."""
+        return self._w.stores
+
+    # -- persistence ---------------------------------------------------------------
+
+    def _load(self, request_id: str) -> ErasureRequest:
+        with self._catalog.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(deletion_requests).where(deletion_requests.c.request_id == request_id)
+            ).first()
+        if row is None:
+            raise NotFound(f"no erasure request {request_id}")
+        doc = json.loads(row.doc)
+        # A request recorded by an earlier release names some steps differently.
+        doc["done"] = [LEGACY_STEPS.get(s, s) for s in doc.get("done", [])]
+        details = doc.get("details", {})
+        for old, new in LEGACY_STEPS.items():
+            if old in details:
+                details[new] = details.pop(old)
+        return ErasureRequest(
+            row.request_id,
+            row.subject_ref,
+            row.scope,
+            row.state,
+            row.requested_by,
+            row.reason,
+            utc(row.created_at),  # type: ignore[arg-type]
+            utc(row.updated_at),  # type: ignore[arg-type]
+            row.attempts,
+            doc,
+        )
+
+    def _save(self, req: ErasureRequest, receipt: str | None = None) -> None:
+        req.updated_at = now()
+        values: dict[str, Any] = {
+            "state": req.state,
+            "updated_at": req.updated_at,
+            "attempts": req.attempts,
+            "doc": json.dumps(req.doc, sort_keys=True),
+        }
+        if receipt is not None:
+            values["receipt"] = receipt
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                deletion_requests.update()
+                .where(deletion_requests.c.request_id == req.request_id)
+                .values(**values)
+            )
+
+    def _set_state(self, req: ErasureRequest, state: str, **data: Any) -> None:
+        if req.state != state:
+            req.state = state
+            self._save(req)
+            self._audit.record(
+                "erasure.state",
+                subject_ref=req.subject_ref,
+                request_id=req.request_id,
+                state=state,
+                **data,
+            )
+            self._metrics.state(state)
+
+    # -- the API -------------------------------------------------------------------
+
+    def request(
+        self,
+        subject_ref: str,
+        scope: str | None,
+        *,
+        requested_by: str,
+        reason: str,
+        request_id: str | None = None,
+        probes: Sequence[str] = (),
+        assets: Sequence[str] | None = None,
+        kind: str = "erasure",
+    ) -> ErasureRequest:
+        """Record a request (idempotent by ``request_id``) without running it.
+
+        ``assets`` narrows the request to exactly those memory assets of the subject
+        (the retention scanner's requests): they are deleted physically with their
+        vectors and catalog rows and derived assets are rebuilt, but no key is
+        destroyed (the scope's other memories share it) and the subject stays active.
+        """
+        check_request(scope, requested_by, reason, probes)
+        request_id = request_id or uuid.uuid4().hex
+        safe("request id", request_id)
+        if scope is not None and not scope.startswith("~"):  # "~…": internal key scopes
+            self._policy.scope(scope)
+        try:
+            existing = self._load(request_id)
+        except NotFound:
+            pass
+        else:
+            if existing.subject_ref != subject_ref or existing.scope != scope:
+                raise InvalidInput(f"request {request_id} exists for another subject or scope")
+            return existing
+        at = now()
+        doc: dict[str, Any] = {"done": [], "details": {}, "kind": safe("kind", kind)}
+        if assets is not None:
+            doc["assets"] = sorted({safe("asset id", a) for a in assets})
+        if probes:
+            # Probe strings stay in this process's memory only: written into the
+            # request row they would sit in the catalog's pages and WAL (the drill's
+            # byte scan found exactly that). A resumed request verifies without them.
+            self._probes[request_id] = list(probes)
+        valid = is_safe(requested_by) and is_safe(reason)
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                deletion_requests.insert().values(
+                    request_id=request_id,
+                    subject_ref=subject_ref,
+                    scope=scope,
+                    state=REQUESTED,
+                    requested_by=requested_by if valid else "invalid",
+                    reason=reason if valid else "invalid",
+                    created_at=at,
+                    updated_at=at,
+                    attempts=0,
+                    doc=json.dumps(doc),
+                    receipt=None,
+                )
+            )
+        self._audit.record(
+            "erasure.requested",
+            subject_ref=subject_ref,
+            request_id=request_id,
+            scope=scope,
+            requested_by=requested_by if valid else "invalid",
+        )
+        self._metrics.state(REQUESTED)
+        req = self._load(request_id)
+        if not valid:
+            self._set_state(req, REJECTED, why="requested_by and reason must be plain metadata")
+        return req
+
+    def status(self, request_id: str) -> ErasureRequest:
+        return self._load(request_id)
+
+    def resume(self, request_id: str) -> ErasureRequest:
+        """Continue a request that stopped: a crash, a failed step, a released hold,
+        or a derived asset's producer registered since it went to manual review."""
+        return self.run(request_id)
+
+    def requests(
+        self, subject: SubjectLike | None = None, *, subject_ref: str | None = None
+    ) -> list[ErasureRequest]:
+        """Every request (of one subject, or by ``subject_ref=``), oldest first."""
+        ref = self._maybe_ref(subject, subject_ref)
+        query = sa.select(deletion_requests.c.request_id).order_by(deletion_requests.c.created_at)
+        if ref is not None:
+            query = query.where(deletion_requests.c.subject_ref == ref)
+        with self._catalog.engine.connect() as conn:
+            ids = list(conn.execute(query).scalars())
+        return [self._load(i) for i in ids]
+
+    def receipt(self, request_id: str) -> Receipt | None:
+        with self._catalog.engine.connect() as conn:
+            text = conn.execute(
+                sa.select(deletion_requests.c.receipt).where(
+                    deletion_requests.c.request_id == request_id
+                )
+            ).scalar()
+        return None if text is None else load_receipt(text)
+
+    def residue_scan(
+        self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
+    ) -> ResidueReport:
+        """Search every file under ``paths`` (a data folder, backups, exports) for
+        the probes, raw and decrypted with every key the live keyring still opens
+        (``keyshred.residue``); the report holds probe indexes, never probes."""
+        if self._residue is None:
+            raise KeyshredError("this coordinator has no residue scanner")
+        return self._residue(probes, paths)
+
+    def register_processor(self, processor: ExternalProcessor) -> None:
+        safe("processor name", processor.name)
+        self._processors.append(processor)
+
+    def replay(self, tombstone: Tombstone) -> ErasureRequest:
+        """Replay a tombstone from elsewhere (a restore): the same steps as an
+        erasure, without holds, external calls, backup deletion or a receipt."""
+        request_id = f"replay-{tombstone.tombstone_id}"
+        req = self.request(
+            tombstone.subject_ref,
+            tombstone.scope,
+            requested_by="backup-restore",
+            reason="tombstone-replay",
+            request_id=request_id,
+        )
+        if "replay" not in req.doc:
+            req.doc["replay"] = {
+                "tombstone_id": tombstone.tombstone_id,
+                "key_ids": [k.hex() for k in tombstone.key_ids],
+                "erased_at": iso(tombstone.erased_at),
+            }
+            self._save(req)
+        return self.run(request_id)
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self, request_id: str) -> ErasureRequest:
+        """Run (or resume) a request until it completes, waits on a hold, or fails."""
+        with self._lock:
+            req = self._load(request_id)
+            if req.state in (COMPLETED, REJECTED):
+                return req
+            if req.state == MANUAL_REVIEW and req.doc.get("review") != _REVIEW_PRODUCER:
+                return req
+            if req.state == REQUESTED:
+                self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
+            if "destroy_keys" not in req.steps_done and extent_of(self._w, req).holds_apply:
+                holds = self.holds(subject_ref=req.subject_ref, scope=req.scope)
+                if holds:
+                    req.doc["held"] = True
+                    self._set_state(req, "legal_hold", holds=[h.hold_id for h in holds])
+                    return req
+            req.attempts += 1
+            if req.attempts > 1:
+                self._metrics.retry()
+            if req.attempts > MAX_ATTEMPTS:
+                req.doc.pop("review", None)
+                self._set_state(req, MANUAL_REVIEW, why="too many attempts")
+                return req
+            self._save(req)
+            for step in self.steps:
+                if step in req.steps_done:
+                    continue
+                try:
+                    details = self._step(step, req)
+                except (VerificationFailed, ProducerUnknown) as exc:
+                    req.doc["error"] = str(exc)
+                    if isinstance(exc, ProducerUnknown):
+                        req.doc["review"] = _REVIEW_PRODUCER
+                    self._set_state(req, MANUAL_REVIEW, step=step)
+                    return req
+                except (KeyshredError, OSError, sa.exc.SQLAlchemyError) as exc:
+                    req.doc["error"] = f"{step}: {type(exc).__name__}"
+                    self._metrics.failure(step)
+                    self._set_state(req, RETRYABLE, step=step, error=type(exc).__name__)
+                    return req
+                req.doc["details"][step] = details
+                req.doc["done"].append(step)
+                req.doc.pop("error", None)
+                req.doc.pop("review", None)
+                self._save(req)
+                self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
+                if self.on_step is not None:
+                    self.on_step(step, req)
+            return req
+
+    # -- steps ---------------------------------------------------------------------
+
+    def _step(self, step: str, req: ErasureRequest) -> dict[str, Any]:
+        store = self._store_steps.get(step)
+        if store is not None:
+            return self._store_step(step, store, req)
+        method: Callable[[ErasureRequest], dict[str, Any]] = getattr(self, f"_step_{step}")
+        return method(req)
+
+    def _store_step(self, step: str, store: Erasable, req: ErasureRequest) -> dict[str, Any]:
+        """One store's ``erase``; per-item progress (derived rebuilds) is recorded as
+        it goes, so a resumed step does not act twice on the same asset."""
+        progress: dict[str, Any] = req.doc.setdefault("progress", {})
+
+        def record(done: Sequence[Any]) -> None:
+            progress[step] = [dict(d) for d in done]
+            self._save(req)
+
+        base = extent_of(self._w, req).target()
+        target = type(base)(
+            base.subject_ref,
+            base.scope,
+            base.assets,
+            base.erased,
+            base.closure,
+            tuple(progress.get(step, ())),
+            record,
+        )
+        result: StoreErasure = store.erase(target)
+        progress.pop(step, None)
+        return result.to_doc()
+
+    def _step_suppress(self, req: ErasureRequest) -> dict[str, Any]:
+        return extent_of(self._w, req).suppress()
+
+    def _step_destroy_keys(self, req: ErasureRequest) -> dict[str, Any]:
+        return extent_of(self._w, req).destroy_keys()
+
+    def _step_closure(self, req: ErasureRequest) -> dict[str, Any]:
+        return closure(self._w, req)
+
+    def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
+        assets, consents = extent_of(self._w, req).drop_catalog()
+        return {"assets": assets, "consents": consents, "at": iso(now())}
+
+    def _step_external(self, req: ErasureRequest) -> dict[str, Any]:
+        if not extent_of(self._w, req).calls_processors:
+            return {"calls": []}
+        calls = list(req.doc.get("external_done", []))
+        answered = {c["processor"] for c in calls}
+        for processor in self._processors:
+            if processor.name in answered:
+                continue
+            answer = processor.delete(req.subject_ref, req.scope)
+            calls.append(
+                {
+                    "processor": processor.name,
+                    "status": "acknowledged" if answer.verified else "deletion_not_verifiable",
+                    "detail": answer.detail[:256],
+                    "at": iso(now()),
+                }
+            )
+            req.doc["external_done"] = calls
+            self._save(req)
+            self._audit.record(
+                "erasure.external",
+                subject_ref=req.subject_ref,
+                request_id=req.request_id,
+                processor=processor.name,
+                verified=answer.verified,
+            )
+        return {"calls": calls}
+
+    def _step_tombstone(self, req: ErasureRequest) -> dict[str, Any]:
+        keys = req.doc["details"]["destroy_keys"]
+        store = self._keyring.store
+        for key_hex in keys["key_ids"]:
+            if store.tombstone_for(bytes.fromhex(key_hex)) is None:
+                raise KeyshredError(f"no tombstone for key {key_hex}")
+        return {"tombstone_id": keys["tombstone_id"], "keys": len(keys["key_ids"])}
+
+    def _step_backups(self, req: ErasureRequest) -> dict[str, Any]:
+        if not extent_of(self._w, req).deletes_backups:
+            return {"targets": 0, "objects_deleted": 0}
+        keys = req.doc["details"]["destroy_keys"]
+        if not keys["key_ids"]:
+            return {"targets": 0, "objects_deleted": 0}
+        tombstone = self._keyring.store.tombstone_for(bytes.fromhex(keys["key_ids"][0]))
+        if tombstone is None:
+            raise KeyshredError("the tombstone is missing")
+        return self._w.backups.on_erasure(tombstone, whole_subject=req.scope is None)
+
+    def _step_verify(self, req: ErasureRequest) -> dict[str, Any]:
+        probes = [p for p in self._probes.pop(req.request_id, []) if p]
+        return verify(self._w, req, probes, list(self._store_steps), self._save)
+
+    def _step_receipt(self, req: ErasureRequest) -> dict[str, Any]:
+        d = req.doc["details"]
+        keys = d["destroy_keys"]
+        completed = now()
+        extent = extent_of(self._w, req)
+        if not extent.signs_receipt:
+            extent.finish()
+            self._audit.record(
+                "erasure.replayed",
+                subject_ref=req.subject_ref,
+                request_id=req.request_id,
+                keys=len(keys["key_ids"]),
+            )
+            return {"at": iso(completed)}
+        store_steps = list(self._store_steps)
+        req.doc["found_data"] = found_data(d, store_steps)
+        backups = extent.backup_coverage(
+            datetime.fromisoformat(keys["at"]), d.get("backups", {}).get("objects_deleted", 0)
+        )
+        receipt = build_receipt(req, store_steps, completed, backups)
+        signed = sign_receipt(receipt, self._keyring.signer())
+        extent.finish()
+        self._save(req, receipt=signed.to_json())
+        self._metrics.completion_latency((completed - req.created_at).total_seconds())
+        derived = sum(len(d[s].get("actions", [])) for s in store_steps if s in d)
+        self._audit.record(
+            "erasure.completed",
+            subject_ref=req.subject_ref,
+            request_id=req.request_id,
+            keys=len(keys["key_ids"]),
+            derived=derived,
+        )
+        return {"at": iso(completed)}
