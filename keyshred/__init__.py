@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from keyshred.receipts import BackupCoverage, Receipt
     from keyshred.residue import ResidueReport
     from keyshred.storage.catalog import ConsentRecord
+    from keyshred.storage.erasable import Erasable, ErasureTarget, StoreCheck, StoreErasure
     from keyshred.storage.memories import Memory, PutItem, RepairReport
     from keyshred.vault.detect import Finding
     from keyshred.vault.tokens import Sanitized, VaultStatus
@@ -84,6 +85,10 @@ _LAZY = {
     "Sanitized": "keyshred.vault.tokens",
     "VaultStatus": "keyshred.vault.tokens",
     "Finding": "keyshred.vault.detect",
+    "Erasable": "keyshred.storage.erasable",
+    "ErasureTarget": "keyshred.storage.erasable",
+    "StoreCheck": "keyshred.storage.erasable",
+    "StoreErasure": "keyshred.storage.erasable",
     "ErasureRequest": "keyshred.erasure",
     "ExternalAnswer": "keyshred.erasure",
     "ExternalProcessor": "keyshred.erasure",
@@ -142,7 +147,9 @@ __all__ = [
     "ConsentRequired",
     "DestroyedEpoch",
     "EpochInUse",
+    "Erasable",
     "ErasureRequest",
+    "ErasureTarget",
     "ExportResult",
     "ExternalAnswer",
     "ExternalProcessor",
@@ -174,6 +181,8 @@ __all__ = [
     "Sanitized",
     "StaleEpoch",
     "StorageFull",
+    "StoreCheck",
+    "StoreErasure",
     "Subject",
     "SubjectErased",
     "SubjectSuppressed",
