@@ -418,6 +418,13 @@ class SqlKeyStore(KeyStore):
         self._insert_dek = self._insert(self._t.dek).on_conflict_do_nothing()
         self._insert_owner = self._insert(self._t.dek_owner).on_conflict_do_nothing()
         self._get_secret = self._secret_select.where(self._t.secret.c.name == sa.bindparam("n"))
+        # The two reads behind every cold unwrap and every new-subject put run as
+        # driver SQL compiled once by SQLAlchemy, on a pooled connection without the
+        # Connection/Result layers (keyshred.db.cursor): through them a lookup cost
+        # 0.5 ms against 0.07 ms for the hand-written SQL this store replaced.
+        dialect = self.engine.dialect
+        self._get_sql = db.compile_sql(dialect, self._get)
+        self._find_sql = db.compile_sql(dialect, self._find)
 
     def _where(self) -> str:
         return str(self._path) if self._path is not None else "PostgreSQL"
@@ -500,8 +507,13 @@ class SqlKeyStore(KeyStore):
             d.owner_tag,
         )
 
+    def _hot_rows(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        with self._typed(), db.cursor(self.engine, write=False, what="key store") as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
     def get(self, key_id: bytes) -> KeyRecord | None:
-        rows = self._rows(self._get, {"k": key_id})
+        rows = self._hot_rows(self._get_sql, {"k": key_id})
         return _record(rows[0]) if rows else None
 
     def get_many(self, key_ids: Sequence[bytes]) -> dict[bytes, KeyRecord]:
@@ -513,7 +525,7 @@ class SqlKeyStore(KeyStore):
         return out
 
     def find(self, subject_ref: str, scope: str, tag: str = "") -> KeyRecord | None:
-        rows = self._rows(self._find, {"r": subject_ref, "s": scope, "g": tag})
+        rows = self._hot_rows(self._find_sql, {"r": subject_ref, "s": scope, "g": tag})
         return _record(rows[0]) if rows else None
 
     def for_subject(self, subject_ref: str, scope: str | None = None) -> list[KeyRecord]:
