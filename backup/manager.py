@@ -81,7 +81,7 @@ from keyshred.backup.manifest import (
 )
 from keyshred.backup.restore import RESTORE_POINTS, OpenCopy, Restore, RestoreReport
 from keyshred.backup.targets import BackupTarget, LocalTarget
-from keyshred.config import Config
+from keyshred.config import Config, redacted_dump
 from keyshred.errors import InvalidInput
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
@@ -283,7 +283,7 @@ class BackupManager(Maintenance, Restore):
                     size=catalog_path.stat().st_size,
                     sha256=catalog_sha,
                 ),
-                config=self._config.model_dump(mode="json"),
+                config=redacted_dump(self._config),
                 subjects=subjects,
                 tombstones=tombstone_ids,
                 segments=segments,

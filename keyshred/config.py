@@ -26,7 +26,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast, get_args, get_origin
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -51,6 +51,7 @@ __all__ = [
     "VaultSettings",
     "VectorSettings",
     "load_config",
+    "redacted_dump",
     "save_config",
 ]
 
@@ -70,6 +71,23 @@ _QUERY_SECRET = re.compile(
 def _redact(text: str) -> str:
     """``text`` with any URL password or secret query parameter replaced by ``***``."""
     return _QUERY_SECRET.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***", text))
+
+
+def redacted_dump(config: BaseModel) -> dict[str, Any]:
+    """``config`` as JSON-ready data with every URL password and secret query
+    parameter masked: what a copy that must not carry credentials (a backup
+    manifest) records."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return _redact(value)
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return cast(dict[str, Any], walk(config.model_dump(mode="json")))
 
 
 class _Model(BaseModel):

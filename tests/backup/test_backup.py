@@ -724,3 +724,34 @@ def test_the_live_schedule_rotates_but_defers_destruction_while_a_manifest_is_un
     # The next run, well within the new epoch's period: no rotation, the old goes.
     later = ks.backup.maintain_live(now=first.created_at + timedelta(minutes=30))
     assert later.rotated_to is None and first.epoch in [d.epoch for d in later.destroyed]
+
+
+@pytest.mark.postgres
+def test_a_backup_never_holds_the_catalog_password(tmp_path: Path) -> None:
+    """The manifest records the configuration (a restore rebuilds the copy's
+    settings from it); a password in a database URL must not travel with it. The
+    machine's PostgreSQL trusts loopback, so the URL's password is accepted and
+    ignored."""
+    pytest.importorskip("psycopg")
+    import psycopg
+
+    secret = f"pw{uuid.uuid4().hex}"
+    schema = f"ks_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    url = (
+        f"postgresql+psycopg://postgres:{secret}@127.0.0.1:5432/test"
+        f"?options=-csearch_path%3D{schema}"
+    )
+    try:
+        with Keyshred.init(tmp_path / "data", config(url), embeddings=bag_of_words) as ks:
+            write_subject(ks, "ana", "probe-ana")
+            ks.backup.create()
+        # keyshred.toml keeps the URL as the operator wrote it (0600); the backups not.
+        files = files_of(tmp_path / "data" / "backups")
+        assert files
+        for f in files:
+            assert secret.encode() not in f.read_bytes(), f.name
+    finally:
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
+            c.execute(f"DROP SCHEMA {schema} CASCADE")
