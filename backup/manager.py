@@ -579,8 +579,6 @@ class BackupManager:
         generation = _generation_id(now)
         staging = self._ks.path / STAGING / generation
         staging.mkdir(parents=True, mode=0o700)
-        # Tokens issued before the backup belong in it, group commit or not.
-        self._ks.vault.flush()
         try:
             with contextlib.ExitStack() as stack:
                 with self._ks.memories.freeze.exclusive():
@@ -1090,9 +1088,7 @@ class BackupManager:
             # 5b. Token numbers: skip every block the live catalog has handed out
             #     (plus a margin for a process that takes one meanwhile), so no
             #     token issued after the snapshot ever gets its id reissued.
-            restored.catalog.skip_token_blocks(
-                self._ks.catalog.token_block_mark() + _TOKEN_BLOCK_MARGIN
-            )
+            restored.vault.skip_blocks(self._ks.vault.block_mark() + _TOKEN_BLOCK_MARGIN)
             # 6. Verify what remains: every live subject's partition opens, every
             #    file authenticates and matches the catalog.
             self._verify_restored(restored, report)

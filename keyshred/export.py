@@ -48,7 +48,8 @@ from keyshred.errors import (
     TokenExpired,
 )
 from keyshred.keyring.package import open_package, read_header, seal_package
-from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events, tokens
+from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events
+from keyshred.vault.schema import tokens
 from keyshred.storage.partition import row_key_id
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from keyshred.errors import KeyshredError, SubjectSuppressed
-from keyshred.storage.catalog import tokens
+from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
     from keyshred.erasure import ErasureRequest

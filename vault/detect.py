@@ -16,6 +16,10 @@ Overlapping candidates are resolved by validation strength (a checksummed ID bea
 Luhn-valid card of the same digits), then by length.
 
 A ``Finding``'s repr never shows the value.
+
+Above 600 lines on purpose: the recognizers share the boundary, full-width and
+overlap rules and one hot-path scanner (``default_spans``); split, each would need
+them from a third module and the scanner would lose its inlined tables.
 """
 
 from __future__ import annotations
