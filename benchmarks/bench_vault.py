@@ -39,6 +39,9 @@ import tldextract
 tldextract.extract = tldextract.TLDExtract(suffix_list_urls=())
 tldextract.tldextract.TLD_EXTRACTOR = tldextract.extract
 
+import os  # noqa: E402
+import uuid  # noqa: E402
+
 from presidio_analyzer import AnalyzerEngine, RecognizerRegistry  # noqa: E402
 from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngine  # noqa: E402
 from presidio_analyzer.predefined_recognizers import (  # noqa: E402
@@ -49,9 +52,6 @@ from presidio_analyzer.predefined_recognizers import (  # noqa: E402
     PhoneRecognizer,
 )
 from presidio_anonymizer import AnonymizerEngine  # noqa: E402
-
-import os  # noqa: E402
-import uuid  # noqa: E402
 
 from keyshred import Config, Keyshred  # noqa: E402
 from keyshred.vault.detect import redact  # noqa: E402

@@ -49,8 +49,8 @@ from keyshred.errors import (
 )
 from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.storage.catalog import AssetRow, asset_mentions, assets, audit_events
-from keyshred.vault.schema import tokens
 from keyshred.storage.partition import row_key_id
+from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred

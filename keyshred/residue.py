@@ -75,8 +75,8 @@ from keyshred.storage.partition import MemoryRow, Partition, decode_record
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.vectors import VEC_SCHEMA, VectorIndex
-from keyshred.vault.schema import tokens
 from keyshred.vault.rows import place_template as token_place
+from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
     from keyshred.facade import Keyshred

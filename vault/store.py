@@ -67,7 +67,9 @@ class TokenStore:
 
     # -- the hot path ------------------------------------------------------------
 
-    def insert(self, rows: Sequence[Sequence[Any]], subject_ref: str, scope: str, epoch: int) -> None:
+    def insert(
+        self, rows: Sequence[Sequence[Any]], subject_ref: str, scope: str, epoch: int
+    ) -> None:
         """Store one call's token rows (values in ``TOKEN_COLUMNS`` order, times as
         microseconds) in one transaction that re-reads the subject's guard: nothing
         is stored if the subject or ``scope`` is suppressed or its epoch moved past

@@ -50,7 +50,6 @@ itself, see benchmarks/README.md.)
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import threading
@@ -58,7 +57,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from keyshred._validate import check_text, check_text_size
 from keyshred.errors import (
@@ -75,10 +74,10 @@ from keyshred.errors import (
 )
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
-from keyshred.keyring.envelope import Place, PlaceTemplate, key_id_of
+from keyshred.keyring.envelope import Place, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import Catalog, micros
-from keyshred.vault.detect import KINDS, Finding, Recognizer, default_spans, detect
+from keyshred.vault.detect import Finding, Recognizer, default_spans, detect
 from keyshred.vault.rows import (
     KIND_NAMES,
     TOKEN_RE,
@@ -283,7 +282,9 @@ class TokenVault:
             ]
         elif fresh:
             fresh_keys = None if keys is None else [keys[i] for i, _, _ in fresh]
-            sealed = seal_values(key, fresh_keys, [(issued[i], values[i]) for i, _, _ in fresh], template)
+            sealed = seal_values(
+                key, fresh_keys, [(issued[i], values[i]) for i, _, _ in fresh], template
+            )
             rows = [
                 (n, issued[i], ref, scope, kinds[i], purpose, True, lookup, created, expires, ct)
                 for (i, n, lookup), ct in zip(fresh, sealed, strict=True)
@@ -330,7 +331,7 @@ class TokenVault:
         """The same token for the same (kind, value), subject, scope and purpose:
         ``(token per finding, (index, number, lookup) of each new one)``. A value's
         lookup is its HMAC under a key derived from the subject's DEK and the
-        purpose; a value seen before gets its stored (or pending) token, a new one a
+        purpose; a value seen before gets its stored token, a new one a
         fresh number. A value sealed under a shared key (``keys``) has its lookup
         under a key derived from that one: it never finds the scope key's token of
         the same value, nor one of an earlier shared key (destroyed by an erasure)."""

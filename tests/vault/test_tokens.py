@@ -23,8 +23,8 @@ from keyshred.errors import (
     TokenSubjectMismatch,
     UnknownToken,
 )
-from keyshred.vault.schema import tokens
 from keyshred.vault.sanitizers import PromptGuard, RedactingFilter
+from keyshred.vault.schema import tokens
 from tests.storage.conftest import make_config
 
 HOUR = timedelta(hours=1)
