@@ -415,13 +415,16 @@ class TokenVault:
         return 0
 
     def close(self) -> None:
-        """Nothing to write or stop (tokens are stored as they are issued)."""
+        """Return the store's kept connection (tokens are stored as they are issued:
+        nothing to write)."""
+        self._store.close()
 
     def _forked(self) -> None:
         """In a forked child: the free numbers are the parent's (the child would issue
         them again); the lock may have been held by a thread that is not here."""
         self._numbers_lock = threading.Lock()
         self._free = []
+        self._store.forked()
 
     # -- resolving -----------------------------------------------------------------
 
