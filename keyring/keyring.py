@@ -23,6 +23,14 @@
 
 Opening a ciphertext reads its key id first; a key id with a tombstone raises
 ``SubjectErased`` before any decryption is attempted.
+
+Why one module of ~900 lines: the DEK lifecycle is one state machine over the key
+store, the KEK provider and the cache (create, unwrap, rotate, destroy with owner sets,
+archive copies, system secrets). Its invariants (a key leaves the cache under the lock
+that destroys it; a destroyed key's tombstone commits with the deletion; rotation never
+leaves a key wrapped by a destroyed epoch) span those operations, and are reviewed
+together; the pieces that stand alone live beside it (``envelope``, ``epochs``,
+``cache``, ``keystore``, ``datakey``).
 """
 
 from __future__ import annotations

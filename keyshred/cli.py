@@ -2,6 +2,10 @@
 
 User errors (a ``KeyshredError``: missing folder, bad config, server down) print one
 line on stderr and exit 2, never a traceback; a failed drill exits 1.
+
+Why one module of ~1,000 lines: Typer builds the command tree from the functions of
+this module; each command is a thin wrapper (parse, call the facade, print), and the
+shared error handling and printing live at the top.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ a residue scan of the data folder and the pre-erasure backup (raw and decrypted 
 the live keyring) after the erasure and again after the live KEK epoch rotated, and
 the pre-erasure backup's key store once its archive KEK epoch is destroyed.
 Every check is timed; probe strings are random per run.
+
+Why ~620 lines: the drill is the project's end-to-end proof; its workload and its
+checks stay in one file so that each check sits next to the write it tries to undo.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ __all__ = [
     "Micros",
     "micros",
     "sqlite_url",
+    "utc",
 ]
 
 _MISSING = object()

@@ -29,6 +29,11 @@ with sources): its name is the holder's own, kept under the holder's key so that
 erasure can rebuild it in place. A row whose key was destroyed is *opaque*: kept in
 ``Partition.opaque`` (never in ``rows``, so no read, search or count sees it), written
 back byte for byte by a flush, deletable by id without its key.
+
+Why one module of ~900 lines: ``Partition`` is the storage engine of one subject (log
+append, replay, flush to PME segments, atomic MANIFEST commit, opaque rows, crash
+repair); every method relies on the same on-disk protocol and lock, which is read and
+reviewed as one unit. The row format and log codec at the top are its private parts.
 """
 
 from __future__ import annotations
