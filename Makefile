@@ -37,15 +37,21 @@ demo: $(VENV)/.installed-core
 
 # mypy cannot follow setuptools' editable-install import hook, so it checks a tree of
 # symlinks laid out as the installed package is (keyshred/keyring -> ../keyring ...).
-.typecheck/keyshred: $(wildcard keyshred/*.py keyshred/integrations/*.py)
+# Every entry of keyshred/ is linked, sub-packages included (integrations, ...).
+.typecheck/keyshred: $(wildcard keyshred/* keyshred/*/*.py)
 	rm -rf .typecheck && mkdir -p .typecheck/keyshred
-	for f in keyshred/*.py keyshred/py.typed; do ln -s ../../$$f .typecheck/keyshred/; done
-	ln -s ../../keyshred/integrations .typecheck/keyshred/integrations
+	for f in keyshred/*; do \
+	  case $$f in */__pycache__) ;; *) ln -s ../../$$f .typecheck/keyshred/;; esac; \
+	done
 	for d in keyring storage vault backup; do ln -s ../../$$d .typecheck/keyshred/$$d; done
 
-lint: $(VENV)/.installed-dev
+# The import contracts ([tool.importlinter] in pyproject.toml) run on the same tree,
+# from inside it: lint-imports puts the working directory first on sys.path, and
+# ./keyshred there is the package as installed (keyshred/keyring is ../keyring ...).
+lint: $(VENV)/.installed-dev .typecheck/keyshred
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd .typecheck && ../$(VENV)/bin/lint-imports --no-cache ../pyproject.toml
 
 typecheck: $(VENV)/.installed-dev .typecheck/keyshred
 	$(VENV)/bin/mypy

@@ -82,9 +82,6 @@ def bench_envelope() -> None:
         def ks_seal() -> None:
             key.seal(data, place)
 
-        def ks_seal_buffer() -> None:
-            key.seal_buffer(data, place)
-
         def ks_open() -> None:
             key.open(ct, place)
 
@@ -97,7 +94,6 @@ def bench_envelope() -> None:
 
         for op, raw_fn, ks_fn in (
             ("seal", raw_seal, ks_seal),
-            ("seal_buffer", raw_seal, ks_seal_buffer),
             ("open", raw_open, ks_open),
             # Same AES-GCM work (with the place-bound AAD): what the format costs alone.
             ("open vs aad", raw_open_aad, ks_open),

@@ -19,7 +19,6 @@ from keyshred.keyring.envelope import (
     header_for,
     open_rows_into,
     open_with,
-    seal_into_buffer,
     seal_rows,
     seal_with,
 )
@@ -72,12 +71,6 @@ class DataKey:
         if template.subject_ref != self.subject_ref or template.scope != self.scope:
             raise InvalidInput("the place does not belong to this key's subject and scope")
         return seal_rows(self._aead, self.header, self._aad, items, template)
-
-    def seal_buffer(self, plaintext: bytes, place: Place) -> bytearray:
-        """Like ``seal`` but into a ``bytearray``, saving a copy of large payloads."""
-        if place.subject_ref != self.subject_ref or place.scope != self.scope:
-            raise InvalidInput("the place does not belong to this key's subject and scope")
-        return seal_into_buffer(self._aead, self.header, self._aad, plaintext, place)
 
     def open(self, ciphertext: bytes | bytearray | memoryview, place: Place) -> bytes:
         """Decrypt; ``IntegrityError`` unless sealed by this key for exactly ``place``."""

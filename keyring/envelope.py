@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from keyshred.errors import IntegrityError, InvalidInput
 from keyshred.keyring import _primitives as prim
@@ -38,10 +39,10 @@ __all__ = [
     "Place",
     "PlaceTemplate",
     "aad_prefix_for",
+    "header_for",
     "key_id_of",
     "open_rows_into",
     "open_with",
-    "seal_into_buffer",
     "seal_rows",
     "seal_with",
 ]
@@ -92,8 +93,9 @@ class Place:
 
 
 class PlaceTemplate:
-    """Places that differ only in record id, encoded without re-encoding the rest
-    (bulk decryption of one table of one subject and scope)."""
+    """Places that differ only in record id (one table and column of one subject and
+    scope): ``encoded(record_id)`` equals ``Place(..., record_id, column).encoded``
+    without encoding the other fields again, for the bulk loops."""
 
     __slots__ = ("_head", "_tail", "scope", "subject_ref")
 
@@ -105,7 +107,128 @@ class PlaceTemplate:
 
     def encoded(self, record_id: str) -> bytes:
         raw = record_id.encode("utf-8")
-        return self._head + _LEN.pack(len(raw)) + raw + self._tail
+        return b"".join((self._head, _LEN.pack(len(raw)), raw, self._tail))
+
+
+def header_for(key_id: bytes) -> bytes:
+    """The 20-byte header for ``key_id``; DEK objects compute it once."""
+    if len(key_id) != KEY_ID_BYTES:
+        raise InvalidInput("a key id is 16 bytes")
+    return _PREFIX + key_id
+
+
+def aad_prefix_for(header: bytes) -> bytes:
+    """The fixed start of the associated data for one key (domain + header)."""
+    return _AAD_DOMAIN + header
+
+
+def _aad(aad_prefix: bytes, place: Place | bytes) -> bytes:
+    """The associated data: the key's prefix, then the place (a ``Place`` or its
+    encoding, e.g. from ``PlaceTemplate.encoded``). The only place it is built."""
+    return aad_prefix + (place if isinstance(place, bytes) else place.encoded)
+
+
+def key_id_of(ciphertext: bytes | bytearray | memoryview) -> bytes:
+    """Read the key id from a ciphertext header without any key.
+
+    Raises ``IntegrityError`` for anything that is not a well-formed version-1
+    envelope (wrong magic, unknown version or algorithm, too short).
+    """
+    if len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:4]) != _PREFIX:
+        raise IntegrityError()
+    return bytes(ciphertext[4:HEADER_BYTES])
+
+
+# -- the pair ------------------------------------------------------------------------
+
+
+def seal_with(
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    plaintext: bytes,
+    place: Place | bytes,
+    *,
+    nonce: bytes | None = None,
+) -> bytes:
+    """Seal ``plaintext`` for ``place`` under a fresh random nonce (``nonce`` is only
+    for test vectors)."""
+    if nonce is None:
+        nonce = prim.random_nonce()
+    return header + nonce + aead.encrypt(nonce, plaintext, _aad(aad_prefix, place))
+
+
+@overload
+def open_with(
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    ciphertext: bytes | bytearray | memoryview,
+    place: Place | bytes,
+) -> bytes: ...
+
+
+@overload
+def open_with(
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    ciphertext: bytes | bytearray | memoryview,
+    place: Place | bytes,
+    *,
+    into: memoryview,
+) -> None: ...
+
+
+def open_with(
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    ciphertext: bytes | bytearray | memoryview,
+    place: Place | bytes,
+    *,
+    into: memoryview | None = None,
+) -> bytes | None:
+    """Open a ciphertext whose header the caller already matched to ``aead``'s key.
+
+    With ``into`` (a writable buffer of exactly the plaintext's size) the plaintext
+    is written there and nothing is returned: the bulk loops fill their output
+    without a copy.
+    """
+    if len(ciphertext) < OVERHEAD_BYTES or ciphertext[:HEADER_BYTES] != header:
+        raise IntegrityError()
+    aad = _aad(aad_prefix, place)
+    try:
+        if into is not None:  # a view's slices are views: no copy of the body
+            aead.decrypt_into(
+                ciphertext[HEADER_BYTES:_BODY_START], ciphertext[_BODY_START:], aad, into
+            )
+            return None
+        if len(ciphertext) <= _SLICE_LIMIT:
+            # Small records: slicing copies a few hundred bytes, cheaper than views.
+            return aead.decrypt(ciphertext[HEADER_BYTES:_BODY_START], ciphertext[_BODY_START:], aad)
+        view = memoryview(ciphertext)
+        return aead.decrypt(view[HEADER_BYTES:_BODY_START], view[_BODY_START:], aad)
+    except prim.InvalidTag:
+        raise IntegrityError() from None
+
+
+# -- bulk loops on top of the pair ---------------------------------------------------
+
+
+def seal_rows(
+    aead: prim.AESGCM,
+    header: bytes,
+    aad_prefix: bytes,
+    items: Sequence[tuple[str, bytes]],
+    template: PlaceTemplate,
+) -> list[bytes]:
+    """``seal_with`` for ``(record id, plaintext)`` pairs of one place template."""
+    place = template.encoded
+    return [
+        seal_with(aead, header, aad_prefix, plaintext, place(record_id))
+        for record_id, plaintext in items
+    ]
 
 
 def open_rows_into(
@@ -121,132 +244,21 @@ def open_rows_into(
     out_rows: Sequence[int],
     width: int,
 ) -> None:
-    """Open equally sized ciphertexts laid end to end in ``data`` (at ``starts``),
-    all of one key and one place template, straight into rows of ``out`` (row
-    ``out_rows[i]`` is ``width`` bytes at ``out_rows[i] * width``).
-
-    This is the bulk path of a vector partition: one tight loop, no per-row
-    allocation beyond the associated data, the same checks as ``open_with``.
-    """
-    head = aad_prefix + template._head
-    tail = template._tail
-    pack = _LEN.pack
-    decrypt_into = aead.decrypt_into
+    """``open_with`` for equally sized ciphertexts laid end to end in ``data`` (at
+    ``starts``), all of one key and one place template, straight into rows of ``out``
+    (row ``out_rows[i]`` is ``width`` bytes at ``out_rows[i] * width``): the bulk
+    path of a vector partition."""
     view = memoryview(data)
     size = OVERHEAD_BYTES + width
-    join = b"".join
-    end = len(data)
-    try:
-        for start, record_id, row in zip(starts, record_ids, out_rows, strict=True):
-            if start + size > end or data[start : start + HEADER_BYTES] != header:
-                raise IntegrityError()
-            raw = record_id.encode("utf-8")
-            decrypt_into(
-                data[start + HEADER_BYTES : start + _BODY_START],
-                view[start + _BODY_START : start + size],
-                join((head, pack(len(raw)), raw, tail)),
-                out[row * width : (row + 1) * width],
-            )
-    except prim.InvalidTag:
-        raise IntegrityError() from None
-
-
-def header_for(key_id: bytes) -> bytes:
-    """The 20-byte header for ``key_id``; DEK objects compute it once."""
-    if len(key_id) != KEY_ID_BYTES:
-        raise InvalidInput("a key id is 16 bytes")
-    return _PREFIX + key_id
-
-
-def aad_prefix_for(header: bytes) -> bytes:
-    """The fixed start of the associated data for one key (domain + header)."""
-    return _AAD_DOMAIN + header
-
-
-def key_id_of(ciphertext: bytes | bytearray | memoryview) -> bytes:
-    """Read the key id from a ciphertext header without any key.
-
-    Raises ``IntegrityError`` for anything that is not a well-formed version-1
-    envelope (wrong magic, unknown version or algorithm, too short).
-    """
-    if len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:4]) != _PREFIX:
-        raise IntegrityError()
-    return bytes(ciphertext[4:HEADER_BYTES])
-
-
-def seal_with(
-    aead: prim.AESGCM,
-    header: bytes,
-    aad_prefix: bytes,
-    plaintext: bytes,
-    place: Place,
-    *,
-    nonce: bytes | None = None,
-) -> bytes:
-    """Seal ``plaintext`` for ``place``. ``nonce`` is only for test vectors."""
-    if nonce is None:
-        nonce = prim.random_nonce()
-    return header + nonce + aead.encrypt(nonce, plaintext, aad_prefix + place.encoded)
-
-
-def seal_rows(
-    aead: prim.AESGCM,
-    header: bytes,
-    aad_prefix: bytes,
-    items: Sequence[tuple[str, bytes]],
-    template: PlaceTemplate,
-) -> list[bytes]:
-    """Seal ``(record id, plaintext)`` pairs of one place template: the bulk twin
-    of ``seal_with`` (the fixed part of the associated data is built once)."""
-    head = aad_prefix + template._head
-    tail = template._tail
-    pack = _LEN.pack
-    encrypt = aead.encrypt
-    size = prim.NONCE_BYTES
-    nonces = prim.nonces(len(items))
-    out = []
-    for i, (record_id, plaintext) in enumerate(items):
-        raw = record_id.encode("utf-8")
-        nonce = nonces[i * size : (i + 1) * size]
-        out.append(header + nonce + encrypt(nonce, plaintext, head + pack(len(raw)) + raw + tail))
-    return out
-
-
-def seal_into_buffer(
-    aead: prim.AESGCM, header: bytes, aad_prefix: bytes, plaintext: bytes, place: Place
-) -> bytearray:
-    """Seal into one freshly allocated buffer: no copy of the ciphertext afterwards.
-
-    For large payloads the concatenation in ``seal_with`` costs a full extra pass
-    over the data; here AES-GCM writes straight behind the header.
-    """
-    nonce = prim.random_nonce()
-    buf = bytearray(_BODY_START + len(plaintext) + prim.TAG_BYTES)
-    buf[:HEADER_BYTES] = header
-    buf[HEADER_BYTES:_BODY_START] = nonce
-    aead.encrypt_into(nonce, plaintext, aad_prefix + place.encoded, memoryview(buf)[_BODY_START:])
-    return buf
-
-
-def open_with(
-    aead: prim.AESGCM,
-    header: bytes,
-    aad_prefix: bytes,
-    ciphertext: bytes | bytearray | memoryview,
-    place: Place | bytes,
-) -> bytes:
-    """Open a ciphertext whose header the caller already matched to ``aead``'s key."""
-    if type(ciphertext) is bytes:  # the common case, checked without a copy
-        if len(ciphertext) < OVERHEAD_BYTES or not ciphertext.startswith(header):
+    place = template.encoded
+    for start, record_id, row in zip(starts, record_ids, out_rows, strict=True):
+        if start < 0 or start + size > len(data):
             raise IntegrityError()
-    elif len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:HEADER_BYTES]) != header:
-        raise IntegrityError()
-    aad = aad_prefix + (place if isinstance(place, bytes) else place.encoded)
-    try:
-        if len(ciphertext) <= _SLICE_LIMIT:
-            # Small records: slicing copies a few hundred bytes, cheaper than views.
-            return aead.decrypt(ciphertext[HEADER_BYTES:_BODY_START], ciphertext[_BODY_START:], aad)
-        view = memoryview(ciphertext)
-        return aead.decrypt(view[HEADER_BYTES:_BODY_START], view[_BODY_START:], aad)
-    except prim.InvalidTag:
-        raise IntegrityError() from None
+        open_with(
+            aead,
+            header,
+            aad_prefix,
+            view[start : start + size],
+            place(record_id),
+            into=out[row * width : (row + 1) * width],
+        )

@@ -9,7 +9,7 @@ from keyshred.config import Config
 from keyshred.errors import ConfigError
 from keyshred.keyring.kek import KekProvider
 from keyshred.keyring.kek.local import LocalKek
-from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore
+from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore, SqlKeyStore
 
 __all__ = ["KEYS_DIR", "make_archive_kek", "make_kek", "make_keystore"]
 
@@ -88,12 +88,12 @@ def make_archive_kek(config: Config, root: Path) -> KekProvider:
 
 
 def make_keystore(config: Config, root: Path) -> KeyStore:
+    """The one key store class, on the URL's database (``keyring.store_url``), or on
+    the data folder's own SQLite file (``keys/keystore.db``) without one."""
     url = config.keyring.store_url
     if url:
-        from keyshred.keyring.pgstore import PostgresKeyStore
-
         k = config.keyring
-        return PostgresKeyStore(
+        return SqlKeyStore(
             url,
             pool_size=k.pool_size,
             max_overflow=k.pool_max_overflow,

@@ -657,7 +657,7 @@ def consent_withdraw(
     """Withdraw consent and erase the scope (reads and writes stop at once; the
     scope key is destroyed; a signed receipt). Other scopes stay."""
     with Keyshred.open(path) as ks:
-        req = ks.retention.withdraw(subject, scope=scope, category=category)
+        req = ks.consent.withdraw(subject, scope, category=category)
     _emit(_request_json(req), as_json, f"request {req.request_id}: {req.state}")
     if req.state not in ("completed", "legal_hold"):
         raise typer.Exit(1)

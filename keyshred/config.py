@@ -1,25 +1,40 @@
-"""Configuration: ``keyshred.toml`` in the data folder, overridden by environment.
+"""Configuration: ``keyshred.toml`` in the data folder, the environment, arguments.
 
-Environment variables ``KEYSHRED_<SECTION>__<FIELD>`` (double underscore between
-levels) override the file, e.g. ``KEYSHRED_KEK__PROVIDER=vault`` or
-``KEYSHRED_KEK__VAULT__URL=http://127.0.0.1:8200``. Secrets are never written to the
-file: the Vault token comes from ``KEYSHRED_VAULT_TOKEN`` or ``VAULT_TOKEN``, AWS
-credentials from boto3's usual chain.
+Precedence, highest first: explicit arguments (``load_config(..., overrides=...)``),
+environment variables, ``keyshred.toml``, the defaults below. A variable
+``KEYSHRED_<SECTION>__<FIELD>`` (double underscore between levels, any case) sets one
+setting, e.g. ``KEYSHRED_KEK__PROVIDER=vault``, ``KEYSHRED_KEK__VAULT__URL=https://…``,
+``KEYSHRED_SCOPES__SUPPORT__PURPOSE=support``; a list, a table or a whole section is
+given as JSON, e.g. ``KEYSHRED_BACKUP__RETENTION='{"daily": 3}'``. Sections (and each
+scope) merge setting by setting across the sources; a setting's value, a table such as
+``backup.retention`` included, replaces the lower source's whole. Other ``KEYSHRED_``
+variables (``KEYSHRED_PATH``, ``KEYSHRED_VAULT_TOKEN``) are not settings.
+
+Secrets are never written to the file: the Vault token comes from
+``KEYSHRED_VAULT_TOKEN`` or ``VAULT_TOKEN``, AWS credentials from boto3's usual chain.
+A password inside a URL setting is masked in every repr, and no error message echoes
+a value.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args, get_origin
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from keyshred.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic_settings import EnvSettingsSource
 
 __all__ = [
     "CONFIG_FILE",
@@ -42,10 +57,35 @@ __all__ = [
 CONFIG_FILE = "keyshred.toml"
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 ENV_PREFIX = "KEYSHRED_"
+_NESTED = "__"
+
+
+# A URL's password (``scheme://user:PASSWORD@host``) and secret-named query parameters.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@\s]*(?=@)")
+_QUERY_SECRET = re.compile(
+    r"(?i)(?P<head>[?&](?:password|passwd|pwd|token|secret|sslpassword)=)[^&#\s]*"
+)
+
+
+def _redact(text: str) -> str:
+    """``text`` with any URL password or secret query parameter replaced by ``***``."""
+    return _QUERY_SECRET.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***", text))
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # A URL setting may carry a database password (postgresql://user:pw@host/db);
+        # repr, str and rich's pretty printer (all built from these) show it masked.
+        # model_dump() keeps it: the file and the backends need the real URL.
+        for name, value in super().__repr_args__():
+            yield name, _redact(value) if isinstance(value, str) else value
+
+
+# What an environment variable may say for a bool (pydantic's own words).
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True}
+_BOOL_WORDS |= {"false": False, "0": False, "no": False, "off": False}
 
 
 class VaultSettings(_Model):
@@ -59,6 +99,15 @@ class VaultSettings(_Model):
     timeout_seconds: float = 10.0
     batch_size: int = Field(200, ge=1, le=10_000)
     workers: int = Field(4, ge=1, le=64)
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _verify(cls, value: object) -> object:
+        # Every environment value is a string: KEYSHRED_KEK__VAULT__VERIFY=false turns
+        # verification off; it is not a CA bundle at a path named "false".
+        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.strip().lower()]
+        return value
 
 
 class AwsSettings(_Model):
@@ -256,69 +305,225 @@ class Config(_Model):
         return {"default": DEFAULT_SCOPE, **value}
 
 
-def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    known = set(Config.model_fields)
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        if path[0] not in known:  # e.g. KEYSHRED_VAULT_TOKEN, a secret, not a setting
-            continue
-        node = doc
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                break
-            node = child
+# --- Loading ------------------------------------------------------------------------
+
+
+@functools.cache
+def _environment_source() -> Callable[[Mapping[str, str]], EnvSettingsSource]:
+    """pydantic-settings' environment source (prefix, nesting, JSON values) for
+    ``Config``. Built on first use: pydantic-settings loads asyncio and argparse,
+    ~0.1 s that a process using only the storage layer's ``ScopeSettings`` skips."""
+    from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+    class EnvironmentSchema(BaseSettings, Config):
+        """``Config``'s fields as pydantic-settings reads them from the environment.
+
+        Only a template for the source, never instantiated: ``Config`` itself stays a
+        plain model, so one built in code (``Config(...)``, the ``config`` given to
+        ``Keyshred.open``, a backup's settings) means exactly what it says and never
+        picks up a variable of whatever process it runs in."""
+
+        model_config = SettingsConfigDict(
+            env_prefix=ENV_PREFIX, env_nested_delimiter=_NESTED, case_sensitive=False
+        )
+
+    class MappingEnvSource(EnvSettingsSource):
+        """The environment source reading a given mapping instead of ``os.environ``."""
+
+        def __init__(self, env: Mapping[str, str]) -> None:
+            self._env = env  # before super().__init__, which loads the variables
+            super().__init__(EnvironmentSchema)
+
+        def _load_env_vars(self) -> Mapping[str, str | None]:
+            # Case-insensitive, as pydantic-settings reads os.environ.
+            return {name.lower(): value for name, value in self._env.items()}
+
+    return MappingEnvSource
+
+
+def _is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _is_complex(annotation: Any) -> bool:
+    """A setting whose environment value is JSON (a section, a table, a list)."""
+    return _is_model(annotation) or get_origin(annotation) in (dict, list)
+
+
+def _annotation_at(path: Sequence[str]) -> Any:
+    """The type of the setting at ``path`` (``("kek", "vault", "url")``), or None."""
+    node: Any = Config
+    for part in path:
+        if _is_model(node):
+            field = node.model_fields.get(part)
+            if field is None:
+                return None
+            node = field.annotation
+        elif get_origin(node) is dict:
+            node = get_args(node)[1]
         else:
-            node[path[-1]] = value
-    return doc
+            return None
+    return node
 
 
-def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
-    """Read ``<path>/keyshred.toml`` (missing file: defaults), then the environment."""
-    file = Path(path) / CONFIG_FILE
-    doc: dict[str, Any] = {}
-    if file.exists():
-        try:
-            doc = tomllib.loads(file.read_text("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{file} is not valid TOML: {exc}") from None
-    doc = _apply_env(doc, os.environ if env is None else env)
+def _merge(base: Any, over: Any, annotation: Any) -> Any:
+    """``over`` on top of ``base``. Sections (models) and the scopes (a table of
+    models) merge key by key; any other value (a number, a string, a list, a table
+    such as ``backup.retention``) replaces the lower one whole, so that
+    ``KEYSHRED_BACKUP__RETENTION='{"daily": 3}'`` means exactly one class."""
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        return over
+    if _is_model(annotation):
+        fields = annotation.model_fields
+        children = {name: field.annotation for name, field in fields.items()}
+    elif get_origin(annotation) is dict and _is_model(get_args(annotation)[1]):
+        children = {name: get_args(annotation)[1] for name in over}
+    else:
+        return over
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value, children.get(key)) if key in merged else value
+    return merged
+
+
+def _setting_variables(env: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """The variables that name a setting: their path (lower case) -> their name."""
+    found: dict[tuple[str, ...], str] = {}
+    for name in env:
+        if name.upper().startswith(ENV_PREFIX):
+            path = tuple(name[len(ENV_PREFIX) :].lower().split(_NESTED))
+            if path[0] in Config.model_fields:
+                found[path] = name
+    return found
+
+
+def _read_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    from pydantic_settings import SettingsError
+
     try:
-        return Config.model_validate(doc)
+        return _environment_source()(env)()
+    except SettingsError:
+        # A JSON value that does not parse; name the variable, never its value.
+        for path, name in _setting_variables(env).items():
+            if _is_complex(_annotation_at(path)):
+                try:
+                    json.loads(env[name])
+                except ValueError:
+                    raise ConfigError(
+                        f"{name} is not valid JSON (the setting {'.'.join(path)} takes a "
+                        "JSON value)"
+                    ) from None
+        raise ConfigError("a KEYSHRED_ environment variable could not be read") from None
+
+
+def _read_file(file: Path) -> dict[str, Any]:
+    try:
+        text = file.read_text("utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        # No file (or no folder: ``keyshred init`` on a path that cannot be one
+        # says so itself).
+        return {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file} is not valid TOML: {exc.reason}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file} is not valid TOML: {exc}") from None
+
+
+def _depth(doc: Any, loc: Sequence[str]) -> int:
+    """How many leading parts of ``loc`` the nested dict ``doc`` holds."""
+    depth = 0
+    for part in loc:
+        if not isinstance(doc, dict) or part not in doc:
+            break
+        doc, depth = doc[part], depth + 1
+    return depth
+
+
+def _describe(
+    exc: ValidationError,
+    file: Path,
+    doc: dict[str, Any],
+    env: Mapping[str, str],
+    overrides: Mapping[str, Any],
+) -> str:
+    """Every error as ``setting: what is wrong (where it was set)``. Never the value
+    (``input``): a setting may be a URL with a password in it."""
+    variables = _setting_variables(env)
+    parts = []
+    for error in exc.errors():
+        loc = [str(p) for p in error["loc"]]
+        # The source that set the deepest part of this setting; ties go to the
+        # higher-precedence source, the one whose value was used.
+        candidates: list[tuple[int, str]] = [(_depth(dict(overrides), loc), "an argument")]
+        for path, name in variables.items():
+            common = 0
+            while common < min(len(path), len(loc)) and path[common] == loc[common]:
+                common += 1
+            candidates.append((common, name))
+        candidates.append((_depth(doc, loc), str(file)))
+        depth, origin = max(candidates, key=lambda c: c[0])
+        where = f" (from {origin})" if depth else ""
+        parts.append(f"{'.'.join(loc) or 'configuration'}: {error['msg']}{where}")
+    return "invalid setting " + "; ".join(parts)
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """The configuration of the folder ``path``: ``overrides`` (nested dicts, e.g.
+    ``{"kek": {"provider": "vault"}}``) over the environment (``env``, default
+    ``os.environ``) over ``<path>/keyshred.toml`` (a missing file: none) over the
+    defaults. Anything invalid is a ``ConfigError`` naming the setting and where it
+    was set, never its value."""
+    file = Path(path) / CONFIG_FILE
+    doc = _read_file(file)
+    environ = os.environ if env is None else env
+    given = dict(overrides or {})
+    merged = _merge(_merge(doc, _read_environment(environ), Config), given, Config)
+    try:
+        return Config.model_validate(merged)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+        raise ConfigError(_describe(exc, file, doc, environ, given)) from None
 
 
-def _toml_value(value: Any) -> str:
+# --- Writing ------------------------------------------------------------------------
+
+_HEADER = "# keyshred configuration; every setting is listed in the README.\n"
+
+
+def _without_none(value: Any) -> Any:
+    """TOML has no null: an unset optional setting is left out (its default)."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
-
-
-def _toml_table(prefix: str, doc: Mapping[str, Any], out: list[str]) -> None:
-    scalars = {k: v for k, v in doc.items() if not isinstance(v, Mapping) and v is not None}
-    tables = {k: v for k, v in doc.items() if isinstance(v, Mapping)}
-    if prefix and scalars:
-        out.append(f"\n[{prefix}]")
-    out.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
-    for name, table in tables.items():
-        key = name if _BARE.fullmatch(name) else _toml_value(name)
-        _toml_table(f"{prefix}.{key}" if prefix else key, table, out)
+        return [_without_none(v) for v in value]
+    return value
 
 
 def save_config(path: str | os.PathLike[str], config: Config) -> Path:
-    """Write ``<path>/keyshred.toml`` (only settings, never secrets)."""
-    out = ["# keyshred configuration; every setting is listed in the README."]
-    _toml_table("", config.model_dump(mode="json"), out)
+    """Write ``<path>/keyshred.toml``: every setting (no secret is a setting).
+
+    Written to a temporary file and renamed over the old one, so a crash leaves one
+    of the two whole; readable by the owner only, as a URL setting may hold a
+    database password."""
+    text = _HEADER + tomli_w.dumps(_without_none(config.model_dump(mode="python")))
     file = Path(path) / CONFIG_FILE
-    file.write_text("\n".join(out) + "\n", "utf-8")
+    tmp = file.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return file

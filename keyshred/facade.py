@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from pathlib import Path
+from pathlib import Path, PurePath
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -22,15 +22,14 @@ from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, ErasureCoordinator, ErasureRequest
 from keyshred.errors import ConfigError, KeyshredError
-from keyshred.export import ExportResult, export_subject, open_export
+from keyshred.export import ExportResult, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
-from keyshred.lifecycle import Lifecycle
+from keyshred.lifecycle import Consent, Lifecycle
 from keyshred.metrics import Metrics
 from keyshred.storage.catalog import Catalog, sqlite_url
 from keyshred.storage.checkpoints import CheckpointStore
-from keyshred.storage.consent import ConsentApi
 from keyshred.storage.embeddings import Embedder, MiniLM, as_embedder
 from keyshred.storage.memories import MemoryStore
 from keyshred.storage.mentions import SubjectsApi
@@ -97,7 +96,6 @@ class Keyshred:
             embedder=embedder,
         )
         self.memories = self._guard(self._memories)
-        self.consent = self._guard(ConsentApi(catalog, self.policy, self._subject_ref))
         self.metrics = Metrics()
         catalog.on_stale = self.metrics.stale_job
         self._audit = AuditLog(catalog, retention_days=config.audit.retention_days)
@@ -116,19 +114,43 @@ class Keyshred:
             mentions=self._memories.mentions,
         )
         self.vault = self._guard(self._vault)
-        self.checkpoints = self._guard(
-            CheckpointStore(
+        self._checkpoints = CheckpointStore(
+            catalog,
+            keyring,
+            tenant=config.tenant,
+            first_key=self._memories.first_key,
+            mentions=self._memories.mentions,
+        )
+        self.checkpoints = self._guard(self._checkpoints)
+        self._erasure = ErasureCoordinator(self)
+        self.erasure = self._guard(self._erasure)
+        consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)
+        self.consent = self._guard(consent)
+        self._backup = BackupManager(
+            path,
+            config,
+            keyring,
+            catalog,
+            self._audit,
+            freeze=self._memories.freeze.exclusive,
+            flush_tokens=self._vault.flush,
+            open_copy=self._open_restored,
+            catalog_file=PurePath(CATALOG_DIR, CATALOG_FILE),
+        )
+        self.backup = self._guard(self._backup)
+        self.retention = self._guard(
+            Lifecycle(
+                config,
                 catalog,
-                keyring,
-                tenant=config.tenant,
-                first_key=self._memories.first_key,
-                mentions=self._memories.mentions,
+                self._audit,
+                memories_root=path / "memories",
+                checkpoints=self._checkpoints,
+                backups=self._backup,
+                erasures=self._erasure,
+                expire_exports=lambda now: expire_exports(self, now),
+                consent=consent,
             )
         )
-        self.erasure = self._guard(ErasureCoordinator(self))
-        self._backup = BackupManager(self)
-        self.backup = self._guard(self._backup)
-        self.retention = self._guard(Lifecycle(self))
         self._memories.audit = self._audit
         keyring.epoch_users = self._epoch_users
 
@@ -168,6 +190,23 @@ class Keyshred:
             probes=probes,
         )
         return self.erasure.run(req.request_id)
+
+    def _open_restored(self, folder: Path, config: Config) -> Keyshred:
+        """Open a folder ``ks.backup.restore`` is building: with the live embedding
+        model (loaded only if a rebuild needs it) and the live producers, so derived
+        data is rebuilt there as it would be here."""
+        live = self._memories
+
+        def embed(texts: list[str]) -> Any:
+            return live.embedder.embed(texts)
+
+        restored = Keyshred.open(folder, config, embeddings=embed)
+        try:
+            restored.derived.copy_producers(self.derived)
+        except BaseException:
+            restored.close()
+            raise
+        return restored
 
     def _epoch_users(self, before: int) -> list[str]:
         return [

@@ -11,28 +11,59 @@ expired data is suppressed before the scanner even runs. Expired tokens, audit
 events past ``audit.retention_days`` and expired backup generations go in the same
 run. ``start`` runs it in a loop for a long-running service.
 
-``ks.consent.withdraw(...)`` (through ``Lifecycle.withdraw``) revokes the consent
-record (new writes fail at once) and erases the scope: suppression first (reads of
-the scope fail at once), then the scope key is destroyed and its data dropped.
-Granting consent again later starts a new scope key; nothing old comes back.
+``ks.consent.withdraw(subject, scope)`` (``Consent``) revokes the consent record
+(new writes fail at once) and erases the scope: suppression first (reads of the
+scope fail at once), then the scope key is destroyed and its data dropped. Granting
+consent again later starts a new scope key; nothing old comes back.
+``ks.retention.withdraw`` is its deprecated former name.
+
+Both receive their collaborators from the facade (the catalog, the audit log, the
+stores they prune, a callable that runs an erasure), never the facade itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from keyshred.errors import KeyshredError, SubjectSuppressed
+from keyshred.storage.catalog import Catalog
 from keyshred.vault.schema import tokens
+from keyshred.storage.consent import ConsentApi
+from keyshred.storage.policy import Policy
 
 if TYPE_CHECKING:
+    from keyshred.audit import AuditLog
+    from keyshred.backup.manager import BackupManager
+    from keyshred.config import Config
     from keyshred.erasure import ErasureRequest
-    from keyshred.facade import Keyshred
+    from keyshred.storage.checkpoints import CheckpointStore
 
-__all__ = ["Lifecycle", "RetentionReport"]
+__all__ = ["Consent", "Erasures", "Lifecycle", "RetentionReport"]
+
+
+class Erasures(Protocol):
+    """The erasure coordinator as these services use it (the facade wires it)."""
+
+    def request(
+        self,
+        subject_ref: str,
+        scope: str | None,
+        *,
+        requested_by: str,
+        reason: str,
+        request_id: str | None = None,
+        assets: Sequence[str] | None = None,
+        kind: str = "erasure",
+    ) -> ErasureRequest: ...
+
+    def run(self, request_id: str) -> ErasureRequest: ...
 
 
 def _now() -> datetime:
@@ -64,8 +95,28 @@ class RetentionReport:
 class Lifecycle:
     """``ks.retention``: see the module docstring."""
 
-    def __init__(self, ks: Keyshred) -> None:
-        self._ks = ks
+    def __init__(
+        self,
+        config: Config,
+        catalog: Catalog,
+        audit: AuditLog,
+        *,
+        memories_root: Path,
+        checkpoints: CheckpointStore,
+        backups: BackupManager,
+        erasures: Erasures,
+        expire_exports: Callable[[datetime], int],
+        consent: Consent,
+    ) -> None:
+        self._config = config
+        self._catalog = catalog
+        self._audit = audit
+        self._memories_root = memories_root
+        self._checkpoints = checkpoints
+        self._backups = backups
+        self._erasures = erasures
+        self._expire_exports = expire_exports
+        self._consent = consent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,12 +129,12 @@ class Lifecycle:
         found: dict[str, set[str]] = {}
         for ref, ids in self._scan_segments(now).items():
             found.setdefault(ref, set()).update(ids)
-        for ref, ids in self._ks.catalog.expired("memory", now).items():
+        for ref, ids in self._catalog.expired("memory", now).items():
             found.setdefault(ref, set()).update(ids)
         return {ref: sorted(ids) for ref, ids in found.items()}
 
     def _scan_segments(self, now: datetime) -> dict[str, list[str]]:
-        root = self._ks.path / "memories"
+        root = self._memories_root
         if not any(root.glob("subject=*/seg-*.parquet")):
             return {}
         import duckdb
@@ -120,7 +171,7 @@ class Lifecycle:
         report.subjects = len(expired)
         for ref, ids in sorted(expired.items()):
             try:
-                self._ks.catalog.check_guard(ref)
+                self._catalog.check_guard(ref)
             except SubjectSuppressed:
                 continue  # an erasure of the subject is under way and takes them
             req = self._request(ref, ids)
@@ -134,17 +185,15 @@ class Lifecycle:
             )
             report.held += req.state == "legal_hold"
         report.tokens_deleted = self.purge_tokens(now)
-        days = self._ks.config.retention.checkpoints_days
+        days = self._config.retention.checkpoints_days
         if days is not None:
-            for ref in self._ks.checkpoints.idle_threads(now - timedelta(days=days)):
-                report.threads_deleted += 1 if self._ks.checkpoints.drop_thread_ref(ref) else 0
-        from keyshred.export import expire_exports
-
-        report.exports_expired = expire_exports(self._ks, now)
-        report.audit_events_pruned = self._ks.audit.apply_retention()
-        if self._ks.backup.target_in_use():
-            report.backup_generations_pruned = self._ks.backup.prune(now=now)
-        self._ks.audit.record(
+            for ref in self._checkpoints.idle_threads(now - timedelta(days=days)):
+                report.threads_deleted += 1 if self._checkpoints.drop_thread_ref(ref) else 0
+        report.exports_expired = self._expire_exports(now)
+        report.audit_events_pruned = self._audit.apply_retention()
+        if self._backups.target_in_use():
+            report.backup_generations_pruned = self._backups.prune(now=now)
+        self._audit.record(
             "retention.run",
             memories=report.expired_memories,
             subjects=report.subjects,
@@ -156,7 +205,7 @@ class Lifecycle:
     def _request(self, ref: str, ids: list[str]) -> ErasureRequest:
         # Idempotent: the same expired set is the same request (a held one resumes).
         digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:20]
-        req = self._ks.erasure.request(
+        req = self._erasures.request(
             ref,
             None,
             requested_by="retention-scanner",
@@ -165,19 +214,19 @@ class Lifecycle:
             assets=ids,
             kind="retention",
         )
-        return self._ks.erasure.run(req.request_id)
+        return self._erasures.run(req.request_id)
 
     def purge_tokens(self, now: datetime) -> int:
         """Delete tokens past their expiry plus ``retention.tokens_grace_days``."""
-        cutoff = now - timedelta(days=self._ks.config.retention.tokens_grace_days)
-        with self._ks.catalog.transaction() as conn:
+        cutoff = now - timedelta(days=self._config.retention.tokens_grace_days)
+        with self._catalog.transaction() as conn:
             return int(conn.execute(tokens.delete().where(tokens.c.expires_at <= cutoff)).rowcount)
 
     # -- what is configured ------------------------------------------------------------
 
     def show(self) -> dict[str, Any]:
         """Retention per layer, as configured (``keyshred retention show``)."""
-        cfg = self._ks.config
+        cfg = self._config
         scopes = {
             name: {
                 "purpose": s.purpose,
@@ -222,7 +271,7 @@ class Lifecycle:
 
     def start(self, interval_minutes: float | None = None) -> threading.Thread:
         """Run ``run()`` every ``interval_minutes`` in a daemon thread."""
-        minutes = interval_minutes or self._ks.config.retention.interval_minutes
+        minutes = interval_minutes or self._config.retention.interval_minutes
 
         def loop() -> None:
             while not self._stop.wait(minutes * 60):
@@ -241,7 +290,7 @@ class Lifecycle:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    # -- consent withdrawal --------------------------------------------------------------
+    # -- consent withdrawal (moved to ``ks.consent.withdraw``) ------------------------
 
     def withdraw(
         self,
@@ -251,18 +300,51 @@ class Lifecycle:
         category: str | None = None,
         requested_by: str = "consent-withdrawal",
     ) -> ErasureRequest:
+        """Deprecated: ``ks.consent.withdraw(subject, scope)`` does this."""
+        warnings.warn(
+            "ks.retention.withdraw is deprecated; use ks.consent.withdraw(subject, scope)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._consent.withdraw(subject, scope, category=category, requested_by=requested_by)
+
+
+class Consent(ConsentApi):
+    """``ks.consent``: consent records (``grant``, ``revoke``, ``list``) and their
+    withdrawal, which erases what the consent covered."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        policy: Policy,
+        subject_ref: Callable[[Any], str],
+        audit: AuditLog,
+        erasures: Erasures,
+    ) -> None:
+        super().__init__(catalog, policy, subject_ref)
+        self._audit = audit
+        self._erasures = erasures
+
+    def withdraw(
+        self,
+        subject: Any,
+        scope: str,
+        *,
+        category: str | None = None,
+        requested_by: str = "consent-withdrawal",
+    ) -> ErasureRequest:
         """Withdraw consent for a scope: revoke the record (new writes fail at once),
         then erase the scope (reads fail at once, the scope key is destroyed, its
         data dropped, derived data rebuilt, a signed receipt). The subject's other
         scopes stay readable. A consent record keeps its policy version and history."""
-        self._ks.consent.revoke(subject, scope=scope, category=category)
-        ref = self._ks.subject_ref(subject)
-        req = self._ks.erasure.request(
+        self.revoke(subject, scope=scope, category=category)
+        ref = self._ref(subject)
+        req = self._erasures.request(
             ref,
             scope,
             requested_by=requested_by,
             reason="consent-withdrawn",
             kind="consent-withdrawal",
         )
-        self._ks.audit.record("consent.withdrawn", subject_ref=ref, scope=scope)
-        return self._ks.erasure.run(req.request_id)
+        self._audit.record("consent.withdrawn", subject_ref=ref, scope=scope)
+        return self._erasures.run(req.request_id)

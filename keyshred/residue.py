@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,9 +84,22 @@ from keyshred.vault.rows import place_template as token_place
 from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
-    from keyshred.facade import Keyshred
+    from keyshred.storage.catalog import Catalog
 
-__all__ = ["ResidueHit", "ResidueReport", "probe_forms", "residue_scan"]
+__all__ = ["DataFolder", "ResidueHit", "ResidueReport", "probe_forms", "residue_scan"]
+
+
+class DataFolder(Protocol):
+    """What the scan needs of an open data folder (an open ``Keyshred`` is one):
+    where it is, the keyring that decrypts, and the catalog it checks."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def keyring(self) -> Keyring: ...
+    @property
+    def catalog(self) -> Catalog: ...
+
 
 # Kinds of what was found or decoded (report keys; no personal data).
 SEGMENT = "memory_segment"
@@ -333,7 +346,7 @@ class ResidueReport:
 
 
 def residue_scan(
-    ks: Keyshred, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
+    ks: DataFolder, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]
 ) -> ResidueReport:
     """Scan ``paths`` for ``probes`` (raw bytes, and everything the live keyring of
     ``ks`` can decrypt); see the module docstring."""
@@ -383,7 +396,7 @@ class _Root:
 
 
 class _Scanner:
-    def __init__(self, ks: Keyshred, needles: _Needles, report: ResidueReport) -> None:
+    def __init__(self, ks: DataFolder, needles: _Needles, report: ResidueReport) -> None:
         self._ks = ks
         self._keyring: Keyring = ks.keyring
         self._needles = needles

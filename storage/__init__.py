@@ -8,14 +8,34 @@
 - ``pme``: Parquet Modular Encryption with the keyring as its KMS.
 
 Vector partitions and checkpoints are not built yet (issues #4 and #8).
+
+The names below load on first use (PEP 562): importing one submodule does not
+import the others (``keyshred.storage.policy`` alone needs no pyarrow).
 """
 
 from __future__ import annotations
 
-from keyshred.storage.catalog import AssetRow, Catalog, ConsentRecord, GuardState
-from keyshred.storage.consent import ConsentApi
-from keyshred.storage.memories import Memory, MemoryStore, PutItem
-from keyshred.storage.policy import Policy, ScopeRule
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from keyshred.storage.catalog import AssetRow, Catalog, ConsentRecord, GuardState
+    from keyshred.storage.consent import ConsentApi
+    from keyshred.storage.memories import Memory, MemoryStore, PutItem
+    from keyshred.storage.policy import Policy, ScopeRule
+
+_LAZY = {
+    "AssetRow": "keyshred.storage.catalog",
+    "Catalog": "keyshred.storage.catalog",
+    "ConsentApi": "keyshred.storage.consent",
+    "ConsentRecord": "keyshred.storage.catalog",
+    "GuardState": "keyshred.storage.catalog",
+    "Memory": "keyshred.storage.memories",
+    "MemoryStore": "keyshred.storage.memories",
+    "Policy": "keyshred.storage.policy",
+    "PutItem": "keyshred.storage.memories",
+    "ScopeRule": "keyshred.storage.policy",
+}
 
 __all__ = [
     "AssetRow",
@@ -29,3 +49,16 @@ __all__ = [
     "PutItem",
     "ScopeRule",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -130,6 +130,20 @@ def test_erasure_under_hold_waits_then_completes(ks: Keyshred) -> None:
     assert [e.event for e in events] == ["hold.placed", "hold.released"]
 
 
+def test_retention_withdraw_is_a_deprecated_alias_of_consent_withdraw(ks: Keyshred) -> None:
+    ks.consent.grant("eve", scope="marketing", category="preference")
+    ks.memories.put(
+        "eve", NS, "likes", {"text": "likes jazz"}, scope="marketing", category="preference"
+    )
+    with pytest.warns(DeprecationWarning, match=r"ks\.consent\.withdraw"):
+        req = ks.retention.withdraw("eve", scope="marketing", category="preference")
+    assert req.state == "completed", req.error
+    receipt = ks.erasure.receipt(req.request_id)
+    assert receipt is not None and receipt.kind == "consent-withdrawal"
+    assert ks.memories.get("eve", NS, "likes") is None
+    assert [c.status for c in ks.consent.list("eve")] == ["revoked"]
+
+
 def test_consent_withdrawal_erases_one_scope_only(ks: Keyshred) -> None:
     ks.consent.grant("eve", scope="marketing", category="preference")
     ks.memories.put(
@@ -137,7 +151,7 @@ def test_consent_withdrawal_erases_one_scope_only(ks: Keyshred) -> None:
     )
     ks.memories.put("eve", NS, "order", {"text": "order 7"})
     old_keys = {r.key_id for r in ks.keyring.store.for_subject(ks.subject_ref("eve"), "marketing")}
-    req = ks.retention.withdraw("eve", scope="marketing", category="preference")
+    req = ks.consent.withdraw("eve", "marketing", category="preference")
     assert req.state == "completed", req.error
     receipt = ks.erasure.receipt(req.request_id)
     assert (
@@ -220,3 +234,30 @@ def test_idle_threads_expire(catalog_url: str, tmp_path: Path) -> None:
         assert saver.get_tuple(conf) is None
         ref = ks.checkpoints.thread_ref("t1")
         assert any(t.scope == f"~thread:{ref}" for t in ks.keyring.store.tombstones())
+
+
+def test_the_cli_withdraws_consent_through_ks_consent(tmp_path: Path) -> None:
+    import json
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from keyshred.cli import app
+
+    data = tmp_path / "cli"
+    with Keyshred.init(data, config(f"sqlite:///{tmp_path / 'cli-catalog.db'}")) as ks:
+        ks.consent.grant("eve", scope="marketing", category="preference")
+        ks.memories.put(
+            "eve", NS, "likes", {"text": "likes jazz"}, scope="marketing", category="preference"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # not the deprecated alias
+        result = CliRunner().invoke(
+            app,
+            ["consent", "withdraw", "eve", "--scope", "marketing", "--path", str(data), "--json"],
+        )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["state"] == "completed"
+    with Keyshred.open(data) as ks:
+        assert ks.memories.get("eve", NS, "likes") is None
+        assert [c.status for c in ks.consent.list("eve")] == ["revoked"]

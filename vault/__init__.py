@@ -9,6 +9,11 @@
 - ``keyshred.vault.store``: the token rows on the catalog's engine, one transaction
   per call; ``keyshred.vault.schema``: the vault's tables.
 - ``keyshred.vault.sanitizers``: the logging filter and the prompt guard.
+
+Only ``detect`` is imported here, eagerly: it is a leaf (standard library only) that
+any use of the vault loads anyway, and the function ``detect`` must win over the
+submodule of the same name whichever is imported first. ``tokens`` (SQLAlchemy,
+the keyring) loads only when imported.
 """
 
 from __future__ import annotations

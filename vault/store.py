@@ -38,7 +38,7 @@ from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.vault.schema import TOKEN_BLOCK, TOKEN_COLUMNS, TOKEN_KIND, create, token_blocks
 from keyshred.vault.schema import tokens as tokens_table
 
-__all__ = ["TokenStore"]
+__all__ = ["TokenStore", "block_mark", "skip_blocks"]
 
 _DETERMINISTIC = TOKEN_COLUMNS.index("deterministic")
 _VALUE = TOKEN_COLUMNS.index("value")
@@ -225,27 +225,11 @@ class TokenStore:
 
     def block_mark(self) -> int:
         """The highest block of token numbers handed out so far (0 for none)."""
-        with self.catalog.engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.max(token_blocks.c.block))).scalar() or 0)
+        return block_mark(self.catalog)
 
     def skip_blocks(self, through: int) -> None:
-        """Hand out no block up to ``through`` from now on. A restored catalog gets the
-        live one's mark: blocks taken after the snapshot were used by tokens that are
-        gone with the restore but may still sit in texts and logs, and a number
-        issued twice would make such a token resolve to the new token's value."""
-        if through <= self.block_mark():
-            return
-        with self.catalog.transaction() as conn:
-            conn.execute(token_blocks.insert().values(block=through, taken_at=datetime.now(UTC)))
-            if self.catalog.dialect == "postgresql":
-                # An explicit key does not move a serial's sequence; SQLite's
-                # AUTOINCREMENT continues above the largest key by itself.
-                conn.execute(
-                    sa.text(
-                        "SELECT setval(pg_get_serial_sequence('ks_token_blocks', 'block'), :n)"
-                    ),
-                    {"n": through},
-                )
+        """Hand out no block up to ``through`` from now on (``skip_blocks``)."""
+        skip_blocks(self.catalog, through)
 
     # -- subjects ----------------------------------------------------------------
 
@@ -304,3 +288,27 @@ class TokenStore:
             )
             for r in found
         ]
+
+
+def block_mark(catalog: Catalog) -> int:
+    """The highest block of token numbers handed out from ``catalog`` (0 for none)."""
+    with catalog.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.max(token_blocks.c.block))).scalar() or 0)
+
+
+def skip_blocks(catalog: Catalog, through: int) -> None:
+    """Hand out no block up to ``through`` from ``catalog`` from now on. A restored
+    catalog gets the live one's mark: blocks taken after the snapshot were used by
+    tokens that are gone with the restore but may still sit in texts and logs, and a
+    number issued twice would make such a token resolve to the new token's value."""
+    if through <= block_mark(catalog):
+        return
+    with catalog.transaction() as conn:
+        conn.execute(token_blocks.insert().values(block=through, taken_at=datetime.now(UTC)))
+        if catalog.dialect == "postgresql":
+            # An explicit key does not move a serial's sequence; SQLite's
+            # AUTOINCREMENT continues above the largest key by itself.
+            conn.execute(
+                sa.text("SELECT setval(pg_get_serial_sequence('ks_token_blocks', 'block'), :n)"),
+                {"n": through},
+            )

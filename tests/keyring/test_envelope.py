@@ -1,18 +1,23 @@
-"""The envelope format against spec-derived vectors, and every way to break it."""
+"""The envelope format against spec-derived vectors, and every way to break it.
+
+Every seal and open path in use (the pair and the bulk loops on top of it) runs
+through the same positive and negative vectors."""
 
 from __future__ import annotations
 
 import copy
 import json
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from keyshred.errors import IntegrityError, InvalidInput
+from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
-from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, key_id_of
+from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate, key_id_of
 
 VECTORS = json.loads(
     (Path(__file__).parents[1] / "vectors" / "envelope_v1.json").read_text("utf-8")
@@ -33,13 +38,82 @@ def test_valid_vectors_seal_and_open_exactly(case: dict[str, Any]) -> None:
     assert key_id_of(ciphertext) == bytes.fromhex(case["key_id"])
 
 
+def _template(place: Place) -> PlaceTemplate:
+    return PlaceTemplate(place.subject_ref, place.scope, place.table, place.column)
+
+
+# Every way to seal: the one seal and the bulk loop on top of it. Both must give the
+# vector's ciphertext for the vector's nonce (drawn where a real seal draws it).
+SEALS: dict[str, Callable[[DataKey, bytes, Place], bytes]] = {
+    "seal": lambda key, plaintext, place: key.seal(plaintext, place),
+    "seal_rows": lambda key, plaintext, place: key.seal_rows(
+        [(place.record_id, plaintext)], _template(place)
+    )[0],
+}
+
+
+def _open_rows_into(key: DataKey, ciphertext: bytes, place: Place) -> bytes:
+    """The vector partition's bulk path: the ciphertext between two others' bytes."""
+    width = max(len(ciphertext) - OVERHEAD_BYTES, 0)
+    out = bytearray(b"\xee" * (3 * width))
+    key.open_rows_into(
+        b"junk" + ciphertext + b"more",
+        starts=[4],
+        template=_template(place),
+        record_ids=[place.record_id],
+        out=memoryview(out),
+        out_rows=[1],
+        width=width,
+    )
+    assert out[:width] == out[2 * width :] == b"\xee" * width  # other rows untouched
+    return bytes(out[width : 2 * width])
+
+
+# Every way to open: the one open (bytes and buffer inputs, a pre-encoded place) and
+# the bulk loop on top of it.
+OPENS: dict[str, Callable[[DataKey, bytes, Place], bytes]] = {
+    "open": lambda key, ct, place: key.open(ct, place),
+    "open(memoryview)": lambda key, ct, place: key.open(memoryview(bytearray(ct)), place),
+    "open_encoded": lambda key, ct, place: key.open_encoded(
+        ct, _template(place).encoded(place.record_id)
+    ),
+    "open_rows_into": _open_rows_into,
+}
+
+
+@pytest.mark.parametrize("path", SEALS)
+@pytest.mark.parametrize("case", VECTORS["valid"], ids=lambda c: f"{len(c['plaintext']) // 2}B")
+def test_valid_vectors_through_every_seal(
+    case: dict[str, Any], path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, place = _key(case), Place(*case["place"])
+    plaintext, ciphertext = bytes.fromhex(case["plaintext"]), bytes.fromhex(case["ciphertext"])
+    monkeypatch.setattr(prim, "random_nonce", lambda: bytes.fromhex(case["nonce"]))
+    assert SEALS[path](key, plaintext, place) == ciphertext
+
+
+@pytest.mark.parametrize("path", OPENS)
+@pytest.mark.parametrize("case", VECTORS["valid"], ids=lambda c: f"{len(c['plaintext']) // 2}B")
+def test_valid_vectors_through_every_open(case: dict[str, Any], path: str) -> None:
+    key, place = _key(case), Place(*case["place"])
+    plaintext, ciphertext = bytes.fromhex(case["plaintext"]), bytes.fromhex(case["ciphertext"])
+    assert OPENS[path](key, ciphertext, place) == plaintext
+
+
+@pytest.mark.parametrize("path", OPENS)
 @pytest.mark.parametrize("case", VECTORS["invalid"], ids=lambda c: c["why"])
-def test_invalid_vectors_raise_integrity_error(case: dict[str, Any]) -> None:
+def test_invalid_vectors_raise_integrity_error(case: dict[str, Any], path: str) -> None:
     with pytest.raises(IntegrityError) as info:
-        _key(case).open(bytes.fromhex(case["ciphertext"]), Place(*case["place"]))
+        OPENS[path](_key(case), bytes.fromhex(case["ciphertext"]), Place(*case["place"]))
     assert str(info.value) == "ciphertext failed authentication"  # opaque: no reason given
     exc = info.value
     assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
+
+
+def test_a_template_encodes_exactly_the_place() -> None:
+    for case in VECTORS["valid"]:
+        place = Place(*case["place"])
+        assert _template(place).encoded(place.record_id) == place.encoded
 
 
 def _sample() -> tuple[DataKey, Place, bytes]:
@@ -87,6 +161,8 @@ def test_seal_refuses_a_place_of_another_owner() -> None:
     key, place, _ = _sample()
     with pytest.raises(InvalidInput):
         key.seal(b"x", Place("someone-else", place.scope, "t", "r", "c"))
+    with pytest.raises(InvalidInput):
+        key.seal_rows([("r", b"x")], PlaceTemplate("someone-else", place.scope, "t", "c"))
 
 
 def test_random_nonces_and_overhead() -> None:
@@ -108,18 +184,19 @@ def test_data_key_never_leaks() -> None:
 
 
 def test_nonces_are_fresh_across_threads_and_forks() -> None:
-    """Nonces come from a per-thread pool of os.urandom bytes; a forked child draws
-    anew instead of handing out what the parent will hand out next."""
+    """Nonces come straight from os.urandom: fresh in every thread, and a forked child
+    does not hand out what the parent will hand out next."""
     import os
     import threading
 
-    from keyshred.keyring import _primitives as prim
-
-    seen = [prim.nonces(1) for _ in range(2000)]  # several refills of the pool
-    batch = prim.nonces(500)
-    seen += [batch[i : i + 12] for i in range(0, len(batch), 12)]
+    seen = [prim.random_nonce() for _ in range(2000)]
+    key, place, _ = _sample()
+    rows = key.seal_rows([(f"r{i}", b"x") for i in range(500)], _template(place))
+    seen += [ct[20:32] for ct in rows]  # the bulk loop draws a nonce per row too
     others: list[bytes] = []
-    workers = [threading.Thread(target=lambda: others.extend(prim.nonces(1) for _ in range(300)))]
+    workers = [
+        threading.Thread(target=lambda: others.extend(prim.random_nonce() for _ in range(300)))
+    ]
     for w in workers:
         w.start()
     for w in workers:
@@ -130,10 +207,10 @@ def test_nonces_are_fresh_across_threads_and_forks() -> None:
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            os.write(write, prim.nonces(10))
+            os.write(write, b"".join(prim.random_nonce() for _ in range(10)))
             os._exit(0)
         os.close(write)
         os.waitpid(pid, 0)
         child = os.read(read, 200)
         os.close(read)
-        assert child != prim.nonces(10)
+        assert child != b"".join(prim.random_nonce() for _ in range(10))

@@ -23,6 +23,7 @@ from keyshred.keyring.keystore import (
     KeyStore,
     SecretRecord,
     SQLiteKeyStore,
+    SqlKeyStore,
     Tombstone,
     owner_tag,
 )
@@ -253,13 +254,13 @@ def test_a_forked_child_opens_its_own_postgres_key_store_connection() -> None:
     with pg_schema() as options:
         store = PostgresKeyStore(f"postgresql://postgres@127.0.0.1:5432/test?{options}")
         try:
-            ((parent,),) = store._query("SELECT pg_backend_pid()")
+            parent = _backend_pid(store)
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: report its server process, never return
                 code = 1
                 try:
-                    ((child,),) = store._query("SELECT pg_backend_pid()")
+                    child = _backend_pid(store)
                     os.write(w, str(child).encode())
                     code = 0
                 finally:
@@ -270,9 +271,16 @@ def test_a_forked_child_opens_its_own_postgres_key_store_connection() -> None:
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0
             assert int(reported) != parent
-            assert store._query("SELECT pg_backend_pid()") == [(parent,)]  # still ours
+            assert _backend_pid(store) == parent  # still ours
         finally:
             store.close()
+
+
+def _backend_pid(store: KeyStore) -> int:
+    """The server process of the connection the store's pool hands out."""
+    assert isinstance(store, SqlKeyStore)
+    with store.engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
 
 
 def shared_rec(ref: str, owners: tuple[str, ...], scope: str = "default") -> KeyRecord:
