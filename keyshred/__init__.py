@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from keyshred.storage.catalog import ConsentRecord
     from keyshred.storage.memories import Memory, PutItem, RepairReport
     from keyshred.vault.detect import Finding
-    from keyshred.vault.tokens import Sanitized, VaultStatus
+    from keyshred.vault.tokens import Sanitized
 
 __version__ = "0.1.0"
 
@@ -82,7 +82,6 @@ _LAZY = {
     "RepairReport": "keyshred.storage.memories",
     "ConsentRecord": "keyshred.storage.catalog",
     "Sanitized": "keyshred.vault.tokens",
-    "VaultStatus": "keyshred.vault.tokens",
     "Finding": "keyshred.vault.detect",
     "ErasureRequest": "keyshred.erasure",
     "ExternalAnswer": "keyshred.erasure",
@@ -185,7 +184,6 @@ __all__ = [
     "UnknownScope",
     "UnknownToken",
     "ValueTooLarge",
-    "VaultStatus",
     "VerificationFailed",
 ]
 

@@ -71,7 +71,6 @@ PUBLIC = [
     "UnknownScope",
     "UnknownToken",
     "ValueTooLarge",
-    "VaultStatus",
     "VerificationFailed",
 ]
 
