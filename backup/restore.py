@@ -36,6 +36,8 @@ from keyshred.keyring.kek import WrappedKey
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
 from keyshred.storage.catalog import Catalog
+from keyshred.vault.store import block_mark as token_block_mark
+from keyshred.vault.store import skip_blocks as skip_token_blocks
 
 __all__ = ["RESTORE_POINTS", "OpenCopy", "Restore", "RestoreReport", "RestoredCopy"]
 
@@ -275,8 +277,8 @@ class Restore(Generations):
             # 5b. Token numbers: skip every block the live catalog has handed out
             #     (plus a margin for a process that takes one meanwhile), so no
             #     token issued after the snapshot ever gets its id reissued.
-            restored.catalog.skip_token_blocks(
-                self._catalog.token_block_mark() + _TOKEN_BLOCK_MARGIN
+            skip_token_blocks(
+                restored.catalog, token_block_mark(self._catalog) + _TOKEN_BLOCK_MARGIN
             )
             # 6. Verify what remains: every live subject's partition opens, every
             #    file authenticates and matches the catalog.

@@ -51,10 +51,11 @@ from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.schema import audit_events
 from keyshred.storage import faults
-from keyshred.storage.catalog import AssetRow, Catalog, tokens
+from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.partition import row_key_id
 from keyshred.storage.schema import asset_mentions, assets
+from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
     from keyshred.audit import AuditLog

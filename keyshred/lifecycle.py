@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from keyshred.errors import KeyshredError, SubjectSuppressed
-from keyshred.storage.catalog import Catalog, tokens
+from keyshred.storage.catalog import Catalog
 from keyshred.storage.consent import ConsentApi
 from keyshred.storage.policy import Policy
+from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
     from keyshred.audit import AuditLog

@@ -3,21 +3,19 @@ the subject guard, on SQLite (embedded profile) or PostgreSQL (distributed profi
 
 ``Catalog`` composes its parts (``catalog_guard``, ``catalog_assets``,
 ``catalog_identifiers``, ``catalog_consents`` on ``catalog_base``); this module holds
-the vault's token rows, which the catalog lists as assets, and snapshots. Tables are
+the catalog's construction, the assets the vault lists through its hooks (its tokens
+are assets the vault stores: ``keyshred.vault.store``), and snapshots. Tables are
 defined in ``keyshred.storage.schema``; schema changes are the Alembic revisions of
 ``keyshred.migrations``, which the facade runs before it opens the catalog.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sqlite3
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +33,6 @@ from keyshred.storage.catalog_base import (
     ConsentRecord,
     GuardState,
 )
-from keyshred.storage.catalog_base import OPEN as _OPEN
-from keyshred.storage.catalog_base import chunks as _chunks
 from keyshred.storage.catalog_consents import ConsentsMixin
 from keyshred.storage.catalog_identifiers import IdentifiersMixin
 from keyshred.storage.schema import (
@@ -58,9 +54,6 @@ __all__ = [
     "DETECTED",
     "ERASED",
     "SUPPRESSED",
-    "TOKEN_BLOCK",
-    "TOKEN_COLUMNS",
-    "TOKEN_KIND",
     "AssetRow",
     "Catalog",
     "CatalogSnapshot",
@@ -71,67 +64,6 @@ __all__ = [
     "sqlite_url",
     "utc",
 ]
-
-# Token rows per INSERT statement in a group commit (11 parameters a row; SQLite
-# takes 32,766): chunks of 256, then 32, then the rest one by one.
-_ROWS_PER_INSERT = (256, 32)
-
-
-# The vault's tokens. Each row is a token asset in full (subject_ref, scope, purpose,
-# retain-until = expires_at, storage = this table; tokens derive from nothing), so
-# tokens get no second row in ``ks_assets``: ``assets()`` and ``asset_kinds()`` list
-# them with kind ``token``. One row per token halves what a sanitize writes. The key
-# is the token's number, which its id enciphers (``keyshred.keyring.tokenid``):
-# numbers come in blocks per process, so rows append, and a token finds its row by
-# primary key; no index of random ids takes random inserts. ``lookup`` (deterministic
-# tokens only) is the HMAC of the value under a key derived from the subject's DEK.
-TOKEN_KIND = "token"  # noqa: S105 - an asset kind, not a secret
-TOKEN_BLOCK = 1024  # numbers a process takes at a time
-
-tokens = sa.Table(
-    "ks_tokens",
-    metadata,
-    # INTEGER PRIMARY KEY on SQLite: the rowid itself.
-    sa.Column(
-        "number",
-        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-        primary_key=True,
-        autoincrement=False,
-    ),
-    sa.Column("token", sa.String(64), nullable=False),
-    sa.Column("subject_ref", sa.String(64), nullable=False),
-    sa.Column("scope", sa.String(128), nullable=False),
-    sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("purpose", sa.String(128), nullable=False),
-    sa.Column("deterministic", sa.Boolean, nullable=False),
-    sa.Column("lookup", sa.LargeBinary(32), nullable=True),
-    # Microseconds since 1970 UTC (``Micros``): bound as integers on the hot path.
-    sa.Column("created_at", Micros, nullable=False),
-    sa.Column("expires_at", Micros, nullable=False),
-    sa.Column("value", sa.LargeBinary, nullable=False),  # envelope ciphertext
-    sa.Index("ks_tokens_subject", "subject_ref", "scope"),
-)
-sa.Index(
-    "ks_tokens_lookup",
-    tokens.c.lookup,
-    sqlite_where=tokens.c.lookup.is_not(None),
-    postgresql_where=tokens.c.lookup.is_not(None),
-)
-# One row per block of token numbers handed to a process; never deleted, so a number
-# is never issued twice (block b holds b * TOKEN_BLOCK .. b * TOKEN_BLOCK + 1023).
-token_blocks = sa.Table(
-    "ks_token_blocks",
-    metadata,
-    sa.Column("block", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("taken_at", sa.DateTime(timezone=True), nullable=False),
-    # The taking process's group-commit interval: how long its tokens may wait in
-    # its memory before they are written (0: written before they are handed out).
-    sa.Column("group_commit_ms", sa.Float, nullable=False, server_default="0"),
-    sqlite_autoincrement=True,
-)
-TOKEN_COLUMNS = tuple(c.name for c in tokens.columns)
-_TOKEN_DETERMINISTIC = TOKEN_COLUMNS.index("deterministic")
-_TOKEN_VALUE = TOKEN_COLUMNS.index("value")
 
 
 class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
@@ -182,11 +114,10 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
                 raise
         self._guard_setup()
         self.on_stale = None
-        # token -> its row number (set by the vault; None for what is not a token)
-        self.token_number: Callable[[str], int | None] | None = None
-        # The vault's flush: reads of token assets first store this process's tokens
-        # held for group commit, so a process reads its own writes.
-        self.flush_tokens: Callable[[], object] | None = None
+        # The vault's tokens as assets, set by the vault (``keyshred.vault.store``),
+        # whose tables the catalog does not know: a subject's (scope's), and one by id.
+        self.token_assets: Callable[[str, str | None], list[AssetRow]] | None = None
+        self.token_asset: Callable[[str], AssetRow | None] | None = None
         _CATALOGS.add(self)
         self._sql = self._compile_hot_statements()
 
@@ -212,10 +143,6 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
                 asset_id=bp("asset_id"), subject_ref=bp("subject_ref"), how=bp("how")
             ),
             "delete_asset": assets.delete().where(assets.c.asset_id == bp("asset_id")),
-            "insert_token": tokens.insert().values({c.name: bp(c.name) for c in tokens.columns}),
-            "insert_token_replay": self._insert_ignore(tokens).values(
-                {c.name: bp(c.name) for c in tokens.columns}
-            ),
             "delete_sources": asset_sources.delete().where(
                 asset_sources.c.asset_id == bp("asset_id")
             ),
@@ -233,170 +160,10 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
             ),
         }
         # On SQLite these bind by position (a tuple: cheaper per row than a dict).
-        positional = {"insert_asset", "insert_token", "insert_token_replay", "guard_positional"}
-        self.token_columns = TOKEN_COLUMNS
-        return self.compile(statements, positional=positional)
-
-    def insert_tokens(
-        self,
-        rows: Sequence[Sequence[Any]],
-        scopes: Iterable[tuple[str, str, int | None]],
-        *,
-        existing_ok: bool = False,
-    ) -> None:
-        """Store token rows (values in ``token_columns`` order, times as ``micros``),
-        re-checking the guard of every ``(subject_ref, scope,
-        expected epoch)`` in the same write transaction: nothing is stored if any
-        of them is suppressed or its epoch is stale. ``existing_ok`` skips rows whose
-        number is stored already (a journal replayed after its rows were stored)."""
-        if not rows:
-            return
-        with self._hot(write=True) as cur:
-            scopes = list(scopes)
-            if len(scopes) == 1:
-                ref, scope, epoch = scopes[0]
-                self.enforce(ref, self._guard_row(cur, ref, True), epoch, scope)
-            else:  # a group commit: every subject's guard in one read
-                states = self._guard_rows(cur, {ref for ref, _, _ in scopes})
-                for ref, scope, epoch in scopes:
-                    self.enforce(ref, states.get(ref, _OPEN), epoch, scope)
-            sql = self._sql["insert_token_replay" if existing_ok else "insert_token"]
-            if self.dialect == "sqlite":
-                self._insert_sqlite(cur, sql, rows)
-            elif len(rows) == 1:
-                cur.execute(sql, dict(zip(self.token_columns, rows[0], strict=True)))
-            else:
-                cur.executemany(
-                    sql, [dict(zip(self.token_columns, row, strict=True)) for row in rows]
-                )
-
-    def _insert_sqlite(self, cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Token rows through Python's ``sqlite3``, bound positionally from one flat
-        list. Many rows per statement: one step through SQLite's VM per chunk
-        instead of a bind, step and reset per row (few statement sizes, so each is
-        prepared once and cached).
-
-        ``sqlite3`` binds ``int``, ``float``, ``str`` and ``bytearray`` as they are,
-        but passes anything else (``bool``, ``None``, ``bytes``) through its adapter
-        registry first: a tuple built and looked up and two attribute lookups per
-        value, a third of what storing a token row cost. So ``deterministic`` goes
-        in as an ``int`` and the sealed ``value`` as a ``bytearray`` (SQLite stores
-        the same integer and the same blob)."""
-        width = len(self.token_columns)
-        flat = list(chain.from_iterable(rows))
-        flat[_TOKEN_DETERMINISTIC::width] = map(int, flat[_TOKEN_DETERMINISTIC::width])
-        flat[_TOKEN_VALUE::width] = map(bytearray, flat[_TOKEN_VALUE::width])
-        count, at = len(rows), 0
-        for size in _ROWS_PER_INSERT:
-            if count - at >= size:
-                stmt = self._multi_row(sql, size)
-                while count - at >= size:
-                    cur.execute(stmt, flat[at * width : (at + size) * width])
-                    at += size
-        while at < count:
-            cur.execute(sql, flat[at * width : (at + 1) * width])
-            at += 1
-
-    @staticmethod
-    @functools.lru_cache(maxsize=16)
-    def _multi_row(sql: str, rows: int) -> str:
-        """``INSERT … VALUES (…)`` with ``rows`` value lists."""
-        head, _, tail = sql.partition(" VALUES ")
-        values, close, rest = tail.partition(")")
-        return f"{head} VALUES {', '.join([values + close] * rows)}{rest}"
-
-    def token_block(self, group_commit_ms: float = 0.0) -> int:
-        """A fresh block of token numbers, never handed out before: its first number
-        (``TOKEN_BLOCK`` numbers from there on are the caller's, whose tokens wait
-        up to ``group_commit_ms`` before they are written)."""
-        with self._write() as conn:
-            block = conn.execute(
-                token_blocks.insert().values(
-                    taken_at=datetime.now(UTC), group_commit_ms=group_commit_ms
-                )
-            ).inserted_primary_key
-        assert block is not None  # noqa: S101 - an insert has a key
-        return int(block[0]) * TOKEN_BLOCK
-
-    def token_pending_window(
-        self, number: int, slack: float = 0.5, now: datetime | None = None
-    ) -> float:
-        """How long (seconds) a token number without a row may still wait in its
-        issuing process's group commit: 0 unless its block was handed out to a
-        process with group commit and the block's next stored number (if any) was
-        issued less than that interval plus ``slack`` ago. A process flushes what
-        it issued within its interval, so an older later number means this one was
-        flushed too (and deleted since); a very recent one may have overtaken it
-        between two threads."""
-        block = number // TOKEN_BLOCK
-        with self._read() as conn:
-            window = conn.execute(
-                sa.select(token_blocks.c.group_commit_ms).where(token_blocks.c.block == block)
-            ).scalar()
-            if not window:
-                return 0.0  # never issued (forged), or issued by a commit per call
-            later = conn.execute(
-                sa.select(tokens.c.created_at)
-                .where(tokens.c.number > number, tokens.c.number < (block + 1) * TOKEN_BLOCK)
-                .order_by(tokens.c.number)
-                .limit(1)
-            ).scalar()
-        seconds = float(window) / 1000.0
-        if later is not None:
-            age = ((now or datetime.now(UTC)) - utc(later)).total_seconds()  # type: ignore[operator]
-            if age >= seconds + slack:
-                return 0.0
-        return seconds + slack
-
-    def token_block_mark(self) -> int:
-        """The highest block of token numbers handed out so far (0 for none)."""
-        with self._read() as conn:
-            return int(conn.execute(sa.select(sa.func.max(token_blocks.c.block))).scalar() or 0)
-
-    def skip_token_blocks(self, through: int) -> None:
-        """Hand out no block up to ``through`` from now on. A restored catalog gets the
-        live one's mark: blocks taken after the snapshot were used by tokens that are
-        gone with the restore but may still sit in texts and logs, and a number
-        issued twice would make such a token resolve to the new token's value."""
-        if through <= self.token_block_mark():
-            return
-        with self._write() as conn:
-            conn.execute(token_blocks.insert().values(block=through, taken_at=datetime.now(UTC)))
-            if self.dialect == "postgresql":
-                # An explicit key does not move a serial's sequence; SQLite's
-                # AUTOINCREMENT continues above the largest key by itself.
-                conn.execute(
-                    sa.text(
-                        "SELECT setval(pg_get_serial_sequence('ks_token_blocks', 'block'), :n)"
-                    ),
-                    {"n": through},
-                )
-
-    def _marks(self, n: int) -> str:
-        """``n`` positional placeholders of this dialect (never values)."""
-        return ", ".join([self._mark] * n)
-
-    def token_lookups(
-        self, subject_ref: str, scope: str, purpose: str, lookups: Sequence[bytes]
-    ) -> dict[bytes, str]:
-        """lookup -> token of the subject's stored deterministic tokens for ``purpose``
-        (the lowest-numbered, if racing processes issued two)."""
-        out: dict[bytes, str] = {}
-        for chunk in _chunks(lookups):
-            with self._hot(write=False) as cur:
-                cur.execute(
-                    "SELECT lookup, token FROM ks_tokens WHERE "  # noqa: S608
-                    f"lookup IN ({self._marks(len(chunk))}) AND subject_ref = {self._mark} "
-                    f"AND scope = {self._mark} AND purpose = {self._mark} ORDER BY number DESC",
-                    [*chunk, subject_ref, scope, purpose],
-                )
-                found = cur.fetchall()
-            out.update({bytes(r[0]): str(r[1]) for r in found})  # the lowest number wins
-        return out
+        return self.compile(statements, positional={"insert_asset", "guard_positional"})
 
     def asset_kinds(self, subject_ref: str, scope: str | None = None) -> dict[str, str]:
         """Asset id -> kind of every asset of the subject (or one of its scopes)."""
-        self._settle_tokens()
         with self._read() as conn:
             out = {
                 str(a): str(k)
@@ -406,9 +173,8 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
                     )
                 )
             }
-            where = self.subject_filter(subject_ref, scope, tokens)
-            for (t,) in conn.execute(sa.select(tokens.c.token).where(where)):
-                out[str(t)] = TOKEN_KIND
+        if self.token_assets is not None:
+            out.update((t.asset_id, t.kind) for t in self.token_assets(subject_ref, scope))
         return out
 
     def assets(
@@ -424,60 +190,17 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
             where = sa.and_(where, assets.c.kind == kind)
         if status is not None:
             where = sa.and_(where, assets.c.status == status)
-        with_tokens = kind in (None, TOKEN_KIND) and status in (None, "live")
-        if with_tokens:
-            self._settle_tokens()
         with self._read() as conn:
             rows = self._rows(conn, where)
-            if with_tokens:
-                rows += self._token_rows(conn, self.subject_filter(subject_ref, scope, tokens))
+        if kind in (None, "token") and status in (None, "live") and self.token_assets:
+            rows += self.token_assets(subject_ref, scope)
         return rows
 
-    def _settle_tokens(self) -> None:
-        if self.flush_tokens is not None:
-            self.flush_tokens()
-
-    @staticmethod
-    def _token_rows(conn: Connection, where: Any) -> list[AssetRow]:
-        """Token rows seen as the assets they are."""
-        return [
-            AssetRow(
-                r.token,
-                r.subject_ref,
-                r.scope,
-                TOKEN_KIND,
-                "catalog",
-                "ks_tokens",
-                r.purpose,
-                "token",
-                utc(r.created_at),  # type: ignore[arg-type]
-                utc(r.expires_at),
-            )
-            for r in conn.execute(
-                sa.select(
-                    tokens.c.token,
-                    tokens.c.subject_ref,
-                    tokens.c.scope,
-                    tokens.c.purpose,
-                    tokens.c.created_at,
-                    tokens.c.expires_at,
-                ).where(where)
-            )
-        ]
-
     def asset(self, asset_id: str) -> AssetRow | None:
-        if asset_id.startswith("<"):
-            self._settle_tokens()
         with self._read() as conn:
             rows = self._rows(conn, assets.c.asset_id == asset_id)
-            if not rows and asset_id.startswith("<"):
-                # A token's row by its number when the vault has said how to read
-                # one (``token_number``); without it, a scan.
-                number = self.token_number(asset_id) if self.token_number else None
-                where = tokens.c.token == asset_id
-                if number is not None:
-                    where = sa.and_(tokens.c.number == number, where)
-                rows = self._token_rows(conn, where)
+        if not rows and asset_id.startswith("<") and self.token_asset is not None:
+            return self.token_asset(asset_id)  # a token of the vault
         return rows[0] if rows else None
 
     # -- snapshots (backups) -------------------------------------------------------

@@ -75,7 +75,6 @@ PUBLIC = [
     "UnknownScope",
     "UnknownToken",
     "ValueTooLarge",
-    "VaultStatus",
     "VerificationFailed",
 ]
 

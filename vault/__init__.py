@@ -5,6 +5,9 @@
   and an adapter for Presidio results.
 - ``keyshred.vault.tokens``: ``TokenVault`` (``ks.vault``): purpose-bound, expiring
   tokens; ``sanitize``/``sanitize_many``, ``restore``, ``detokenize``.
+- ``keyshred.vault.rows``: what a token row is made of (form, kind, sealed value).
+- ``keyshred.vault.store``: the token rows on the catalog's engine, one transaction
+  per call; ``keyshred.vault.schema``: the vault's tables.
 - ``keyshred.vault.sanitizers``: the logging filter and the prompt guard.
 
 Only ``detect`` is imported here, eagerly: it is a leaf (standard library only) that

@@ -29,9 +29,9 @@ __all__ = ["BASELINE", "SCRIPT_LOCATION", "VERSION_TABLE", "migrate_catalog", "t
 SCRIPT_LOCATION = "keyshred:migrations"
 BASELINE = "0001"  # the schema of the last release without versioned migrations
 _LEGACY_TABLE = "ks_assets"
-# The modules that define the catalog database's tables (storage's own are in
-# keyshred.storage.schema; the vault's token tables in keyshred.storage.catalog).
-_TABLE_MODULES = ("keyshred.storage.schema", "keyshred.storage.catalog", "keyshred.schema")
+# The modules that define the catalog database's tables: storage's, the vault's
+# (its tokens) and the services' (erasure requests, holds, the audit chain).
+_TABLE_MODULES = ("keyshred.storage.schema", "keyshred.vault.schema", "keyshred.schema")
 
 
 def target_metadata() -> sa.MetaData:

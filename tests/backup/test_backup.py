@@ -409,7 +409,7 @@ def test_a_restore_never_reissues_the_id_of_a_token_issued_after_its_snapshot(
             for t in s.tokens
         ]
         assert not set(fresh) & set(later)
-        live_mark = ks.catalog.token_block_mark()
+        live_mark = ks.vault.block_mark()
         assert min(restored.vault.number_of(t) or 0 for t in fresh) >= (live_mark + 1) * 1024
 
 

@@ -13,7 +13,6 @@ from keyshred.errors import StaleEpoch, SubjectSuppressed
 from keyshred.storage.catalog import (
     ACTIVE,
     SUPPRESSED,
-    TOKEN_BLOCK,
     AssetRow,
     Catalog,
     Micros,
@@ -175,103 +174,6 @@ def test_a_catalog_from_before_token_numbers_is_refused_clearly(tmp_path: Path, 
         Catalog(sqlite_url(path), migrate=migrate_catalog)
 
 
-def _token_rows(numbers: range, ref: str = "ref-a") -> list[tuple[object, ...]]:
-    created = micros(NOW)
-    return [
-        (
-            n,
-            f"<PHONE_{n:010x}>",
-            ref,
-            "default",
-            "PHONE",
-            "support",
-            False,
-            None,
-            created,
-            created + 3_600_000_000,
-            b"sealed",
-        )
-        for n in numbers
-    ]
-
-
-def test_token_rows_in_many_row_statements_and_replays_skip_stored_ones(cat: Catalog) -> None:
-    """A group commit writes chunks of 256 and 32 rows per statement and the rest one
-    by one; a journal replayed after its rows were stored skips them."""
-    from sqlalchemy import func, select
-
-    from keyshred.storage.catalog import tokens
-
-    base = cat.token_block()
-    cat.insert_tokens(_token_rows(range(base, base + 300)), [("ref-a", "default", 0)])
-    replay = _token_rows(range(base + 250, base + 590))  # 50 stored, 290 new
-    cat.insert_tokens(replay, [("ref-a", "default", 0)], existing_ok=True)
-    with cat.engine.connect() as conn:
-        numbers = [r[0] for r in conn.execute(select(tokens.c.number).order_by(tokens.c.number))]
-        times = conn.execute(select(tokens.c.created_at, tokens.c.expires_at).limit(1)).one()
-        assert conn.execute(select(func.count()).select_from(tokens)).scalar_one() == 590
-    assert numbers == list(range(base, base + 590))
-    # Times are integer microseconds in the table and aware datetimes through SQLAlchemy.
-    assert times == (NOW, NOW + timedelta(hours=1))
-    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
-        cat.insert_tokens(_token_rows(range(base, base + 40)), [("ref-a", "default", 0)])
-    cat.suppress("ref-a")
-    with pytest.raises(SubjectSuppressed):  # nothing of a suppressed subject, replay or not
-        cat.insert_tokens(
-            _token_rows(range(base + 600, base + 640)), [("ref-a", "default", 1)], existing_ok=True
-        )
-
-
-def test_token_rows_read_back_as_written(cat: Catalog) -> None:
-    """Random and deterministic rows, through a many-row statement and one by one:
-    every column reads back as it was given (the SQLite path binds the flag as an
-    int and the value as a bytearray)."""
-    from sqlalchemy import select
-
-    from keyshred.storage.catalog import tokens
-
-    base = cat.token_block()
-    rows = _token_rows(range(base, base + 33))
-    rows[5] = (*rows[5][:6], True, b"\x01" * 16, *rows[5][8:10], b"\x00sealed\xff")
-    for at in (0, 32):  # 32 rows in one statement, then one row on its own
-        cat.insert_tokens(rows[at : at + 32], [("ref-a", "default", 0)])
-    with cat.engine.connect() as conn:
-        stored = conn.execute(select(tokens).order_by(tokens.c.number)).all()
-    assert [tuple(r) for r in stored] == [
-        (*row[:8], NOW, NOW + timedelta(hours=1), row[10]) for row in rows
-    ]
-    assert stored[5].deterministic is True and stored[0].deterministic is False
-    assert type(stored[5].value) is bytes and stored[0].lookup is None
-
-
-def test_sqlite_token_rows_skip_the_adapter_registry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``sqlite3`` adapts every bound value that is not an int, float, str or
-    bytearray (a third of a token row's insert cost): the flag and the sealed value
-    are bound so that they never are."""
-    import sqlite3
-
-    from sqlalchemy import func, select
-
-    from keyshred.storage.catalog import tokens
-
-    def refuse(value: object) -> object:
-        raise AssertionError(f"adapted a {type(value).__name__}")
-
-    cat = Catalog(sqlite_url(tmp_path / "catalog.db"))
-    try:
-        base = cat.token_block()
-        for kind in (bool, bytes):
-            monkeypatch.setitem(sqlite3.adapters, (kind, sqlite3.PrepareProtocol), refuse)
-        cat.insert_tokens(_token_rows(range(base, base + 289)), [("ref-a", "default", 0)])
-        monkeypatch.undo()
-        with cat.engine.connect() as conn:
-            assert conn.execute(select(func.count()).select_from(tokens)).scalar_one() == 289
-    finally:
-        cat.close()
-
-
 def test_micros_is_exact() -> None:
     for value in (
         NOW,
@@ -281,23 +183,6 @@ def test_micros_is_exact() -> None:
         us = micros(value)
         assert isinstance(us, int)
         assert Micros().process_result_value(us, None) == value.replace(tzinfo=UTC)
-
-
-def test_token_blocks_never_repeat_and_a_restore_can_skip_them(cat: Catalog) -> None:
-    first = cat.token_block()
-    second = cat.token_block(group_commit_ms=20.0)
-    assert second == first + TOKEN_BLOCK and first >= TOKEN_BLOCK
-    mark = cat.token_block_mark()
-    assert mark == second // TOKEN_BLOCK
-    cat.skip_token_blocks(mark + 5)
-    assert cat.token_block_mark() == mark + 5
-    assert cat.token_block() == (mark + 6) * TOKEN_BLOCK
-    cat.skip_token_blocks(2)  # below the mark: nothing changes
-    assert cat.token_block() == (mark + 7) * TOKEN_BLOCK
-    # Only a block taken with group commit, with nothing later stored, may be pending.
-    assert cat.token_pending_window(second + 3, 0.5) == pytest.approx(0.52)
-    assert cat.token_pending_window(first + 3, 0.5) == 0
-    assert cat.token_pending_window((mark + 100) * TOKEN_BLOCK, 0.5) == 0  # never handed out
 
 
 def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

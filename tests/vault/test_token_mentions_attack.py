@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from keyshred import Keyshred
 from keyshred.errors import KeyshredError, SubjectSuppressed, UnknownToken
 from keyshred.keyring.envelope import key_id_of
-from keyshred.storage.catalog import tokens
+from keyshred.vault.schema import tokens
 from tests.storage.conftest import make_config
 
 PHONE = "+49 30 1234567"

@@ -23,8 +23,8 @@ from keyshred.errors import (
     TokenSubjectMismatch,
     UnknownToken,
 )
-from keyshred.storage.catalog import tokens
 from keyshred.vault.sanitizers import PromptGuard, RedactingFilter
+from keyshred.vault.schema import tokens
 from tests.storage.conftest import make_config
 
 HOUR = timedelta(hours=1)
@@ -120,7 +120,6 @@ def test_erasure_makes_tokens_unresolvable_and_removes_them(ks: Keyshred) -> Non
 
 def test_swapped_token_values_raise(ks: Keyshred) -> None:
     s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
-    ks.vault.flush()  # group commit (the embedded default): store them now
     with ks.catalog.transaction() as conn:
         a, b = (
             conn.execute(tokens.select().where(tokens.c.token == t)).first() for t in s.tokens[:2]
@@ -143,7 +142,7 @@ def test_no_value_or_key_in_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(prim, "random_key", recording)
 
-    def scan() -> int:
+    def scan() -> None:
         files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
         for path in files:
             data = path.read_bytes()
@@ -153,15 +152,14 @@ def test_no_value_or_key_in_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
                 for key in made:
                     for form in (key, key.hex().encode(), base64.b64encode(key)):
                         assert form not in data, path
-        return sum(1 for p in files if p.suffix == ".journal" and p.read_bytes().strip(b"\0"))
 
     with Keyshred.init(tmp_path / "data") as ks:
         for i in range(20):
             ks.vault.sanitize(TEXT, f"subject-{i}", "support", HOUR, deterministic=i % 2 == 0)
-        assert scan() == 1  # the tokens held for group commit, journaled: sealed only
+        scan()  # while open: the tokens are in the catalog, sealed only
         ks.vault.restore(ks.vault.sanitize(TEXT, "x", "support", HOUR).text, "support", "t")
     assert len(made) >= 22  # the KEK epoch, the token-id key, a DEK per subject
-    assert scan() == 0
+    scan()
 
 
 def test_debug_logging_through_the_filter_leaks_nothing(tmp_path: Path) -> None:
@@ -226,37 +224,56 @@ def test_sanitize_many_is_one_batch_with_the_same_rules(ks: Keyshred) -> None:
         ks.vault.sanitize_many(texts, "alice", "support", HOUR)
 
 
-def test_group_commit_resolves_at_once_and_survives_close(tmp_path: Path) -> None:
-    from keyshred import Config, Keyshred
-
-    cfg = Config.model_validate({"tokens": {"group_commit_ms": 50}})
-    with Keyshred.init(tmp_path / "g", cfg) as ks:
-        s = ks.vault.sanitize("mail ann@example.org", "ann", "support", timedelta(hours=1))
-        # Resolves at once in this process, from the pending buffer.
-        assert ks.vault.restore(s.text, "support", caller="t") == "mail ann@example.org"
-        with pytest.raises(TokenPurposeMismatch):
-            ks.vault.detokenize(s.tokens[0], "analytics", caller="t")
-        ks.vault.flush()
+def test_a_token_is_stored_before_sanitize_returns(tmp_path: Path) -> None:
+    """One transaction per call: what ``sanitize`` returned is in the catalog, and
+    another process resolves it while this one is still open."""
+    with Keyshred.init(tmp_path / "g") as ks:
+        s = ks.vault.sanitize("mail ann@example.org", "ann", "support", HOUR)
         assert ks.vault.count(ks.subject_ref("ann")) == 1
-        t = ks.vault.sanitize("call 13812345678", "ann", "support", timedelta(hours=1))
-    # close() flushed what was pending: another process (a fresh open) resolves it.
-    with Keyshred.open(tmp_path / "g") as again:
-        assert again.vault.restore(t.text, "support", caller="t") == "call 13812345678"
+        assert ks.vault.flush() == 0  # nothing is ever pending
+        with Keyshred.open(tmp_path / "g") as other:
+            assert other.vault.restore(s.text, "support", caller="t") == "mail ann@example.org"
+            with pytest.raises(TokenPurposeMismatch):
+                other.vault.detokenize(s.tokens[0], "analytics", caller="t")
 
 
-def test_group_commit_never_stores_tokens_of_a_suppressed_subject(tmp_path: Path) -> None:
-    from keyshred import Config, Keyshred
+def test_the_insert_rereads_the_guard_a_suppression_meanwhile_stores_nothing(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subject is suppressed after the call's guard check (its key exists): the
+    insert's transaction reads the guard again and stores nothing."""
+    ks.vault.sanitize("mail bo@example.org", "bo", "support", HOUR)
+    ref = ks.subject_ref("bo")
+    real = ks.catalog.check_guard
+    calls = []
 
-    cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})  # flush by hand
-    with Keyshred.init(tmp_path / "g", cfg) as ks:
-        a = ks.vault.sanitize("mail bo@example.org", "bo", "support", timedelta(hours=1))
-        ks.vault.sanitize("mail cy@example.org", "cy", "support", timedelta(hours=1))
-        ks.catalog.suppress(ks.subject_ref("bo"))  # an erasure starts before the flush
-        assert ks.vault.flush() == 1  # cy's token stored; bo's dropped, never written
-        assert ks.vault.count(ks.subject_ref("bo")) == 0
-        assert ks.vault.count(ks.subject_ref("cy")) == 1
-        with pytest.raises((UnknownToken, SubjectSuppressed)):
-            ks.vault.detokenize(a.tokens[0], "support", caller="t")
+    def then_suppress(subject_ref: str, *args: object, **kwargs: object) -> int:
+        epoch = real(subject_ref, *args, **kwargs)  # type: ignore[arg-type]
+        calls.append(subject_ref)
+        if len(calls) == 1:  # the call's own check passed; the insert's comes later
+            ks.catalog.suppress(subject_ref)
+        return epoch
+
+    monkeypatch.setattr(ks.catalog, "check_guard", then_suppress)
+    with pytest.raises(SubjectSuppressed):
+        ks.vault.sanitize("mail bo.again@example.org", "bo", "support", HOUR)
+    ks.vault.sanitize("mail cy@example.org", "cy", "support", HOUR)
+    assert ks.vault.count(ref) == 1  # the first call's token only
+    assert ks.vault.count(ks.subject_ref("cy")) == 1
+
+
+def test_a_failed_insert_hands_out_no_token(ks: Keyshred, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows are stored before the text goes out: a failing catalog fails the call."""
+    from keyshred.vault.store import TokenStore
+
+    def failing(self: TokenStore, *args: Any) -> None:
+        raise RuntimeError("the catalog is down")
+
+    monkeypatch.setattr(TokenStore, "insert", failing)
+    with pytest.raises(RuntimeError):
+        ks.vault.sanitize(TEXT, "ann", "support", HOUR)
+    monkeypatch.undo()
+    assert ks.vault.count(ks.subject_ref("ann")) == 0
 
 
 def test_no_key_is_created_for_a_subject_suppressed_after_the_first_check(
@@ -283,11 +300,8 @@ def test_no_key_is_created_for_a_subject_suppressed_after_the_first_check(
     assert ks.vault.count(ref) == 0
 
 
-def _group(path: Path) -> Keyshred:
-    from keyshred import Config
-
-    cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})  # flush by hand
-    return Keyshred.init(path, cfg, exist_ok=True)
+def _open(path: Path) -> Keyshred:
+    return Keyshred.init(path, exist_ok=True)
 
 
 def test_token_ids_encipher_unique_numbers(ks: Keyshred) -> None:
@@ -301,7 +315,6 @@ def test_token_ids_encipher_unique_numbers(ks: Keyshred) -> None:
     assert len(set(issued)) == len(issued) == 2401 and len(set(numbers)) == 2401
     ids = [t.rsplit("_", 1)[1][:-1] for t in issued]
     assert ids != sorted(ids) and len({i[:3] for i in ids}) > 100  # no shared prefix, no order
-    ks.vault.flush()
     with ks.catalog.engine.connect() as conn:
         stored = dict(conn.execute(sa.select(tokens.c.token, tokens.c.number)).all())
     assert {t: stored[t] for t in issued} == dict(zip(issued, numbers, strict=True))
@@ -319,7 +332,7 @@ def test_an_id_under_another_kind_is_forged(ks: Keyshred) -> None:
 
 def test_two_vaults_on_one_catalog_never_share_a_number(tmp_path: Path) -> None:
     """Two processes' vaults (here two instances) take disjoint blocks of numbers."""
-    a = _group(tmp_path / "d")
+    a = _open(tmp_path / "d")
     b = Keyshred.open(tmp_path / "d")
     try:
         out: list[tuple[str, str]] = []
@@ -328,8 +341,6 @@ def test_two_vaults_on_one_catalog_never_share_a_number(tmp_path: Path) -> None:
                 value = f"13{n % 10}{n:08d}"
                 (t,) = store.vault.sanitize(f"call {value}", f"s{n}", "support", HOUR).tokens
                 out.append((t, value))
-        a.vault.flush()
-        b.vault.flush()
         assert len({t for t, _ in out}) == 100
         for store in (a, b):
             for t, value in out:
@@ -339,13 +350,11 @@ def test_two_vaults_on_one_catalog_never_share_a_number(tmp_path: Path) -> None:
         b.close()
 
 
-def test_deterministic_tokens_while_pending_and_stored(tmp_path: Path) -> None:
-    store = _group(tmp_path / "g")
+def test_deterministic_tokens_are_found_again(tmp_path: Path) -> None:
+    store = _open(tmp_path / "g")
     try:
         mail = "mail dora.probe@example.com"
         first = store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
-        assert store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens == first
-        store.vault.flush()
         assert store.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens == first
         # Other subject, scope or purpose: another token.
         for subject, purpose, scope in (("erin", "join", "default"), ("dora", "other", "default")):
@@ -358,18 +367,21 @@ def test_deterministic_tokens_while_pending_and_stored(tmp_path: Path) -> None:
         store.close()
 
 
-def test_racing_deterministic_issuers_both_resolve_and_the_first_wins(tmp_path: Path) -> None:
-    """Two processes issue the same deterministic value at once (one still pending):
-    both tokens resolve; afterwards everyone gets the lower-numbered one."""
-    a = _group(tmp_path / "d")
+def test_racing_deterministic_issuers_both_resolve_and_the_first_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes issue the same deterministic value at once (the second looked
+    before the first committed): both tokens resolve; afterwards everyone gets the
+    lower-numbered one."""
+    a = _open(tmp_path / "d")
     b = Keyshred.open(tmp_path / "d")
     try:
         mail = "mail dora.probe@example.com"
         (ta,) = a.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
-        (tb,) = b.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
+        with monkeypatch.context() as race:
+            race.setattr(b.vault._store, "lookups", lambda *args: {})  # a's not seen yet
+            (tb,) = b.vault.sanitize(mail, "dora", "join", HOUR, deterministic=True).tokens
         assert ta != tb
-        a.vault.flush()
-        b.vault.flush()
         first = min((ta, tb), key=lambda t: a.vault.number_of(t) or 0)
         for store in (a, b):
             for t in (ta, tb):
@@ -381,127 +393,20 @@ def test_racing_deterministic_issuers_both_resolve_and_the_first_wins(tmp_path: 
         b.close()
 
 
-def test_another_process_waits_for_a_pending_token_instead_of_refusing(tmp_path: Path) -> None:
-    import threading
-
-    a = _group(tmp_path / "d")
+def test_a_token_of_another_process_resolves_at_once_and_a_forged_number_never(
+    tmp_path: Path,
+) -> None:
+    a = _open(tmp_path / "d")
     b = Keyshred.open(tmp_path / "d")
     try:
-        (pending,) = a.vault.sanitize("call 13812345678", "ivy", "support", HOUR).tokens
-        number = a.vault.number_of(pending)
-        assert number is not None and b.catalog.token_pending_window(number, 0.5) == 10.5
-        flusher = threading.Timer(0.2, a.vault.flush)
-        flusher.start()
-        assert b.vault.detokenize(pending, "support", "t") == "13812345678"
-        flusher.join()
-        assert "UnknownToken" not in refusals(b)
-        # Stored now: resolved at once.
-        (later,) = a.vault.sanitize("call 13912345678", "jo", "support", HOUR).tokens
-        a.vault.flush()
-        assert b.vault.detokenize(later, "support", "t") == "13912345678"
-        # Deleted, with a later number of its block stored: it may only be pending
-        # while that later number is younger than the interval (another thread of
-        # the issuer may have overtaken it); after that it is refused at once.
-        a.vault.drop_subject(a.subject_ref("ivy"))
-        soon = datetime.now(UTC) + timedelta(seconds=1)
-        assert b.catalog.token_pending_window(number, 0.5, soon) == 10.5
-        later_on = datetime.now(UTC) + timedelta(seconds=11)
-        assert b.catalog.token_pending_window(number, 0.5, later_on) == 0
-        b.vault._clock = lambda: datetime.now(UTC) + timedelta(seconds=11)
-        with pytest.raises(UnknownToken):
-            b.vault.detokenize(pending, "support", "t")
-        # A forged number (its block was never handed out) is refused at once too, and
-        # so is a number of a vault that commits per call (never pending).
-        from keyshred import Config
-
-        per_call = Config.model_validate({"tokens": {"group_commit_ms": 0}})
-        with Keyshred.open(tmp_path / "d", per_call) as c:
-            (direct,) = c.vault.sanitize("call 13712345678", "kay", "support", HOUR).tokens
-            c_number = c.vault.number_of(direct)
-        assert c_number is not None and a.catalog.token_pending_window(c_number, 0.5) == 0
-        assert b.catalog.token_pending_window(2**39, 0.5) == 0
+        (issued,) = a.vault.sanitize("call 13812345678", "ivy", "support", HOUR).tokens
+        assert b.vault.detokenize(issued, "support", "t") == "13812345678"
+        # A number no block ever held, enciphered like a real id.
         with pytest.raises(UnknownToken):
             b.vault.detokenize(
                 "<PHONE_" + a.keyring.token_ids().encode(2**39) + ">", "support", "t"
             )
+        assert refusals(b) == ["UnknownToken"]
     finally:
         a.close()
         b.close()
-
-
-def _wait_for(condition: Any, what: str) -> None:
-    """Poll a background thread's effect (a generous deadline, not a timing claim)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.01)
-
-
-def test_a_failing_background_flush_is_counted_logged_audited_and_shown(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    import os
-    import subprocess
-    import sys
-    import threading
-
-    from keyshred import Config, Keyshred
-
-    cfg = Config.model_validate({"tokens": {"group_commit_ms": 50}})
-    caplog.set_level(logging.WARNING, logger="keyshred.vault")
-    with Keyshred.init(tmp_path / "g", cfg) as ks:
-        real = ks.catalog.insert_tokens
-
-        def failing(rows: Any, *args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread().name != "keyshred-token-flusher":
-                return real(rows, *args, **kwargs)  # a caller's inline flush works
-            # A database error's message quotes the statement's parameters.
-            raise RuntimeError(f"insert failed: {rows!r}")
-
-        monkeypatch.setattr(ks.catalog, "insert_tokens", failing)
-        while True:  # until a token is left to the background flusher
-            ks.vault.flush()
-            s = ks.vault.sanitize(f"mail {VALUES[1]}", "ann", "support", HOUR)
-            if ks.vault.status().pending:
-                break
-        _wait_for(lambda: ks.vault.status().flush_failures >= 3, "three failed flushes")
-        status = ks.vault.status()
-        assert status.pending == 1 and status.consecutive_failures >= 3
-        assert status.last_failure == "RuntimeError" and status.last_failure_at is not None
-        metric = next(
-            line
-            for line in ks.metrics.render().splitlines()
-            if line.startswith("keyshred_token_flush_failures_total ")
-        )
-        assert float(metric.split()[1]) >= 3
-        logged = [r for r in caplog.records if r.name == "keyshred.vault"]
-        # Logged at the 1st, 2nd, 4th... failure of a run, not at every interval.
-        runs = {int(r.getMessage().split(", ")[1].split()[0]) for r in logged}
-        assert {1, 2} <= runs and 3 not in runs
-        for record in logged:
-            text = record.getMessage()
-            assert "RuntimeError" in text and record.exc_info is None
-            assert s.tokens[0] not in text and VALUES[1] not in text and "insert failed" not in text
-        audited = [e.data for e in ks.audit.events() if e.event == "vault.flush_failed"]
-        assert audited == [{"error": "RuntimeError"}]  # once per run of failures
-        # The token still resolves here (held), and is stored once the catalog works.
-        assert ks.vault.restore(s.text, "support", caller="t") == f"mail {VALUES[1]}"
-        monkeypatch.setattr(ks.catalog, "insert_tokens", real)
-        _wait_for(lambda: ks.vault.status().pending == 0, "the retried flush")
-        after = ks.vault.status()
-        assert after.consecutive_failures == 0 and after.flush_failures >= 3
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "keyshred"), "keys", "status", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "KEYSHRED_PATH": str(tmp_path / "g")},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    shown = json.loads(proc.stdout)["token_flush"]
-    assert shown["failure_runs_audited"] == 1 and shown["last_audited_failure_at"]
-    with Keyshred.open(tmp_path / "g") as again:
-        assert again.vault.restore(s.text, "support", caller="t") == f"mail {VALUES[1]}"
