@@ -72,14 +72,7 @@ def _prepare_legacy(conn: Connection) -> None:
     names = set(inspector.get_table_names())
     if "ks_tokens" in names:
         token_cols = {c["name"]: c["type"] for c in inspector.get_columns("ks_tokens")}
-        blocks = set()
-        if "ks_token_blocks" in names:
-            blocks = {c["name"] for c in inspector.get_columns("ks_token_blocks")}
-        if (
-            "number" not in token_cols
-            or not isinstance(token_cols.get("created_at"), sa.Integer)
-            or ("ks_token_blocks" in names and "group_commit_ms" not in blocks)
-        ):
+        if "number" not in token_cols or not isinstance(token_cols.get("created_at"), sa.Integer):
             raise ConfigError(
                 "this catalog's ks_tokens table predates token numbers and integer "
                 "times (keyshred 0.1 development builds); export what you need and "
@@ -89,6 +82,9 @@ def _prepare_legacy(conn: Connection) -> None:
     added = {
         "ks_asset_mentions": ("how", f"VARCHAR(16) NOT NULL DEFAULT '{DECLARED}'"),
         "ks_identifiers": ("sealed", blob),
+        # A catalog that ``Catalog`` alone created with today's token blocks (no
+        # group-commit column, which revision 0002 drops) gets it back for the stamp.
+        "ks_token_blocks": ("group_commit_ms", "FLOAT NOT NULL DEFAULT 0"),
     }
     for table, (column, ddl) in added.items():
         if table in names and column not in {c["name"] for c in inspector.get_columns(table)}:
