@@ -134,7 +134,6 @@ class VectorIndex:
         uri: str,
         keyring: Keyring,
         *,
-        encrypt: bool = True,
         cache_max_vectors: int = 500_000,
         compact_every: int = 32,
         storage_options: dict[str, str] | None = None,
@@ -145,7 +144,6 @@ class VectorIndex:
         # drop holds it shared, so a backup never links half of a dataset.
         self._freeze = freeze
         self._keyring = keyring
-        self._encrypt = encrypt
         self._cache_max = cache_max_vectors
         self._compact_every = max(1, compact_every)
         self._storage_options = storage_options
@@ -190,8 +188,6 @@ class VectorIndex:
 
     def _seal(self, ref: str, item: VectorItem) -> bytes:
         raw = np.ascontiguousarray(item.vector, dtype=np.float32).tobytes()
-        if not self._encrypt:
-            return raw
         place = Place(ref, item.scope, _TABLE, item.vec_id, _COLUMN)
         if item.key_id is not None:
             return self._keyring.data_key_by_id(item.key_id).seal(raw, place)
@@ -209,7 +205,7 @@ class VectorIndex:
         # The ciphertexts sit end to end in each Arrow chunk's data buffer; they are
         # decrypted straight into the rows of one matrix, chunk by chunk, with no
         # per-row bytes objects and no copy of the whole column.
-        overhead = OVERHEAD_BYTES if self._encrypt else 0
+        overhead = OVERHEAD_BYTES
         matrix: np.ndarray[Any, Any] | None = None
         out: memoryview | None = None
         width = 0
@@ -237,23 +233,18 @@ class VectorIndex:
             if offsets[0]:
                 data = data[int(offsets[0]) :]
             rows = list(range(row, row + m))
-            if not self._encrypt:
-                flat = np.frombuffer(data, dtype=np.uint8)
-                for i, a in zip(rows, starts, strict=True):
-                    matrix[i] = flat[a : a + width].view(np.float32)
-            else:
-                self._open_chunk(
-                    ref,
-                    data,
-                    starts=starts,
-                    rows=rows,
-                    scopes=scopes,
-                    vec_ids=vec_ids,
-                    out=out,
-                    width=width,
-                    templates=templates,
-                    opaque=opaque,
-                )
+            self._open_chunk(
+                ref,
+                data,
+                starts=starts,
+                rows=rows,
+                scopes=scopes,
+                vec_ids=vec_ids,
+                out=out,
+                width=width,
+                templates=templates,
+                opaque=opaque,
+            )
             row += m
         assert matrix is not None  # noqa: S101 - n > 0 means at least one row
         cached = _Cached(vec_ids, memory_ids, fields, updated, matrix)
