@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from keyshred.keyring.datakey import DataKey
-from keyshred.keyring.envelope import Place
+from keyshred.keyring.envelope import OVERHEAD_BYTES, Place
 from keyshred.keyring.kek import WrappedKey
 from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.kek.vault import VaultKek
@@ -85,6 +85,11 @@ def bench_envelope() -> None:
         def ks_open() -> None:
             key.open(ct, place)
 
+        def ks_seal_into() -> None:
+            # A fresh buffer per call, as a caller would have: the same allocation
+            # the bytes path makes, without its second copy.
+            key.seal(data, place, into=memoryview(bytearray(size + OVERHEAD_BYTES)))
+
         aad = key._aad + place.encoded
 
         view = memoryview(ct)
@@ -94,6 +99,7 @@ def bench_envelope() -> None:
 
         for op, raw_fn, ks_fn in (
             ("seal", raw_seal, ks_seal),
+            ("seal(into=)", raw_seal, ks_seal_into),
             ("open", raw_open, ks_open),
             # Same AES-GCM work (with the place-bound AAD): what the format costs alone.
             ("open vs aad", raw_open_aad, ks_open),

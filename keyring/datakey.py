@@ -8,7 +8,7 @@ log line, a task queue or a core dump of a serialized object by accident.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NoReturn, overload
 
 from keyshred.errors import InvalidInput
 from keyshred.keyring import _primitives as prim
@@ -59,11 +59,23 @@ class DataKey:
         # so the DEK itself is only ever used for AES-GCM.
         self._derive_key = prim.hmac_sha256(raw, b"keyshred/dek-derive")
 
-    def seal(self, plaintext: bytes, place: Place) -> bytes:
-        """Encrypt ``plaintext`` bound to ``place`` (which must be this key's owner)."""
+    @overload
+    def seal(self, plaintext: bytes, place: Place) -> bytes: ...
+
+    @overload
+    def seal(self, plaintext: bytes, place: Place, *, into: memoryview) -> None: ...
+
+    def seal(
+        self, plaintext: bytes, place: Place, *, into: memoryview | None = None
+    ) -> bytes | None:
+        """Encrypt ``plaintext`` bound to ``place`` (which must be this key's owner);
+        with ``into`` (``OVERHEAD_BYTES + len(plaintext)`` writable bytes) the
+        envelope is written there instead of returned (large payloads: no copy)."""
         if place.subject_ref != self.subject_ref or place.scope != self.scope:
             raise InvalidInput("the place does not belong to this key's subject and scope")
-        return seal_with(self._aead, self.header, self._aad, plaintext, place)
+        if into is None:
+            return seal_with(self._aead, self.header, self._aad, plaintext, place)
+        return seal_with(self._aead, self.header, self._aad, plaintext, place, into=into)
 
     def seal_rows(self, items: Sequence[tuple[str, bytes]], template: PlaceTemplate) -> list[bytes]:
         """``seal`` for many ``(record id, plaintext)`` pairs of one place template

@@ -42,6 +42,13 @@ def _template(place: Place) -> PlaceTemplate:
     return PlaceTemplate(place.subject_ref, place.scope, place.table, place.column)
 
 
+def _seal_into(key: DataKey, plaintext: bytes, place: Place) -> bytes:
+    """The large-payload path: the envelope written into the caller's buffer."""
+    out = bytearray(OVERHEAD_BYTES + len(plaintext))
+    assert key.seal(plaintext, place, into=memoryview(out)) is None
+    return bytes(out)
+
+
 # Every way to seal: the one seal and the bulk loop on top of it. Both must give the
 # vector's ciphertext for the vector's nonce (drawn where a real seal draws it).
 SEALS: dict[str, Callable[[DataKey, bytes, Place], bytes]] = {
@@ -49,7 +56,16 @@ SEALS: dict[str, Callable[[DataKey, bytes, Place], bytes]] = {
     "seal_rows": lambda key, plaintext, place: key.seal_rows(
         [(place.record_id, plaintext)], _template(place)
     )[0],
+    "seal(into=)": _seal_into,
 }
+
+
+def test_seal_into_a_buffer_of_the_wrong_size_is_refused() -> None:
+    key = DataKey(b"k" * 16, "ref", "default", bytes(32))
+    place = Place("ref", "default", "t", "r", "c")
+    for size in (OVERHEAD_BYTES, OVERHEAD_BYTES + 4):
+        with pytest.raises(InvalidInput):
+            key.seal(b"abc", place, into=memoryview(bytearray(size)))
 
 
 def _open_rows_into(key: DataKey, ciphertext: bytes, place: Place) -> bytes:
