@@ -132,7 +132,6 @@ class EraseMixin(ReadMixin):
     # -- Erasable (keyshred.storage.erasable) ------------------------------------------
 
     name = "memories"
-
     phase: Phase = DROP
 
     def erase(self, target: ErasureTarget) -> StoreErasure:
