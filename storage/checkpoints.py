@@ -16,6 +16,16 @@ the subject's other keys and deletes the rows.
 
 Every call checks the subject guard; writes re-check it inside their transaction,
 so nothing is written for a subject after the transaction that suppressed it.
+
+Why one module of ~770 lines: ``CheckpointStore`` is one class over three tables that
+change together (a thread, its checkpoints, their writes). The statements compiled
+once in its constructor serve every method; what a write seals a read opens at the
+same place (thread, namespace, checkpoint id, task, index); and the key rules (a
+thread's key is made only at its creation, under the subject's partition lock, never
+again once ``drop_thread`` destroyed it, and destroyed before its rows are deleted)
+run through creation, writes, reads and deletes alike, so they are read and reviewed
+as one unit. The row types at the top and the SQL helpers at the bottom are its
+private parts; split off, the class alone would still be above 600 lines.
 """
 
 from __future__ import annotations

@@ -1,0 +1,171 @@
+"""The memory store's state and its cache of open partitions.
+
+``MemoryStoreBase`` holds what every part of ``MemoryStore`` uses (catalog, keyring,
+policy, sealer, vector index, locks) and opens a subject's ``Partition`` at most
+once per process (an LRU of ``max_open_partitions``). A partition opened for reads
+and writes is checked against the catalog as it loads: rows the catalog lacks are
+reported, and deletions a crash interrupted are finished (``_finish_deletes``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from keyshred._validate import DEFAULT_MAX_DEPTH
+from keyshred.keyring.keyring import Keyring
+from keyshred.storage.catalog import ACTIVE, Catalog
+from keyshred.storage.embeddings import Embedder
+from keyshred.storage.freeze import FreezeLock
+from keyshred.storage.memory_types import DELETING, VECTOR_KIND, AuditSink, _storage_key
+from keyshred.storage.mentions import MentionFinder
+from keyshred.storage.partition import Partition
+from keyshred.storage.pme import PmeCrypto
+from keyshred.storage.policy import Policy
+from keyshred.storage.schema import assets
+from keyshred.storage.sealer import KeyringSealer, Sealer
+from keyshred.storage.vectors import VectorIndex
+
+__all__ = ["MemoryStoreBase"]
+
+
+class MemoryStoreBase:
+    """The state shared by the parts of ``MemoryStore``, and its partitions."""
+
+    def __init__(
+        self,
+        root: Path,
+        catalog: Catalog,
+        keyring: Keyring,
+        policy: Policy,
+        subject_ref: Callable[[Any], str],
+        *,
+        max_value_bytes: int = 1024 * 1024,
+        max_value_depth: int = DEFAULT_MAX_DEPTH,
+        flush_records: int = 1000,
+        fsync: bool = True,
+        max_open_partitions: int = 256,
+        vectors: VectorIndex | None = None,
+        embedder: Callable[[], Embedder] | None = None,
+        mentions: MentionFinder | None = None,
+        freeze: FreezeLock | None = None,
+        audit: AuditSink | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._root = root / "memories"
+        self._vectors = vectors
+        self._embedder_factory = embedder
+        self._embedder: Embedder | None = None
+        self._catalog = catalog
+        self._keyring = keyring
+        self._policy = policy
+        self._ref = subject_ref
+        self._max_value = max_value_bytes
+        self._max_depth = max_value_depth
+        self._flush_records = flush_records
+        self._fsync = fsync
+        self._max_open = max_open_partitions
+        self._clock = clock
+        # Always sealed: there is no plaintext mode (a benchmark's baseline brings
+        # its own code).
+        self._sealer: Sealer = KeyringSealer(keyring)
+        self._pme = PmeCrypto(keyring)
+        # Registered identifiers found in values add mentions (ks.subjects); the
+        # facade builds the finder and shares it with the vault and checkpoints.
+        self._mentions = mentions or MentionFinder(
+            catalog, keyring, policy, max_chars=max_value_bytes
+        )
+        self._partitions: OrderedDict[str, Partition] = OrderedDict()
+        self._lock = threading.Lock()
+        # Held shared by every partition write (and the vector index's drops),
+        # exclusive by a backup's snapshot (``frozen``).
+        self._freeze = freeze or FreezeLock(root / "FREEZE")
+        self._audit = audit  # corrections and deletions are events
+        self._sql: str | None = None  # the compiled query of _expected_ids
+
+    # -- partitions --------------------------------------------------------------------
+
+    def partition_path(self, subject_ref: str) -> Path:
+        return self._root / f"subject={subject_ref}"
+
+    def _new_partition(self, subject_ref: str, *, checked: bool) -> Partition:
+        """A partition object; ``checked`` ones compare their rows with the catalog on
+        load and finish recorded deletions (repair reads without either)."""
+        return Partition(
+            self.partition_path(subject_ref),
+            subject_ref,
+            self._keyring,
+            self._sealer,
+            self._pme,
+            fsync=self._fsync,
+            expected_ids=self._expected_ids if checked else None,
+            finish_deletes=self._finish_deletes if checked else None,
+            freeze=self._freeze,
+        )
+
+    def _partition(self, subject_ref: str) -> Partition:
+        with self._lock:
+            part = self._partitions.get(subject_ref)
+            if part is None:
+                part = self._new_partition(subject_ref, checked=True)
+                self._partitions[subject_ref] = part
+                while len(self._partitions) > self._max_open:
+                    _, old = self._partitions.popitem(last=False)
+                    old.close()
+            else:
+                self._partitions.move_to_end(subject_ref)
+            return part
+
+    def _expected_ids(self, subject_ref: str) -> set[str]:
+        """Memories the catalog holds for the subject, except those of suppressed
+        scopes (an erasure in progress removes them from files first)."""
+        guard = self._catalog.guard(subject_ref)
+        if guard.status != ACTIVE:
+            # An erasure is under way (files go before catalog rows) and every read
+            # and write is refused anyway: there is nothing to hold the files to.
+            return set()
+        # Every asset stored in the partition: memories and derived assets alike.
+        if self._sql is None:
+            stmt = sa.select(assets.c.asset_id, assets.c.scope).where(
+                assets.c.subject_ref == sa.bindparam("subject_ref"),
+                assets.c.storage_key == sa.bindparam("storage_key"),
+            )
+            self._sql = self._catalog.compile({"partition_ids": stmt})["partition_ids"]
+        with self._catalog.hot(write=False) as cur:
+            cur.execute(
+                self._sql, {"subject_ref": subject_ref, "storage_key": _storage_key(subject_ref)}
+            )
+            ids = cur.fetchall()
+        return {a for a, scope in ids if scope not in guard.scopes}
+
+    def _finish_deletes(self, part: Partition, missing: set[str]) -> set[str]:
+        """Finish the deletions ``_delete_rows`` started (their assets marked
+        "deleting") whose rows the partition no longer holds: a flush rewrites
+        their bytes away, then their vectors and catalog rows go. Returns the
+        missing ids no deletion explains. Runs while the partition is being opened;
+        outside the partition lock (a reader catching up while a delete may still
+        be running in another process) it only explains, and acts on nothing."""
+        ref = part.subject_ref
+        marked = {a.asset_id: a.kind for a in self._catalog.assets(ref, status=DELETING)}
+        done = {m for m in missing if marked.get(m) not in (None, VECTOR_KIND)}
+        if done and part.holds_flock:
+            part.flush()
+            self._forget(ref, done, marked)
+            if self._audit is not None:
+                self._audit.record("memory.delete_finished", subject_ref=ref, count=len(done))
+        return missing - done
+
+    def _forget(self, ref: str, memory_ids: set[str], kinds: Mapping[str, str]) -> None:
+        """Remove the vectors and catalog assets of memories the partition lacks."""
+        vector_ids = [
+            a for a, kind in kinds.items() if kind == VECTOR_KIND and a.split("/")[0] in memory_ids
+        ]
+        if self._vectors is not None:
+            self._vectors.delete(ref, memory_ids)
+        self._catalog.delete([*sorted(memory_ids), *vector_ids])

@@ -1,0 +1,198 @@
+"""Changes of memories that exist: ``update``, ``correct`` (supersede and keep the
+old value as a history version), ``touch`` (a new retention) and ``rebuild`` (an
+erasure replacing a derived memory's value). All but ``touch`` write through
+``_put_rows``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from keyshred.errors import InvalidInput, NotFound
+from keyshred.storage.memory_read import ReadMixin
+from keyshred.storage.memory_types import _VERSION_SEP, Memory, PutItem, _checked, _key, _namespace
+from keyshred.storage.memory_write import WriteMixin
+from keyshred.storage.partition import MemoryRow, from_us, to_us
+
+__all__ = ["EditMixin"]
+
+
+class EditMixin(WriteMixin, ReadMixin):
+    """``update``, ``correct``, ``touch`` and ``rebuild``."""
+
+    def update(
+        self,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        *,
+        sources: Sequence[str] | None = None,
+        mentions: Iterable[Any] | None = None,
+        epoch: int | None = None,
+    ) -> Memory:
+        """Replace the value of an existing memory (``NotFound`` if there is none);
+        scope, purpose, category and provenance stay as they are, unless ``sources``
+        or ``mentions`` (subjects) are given: those replace the old ones. Dropping a
+        mention silently would take the memory out of that subject's erasure."""
+        existing = self._row(subject, namespace, key)
+        if existing is None:
+            raise NotFound("no memory at that namespace and key")
+        if mentions is not None and (
+            isinstance(mentions, str) or not isinstance(mentions, Iterable)
+        ):
+            raise InvalidInput("mentions is a list of subjects")
+        refs = existing.mentions if mentions is None else tuple({self._ref(m) for m in mentions})
+        # Kept mentions keep how they came (found in the value, or declared).
+        carried = (
+            self._catalog.detected_mentions(existing.memory_id)
+            if mentions is None and refs
+            else frozenset()
+        )
+        item = PutItem(
+            existing.namespace,
+            existing.key,
+            value,
+            existing.scope,
+            existing.purpose,
+            existing.category,
+            existing.sources if sources is None else sources,
+        )
+        return self._put_rows(
+            self._ref(subject),
+            [_checked(item)],
+            epoch=epoch,
+            mention_refs=[refs],
+            carried_detected=carried,
+            kept_sources=existing.sources,
+        )[0]
+
+    # -- correction (supersede, keep history) ------------------------------------------
+
+    def correct(
+        self,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        *,
+        reason: str,
+    ) -> Memory:
+        """Supersede a memory's value and keep the old one as a history version
+        (valid from its last write until now), for "what was true when". Not a
+        deletion: ``delete`` and erasure remove the value *and* its history."""
+        if not isinstance(reason, str) or not 0 < len(reason) <= 128:
+            raise InvalidInput("a correction has a short reason (it is audited)")
+        ref = self._ref(subject)
+        ns, k = _namespace(namespace), _key(key)
+        old = self._row(subject, ns, k)
+        if old is None:
+            raise NotFound("no memory to correct at that namespace and key")
+        part = self._partition(ref)
+        version = len(self._history_rows(part, ns, k)) + 1
+        now = self._clock()
+        record = {
+            "value": json.loads(old.value),
+            "valid_from": from_us(old.updated_us).isoformat(),
+            "valid_to": now.isoformat(),
+            "reason": reason,
+            "version": version,
+        }
+        items = [
+            PutItem(
+                self._history_ns(ns),
+                f"{k}{_VERSION_SEP}{version:08d}",
+                record,
+                old.scope,
+                old.purpose,
+                old.category,
+                old.sources,  # the old value is about the same subjects: same owners
+                index=False,
+            ),
+            PutItem(ns, k, value, old.scope, old.purpose, old.category, old.sources, (), None),
+        ]
+        carried = self._catalog.detected_mentions(old.memory_id) if old.mentions else frozenset()
+        memory = self._put_rows(
+            ref,
+            items,
+            mention_refs=[old.mentions, old.mentions],
+            carried_detected=carried,
+            kept_sources=old.sources,
+        )[1]
+        if self._audit is not None:
+            self._audit.record(
+                "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
+            )
+        return memory
+
+    # -- retention and rebuilds --------------------------------------------------------
+
+    def touch(
+        self, subject: Any, keys: Sequence[tuple[tuple[str, ...], str]], ttl: timedelta
+    ) -> int:
+        """Give memories a new retention of ``ttl`` from now (never beyond the
+        policy's maximum): a TTL refreshed on read. Returns how many."""
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        part = self._partition(ref)
+        now = self._clock()
+        new_us = to_us(now) + int(ttl.total_seconds() * 1_000_000)
+        with part.flocked():
+            changed = []
+            for ns, k in keys:
+                row = part.rows.get(part.lookup(ns, k)) if part.rows else None
+                if row is None:
+                    continue
+                rule, _, _ = self._policy.resolve(row.scope, row.purpose, row.category)
+                limit = to_us(self._policy.retain_until(rule, now, None))
+                changed.append(replace(row, retain_us=min(new_us, limit)))
+            if not changed:
+                return 0
+            part.append_puts(changed)
+            for row in changed:
+                self._catalog.update_assets([row.memory_id], retain_until=from_us(row.retain_us))
+        return len(changed)
+
+    def rebuild(
+        self,
+        ref: str,
+        row: MemoryRow,
+        value: Any,
+        *,
+        sources: Sequence[str],
+        mentions: Sequence[str],
+        produced_by: tuple[str, str | None, str | None] | None = None,
+    ) -> Memory:
+        """Replace a derived memory's value and provenance (erasure rebuild), and
+        with ``produced_by`` its (kind, producer, producer version) in the same
+        catalog transaction: a crash leaves the old asset or the new, never one
+        that has forgotten how it is rebuilt."""
+        item = PutItem(
+            row.namespace,
+            row.key,
+            value,
+            row.scope,
+            row.purpose,
+            row.category,
+            tuple(sources),
+            (),
+            None,
+        )
+        memory = self._put_rows(
+            ref,
+            [item],
+            mention_refs=[tuple(mentions)],
+            produced_by=produced_by,
+            kept_sources=row.sources,
+        )[0]
+        # The previous version leaves the live files at once, as a deletion's does: it
+        # is unreadable already when a destroyed key sealed it, but a scope erasure
+        # destroys no co-owned key, and rebuilding is how its data leaves this asset.
+        part = self._partition(ref)
+        with part.flocked():
+            part.flush()
+        return memory

@@ -1,0 +1,206 @@
+"""Removing memories: physical deletion (by namespace and key, by id, by prefix),
+the retention sweep, dropping a subject's or a scope's partition files, and the
+``Erasable`` interface (``keyshred.storage.erasable``) the erasure coordinator
+drives.
+
+A deletion runs in an order that leaves a partition that opens at every instant
+(``_delete_rows``): catalog assets marked "deleting", log records, a flush that
+rewrites the segments without the rows, vectors, then the catalog rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from keyshred.errors import SubjectSuppressed
+from keyshred.storage import faults
+from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
+from keyshred.storage.memory_read import ReadMixin
+from keyshred.storage.memory_types import DELETING, MEMORY_KIND, _key, _namespace, _vector_ids
+from keyshred.storage.partition import MemoryRow, Partition
+
+__all__ = ["EraseMixin"]
+
+
+class EraseMixin(ReadMixin):
+    """Deletion, the retention sweep, and ``Erasable``."""
+
+    # -- deletion ----------------------------------------------------------------------
+
+    def delete(self, subject: Any, namespace: Sequence[str] | str, key: str) -> bool:
+        """Delete one memory physically: the log records and segment rows holding it
+        are rewritten away before this returns. False if there was nothing."""
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        ns, k = _namespace(namespace), _key(key)
+        part = self._partition(ref)
+        with part.flocked():
+            found = part.lookup(ns, k) if part.rows or part.opaque else None
+            # An opaque row (its shared key destroyed) at that name goes too: deleting
+            # needs its name's lookup hash, not its key.
+            row = None if found is None else part.rows.get(found) or part.opaque.get(found)
+            if row is None:
+                return False
+            # Deletion is not correction: the value goes with every earlier version.
+            doomed = [row, *self._history_rows(part, ns, k)]
+            self._delete_rows(ref, part, doomed)
+        if self._audit is not None:
+            self._audit.record(
+                "memory.deleted", subject_ref=ref, asset_id=row.memory_id, versions=len(doomed)
+            )
+        return True
+
+    def delete_ids(self, ref: str, memory_ids: Iterable[str]) -> int:
+        """Physically delete memories of ``ref`` by id in one rewrite (the retention
+        path; no guard check: the coordinator decides). Returns how many."""
+        wanted = set(memory_ids)
+        part = self._partition(ref)
+        with part.flocked():
+            doomed = [r for r in part.all_rows() if r.memory_id in wanted]
+            if doomed:
+                self._delete_rows(ref, part, doomed)
+        return len(doomed)
+
+    def delete_prefix_ref(self, ref: str, prefix: Sequence[str]) -> int:
+        """Physically delete every memory of ``ref`` under a namespace prefix in one
+        rewrite (log, segments, vectors, assets); returns how many."""
+        self._catalog.check_guard(ref)
+        p = tuple(prefix)
+        part = self._partition(ref)
+        with part.flocked():
+            # Opaque rows too: a derived asset's name is readable, and an empty prefix
+            # (everything) takes those whose names are sealed with their value.
+            doomed = [r for r in part.all_rows() if r.namespace[: len(p)] == p]
+            if not doomed:
+                return 0
+            self._delete_rows(ref, part, doomed)
+        return len(doomed)
+
+    def delete_by_id(self, ref: str, memory_id: str) -> bool:
+        """Physically delete one memory (and its vectors and assets) by id."""
+        part = self._partition(ref)
+        with part.flocked():
+            # An opaque row too: deleting needs its lookup and id, never its key.
+            row = next((r for r in part.all_rows() if r.memory_id == memory_id), None)
+            if row is None:
+                return False
+            self._delete_rows(ref, part, [row])
+        return True
+
+    def _delete_rows(self, ref: str, part: Partition, rows: Sequence[MemoryRow]) -> None:
+        """Delete physically, under the partition lock, in an order that leaves a
+        state that opens at every instant: the catalog marks the assets "deleting"
+        first, so a partition found lacking a row is known to have lost it on
+        purpose (``_finish_deletes``); then the log records, a flush that rewrites
+        the rows' segments without them, the vectors, and last the catalog rows."""
+        ids = [a for r in rows for a in (r.memory_id, *_vector_ids(r))]
+        self._catalog.update_assets(ids, status=DELETING)
+        faults.reached("delete.after_mark")
+        for row in rows:
+            part.append_delete(row)
+        faults.reached("delete.after_log")
+        part.flush()
+        faults.reached("delete.after_rewrite")
+        indexed = [r.memory_id for r in rows if r.index]
+        if indexed and self._vectors is not None:
+            self._vectors.delete(ref, indexed)
+        faults.reached("delete.after_vectors")
+        self._catalog.delete(ids)
+
+    def sweep_expired(self, now: datetime) -> int:
+        """Physically delete every memory whose retention has passed (found through
+        the catalog's index, not by opening partitions); returns how many."""
+        n = 0
+        for ref, ids in self._catalog.expired(MEMORY_KIND, now).items():
+            try:
+                self._catalog.check_guard(ref)
+            except SubjectSuppressed:
+                continue  # an erasure takes it
+            part = self._partition(ref)
+            with part.flocked():
+                wanted = set(ids)
+                doomed = [r for r in part.all_rows() if r.memory_id in wanted]
+                if doomed:
+                    self._delete_rows(ref, part, doomed)
+                    n += len(doomed)
+        return n
+
+    # -- Erasable (keyshred.storage.erasable) ------------------------------------------
+
+    name = "memories"
+    phase: Phase = DROP
+
+    def erase(self, target: ErasureTarget) -> StoreErasure:
+        """The whole partition folder (a subject), one scope's rows and files, or
+        exactly the listed memories (retention: with their vectors and assets)."""
+        ref = target.subject_ref
+        if target.assets is not None:
+            n, action = self.delete_ids(ref, target.assets), "memories-deleted"
+        elif target.scope is None:
+            n, action = self.drop_subject(ref), "partition-dropped"
+        else:
+            n, action = self.drop_scope(ref, target.scope), "scope-dropped"
+        faults.reached("erase.memories")
+        # File counts do not show the subject had data (a folder may hold only its
+        # lock file): the keys and catalog assets found do.
+        return StoreErasure(self.name, action, n, datetime.now(UTC))
+
+    def verify(self, target: ErasureTarget) -> list[StoreCheck]:
+        ref = target.subject_ref
+        if target.assets is not None:
+            rows = self.rows_by_id(ref, target.assets)
+            n = len(target.assets)
+            return [StoreCheck("memories removed", not rows, f"{len(rows)} of {n} left")]
+        path = self.partition_path(ref)
+        if target.scope is not None:
+            manifest = path / "MANIFEST"
+            scopes = json.loads(manifest.read_text())["segments"] if manifest.exists() else {}
+            left = len(scopes)
+            ok = target.scope not in scopes
+            return [StoreCheck("scope segment removed", ok, f"scopes left: {left}")]
+
+        def files_left() -> list[str]:
+            return [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
+
+        left_files = files_left()
+        # A writer racing the erasure re-makes the folder with its lock file when it
+        # takes the lock, finds the subject suppressed, and removes both: a lone lock
+        # file may be on its way out. Anything else left, or a lock that stays,
+        # fails the check.
+        deadline = time.monotonic() + 2.0
+        while left_files == ["LOCK"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+            left_files = files_left()
+        n = len(left_files)
+        return [StoreCheck("memory partition removed", not left_files, f"{n} files left")]
+
+    def evict(self, subject_ref: str) -> None:
+        """Forget a subject's decrypted rows, vectors and cached keys in this process."""
+        with self._lock:
+            part = self._partitions.pop(subject_ref, None)
+        if part is not None:
+            part.close()
+        if self._vectors is not None:
+            self._vectors.evict(subject_ref)
+        self._pme.forget()
+
+    def drop_subject(self, ref: str) -> int:
+        """Remove the subject's whole partition folder; returns files removed."""
+        with self._lock:
+            part = self._partitions.pop(ref, None)
+        if part is None:
+            part = Partition(self.partition_path(ref), ref, self._keyring, self._sealer, self._pme)
+        n = part.drop()
+        self._pme.forget()
+        return n
+
+    def drop_scope(self, ref: str, scope: str) -> int:
+        """Remove one scope's rows and files from the subject's partition."""
+        part = self._partition(ref)
+        n = part.drop_scope(scope)
+        self._pme.forget()
+        return n

@@ -1,0 +1,344 @@
+"""The read path: ``get``, ``search`` (with LangGraph's filter language), ``history``,
+``count``, and the reads by subject_ref of the erasure coordinator and exports.
+
+Every read by subject is guard-checked; suppressed scopes and memories past their
+retention are invisible, as if already gone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from keyshred._validate import check_count, check_filter, check_text
+from keyshred.errors import InvalidInput, SubjectSuppressed
+from keyshred.storage.memory_index import IndexMixin
+from keyshred.storage.memory_types import (
+    _VERSION_SEP,
+    HISTORY,
+    Memory,
+    _key,
+    _memory,
+    _namespace,
+    _newest_first,
+    _prefix,
+)
+from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
+
+__all__ = ["ReadMixin", "compile_filter"]
+
+
+class ReadMixin(IndexMixin):
+    """Reads of memories, by subject and by subject_ref."""
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _row(self, subject: Any, namespace: Sequence[str] | str, key: str) -> MemoryRow | None:
+        ref = self._ref(subject)
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
+        ns, k = _namespace(namespace), _key(key)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        if not part.rows:  # no lookup key is created just to read nothing
+            return None
+        row = part.rows.get(part.lookup(ns, k))
+        if row is not None and row.scope in guard.scopes:
+            raise SubjectSuppressed(f"scope {row.scope!r} of subject_ref {ref} is suppressed")
+        if row is not None and row.retain_us <= to_us(self._clock()):
+            return None  # past its retain-until: gone for every read, deleted by retention
+        return row
+
+    def get(self, subject: Any, namespace: Sequence[str] | str, key: str) -> Memory | None:
+        row = self._row(subject, namespace, key)
+        return None if row is None else _memory(row)
+
+    def search(
+        self,
+        subject: Any,
+        namespace_prefix: Sequence[str] | str = (),
+        *,
+        query: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+        purpose: str | None = None,
+        category: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[Memory]:
+        """Memories under a namespace prefix, with metadata filters (scope, purpose,
+        category) and value filters (``{"field": value}`` or ``{"field": {"$gt": 3}}``)
+        applied first. Without ``query``: newest first. With ``query``: ranked by
+        cosine similarity inside this subject's own vectors (only indexed memories
+        match), each result carrying its ``score``."""
+        return self.search_ref(
+            self._ref(subject),
+            namespace_prefix,
+            query=query,
+            filter=filter,
+            scope=scope,
+            purpose=purpose,
+            category=category,
+            limit=limit,
+            offset=offset,
+        )
+
+    def search_ref(
+        self,
+        ref: str,
+        namespace_prefix: Sequence[str] | str = (),
+        *,
+        query: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+        purpose: str | None = None,
+        category: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        order: str = "newest",
+    ) -> list[Memory]:
+        """``search`` by subject_ref (guard-checked); ``order="insertion"`` lists
+        without a query oldest first, namespace by namespace."""
+        check_count(limit, "limit")
+        check_count(offset, "offset")
+        check_filter(filter)
+        if query is not None:
+            check_text(query, "a query")
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
+        prefix = _prefix(namespace_prefix)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        n = len(prefix)
+        hidden = guard.scopes  # suppressed scopes: invisible, as if already erased
+        now_us = to_us(self._clock())
+        hits = []
+        test = compile_filter(filter) if filter else None
+        own = bool(prefix) and prefix[0].startswith("~")  # keyshred's own namespaces asked for
+        for row in list(part.rows.values()):
+            if row.namespace[:n] != prefix or row.scope in hidden or row.retain_us <= now_us:
+                continue
+            if not own and row.namespace[0].startswith("~"):
+                continue  # history versions are not search results
+            if scope is not None and row.scope != scope:
+                continue
+            if purpose is not None and row.purpose != purpose:
+                continue
+            if category is not None and row.category != category:
+                continue
+            if test is not None and not test(part.parsed_value(row)):
+                continue
+            hits.append(row)
+        if query is not None:
+            return self._semantic(ref, part, hits, query, limit=limit, offset=offset)
+        if order == "insertion":
+            # Oldest first, namespaces in the order they first appeared (LangGraph's
+            # InMemoryStore order); only the slice asked for becomes Memory objects.
+            first: dict[tuple[str, ...], int] = {}
+            for r in hits:
+                ns_first = first.get(r.namespace)
+                if ns_first is None or r.created_us < ns_first:
+                    first[r.namespace] = r.created_us
+            top = heapq.nsmallest(
+                offset + limit, hits, key=lambda r: (first[r.namespace], r.created_us, r.key)
+            )
+            return [_memory(r) for r in top[offset:]]
+        # Only the first offset + limit are wanted: a bounded heap, not a full sort.
+        top = heapq.nlargest(offset + limit, hits, key=_newest_first)
+        return [_memory(r) for r in top[offset:]]
+
+    def _semantic(
+        self,
+        ref: str,
+        part: Partition,
+        candidates: list[MemoryRow],
+        query: str,
+        *,
+        limit: int,
+        offset: int,
+    ) -> list[Memory]:
+        if not isinstance(query, str):
+            raise InvalidInput("a query is a string")
+        vectors = self._vector_store()
+        indexed = {r.memory_id: r for r in candidates if r.index}
+        if not indexed or limit == 0:
+            return []
+        self._repair(ref, part, indexed, vectors)
+        q = self.embedder.embed_query(query)
+        ranked = vectors.search(ref, q, offset + limit, allowed=set(indexed))
+        return [Memory(indexed[mid], score) for mid, score in ranked[offset:]]
+
+    def count(self, subject: Any) -> int:
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return len(part.rows)
+
+    # -- history (written by ``correct``) ----------------------------------------------
+
+    @staticmethod
+    def _history_ns(ns: tuple[str, ...]) -> tuple[str, ...]:
+        return (HISTORY, *ns)
+
+    def _history_rows(self, part: Partition, ns: tuple[str, ...], k: str) -> list[MemoryRow]:
+        hns = self._history_ns(ns)
+        mark = k + _VERSION_SEP
+        return [r for r in part.rows.values() if r.namespace == hns and r.key.startswith(mark)]
+
+    def history(
+        self, subject: Any, namespace: Sequence[str] | str, key: str
+    ) -> list[dict[str, Any]]:
+        """Every superseded version (oldest first), then the current value:
+        ``{"value", "valid_from", "valid_to", "reason", "version"}``."""
+        ref = self._ref(subject)
+        ns, k = _namespace(namespace), _key(key)
+        current = self._row(subject, ns, k)
+        part = self._partition(ref)
+        versions = sorted(self._history_rows(part, ns, k), key=lambda r: r.key)
+        out = [json.loads(r.value) for r in versions]
+        if current is not None:
+            out.append(
+                {
+                    "value": json.loads(current.value),
+                    "valid_from": from_us(current.updated_us).isoformat(),
+                    "valid_to": None,
+                    "reason": None,
+                    "version": len(out) + 1,
+                }
+            )
+        return out
+
+    # -- by subject_ref: the erasure coordinator's and exports' entry points -----------
+
+    def rows_by_id(
+        self, ref: str, memory_ids: Iterable[str], *, opaque: bool = False
+    ) -> dict[str, MemoryRow]:
+        """Rows of ``ref`` by memory id (no guard check: the coordinator decides);
+        with ``opaque`` also those whose shared key is destroyed (``row.opaque``:
+        no value; a derived asset keeps its namespace and key, for its rebuild)."""
+        wanted = set(memory_ids)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        rows = part.all_rows() if opaque else part.rows.values()
+        return {r.memory_id: r for r in rows if r.memory_id in wanted}
+
+    def namespaces_ref(self, ref: str, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:
+        """The namespaces of ``ref``'s live memories under ``prefix`` (guard-checked)."""
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
+        part = self._partition(ref)
+        part.ensure_loaded()
+        p = tuple(prefix)
+        now = to_us(self._clock())
+        return {
+            r.namespace
+            for r in list(part.rows.values())
+            if r.namespace[: len(p)] == p
+            and r.scope not in guard.scopes
+            and r.retain_us > now
+            and not r.namespace[0].startswith("~")
+        }
+
+    def count_ref(self, ref: str) -> int:
+        """How many memories ``ref``'s partition holds (loads it; no guard check)."""
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return len(part.rows)
+
+    def memory(self, row: MemoryRow) -> Memory:
+        return Memory(row)
+
+    def live_rows(self, ref: str) -> list[MemoryRow]:
+        """The live rows of ``ref`` (loads the partition; no guard check). Under
+        ``locked(ref)`` they are one point in time (an export)."""
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return list(part.rows.values())
+
+    def key_ids_of(self, ref: str, memory_ids: Iterable[str]) -> dict[str, bytes | None]:
+        """The key id each listed row of ``ref`` is sealed under, opaque rows too
+        (read from the rows; no key is needed)."""
+        rows = self.rows_by_id(ref, memory_ids, opaque=True)
+        return {asset_id: row_key_id(row) for asset_id, row in rows.items()}
+
+    def probe_hits(self, ref: str, probes: Sequence[str]) -> int:
+        """How often the probe strings are found in ``ref``'s memories, by value and
+        by meaning (semantic search of its indexed memories). No guard check."""
+        rows = self.live_rows(ref)
+        hits = sum(1 for r in rows for p in probes if p.encode() in r.value)
+        indexed = [r for r in rows if r.index]
+        if indexed and self._vectors is not None and self._vectors.count(ref):
+            for probe in probes:
+                q = self.embedder.embed_query(probe)
+                for mid, _ in self._vectors.search(ref, q, 5):
+                    row = next((r for r in indexed if r.memory_id == mid), None)
+                    if row is not None and any(p.encode() in row.value for p in probes):
+                        hits += 1
+        return hits
+
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "$eq": lambda a, b: bool(a == b),
+    "$ne": lambda a, b: bool(a != b),
+    "$gt": lambda a, b: float(a) > float(b),
+    "$gte": lambda a, b: float(a) >= float(b),
+    "$lt": lambda a, b: float(a) < float(b),
+    "$lte": lambda a, b: float(a) <= float(b),
+}
+
+
+Predicate = Callable[[Any], bool]
+
+
+def compile_filter(filter: Mapping[str, Any]) -> Predicate:
+    """LangGraph's store filter semantics, compiled once per search: ``{"field":
+    value}`` equality (nested dicts and lists compared structurally) and
+    ``{"field": {"$gt": 3}}`` operators (``$eq $ne $gt $gte $lt $lte``; an unknown
+    operator is ``InvalidInput`` at once, not at the first row)."""
+    fields = [(name, _compile(expected)) for name, expected in filter.items()]
+
+    def match(value: Any) -> bool:
+        if type(value) is not dict:
+            return False
+        for name, test in fields:  # noqa: SIM110 - no generator per row (hot path)
+            if not test(value.get(name)):
+                return False
+        return True
+
+    return match
+
+
+def _compile(expected: Any) -> Predicate:
+    if isinstance(expected, Mapping):
+        if expected and str(next(iter(expected))).startswith("$"):
+            ops = []
+            for op, operand in expected.items():
+                fn = _OPS.get(op)
+                if fn is None:
+                    raise InvalidInput(f"unknown filter operator {op!r}")
+                ops.append((fn, operand))
+
+            def by_ops(actual: Any) -> bool:
+                try:
+                    for fn, operand in ops:
+                        if not fn(actual, operand):
+                            return False
+                except (TypeError, ValueError):
+                    return False
+                return True
+
+            return by_ops
+        return compile_filter(expected)
+    if isinstance(expected, list | tuple):
+        items = [_compile(e) for e in expected]
+
+        def by_items(actual: Any) -> bool:
+            if not isinstance(actual, list | tuple) or len(actual) != len(items):
+                return False
+            return all(test(a) for test, a in zip(items, actual, strict=True))
+
+        return by_items
+    return lambda actual: bool(actual == expected)

@@ -1,0 +1,414 @@
+"""The write path: ``put`` and ``put_many``, and ``_put_rows`` under them.
+
+Every write of a memory goes through ``_put_rows`` (``update``, ``correct`` and an
+erasure's ``rebuild`` too): guard and epoch, policy, consent and retention,
+registered identifiers found in values, owner-set keys for rows about other
+subjects, then under the partition lock the log append, the vectors and one catalog
+transaction, taken back if the catalog refuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from keyshred._validate import check_depth
+from keyshred.errors import (
+    ConsentRequired,
+    InvalidInput,
+    KeyNotFound,
+    NotFound,
+    SubjectErased,
+    SubjectSuppressed,
+    ValueTooLarge,
+)
+from keyshred.keyring.datakey import DataKey
+from keyshred.keyring.keystore import owner_token
+from keyshred.storage import faults
+from keyshred.storage.memory_index import IndexMixin
+from keyshred.storage.memory_types import (
+    _JSON,
+    Memory,
+    PutItem,
+    _checked,
+    _key,
+    _memory,
+    _namespace,
+    _new_id,
+    _vector_ids,
+)
+from keyshred.storage.partition import MemoryRow, Partition, row_key_id, seal_row, to_us
+from keyshred.storage.vectors import VectorItem
+
+__all__ = ["WriteMixin"]
+
+
+class WriteMixin(IndexMixin):
+    """``put``, ``put_many`` and the write path under them."""
+
+    # -- validation --------------------------------------------------------------------
+
+    def _encode(self, value: Any) -> bytes:
+        check_depth(value, self._max_depth)
+        try:
+            raw = _JSON.encode(value).encode("utf-8")
+        except (TypeError, ValueError):
+            raise InvalidInput(
+                "a memory value must be JSON (dict, list, str, number, bool, None)"
+            ) from None
+        if len(raw) > self._max_value:
+            raise ValueTooLarge(
+                f"the value is {len(raw)} bytes; storage.max_value_bytes is {self._max_value}"
+            )
+        return raw
+
+    # -- writes ------------------------------------------------------------------------
+
+    def put(
+        self,
+        subject: Any,
+        namespace: Sequence[str] | str,
+        key: str,
+        value: Any,
+        *,
+        scope: str = "default",
+        purpose: str | None = None,
+        category: str | None = None,
+        sources: Sequence[str] = (),
+        mentions: Iterable[Any] = (),
+        index: bool | Sequence[str] | None = None,
+        epoch: int | None = None,
+    ) -> Memory:
+        """Create or replace the memory at (namespace, key) of ``subject``.
+
+        ``index`` embeds the value for semantic search: ``True`` the whole value,
+        a list of JSON paths (``"text"``, ``"a.b"``, ``"$"``) those fields, ``False``
+        nothing (removing earlier vectors); ``None`` keeps what an existing memory had.
+        """
+        if isinstance(mentions, str) or not isinstance(mentions, Iterable):
+            raise InvalidInput("mentions is a list of subjects")
+        item = PutItem(
+            namespace, key, value, scope, purpose, category, sources, tuple(mentions), index
+        )
+        return self.put_many(subject, [item], epoch=epoch)[0]
+
+    def put_many(
+        self, subject: Any, items: Sequence[PutItem], *, epoch: int | None = None
+    ) -> list[Memory]:
+        """Write a batch for one subject: one log append, one fsync, one catalog
+        transaction. All-or-nothing: a bad item fails the batch before anything is
+        written."""
+        if not isinstance(items, Sequence):
+            raise InvalidInput("put_many takes a list of PutItem")
+        for item in items:
+            if _namespace(_checked(item).namespace)[0].startswith("~"):
+                raise InvalidInput("namespaces starting with '~' are keyshred's own")
+        ref = self._ref(subject)
+        return self._put_rows(ref, items, epoch=epoch)
+
+    def _put_rows(
+        self,
+        ref: str,
+        items: Sequence[PutItem],
+        *,
+        epoch: int | None = None,
+        mention_refs: Sequence[tuple[str, ...]] | None = None,
+        produced_by: tuple[str, str | None, str | None] | None = None,
+        carried_detected: frozenset[str] = frozenset(),
+        kept_sources: Collection[str] = (),
+    ) -> list[Memory]:
+        """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
+        mentions as refs already, ``produced_by`` the assets' (kind, producer,
+        producer version) (rebuilding derived assets); ``carried_detected`` are
+        mentions of ``mention_refs`` carried over from an earlier version that were
+        detected there (they stay counted as detected); ``kept_sources`` are sources
+        the memory had already (an update keeps them even once they are deleted)."""
+        guard = self._catalog.guard(ref)
+        current_epoch = self._catalog.enforce(ref, guard, epoch)
+        now = self._clock()
+        now_us = to_us(now)
+        prepared = []
+        # (scope, purpose, category) -> (scope name, purpose, category, retain_until):
+        # a batch usually has one, so policy and consent are looked up once.
+        targets: dict[tuple[str, str | None, str | None], tuple[str, str, str, int]] = {}
+        # Subjects whose registered identifiers are in each item (one catalog query),
+        # and per (namespace, key) those of them no caller declared.
+        found = self._mentions.find(ref, items)
+        detected: dict[tuple[tuple[str, ...], str], frozenset[str]] = {}
+        if any(found) and not kept_sources:
+            self._check_derived_names(ref, items)
+        for n_item, item in enumerate(items):
+            ns, k = _namespace(item.namespace), _key(item.key)
+            raw = self._encode(item.value)
+            target = targets.get((item.scope, item.purpose, item.category))
+            if target is None:
+                target = self._target(ref, item, now)
+                if target[0] in guard.scopes:
+                    raise SubjectSuppressed(
+                        f"scope {target[0]!r} of subject_ref {ref} is suppressed"
+                    )
+                targets[(item.scope, item.purpose, item.category)] = target
+            if mention_refs is not None:
+                mentioned = tuple(sorted(set(mention_refs[n_item])))
+            else:
+                mentioned = (
+                    tuple(sorted({self._ref(m) for m in item.mentions})) if item.mentions else ()
+                )
+            detected[(ns, k)] = found[n_item].difference(mentioned) | carried_detected.intersection(
+                mentioned
+            )
+            if found[n_item]:
+                mentioned = tuple(sorted(found[n_item].union(mentioned)))
+            for source in item.sources:
+                if not isinstance(source, str) or not source:
+                    raise InvalidInput("sources are asset ids")
+            if item.ttl is not None:
+                if item.ttl <= timedelta(0):
+                    raise InvalidInput("a ttl is positive")
+                capped = min(target[3], now_us + int(item.ttl.total_seconds() * 1_000_000))
+                target = (target[0], target[1], target[2], capped)
+            prepared.append((ns, k, raw, *target, mentioned, item))
+        if not prepared:
+            return []
+        # Who the sources are about (their holders and mentions, transitively): one
+        # catalog query for the batch, before the lock. They become key owners.
+        source_owners = (
+            self._catalog.source_owners({s for *_, item in prepared for s in item.sources})
+            if self._sealer.encrypted and any(item.sources for *_, item in prepared)
+            else {}
+        )
+        if self._sealer.encrypted:
+            # A new source the catalog does not hold gives no owner, so the value
+            # derived from it would go under the holder's key alone: refused. It was
+            # deleted or erased (a value read before its subject's erasure completed
+            # would otherwise outlive it) or never registered.
+            for *_, item in prepared:
+                for source in item.sources:
+                    if source not in source_owners and source not in kept_sources:
+                        raise NotFound(
+                            "a source asset is not in the catalog: deleted, erased or "
+                            "never registered"
+                        )
+
+        part = self._partition(ref)
+        # Embedding is slow: do it before taking the partition lock. The fields of an
+        # existing memory (index=None) are read now; a concurrent change of them is
+        # caught under the lock below and embedded there.
+        part.ensure_loaded(refresh=False)  # caught up with others under the lock
+        # Lookup hashes computed here (only if the index key exists: no key is created
+        # before the lock) are reused under the lock while that key is unchanged.
+        lookups: list[str | None] = [
+            self._early_lookup(part, ns, k) if item.index is None else None
+            for ns, k, _, *_, item in prepared
+        ]
+        index_key = part.lookup_key_id
+        fields = [self._fields(part, lookups[n], item) for n, (*_, item) in enumerate(prepared)]
+        vectors = self._embed_rows(prepared, fields)
+        with part.flocked():
+            # Again under the lock: the erasure coordinator destroys keys and drops
+            # partitions under this lock, after suppressing. A writer that gets here
+            # after a suppression stops before touching (or creating) any key.
+            self._catalog.enforce(ref, self._catalog.guard(ref), epoch)
+            rows: list[MemoryRow] = []
+            replaced = False
+            seen: dict[str, MemoryRow] = {}
+            for n, (ns, k, raw, scope, purpose, category, retain, mentioned, item) in enumerate(
+                prepared
+            ):
+                early = lookups[n] if part.lookup_key_id == index_key else None
+                lookup = early or part.lookup(ns, k)
+                # An opaque row at this name (its shared key destroyed) is replaced
+                # like any other: same asset, its vectors and catalog row renewed.
+                old = seen.get(lookup) or part.rows.get(lookup) or part.opaque.get(lookup)
+                replaced = replaced or old is not None
+                if item.index is None and old is not None and old.index != fields[n]:
+                    fields[n] = old.index
+                    vectors[n] = self._embed_one(raw, old.index)
+                row = MemoryRow(
+                    memory_id=old.memory_id if old else _new_id(now_us),
+                    namespace=ns,
+                    key=k,
+                    value=raw,
+                    scope=scope,
+                    purpose=purpose,
+                    category=category,
+                    created_us=old.created_us if old else now_us,
+                    updated_us=now_us,
+                    retain_us=retain,
+                    lookup=lookup,
+                    sources=tuple(item.sources),
+                    mentions=mentioned,
+                    index=fields[n],
+                )
+                seen[lookup] = row
+                rows.append(row)
+            last = {r.lookup: i for i, r in enumerate(rows)}  # last write of a key wins
+            vectors = [vectors[i] for i in last.values()]
+            rows = [rows[i] for i in last.values()]
+            if self._sealer.encrypted:
+                rows = self._seal_shared(ref, rows, source_owners)
+            previous = {
+                r.lookup: part.rows.get(r.lookup) or part.opaque.get(r.lookup) for r in rows
+            }
+            stale = [v for p in previous.values() if p is not None for v in _vector_ids(p)]
+            vec_items = [
+                VectorItem(r.memory_id, i, f, r.scope, now_us, vecs[i], row_key_id(r))
+                for r, vecs in zip(rows, vectors, strict=True)
+                for i, f in enumerate(r.index)
+            ]
+            part.append_puts(rows)
+            faults.reached("put.after_log")
+            try:
+                if vec_items or stale:
+                    self._vector_store().upsert(
+                        ref, vec_items, replace=[p.memory_id for p in previous.values() if p]
+                    )
+                    faults.reached("put.after_vectors")
+                self._register_rows(
+                    ref,
+                    rows,
+                    expected_epoch=current_epoch,
+                    replace=replaced or bool(vec_items),
+                    remove=stale,
+                    produced_by=produced_by,
+                    detected=[
+                        (r.memory_id, m) for r in rows for m in detected[(r.namespace, r.key)]
+                    ],
+                )
+            except BaseException:
+                self._undo(part, rows, previous)
+                fresh = {r.memory_id for r in rows if previous.get(r.lookup) is None}
+                if vec_items and self._vectors is not None:
+                    with contextlib.suppress(Exception):  # the original error matters
+                        self._vectors.delete(ref, fresh)
+                raise
+            faults.reached("put.after_catalog")
+            if part.log_records >= self._flush_records:
+                part.flush()
+        return [_memory(r) for r in rows]
+
+    def _check_derived_names(self, ref: str, items: Sequence[PutItem]) -> None:
+        """A derived asset's namespace and key stay readable under the holder's
+        own key (its rebuild after an erasure needs them), so they may not carry
+        another subject's registered identifier: that would outlive the subject's
+        erasure in the rebuilt asset. Values are sealed under the owners' key."""
+        derived = [
+            PutItem(item.namespace, item.key, None, item.scope)
+            for item in items
+            if item.sources and isinstance(item.scope, str)
+        ]
+        if derived and any(self._mentions.find(ref, derived)):
+            raise InvalidInput(
+                "a derived asset's namespace and key stay readable after the erasure "
+                "of the subjects it is about (its rebuild needs them): they may not "
+                "hold another subject's registered identifier"
+            )
+
+    def _seal_shared(
+        self, ref: str, rows: list[MemoryRow], source_owners: Mapping[str, set[str]]
+    ) -> list[MemoryRow]:
+        """Seal every row whose owner set is more than its holder (the subjects it
+        mentions, the owners of its sources) under the key of that owner set: one
+        key per (holder, scope, owner set), shared by all its rows, created here
+        under the partition lock like every first key of a subject."""
+        keys: dict[tuple[str, tuple[str, ...]], DataKey] = {}
+        checked: set[str] = set()
+        out = []
+        for r in rows:
+            owners = set(r.mentions)
+            for source in r.sources:
+                owners |= source_owners.get(source, set())
+            # The holder's own data of this scope is under the scope key already; of
+            # another scope it stays an owner (withdrawing that scope kills this key).
+            owners -= {ref, owner_token(ref, r.scope)}
+            if not owners:
+                out.append(r)
+                continue
+            for owner in owners - checked:
+                # Data about a subject that is being erased (or was) is refused before
+                # a key is created for it: a key made after the erasure destroyed the
+                # subject's keys would carry the data past it. The catalog refuses the
+                # mention again in the write transaction, and the erasure sweeps any
+                # key created in between.
+                self._check_owner(owner)
+                checked.add(owner)
+            wanted = (r.scope, tuple(sorted(owners)))
+            key = keys.get(wanted)
+            if key is None:
+                key = keys[wanted] = self._keyring.data_key(ref, r.scope, owners=wanted[1])
+            out.append(seal_row(key, ref, r))
+        # Checked again once every key exists: a key made before a suppression is
+        # one that erasure's destroy step finds, one made after is refused here.
+        # Without this, a whole erasure (its verify sweep included) that ran between
+        # the first check and the key's creation left the key alive, and the row the
+        # catalog then refused stayed readable in the log and the vectors under it.
+        for owner in checked:
+            self._check_owner(owner)
+        return out
+
+    def _check_owner(self, owner: str) -> None:
+        """Refuse data about an owner (``ref``, or ``ref@scope``: its data in that
+        scope) whose subject, or that scope of it, is suppressed or erased."""
+        subject, _, scope = owner.partition("@")
+        try:
+            self._catalog.check_guard(subject, scope=scope or None)
+        except SubjectSuppressed:
+            raise SubjectSuppressed(
+                f"the memory is about subject_ref {subject}, which is being erased or was erased"
+            ) from None
+
+    @staticmethod
+    def _early_lookup(part: Partition, ns: tuple[str, ...], key: str) -> str | None:
+        if not part.rows:
+            return None
+        try:  # before the partition lock: never create a key here
+            return part.lookup(ns, key, create=False)
+        except (KeyNotFound, SubjectErased):
+            return None
+
+    def _fields(self, part: Partition, lookup: str | None, item: PutItem) -> tuple[str, ...]:
+        if item.index is None:
+            old = part.rows.get(lookup) if lookup is not None else None
+            return old.index if old is not None else ()
+        if item.index is False:
+            return ()
+        if item.index is True:
+            return ("$",)
+        if isinstance(item.index, str):
+            return (item.index,)
+        paths = tuple(dict.fromkeys(item.index))
+        if not all(isinstance(p, str) and p for p in paths):
+            raise InvalidInput("index paths are non-empty strings")
+        return paths
+
+    def _target(self, ref: str, item: PutItem, now: datetime) -> tuple[str, str, str, int]:
+        """Resolve scope, purpose and category, check consent, compute retention."""
+        rule, purpose, category = self._policy.resolve(item.scope, item.purpose, item.category)
+        consent_end = None
+        if rule.needs_consent:
+            consent = self._catalog.active_consent(ref, purpose, category, "store", now)
+            if consent is None:
+                raise ConsentRequired(
+                    f"no active consent of subject_ref {ref} for purpose {purpose!r}, "
+                    f"category {category!r}"
+                )
+            consent_end = consent.end_at
+        retain = to_us(self._policy.retain_until(rule, now, consent_end))
+        return rule.name, purpose, category, retain
+
+    def _undo(
+        self, part: Partition, rows: list[MemoryRow], previous: Mapping[str, MemoryRow | None]
+    ) -> None:
+        """The catalog refused (e.g. the subject was suppressed meanwhile): take the
+        logged writes back so the partition matches the catalog again."""
+        try:
+            restore = [p for p in previous.values() if p is not None]
+            fresh = [r for r in rows if previous.get(r.lookup) is None]
+            for r in fresh:
+                part.append_delete(r)
+            if restore:
+                part.append_puts(restore)
+        except Exception:  # noqa: BLE001,S110 - the original error matters more
+            pass
