@@ -1,15 +1,17 @@
 """``keyshred.storage``: the catalog, consent, policy and the memory store.
 
-- ``catalog``: asset index, provenance, consent records, the subject guard
-  (SQLAlchemy Core on SQLite or PostgreSQL);
+- ``catalog`` (with ``catalog_*``): asset index, provenance, identifiers, consent
+  records, the subject guard (SQLAlchemy Core on SQLite or PostgreSQL); its tables
+  in ``schema``;
 - ``policy``: declared scopes, purposes, categories and retention;
-- ``memories``: the memory store (``ks.memories``), over per-subject ``partition``s
-  of PME-encrypted Parquet segments and an encrypted append log (``applog``);
+- ``memories``: the memory store (``ks.memories``; its parts in ``memory_*``), over
+  per-subject ``partition``s of PME-encrypted Parquet segments and an encrypted
+  append log (``applog``);
+- ``vectors``: sealed vectors in per-subject LanceDB datasets; ``checkpoints``: the
+  LangGraph thread engine; ``mentions``: registered identifiers and detected mentions;
 - ``pme``: Parquet Modular Encryption with the keyring as its KMS;
 - ``erasable``: ``Erasable``, the interface every store holding personal data
   implements for the erasure coordinator (erase, verify, evict).
-
-Vector partitions and checkpoints are not built yet (issues #4 and #8).
 
 The names below load on first use (PEP 562): importing one submodule does not
 import the others (``keyshred.storage.policy`` alone needs no pyarrow).
