@@ -147,6 +147,9 @@ def create_engine(
         parsed = sa.engine.make_url(url)
         engine = sa.create_engine(
             parsed,
+            # A statement error must not quote its parameters (wrapped keys,
+            # subject_refs, sealed values) into a message or a log.
+            hide_parameters=True,
             **_pool_options(parsed, pool_size, max_overflow, pool_timeout, pre_ping),
         )
     except ImportError as exc:

@@ -8,6 +8,7 @@ start-up registry ``keyshred.erasure.register_rebuilder``)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ def test_unknown_producer_waits_in_manual_review_until_registered(
         assert ks.erasure.receipt("r1") is None
         # Not dropped: the asset waits for its rebuild.
         assert ks.catalog.asset(summary_id) is not None
-        assert ks.erasure.resume("r1").state == "manual_review"  # still unknown
+        for _ in range(8):  # more resumes than MAX_ATTEMPTS: waiting is not failing
+            assert ks.erasure.resume("r1").state == "manual_review"  # still unknown
     with Keyshred.open(data, make_config(None)) as ks:
         if where == "handle":
             ks.derived.register_producer("summarizer", "2", left)
@@ -119,3 +121,77 @@ def test_holds_requests_and_readmission_take_a_subject_or_a_named_ref(tmp_path: 
             ks.memories.put("cy@example.org", NS, "k", 1)
         ks.erasure.readmit("cy@example.org")
         ks.memories.put("cy@example.org", NS, "k", 1)
+
+
+def test_a_ref_passed_where_the_subject_goes_is_refused_not_hashed(tmp_path: Path) -> None:
+    """Before 0.2 these methods took the subject_ref first: an old call must not
+    hold (or list, or re-admit) another subject and let the real one's erasure on."""
+    with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        ks.memories.put("cy@example.org", NS, "k", 1)
+        ref = ks.subject_ref("cy@example.org")
+        for call in (
+            lambda: ks.erasure.place_hold(ref, reason="case-7", owner="legal"),
+            lambda: ks.erasure.holds(ref),
+            lambda: ks.erasure.requests(ref),
+            lambda: ks.erasure.readmit(ref),
+        ):
+            with pytest.raises(InvalidInput, match="subject_ref="):
+                call()
+        ks.erasure.place_hold(subject_ref=ref, reason="case-7", owner="legal")
+        assert ks.erase("cy@example.org", requested_by="dpo", reason="t").state == "legal_hold"
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_request_an_earlier_release_left_half_done_resumes_to_a_receipt(
+    tmp_path: Path,
+) -> None:
+    """An upgrade while a request ran: its stores' steps were recorded as
+    ``{"count", "at"}`` (``drop_tokens``, ``derived_done``); the new code resumes it
+    to ``completed`` and signs its receipt."""
+    import json
+
+    import sqlalchemy as sa
+
+    from keyshred.schema import deletion_requests
+
+    with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        for i in range(3):
+            ks.memories.put("ana@example.org", NS, f"k{i}", {"t": i})
+        ks.vault.sanitize("call ana@example.org", "ana@example.org", "support", timedelta(days=1))
+
+        def stop(step: str, _req: Any) -> None:
+            if step == "catalog":
+                raise _Stop
+
+        ks.erasure.on_step = stop
+        with pytest.raises(_Stop):
+            ks.erase("ana@example.org", requested_by="dpo", reason="t", request_id="r-old")
+        ks.erasure.on_step = None
+        with ks.catalog.engine.begin() as conn:
+            doc = json.loads(
+                conn.execute(
+                    sa.select(deletion_requests.c.doc).where(
+                        deletion_requests.c.request_id == "r-old"
+                    )
+                ).scalar_one()
+            )
+            details = doc["details"]
+            for step in ("drop_memories", "drop_vectors", "drop_vault", "drop_checkpoints"):
+                details[step] = {"count": details[step]["count"], "at": details[step]["at"]}
+            details["drop_tokens"] = details.pop("drop_vault")
+            doc["done"] = ["drop_tokens" if s == "drop_vault" else s for s in doc["done"]]
+            conn.execute(
+                deletion_requests.update()
+                .where(deletion_requests.c.request_id == "r-old")
+                .values(doc=json.dumps(doc))
+            )
+        req = ks.erasure.resume("r-old")
+        assert req.state == "completed", req.error
+        receipt = ks.erasure.receipt("r-old")
+        assert receipt is not None
+        stores = {s.store: s for s in receipt.stores}
+        assert stores["memories"].action == "partition-dropped"
+        assert stores["vault"].count == 1

@@ -102,13 +102,17 @@ class VaultKek(KekProvider):
         self._min_available = 0
         # One urllib3 pool, shared by every thread (it is thread-safe), carries every
         # call; no retries: a failed call surfaces as KekUnavailable to the keyring.
+        # Redirects are followed (an HA standby answers 307 to the active node, as
+        # hvac followed them); nothing else is retried.
         pool_kwargs: dict[str, Any] = {"maxsize": max(1, workers), "block": True}
         if isinstance(verify, str):
             pool_kwargs.update(cert_reqs="CERT_REQUIRED", ca_certs=verify)
         elif not verify:
             pool_kwargs.update(cert_reqs="CERT_NONE")
         self._http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(total=timeout), retries=False, **pool_kwargs
+            timeout=urllib3.Timeout(total=timeout),
+            retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=3),
+            **pool_kwargs,
         )
         self._headers = {"X-Vault-Token": token, "Content-Type": "application/json"}
         if namespace:

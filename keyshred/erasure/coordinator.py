@@ -177,6 +177,7 @@ class ErasureCoordinator(HoldsMixin):
         for old, new in LEGACY_STEPS.items():
             if old in details:
                 details[new] = details.pop(old)
+        _upgrade_legacy_details(row.scope, doc)
         return ErasureRequest(
             row.request_id,
             row.subject_ref,
@@ -374,7 +375,10 @@ class ErasureCoordinator(HoldsMixin):
                     req.doc["held"] = True
                     self._set_state(req, "legal_hold", holds=[h.hold_id for h in holds])
                     return req
-            req.attempts += 1
+            # A request waiting for a producer's rebuild function is not failing: its
+            # resumes before the application registers one use up no attempt.
+            if not (req.state == MANUAL_REVIEW and req.doc.get("review") == _REVIEW_PRODUCER):
+                req.attempts += 1
             if req.attempts > 1:
                 self._metrics.retry()
             if req.attempts > MAX_ATTEMPTS:
@@ -537,3 +541,45 @@ class ErasureCoordinator(HoldsMixin):
             derived=derived,
         )
         return {"at": iso(completed)}
+
+
+# What the stores' steps recorded before they were ``Erasable`` (keyshred 0.1): the
+# store's name, count and time, the action the receipt named for the extent, and
+# the derived step's ``actions`` (its progress under ``derived_done``).
+_LEGACY_ACTIONS = {
+    "drop_memories": ("memories", "partition-dropped", "scope-dropped"),
+    "drop_vectors": ("vectors", "dataset-dropped", "scope-deleted"),
+    "drop_vault": ("vault", "tokens-deleted", "tokens-deleted"),
+    "drop_checkpoints": ("checkpoints", "threads-deleted", "threads-deleted"),
+}
+
+
+def _upgrade_legacy_details(scope: str | None, doc: dict[str, Any]) -> None:
+    """A request an earlier release left half done (an upgrade while it ran) resumes
+    with its steps' results in today's form, so its receipt is built and signed."""
+    details: dict[str, Any] = doc.setdefault("details", {})
+    for step, (store, whole, scoped) in _LEGACY_ACTIONS.items():
+        d = details.get(step)
+        if isinstance(d, dict) and "store" not in d and "count" in d:
+            count = int(d["count"])
+            details[step] = {
+                "store": store,
+                "action": whole if scope is None else scoped,
+                "count": count,
+                "at": d.get("at") or now().isoformat(),
+                "actions": [],
+                "found": count > 0,
+            }
+    derived = details.get("derived")
+    if isinstance(derived, dict) and "store" not in derived and "actions" in derived:
+        actions = list(derived["actions"])
+        details["derived"] = {
+            "store": "derived",
+            "action": "rebuilt-or-dropped",
+            "count": len(actions),
+            "at": now().isoformat(),
+            "actions": actions,
+            "found": bool(actions),
+        }
+    if "derived_done" in doc:  # a derived step killed halfway: its progress
+        doc.setdefault("progress", {}).setdefault("derived", doc.pop("derived_done"))

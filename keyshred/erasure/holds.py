@@ -4,6 +4,7 @@ that holds only its pseudonymous reference passes ``subject_ref=``."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 
@@ -18,6 +19,10 @@ from keyshred.schema import legal_holds
 from keyshred.storage.catalog import ACTIVE, Catalog
 
 __all__ = ["HoldsMixin"]
+
+
+# keyshred.keyring.Keyring.subject_ref: 26 characters of lowercase base32.
+_REF_SHAPE = re.compile(r"[a-z2-7]{26}")
 
 
 class HoldsMixin:
@@ -38,6 +43,15 @@ class HoldsMixin:
         if subject is not None and subject_ref is not None:
             raise InvalidInput("pass a subject or subject_ref=, not both")
         if subject is not None:
+            if isinstance(subject, str) and _REF_SHAPE.fullmatch(subject):
+                # These methods took a subject_ref first before 0.2: an old call
+                # would hash the ref into another subject's and, for a hold, let the
+                # real subject's erasure go ahead. A ref-shaped id is refused (a
+                # subject whose id really looks so passes a ``Subject``).
+                raise InvalidInput(
+                    "this looks like a subject_ref: pass it as subject_ref=..., or the "
+                    "subject itself (as ks.erase takes it)"
+                )
             return self._ref(subject)
         if subject_ref is not None and not isinstance(subject_ref, str):
             raise InvalidInput("subject_ref is a string")

@@ -207,3 +207,37 @@ def test_archive_lineage_is_a_second_key_independent_of_the_live_one(
             ring.open_archive(copy.epoch, copy.wrapped, copy.sealed, "backup:g1")
     finally:
         ring.close()
+
+
+def test_vault_follows_a_standby_redirect_to_the_active_node(openbao: object) -> None:
+    """An HA standby answers 307 with the active node's address; every call (key
+    management and the batch data path) follows it, method and body kept."""
+    import http.server
+    import threading
+
+    from keyshred.keyring.kek.vault import VaultKek
+
+    active = openbao.url.rstrip("/")  # type: ignore[attr-defined]
+
+    class Standby(http.server.BaseHTTPRequestHandler):
+        def _redirect(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", active + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_PUT = _redirect
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Standby)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        standby = f"http://127.0.0.1:{server.server_address[1]}"
+        kek = VaultKek(standby, openbao.token, key_name="via-standby")  # type: ignore[attr-defined]
+        keys = [os.urandom(32), os.urandom(32)]
+        wrapped = kek.wrap_many([(k, CTX) for k in keys])
+        assert kek.unwrap_many(list(zip(wrapped, [CTX, CTX], strict=True))) == keys
+    finally:
+        server.shutdown()

@@ -19,11 +19,17 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    # SQLite cannot drop a column in place before 3.35; batch mode copies the table.
-    with op.batch_alter_table("ks_token_blocks") as batch:
+    # SQLite cannot drop a column in place before 3.35; batch mode copies the table,
+    # keeping AUTOINCREMENT (reflection loses it), so a block number freed at the top
+    # is still never handed out again.
+    with op.batch_alter_table(
+        "ks_token_blocks", table_kwargs={"sqlite_autoincrement": True}
+    ) as batch:
         batch.drop_column("group_commit_ms")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("ks_token_blocks") as batch:
+    with op.batch_alter_table(
+        "ks_token_blocks", table_kwargs={"sqlite_autoincrement": True}
+    ) as batch:
         batch.add_column(sa.Column("group_commit_ms", sa.Float, nullable=False, server_default="0"))
