@@ -180,6 +180,33 @@ class Maintenance(Generations):
             and g.expires_at > now
         ]
 
+    def epoch_users(self, before: int) -> list[str]:
+        """The generations that need a live epoch older than ``before`` (the
+        keyring's ``EpochInUse`` names them)."""
+        return [
+            f"{g.generation} (epoch {g.kek_epoch}, expires {g.expires_at:%Y-%m-%d})"
+            for g in self.generations_needing(before)
+        ]
+
+    def destroy_kek_epochs_before(self, epoch: int, *, force: bool = False) -> list[DestroyedEpoch]:
+        """Destroy live KEK epochs older than ``epoch``: ``EpochInUse`` while an
+        unexpired generation is sealed under one, unless ``force`` (then audited, with
+        the generations it breaks). ``maintain`` destroys on schedule."""
+        broken = self._generations_broken(epoch) if force else []
+        destroyed = self._keyring.destroy_kek_epochs_before(epoch, force=force)
+        for d in destroyed:
+            self._audit.record("kek.epoch_destroyed", epoch=d.epoch, forced=force, broke=broken)
+        return destroyed
+
+    def _generations_broken(self, epoch: int) -> list[str]:
+        """For the audit of a forced destruction: the generations it breaks. Force is
+        the override for when they cannot be listed either (a tampered manifest, a
+        target gone): the audit says so instead of the override failing."""
+        try:
+            return [g.generation for g in self.generations_needing(epoch)]
+        except KeyshredError as exc:
+            return [f"unknown: {type(exc).__name__}"]
+
     @staticmethod
     def archive_schedule(manifests: Sequence[Manifest]) -> dict[str, datetime]:
         """Each archive generation's destruction date: the expiry of the

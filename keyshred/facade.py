@@ -21,7 +21,7 @@ from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, ErasureRequest
-from keyshred.errors import ConfigError, KeyshredError
+from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.keyring.kek import DestroyedEpoch
@@ -181,7 +181,7 @@ class Keyshred:
                 consent=consent,
             )
         )
-        keyring.epoch_users = self._epoch_users
+        keyring.epoch_users = self._backup.epoch_users
 
     def _is_closed(self) -> bool:
         return self._closed
@@ -242,30 +242,12 @@ class Keyshred:
             raise
         return restored
 
-    def _epoch_users(self, before: int) -> list[str]:
-        return [
-            f"{g.generation} (epoch {g.kek_epoch}, expires {g.expires_at:%Y-%m-%d})"
-            for g in self.backup.generations_needing(before)
-        ]
-
     def destroy_kek_epochs_before(self, epoch: int, *, force: bool = False) -> list[DestroyedEpoch]:
-        """Destroy KEK epochs older than ``epoch``: ``EpochInUse`` while an unexpired
-        backup generation is sealed under one, unless ``force`` (then audited, with
-        the generations it breaks). ``ks.backup.maintain`` destroys on schedule."""
-        broken = self._generations_broken(epoch) if force else []
-        destroyed = self.keyring.destroy_kek_epochs_before(epoch, force=force)
-        for d in destroyed:
-            self.audit.record("kek.epoch_destroyed", epoch=d.epoch, forced=force, broke=broken)
-        return destroyed
-
-    def _generations_broken(self, epoch: int) -> list[str]:
-        """For the audit of a forced destruction: the generations it breaks. Force is
-        the override for when they cannot be listed either (a tampered manifest, a
-        target gone): the audit says so instead of the override failing."""
-        try:
-            return [g.generation for g in self.backup.generations_needing(epoch)]
-        except KeyshredError as exc:
-            return [f"unknown: {type(exc).__name__}"]
+        """Destroy live KEK epochs older than ``epoch``: ``EpochInUse`` while an
+        unexpired backup generation is sealed under one, unless ``force`` (then
+        audited, with the generations it breaks); see ``ks.backup``."""
+        check_open(self._closed)
+        return self._backup.destroy_kek_epochs_before(epoch, force=force)
 
     @classmethod
     def init(
