@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from keyshred.storage.erasable import Erasable, ErasureTarget, StoreCheck, StoreErasure
     from keyshred.storage.memories import Memory, PutItem, RepairReport
     from keyshred.vault.detect import Finding
-    from keyshred.vault.tokens import Sanitized
+    from keyshred.vault.tokens import Sanitized, VaultStatus
 
 __version__ = "0.1.0"
 
@@ -83,6 +83,7 @@ _LAZY = {
     "RepairReport": "keyshred.storage.memories",
     "ConsentRecord": "keyshred.storage.catalog",
     "Sanitized": "keyshred.vault.tokens",
+    "VaultStatus": "keyshred.vault.tokens",
     "Finding": "keyshred.vault.detect",
     "Erasable": "keyshred.storage.erasable",
     "ErasureTarget": "keyshred.storage.erasable",
@@ -193,6 +194,7 @@ __all__ = [
     "UnknownScope",
     "UnknownToken",
     "ValueTooLarge",
+    "VaultStatus",
     "VerificationFailed",
 ]
 

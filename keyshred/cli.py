@@ -252,6 +252,7 @@ def keys_status(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
         epochs = ks.keyring.kek.epochs()
         counts = ks.keyring.store.counts()
         live = ks.backup.live_status()
+        flush_failed = ks.audit.events(event="vault.flush_failed")  # any process's
         data = {
             "kek_provider": ks.keyring.kek.name,
             "current_epoch": ks.keyring.kek.current_epoch(),
@@ -259,6 +260,13 @@ def keys_status(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
             "live": live.as_dict(),
             "keys": counts["dek"],
             "tombstones": counts["tombstone"],
+            "token_flush": {
+                **ks.vault.status().as_dict(),
+                "failure_runs_audited": len(flush_failed),
+                "last_audited_failure_at": (
+                    flush_failed[-1].at.isoformat() if flush_failed else None
+                ),
+            },
         }
     _emit(
         data,
@@ -268,7 +276,9 @@ def keys_status(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
         f"{live.due_at.isoformat()}"
         + (" [OVERDUE: run 'keyshred maintain']" if live.overdue else "")
         + f"; {counts['dek']} keys, "
-        f"{counts['tombstone']} tombstones",
+        f"{counts['tombstone']} tombstones; token flush failures: {len(flush_failed)} "
+        f"run(s) audited"
+        + (f", last at {flush_failed[-1].at.isoformat()}" if flush_failed else ""),
     )
 
 

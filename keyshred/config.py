@@ -202,6 +202,8 @@ class ScopeSettings(_Model):
     detect_mentions: bool = True
 
 
+# The vault's group-commit interval on the embedded catalog (``tokens.group_commit_ms``).
+DEFAULT_GROUP_COMMIT_MS = 50.0
 DEFAULT_SCOPE = ScopeSettings(purpose="default", categories=["general"], basis="contract")
 
 
@@ -278,13 +280,23 @@ class RetentionSettings(_Model):
 class TokenSettings(_Model):
     """The tokenization vault (``ks.vault``)."""
 
-    # Read and ignored: the group commit it tuned is gone (issue 20; every sanitize
-    # stores its tokens before it returns). Kept so that keyshred.toml files that set
-    # it still open.
+    # > 0: group commit. ``sanitize`` journals its tokens (one copy into a file of
+    # this process mapped into memory, as crash-safe as the embedded catalog's own
+    # commit) and they are written to the catalog at most this many milliseconds
+    # later, many texts per transaction (keyshred.vault.group). 0: every sanitize
+    # commits its tokens in its own catalog transaction before it returns. None
+    # (default): 50 on the embedded catalog; 0 on PostgreSQL, whose commit is
+    # fsync'd by the server, which a journal in the page cache would weaken.
     group_commit_ms: float | None = Field(None, ge=0, le=10_000)
     # The largest text ``sanitize`` accepts (UTF-8 bytes); detection is linear but
     # not free, and one huge text would hold a worker for minutes.
     max_text_bytes: int = Field(1024 * 1024, ge=1)
+
+    def commit_ms(self, dialect: str) -> float:
+        """The group-commit interval in effect on a catalog of ``dialect``."""
+        if self.group_commit_ms is not None:
+            return self.group_commit_ms
+        return DEFAULT_GROUP_COMMIT_MS if dialect == "sqlite" else 0.0
 
 
 class Config(_Model):

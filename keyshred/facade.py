@@ -44,6 +44,7 @@ __all__ = ["Keyshred"]
 CATALOG_DIR = "catalog"
 VECTORS_DIR = "vectors"
 CATALOG_FILE = "catalog.db"
+JOURNAL_DIR = "tokens"  # the vault's group-commit journals (keyshred.vault.journal)
 T = TypeVar("T")
 
 
@@ -120,6 +121,9 @@ class Keyshred:
             self._subject_ref,
             self._audit,
             first_key=self._memories.first_key,
+            group_commit_ms=config.tokens.commit_ms(catalog.dialect),
+            journal=path / JOURNAL_DIR,
+            on_flush_failure=self.metrics.token_flush_failure,
             max_text_bytes=config.tokens.max_text_bytes,
             mentions=mentions,
         )

@@ -37,6 +37,11 @@ class Metrics:
             "Writes refused because they carried an older deletion epoch",
             registry=self.registry,
         )
+        self._token_flush = Counter(
+            "keyshred_token_flush_failures",
+            "Background flushes of group-committed tokens that failed (retried)",
+            registry=self.registry,
+        )
         self._online = Histogram(
             "keyshred_erasure_online_seconds",
             "Time from an erasure request to the subject's suppression",
@@ -61,6 +66,9 @@ class Metrics:
 
     def stale_job(self) -> None:
         self._stale.inc()
+
+    def token_flush_failure(self) -> None:
+        self._token_flush.inc()
 
     def online_latency(self, seconds: float) -> None:
         self._online.observe(max(0.0, seconds))

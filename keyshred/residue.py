@@ -17,7 +17,7 @@ strings (a phone number, an e-mail, a name) in two layers:
    the partition opens them; ``keyshred.storage.vectors`` for LanceDB datasets,
    every version), the catalog's sealed columns (tokens, threads, checkpoints and
    their writes, in any SQLite catalog found under the folders and in the live
-   catalog when the data folder is scanned), and backup
+   catalog when the data folder is scanned), the vault's token journals, and backup
    generations: each object is mapped back to what it is through the generation's
    manifest and decoded like the original. A generation's own sealed key store is
    never opened: only keys the live keyring can unwrap count. A ciphertext whose key
@@ -80,6 +80,8 @@ from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.schema import checkpoint_writes, checkpoints, threads
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.vectors import VEC_SCHEMA, VectorIndex
+from keyshred.vault.journal import MAGIC as _JOURNAL_MAGIC
+from keyshred.vault.journal import Segment as JournalSegment
 from keyshred.vault.rows import place_template as token_place
 from keyshred.vault.schema import tokens
 
@@ -108,6 +110,7 @@ MEMORY_ROW = "memory_row"  # rows of segments and log records
 VECTOR = "vector"
 VECTOR_DATASET = "vector_dataset"
 TOKEN = "token"  # noqa: S105 - a kind's name, not a secret
+TOKEN_JOURNAL = "token_journal"  # noqa: S105 - held tokens of group commit
 THREAD = "thread"
 CHECKPOINT = "checkpoint"
 CHECKPOINT_WRITE = "checkpoint_write"
@@ -507,6 +510,8 @@ class _Scanner:
                     self._dataset(root, dataset, ref, root.rel(dataset))
         elif kind == DATABASE:
             self._sqlite(root, file)
+        elif kind == TOKEN_JOURNAL:
+            self._token_journal(root, file)
         elif kind == EXPORT:
             self._export(file)
 
@@ -763,6 +768,20 @@ class _Scanner:
         self._count(self._report.decrypted, kind)
         self._search_plain(root, label, kind, plain)
 
+    def _token_journal(self, root: _Root, file: Path) -> None:
+        """A vault journal: token rows a process wrote before their group commit
+        (zeroed once stored; a dead process's stay until replayed)."""
+        try:
+            rows = JournalSegment(file, -1).read()  # reads by path; the fd is unused
+        except _UNREADABLE:
+            self._count(self._report.unreadable, TOKEN_JOURNAL)
+            return
+        label = root.rel(file)
+        for _epoch, row in rows:
+            token, ref, scope, value = row[1], row[2], row[3], row[10]
+            opener = partial(self._keyring.open_at, bytes(value), token_place(ref, scope), token)
+            self._open(root, label, TOKEN_JOURNAL, opener)
+
     # -- exports -----------------------------------------------------------------------
 
     def _export(self, file: Path) -> None:
@@ -906,6 +925,8 @@ def _kind_of(file: Path) -> str:
     head = _head(file, 4096)
     if head.startswith(_SQLITE_MAGIC):
         return DATABASE
+    if head.startswith(_JOURNAL_MAGIC):
+        return TOKEN_JOURNAL
     if head.startswith(b"{") and b"keyshred-export/" in head.partition(b"\n")[0]:
         return EXPORT
     if parent.startswith(_SUBJECT_DIR) and head[:4] in (b"PAR1", b"PARE"):

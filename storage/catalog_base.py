@@ -205,7 +205,7 @@ class CatalogBase:
     def _read(self) -> AbstractContextManager[Connection]:
         return db.read(self.engine)
 
-    def _insert_ignore(self, table: sa.Table) -> Any:
+    def insert_ignore(self, table: sa.Table) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` in this dialect."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects import postgresql

@@ -58,6 +58,11 @@ class GuardMixin(CatalogBase):
         """The guard read inside ``hot``'s transaction (``FOR SHARE`` on PostgreSQL)."""
         return self._guard_row(cur, subject_ref, lock)
 
+    def guards_in(self, cur: Any, refs: Iterable[str]) -> dict[str, GuardState]:
+        """Many subjects' guards read inside ``hot``'s transaction (``FOR SHARE`` on
+        PostgreSQL); a subject without a guard row is absent (active)."""
+        return self._guard_rows(cur, refs)
+
     @staticmethod
     def guard_of(status: Any, epoch: Any, scopes: Any) -> GuardState:
         """A guard from its three columns read by another statement (a join); a

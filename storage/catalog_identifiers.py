@@ -53,17 +53,17 @@ class IdentifiersMixin(GuardMixin):
             ]
             if new:
                 # A concurrent registration of the same identifier is no error.
-                conn.execute(self._insert_ignore(identifiers), new)
+                conn.execute(self.insert_ignore(identifiers), new)
             marks = [{"kind": k} for k in sorted(set(kinds))]
             if marks:
-                conn.execute(self._insert_ignore(identifier_kinds), marks)
+                conn.execute(self.insert_ignore(identifier_kinds), marks)
         return len(new)
 
     def _lock_identifier_version(self, conn: Connection, *, exclusive: bool) -> int:
         """The identifier key version, its row created if absent and locked (shared
         for a registration, exclusive for a re-hash) until ``conn`` commits. SQLite
         write transactions are serialised anyway."""
-        conn.execute(self._insert_ignore(identifier_key_version), [{"id": 1, "version": 1}])
+        conn.execute(self.insert_ignore(identifier_key_version), [{"id": 1, "version": 1}])
         query = sa.select(identifier_key_version.c.version).where(identifier_key_version.c.id == 1)
         if self.dialect == "postgresql":
             query = query.with_for_update(read=not exclusive)

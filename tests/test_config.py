@@ -106,6 +106,17 @@ def test_missing_extra_names_the_extra() -> None:
     assert isinstance(info.value, ImportError)
 
 
+def test_group_commit_defaults_to_the_catalog() -> None:
+    """Group commit (journaled) on the embedded catalog; a commit per call on
+    PostgreSQL, whose commits the server fsyncs; an explicit setting wins."""
+    from keyshred.config import DEFAULT_GROUP_COMMIT_MS, TokenSettings
+
+    assert TokenSettings().commit_ms("sqlite") == DEFAULT_GROUP_COMMIT_MS > 0
+    assert TokenSettings().commit_ms("postgresql") == 0
+    assert TokenSettings(group_commit_ms=0).commit_ms("sqlite") == 0
+    assert TokenSettings(group_commit_ms=5).commit_ms("postgresql") == 5
+
+
 def test_environment_reaches_every_level(tmp_path: Path) -> None:
     env = {
         "KEYSHRED_TENANT": "acme",

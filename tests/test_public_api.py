@@ -75,6 +75,7 @@ PUBLIC = [
     "UnknownScope",
     "UnknownToken",
     "ValueTooLarge",
+    "VaultStatus",
     "VerificationFailed",
 ]
 

@@ -305,6 +305,32 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
         assert_no_probe(bad.stdout + bad.stderr, p.probes[1:])
 
 
+def test_a_token_journal_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> None:
+    """Token rows journaled before their group commit (a dead process's, say) are
+    opened with the live key like the catalog's, and erased with it."""
+    from keyshred.keyring.envelope import Place
+    from keyshred.vault.journal import TokenJournal, encode
+
+    ks = sqlite_ks
+    email = "pending.x9@example.org"
+    ks.memories.put("eve", NS, "k", {"n": 1})  # eve's default key
+    ref = ks.subject_ref("eve")
+    token = "<EMAIL_0123456789>"
+    value = ks.keyring.seal(email.encode(), Place(ref, "default", "tokens", token, "value"))
+    journal = TokenJournal(tmp_path / "journal")
+    row = (7, token, ref, "default", "EMAIL", "support", False, None, 0, 1, value)
+    journal.append(encode(1, [row]))
+    try:
+        report = ks.erasure.residue_scan([email], [tmp_path / "journal"])
+        assert report.decrypted == {"token_journal": 1}
+        assert [(h.kind, h.layer) for h in report.hits] == [("token_journal", "decrypted")]
+        ks.erase("eve", requested_by="dpo", reason="art17")
+        after = ks.erasure.residue_scan([email], [tmp_path / "journal"])
+        assert after.hits == [] and after.undecryptable == {"token_journal": 1}
+    finally:
+        journal.close()
+
+
 def test_every_vector_version_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> None:
     """A re-embedded memory leaves its old vector in an older LanceDB version until
     compaction: the scan decrypts every version, not only the latest."""

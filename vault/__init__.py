@@ -6,8 +6,10 @@
 - ``keyshred.vault.tokens``: ``TokenVault`` (``ks.vault``): purpose-bound, expiring
   tokens; ``sanitize``/``sanitize_many``, ``restore``, ``detokenize``.
 - ``keyshred.vault.rows``: what a token row is made of (form, kind, sealed value).
-- ``keyshred.vault.store``: the token rows on the catalog's engine, one transaction
-  per call; ``keyshred.vault.schema``: the vault's tables.
+- ``keyshred.vault.store``: the token rows on the catalog's engine;
+  ``keyshred.vault.schema``: the vault's tables.
+- ``keyshred.vault.group``: group commit (rows held, flushed many calls per
+  transaction); ``keyshred.vault.journal``: the crash-safe file it copies them into.
 - ``keyshred.vault.sanitizers``: the logging filter and the prompt guard.
 
 Only ``detect`` is imported here, eagerly: it is a leaf (standard library only) that

@@ -14,9 +14,10 @@ numbers come in blocks per process, so rows append, and a token finds its row by
 primary key; no index of random ids takes random inserts. ``lookup`` (deterministic
 tokens only) is the HMAC of the value under a key derived from the subject's DEK.
 
-``ks_token_blocks`` has one row per block of numbers handed to a process and is
-never emptied, so a number is never issued twice, even after its token was deleted
-(an old token in a log must not resolve to a new token's value).
+``ks_token_blocks`` has one row per block of numbers handed to a process (with that
+process's group-commit interval) and is never emptied, so a number is never issued
+twice, even after its token was deleted (an old token in a log must not resolve to a
+new token's value).
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ token_blocks = sa.Table(
     metadata,
     sa.Column("block", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("taken_at", sa.DateTime(timezone=True), nullable=False),
+    # The taking process's group-commit interval: how long its tokens may wait in its
+    # memory (and journal) before they are written; 0: written before they are handed
+    # out. Another process that meets a number of the block without a row waits that
+    # long for it (``TokenStore.pending_window``) instead of refusing a real token.
+    sa.Column("group_commit_ms", sa.Float, nullable=False, server_default="0"),
     sqlite_autoincrement=True,
 )
 TOKEN_COLUMNS = tuple(c.name for c in tokens.columns)

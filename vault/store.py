@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from itertools import chain
 from typing import Any
@@ -35,6 +35,7 @@ import sqlalchemy as sa
 from keyshred._pooling import unreachable
 from keyshred.db import unavailable, utc
 from keyshred.storage.catalog import AssetRow, Catalog
+from keyshred.storage.catalog_base import OPEN
 from keyshred.vault.schema import TOKEN_BLOCK, TOKEN_COLUMNS, TOKEN_KIND, create, token_blocks
 from keyshred.vault.schema import tokens as tokens_table
 
@@ -74,42 +75,66 @@ class TokenStore:
         self._writer: Any = None  # the kept pool connection (its proxy)
         self._write_lock = threading.Lock()
         self._mark = "?" if self._sqlite else "%s"
-        insert = tokens_table.insert().values(
-            {c.name: sa.bindparam(c.name) for c in tokens_table.columns}
+        values: dict[str, Any] = {c.name: sa.bindparam(c.name) for c in tokens_table.columns}
+        compiled = catalog.compile(
+            {
+                "insert": tokens_table.insert().values(values),
+                "replay": catalog.insert_ignore(tokens_table).values(values),
+            },
+            positional={"insert", "replay"},
         )
-        self._insert = catalog.compile({"insert": insert}, positional={"insert"})["insert"]
+        self._insert, self._replay = compiled["insert"], compiled["replay"]
         catalog.token_assets = self.assets
         catalog.token_asset = self.asset
 
     # -- the hot path ------------------------------------------------------------
 
     def insert(
-        self, rows: Sequence[Sequence[Any]], subject_ref: str, scope: str, epoch: int
+        self,
+        rows: Sequence[Sequence[Any]],
+        guards: Iterable[tuple[str, str, int]],
+        *,
+        existing_ok: bool = False,
     ) -> None:
-        """Store one call's token rows (values in ``TOKEN_COLUMNS`` order, times as
-        microseconds) in one transaction that re-reads the subject's guard: nothing
-        is stored if the subject or ``scope`` is suppressed or its epoch moved past
-        ``epoch`` (``SubjectSuppressed``/``StaleEpoch``)."""
+        """Store token rows (values in ``TOKEN_COLUMNS`` order, times as microseconds)
+        in one transaction that re-reads the guard of every ``(subject_ref, scope,
+        epoch)`` of theirs: nothing is stored if any of them is suppressed or its
+        epoch moved past the one given (``SubjectSuppressed``/``StaleEpoch``). One
+        call's rows carry one guard; a group commit's, every subject's it holds.
+        ``existing_ok`` skips rows whose number is stored already (a journal replayed
+        after its rows were stored)."""
         if not rows:
             return
+        guards = list(guards)
         catalog = self.catalog
         if self._keep:
             with self._write_lock:
-                self._insert_kept(rows, subject_ref, scope, epoch)
+                self._insert_kept(rows, guards, existing_ok)
             return
         with catalog.hot(write=True) as cur:
-            catalog.enforce(subject_ref, catalog.guard_in(cur, subject_ref), epoch, scope)
+            self._enforce_in(cur, guards)
+            sql = self._replay if existing_ok else self._insert
             if self._sqlite:
-                self._insert_sqlite(cur, rows)
+                self._insert_sqlite(cur, sql, rows)
             elif len(rows) == 1:  # psycopg: named parameters
-                cur.execute(self._insert, dict(zip(TOKEN_COLUMNS, rows[0], strict=True)))
+                cur.execute(sql, dict(zip(TOKEN_COLUMNS, rows[0], strict=True)))
             else:
-                cur.executemany(
-                    self._insert, [dict(zip(TOKEN_COLUMNS, row, strict=True)) for row in rows]
-                )
+                cur.executemany(sql, [dict(zip(TOKEN_COLUMNS, row, strict=True)) for row in rows])
+
+    def _enforce_in(self, cur: Any, guards: list[tuple[str, str, int]]) -> None:
+        """Every guard read in the write transaction of ``cur`` (``FOR SHARE`` on
+        PostgreSQL; one statement per 500 subjects for a group)."""
+        catalog = self.catalog
+        if len(guards) == 1:
+            ref, scope, epoch = guards[0]
+            catalog.enforce(ref, catalog.guard_in(cur, ref), epoch, scope)
+            return
+        states = catalog.guards_in(cur, {ref for ref, _, _ in guards})
+        for ref, scope, epoch in guards:
+            catalog.enforce(ref, states.get(ref, OPEN), epoch, scope)
 
     def _insert_kept(
-        self, rows: Sequence[Sequence[Any]], subject_ref: str, scope: str, epoch: int
+        self, rows: Sequence[Sequence[Any]], guards: list[tuple[str, str, int]], existing_ok: bool
     ) -> None:
         """``insert`` on the kept connection of an embedded catalog."""
         catalog = self.catalog
@@ -124,10 +149,11 @@ class TokenStore:
                 raise unavailable(exc) from None
             raise
         try:
-            # The write lock is held: the guard read now is the transaction's.
-            if catalog.check_guard(subject_ref, scope=scope) != epoch:
-                catalog.check_guard(subject_ref, epoch, scope)  # StaleEpoch
-            self._insert_sqlite(cur, rows)
+            # The write lock is held: the guard reads now are the transaction's.
+            for ref, scope, epoch in guards:
+                if catalog.check_guard(ref, scope=scope) != epoch:
+                    catalog.check_guard(ref, epoch, scope)  # StaleEpoch
+            self._insert_sqlite(cur, self._replay if existing_ok else self._insert, rows)
             cur.execute("COMMIT")
         except BaseException as exc:
             with contextlib.suppress(Exception):
@@ -158,7 +184,7 @@ class TokenStore:
         self._writer = None
         self._write_lock = threading.Lock()
 
-    def _insert_sqlite(self, cur: Any, rows: Sequence[Sequence[Any]]) -> None:
+    def _insert_sqlite(self, cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """Rows through Python's ``sqlite3``, bound positionally from one flat list,
         many rows per statement: one step through SQLite's VM per chunk instead of
         a bind, step and reset per row (few statement sizes, each prepared once and
@@ -176,12 +202,12 @@ class TokenStore:
         count, at = len(rows), 0
         for size in _ROWS_PER_INSERT:
             if count - at >= size:
-                stmt = _multi_row(self._insert, size)
+                stmt = _multi_row(sql, size)
                 while count - at >= size:
                     cur.execute(stmt, flat[at * width : (at + size) * width])
                     at += size
         while at < count:
-            cur.execute(self._insert, flat[at * width : (at + 1) * width])
+            cur.execute(sql, flat[at * width : (at + 1) * width])
             at += 1
 
     def lookups(
@@ -213,15 +239,46 @@ class TokenStore:
 
     # -- numbers -----------------------------------------------------------------
 
-    def block(self) -> int:
+    def block(self, group_commit_ms: float = 0.0) -> int:
         """A fresh block of token numbers, never handed out before: its first number
-        (``TOKEN_BLOCK`` numbers from there on are the caller's)."""
+        (``TOKEN_BLOCK`` numbers from there on are the caller's, whose tokens wait up
+        to ``group_commit_ms`` before they are written)."""
         with self.catalog.transaction() as conn:
             block = conn.execute(
-                token_blocks.insert().values(taken_at=datetime.now(UTC))
+                token_blocks.insert().values(
+                    taken_at=datetime.now(UTC), group_commit_ms=group_commit_ms
+                )
             ).inserted_primary_key
         assert block is not None  # noqa: S101 - an insert has a key
         return int(block[0]) * TOKEN_BLOCK
+
+    def pending_window(self, number: int, slack: float, now: datetime) -> float:
+        """How long (seconds) a token number without a row may still wait in its
+        issuing process's group commit: 0 unless its block went to a process with
+        group commit and the block's next stored number (if any) was issued less
+        than that interval plus ``slack`` ago. A process stores what it issued within
+        its interval, so an older later number means this one was stored too (and
+        deleted since); a very recent one may have overtaken it between threads."""
+        block = number // TOKEN_BLOCK
+        t = tokens_table.c
+        with self.catalog.engine.connect() as conn:
+            window = conn.execute(
+                sa.select(token_blocks.c.group_commit_ms).where(token_blocks.c.block == block)
+            ).scalar()
+            if not window:
+                return 0.0  # never handed out (forged), or its tokens commit per call
+            later = conn.execute(
+                sa.select(t.created_at)
+                .where(t.number > number, t.number < (block + 1) * TOKEN_BLOCK)
+                .order_by(t.number)
+                .limit(1)
+            ).scalar()
+        seconds = float(window) / 1000.0
+        if later is not None:
+            age = (now - utc(later)).total_seconds()  # type: ignore[operator]
+            if age >= seconds + slack:
+                return 0.0
+        return seconds + slack
 
     def block_mark(self) -> int:
         """The highest block of token numbers handed out so far (0 for none)."""

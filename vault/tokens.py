@@ -39,13 +39,19 @@ whose token differs (the same digits under another kind) is a forgery. A
 deterministic token is found by ``lookup``: the value's HMAC under a key derived from
 the subject's DEK and the purpose.
 
-Each call's rows are stored in one catalog transaction (one multi-row INSERT) that
-re-reads the subject's guard, before ``sanitize`` returns (``keyshred.vault.store``):
-a token that was handed out is committed, so it survives a crash as any catalog
-write does, and no token of a subject suppressed meanwhile is ever stored. (Until
-issue 20 a group commit held rows in a memory-mapped journal and wrote many calls
-per transaction; measured against this design in the same run it did not pay for
-itself, see benchmarks/README.md.)
+Storing: with ``tokens.group_commit_ms = 0`` (the PostgreSQL default) each call's
+rows are stored in one catalog transaction (one multi-row INSERT) that re-reads the
+subject's guard, before ``sanitize`` returns (``keyshred.vault.store``). With an
+interval (the embedded default, 50 ms) they are journaled and written many calls per
+transaction within it (``keyshred.vault.group``): they resolve at once in this
+process, another process waits for them up to the interval, a suppression meanwhile
+drops them, and a dead process's journal is replayed by the next vault to open.
+
+Why one module of ~650 lines: issuing (sanitize, numbers, deterministic lookups,
+the keys of values that identify other subjects) and resolving (held, stored, a dead
+process's or another process's pending rows) share the row format, the number
+blocks and the guard rules, and are reviewed together; the row format, the storage,
+group commit and its journal are modules of their own.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keyshred._validate import check_text, check_text_size
@@ -77,9 +84,10 @@ from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
-from keyshred.storage.catalog import Catalog, micros
+from keyshred.storage.catalog import AssetRow, Catalog, micros
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.vault.detect import Finding, Recognizer, default_spans, detect
+from keyshred.vault.group import GroupCommit, VaultStatus
 from keyshred.vault.rows import (
     KIND_NAMES,
     TOKEN_RE,
@@ -93,22 +101,31 @@ from keyshred.vault.rows import (
     seal_values,
     span_start,
 )
-from keyshred.vault.schema import TOKEN_BLOCK
+from keyshred.vault.schema import TOKEN_BLOCK, TOKEN_COLUMNS
 from keyshred.vault.store import TokenStore
 
 if TYPE_CHECKING:  # storage.mentions imports the vault's detector
     from keyshred.storage.mentions import MentionFinder
 
-__all__ = ["TOKEN_RE", "Sanitized", "TokenVault"]
+__all__ = ["TOKEN_RE", "Sanitized", "TokenVault", "VaultStatus"]
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class _HeldRow:
+    """A held token row with the attribute access of a stored one."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
 _ZERO = timedelta(0)
 _TEXT_LIMIT = "tokens.max_text_bytes"
 _MICROSECOND = timedelta(microseconds=1)
+# Beyond another process's group-commit interval: the time its flush may take.
+_PENDING_SLACK = 0.5
 _valid_purposes: set[str] = set()  # purposes checked once already (a hot-path cache)
 _VAULTS: weakref.WeakSet[TokenVault] = weakref.WeakSet()
 
@@ -134,6 +151,9 @@ class TokenVault:
         recognizers: Sequence[Recognizer] | None = None,
         clock: Callable[[], datetime] = _utcnow,
         first_key: Callable[[str, str, str | None], DataKey],
+        group_commit_ms: float = 0.0,
+        journal: Path | None = None,
+        on_flush_failure: Callable[[], None] | None = None,
         max_text_bytes: int = 1024 * 1024,
         mentions: MentionFinder | None = None,
     ) -> None:
@@ -152,9 +172,28 @@ class TokenVault:
         self._clock = clock
         # The token rows, in the catalog's database; it lists them as assets.
         self._store = TokenStore(catalog, self.number_of, create_tables=True)
+        # Reads of token assets first store what this process holds (read-your-writes).
+        catalog.token_assets = self._assets
+        catalog.token_asset = self._asset
+        self._group_ms = max(0.0, group_commit_ms)
+        self._group = (
+            GroupCommit(
+                self._store,
+                self._group_ms,
+                journal,
+                clock=clock,
+                audit=audit,
+                on_flush_failure=on_flush_failure,
+            )
+            if self._group_ms
+            else None
+        )
         self._free: list[tuple[int, str]] = []  # (number, id), taken from the end
+        self._own_blocks: set[int] = set()  # blocks of numbers this vault took
         self._numbers_lock = threading.Lock()
         _VAULTS.add(self)
+        if self._group is not None:
+            self._group.recover_quietly()
 
     # -- issuing -------------------------------------------------------------------
 
@@ -293,10 +332,13 @@ class TokenVault:
             ]
         else:
             return results  # every value had its token already
-        # One transaction that re-checks the guard (and the epoch read above): no
-        # token of a suppressed subject is ever stored, and a token handed out is
-        # committed. (Issuing is not audited; every resolution and refusal is.)
-        self._store.insert(rows, ref, scope, epoch)
+        if self._group is not None:
+            self._group.hold(epoch, rows)
+        else:
+            # One transaction that re-checks the guard (and the epoch read above): no
+            # token of a suppressed subject is ever stored, and a token handed out is
+            # committed. (Issuing is not audited; every resolution and refusal is.)
+            self._store.insert(rows, [(ref, scope, epoch)])
         return results
 
     def _numbers(self, count: int) -> list[tuple[int, str]]:
@@ -307,7 +349,8 @@ class TokenVault:
         with self._numbers_lock:
             free = self._free
             while len(free) < count:
-                start = self._store.block()
+                start = self._store.block(self._group_ms)
+                self._own_blocks.add(start // TOKEN_BLOCK)
                 block = range(start, start + TOKEN_BLOCK)
                 # Handed out from the end: reversed, so numbers rise within a block.
                 free[:0] = list(
@@ -333,7 +376,7 @@ class TokenVault:
         """The same token for the same (kind, value), subject, scope and purpose:
         ``(token per finding, (index, number, lookup) of each new one)``. A value's
         lookup is its HMAC under a key derived from the subject's DEK and the
-        purpose; a value seen before gets its stored token, a new one a
+        purpose; a value seen before gets its stored (or held) token, a new one a
         fresh number. A value sealed under a shared key (``keys``) has its lookup
         under a key derived from that one: it never finds the scope key's token of
         the same value, nor one of an earlier shared key (destroyed by an erasure)."""
@@ -346,7 +389,11 @@ class TokenVault:
                 if det_key is None:
                     det_key = derived[sealing.key_id] = sealing.derive(b"token:" + purpose.encode())
                 lookup_of[kv] = prim.hmac_sha256(det_key, kv[0].encode() + b"\x00" + kv[1])[:16]
-        known = self._store.lookups(ref, scope, purpose, list(set(lookup_of.values())))
+        wanted = list(set(lookup_of.values()))
+        known = {} if self._group is None else self._group.lookups(ref, scope, purpose, wanted)
+        rest = [lookup for lookup in wanted if lookup not in known]
+        if rest:
+            known.update(self._store.lookups(ref, scope, purpose, rest))
         new: dict[tuple[str, bytes], int] = {}  # (kind, value) -> its first finding
         for i, kv in enumerate(zip(kinds, values, strict=True)):
             if lookup_of[kv] not in known:
@@ -411,22 +458,54 @@ class TokenVault:
             pass
         return self._first_key(ref, scope, scope)
 
+    # -- group commit (``keyshred.vault.group``) ------------------------------------
+
     def flush(self) -> int:
-        """Store what is pending: nothing ever is (every ``sanitize`` stores its tokens
-        before it returns), so 0. Kept for callers written for group commit."""
-        return 0
+        """Write every held token now (group commit); returns how many were stored
+        (0 without group commit: every call stored its own). A subject suppressed
+        (or erased and re-admitted) meanwhile has its held tokens dropped."""
+        return 0 if self._group is None else self._group.flush()
+
+    def recover(self) -> int:
+        """Store what processes that died with group commit left in their journals;
+        returns how many rows were stored (``GroupCommit.recover``). Runs when a
+        vault opens, before an erasure drops tokens and when a token cannot be found."""
+        return 0 if self._group is None else self._group.recover()
+
+    def status(self) -> VaultStatus:
+        """Group commit in this process: held rows and background flush failures."""
+        if self._group is None:
+            return VaultStatus(0.0, 0, 0, 0, None, None)
+        return self._group.status()
 
     def close(self) -> None:
-        """Return the store's kept connection (tokens are stored as they are issued:
-        nothing to write)."""
-        self._store.close()
+        """Stop the flusher and write what is held, then return the store's kept
+        connection (also when that write fails: the database may be gone)."""
+        try:
+            if self._group is not None:
+                self._group.close()
+        finally:
+            self._store.close()
 
     def _forked(self) -> None:
-        """In a forked child: the free numbers are the parent's (the child would issue
-        them again); the lock may have been held by a thread that is not here."""
+        """In a forked child: what is held, the free numbers and the journal are the
+        parent's (the child would store the parent's rows twice and issue its
+        numbers again); locks may have been held by a thread that is not here."""
         self._numbers_lock = threading.Lock()
         self._free = []
+        self._own_blocks = set()
         self._store.forked()
+        if self._group is not None:
+            self._group.forked()
+
+    def _assets(self, subject_ref: str, scope: str | None = None) -> list[AssetRow]:
+        """The catalog's hook: the subject's tokens as assets, held ones stored first."""
+        self.flush()
+        return self._store.assets(subject_ref, scope)
+
+    def _asset(self, token: str) -> AssetRow | None:
+        self.flush()
+        return self._store.asset(token)
 
     # -- resolving -----------------------------------------------------------------
 
@@ -458,9 +537,7 @@ class TokenVault:
         number = self.number_of(token)
         if number is None:
             raise UnknownToken("not a keyshred token")
-        row = self._store.row(number)
-        if row is not None and row.token != token:
-            row = None  # the number of another token (another kind): forged
+        row = self._row(token, number)
         if row is None:
             raise UnknownToken("no such token (forged, or erased with its subject)")
         # Decide before decrypting: subject, purpose, expiry, guard.
@@ -468,7 +545,8 @@ class TokenVault:
             raise TokenSubjectMismatch("the token belongs to another subject")
         if row.purpose != purpose:
             raise TokenPurposeMismatch("the token was issued for another purpose")
-        if micros(self._clock()) >= micros(row.expires_at):
+        expires = row.expires_at  # microseconds while held, a datetime once read
+        if micros(self._clock()) >= (expires if isinstance(expires, int) else micros(expires)):
             raise TokenExpired("the token has expired")
         self._catalog.check_guard(row.subject_ref, scope=row.scope)
         try:
@@ -488,6 +566,35 @@ class TokenVault:
                 raise IntegrityError("the token's value is sealed under another subject's key")
         place = Place(row.subject_ref, row.scope, "tokens", token, "value")
         return key.open(value, place).decode("utf-8"), row.subject_ref
+
+    def _row(self, token: str, number: int) -> Any:
+        """The token's row: held here, stored, left in a dead process's journal, or
+        (waited for) held by another process's group commit; None if there is none
+        or the number's row is another token's (the same digits under another kind:
+        forged)."""
+        group = self._group
+        held = None if group is None else group.row(token)
+        if held is not None:
+            return _HeldRow(dict(zip(TOKEN_COLUMNS, held, strict=True)))
+        row = self._store.row(number)
+        if row is None and number // TOKEN_BLOCK not in self._own_blocks:
+            if group is not None:
+                # Issued by a process that died before its flush: in its journal.
+                group.recover_quietly()
+                row = self._store.row(number)
+            window = 0.0
+            if row is None:
+                window = self._store.pending_window(number, _PENDING_SLACK, self._clock())
+            if window:
+                # Issued by another process with group commit and not written yet:
+                # wait for its flush rather than refuse a token that exists.
+                deadline = time.monotonic() + window
+                while row is None and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                    row = self._store.row(number)
+        if row is not None and row.token != token:
+            return None
+        return row
 
     def restore(self, text: str, purpose: str, caller: str, *, subject: Any = None) -> str:
         """Replace the tokens in ``text`` that resolve for ``purpose`` (and, given
@@ -515,9 +622,14 @@ class TokenVault:
         self._store.skip_blocks(through)
 
     def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
-        """Delete the subject's (scope's) token rows physically; returns how many
-        went."""
-        return self._store.delete_subject(subject_ref, scope)
+        """Delete the subject's (scope's) token rows physically, held ones and what
+        dead processes' journals hold included (the subject is suppressed by now, so
+        recovery drops its rows and deletes the segments); returns how many went."""
+        dropped = 0
+        if self._group is not None:
+            self._group.recover_quietly()
+            dropped = self._group.drop(subject_ref, scope)
+        return dropped + self._store.delete_subject(subject_ref, scope)
 
     def count(self, subject_ref: str, scope: str | None = None) -> int:
         """Stored tokens of the subject (or of one of its scopes)."""
@@ -542,7 +654,9 @@ class TokenVault:
         return [StoreCheck("tokens unresolvable and removed", not left, f"{left} tokens left")]
 
     def evict(self, subject_ref: str) -> None:
-        """Nothing to drop: every token is stored before ``sanitize`` returns (no
-        pending rows), and the subject's keys live in the keyring's cache, which the
-        keyring evicts when it destroys them."""
-        del subject_ref
+        """Store the tokens this process holds for group commit: before the
+        suppression they are then erased and counted with the rest; after it a flush
+        drops the suppressed subject's held ones. (The subject's keys live in the
+        keyring's cache, which the keyring evicts when it destroys them.)"""
+        del subject_ref  # a flush stores every subject's held tokens at once
+        self.flush()

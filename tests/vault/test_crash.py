@@ -1,5 +1,7 @@
-"""Durability of ``sanitize``: a token it returned is in the catalog, so a process
-that dies right after loses none; a forked child issues its own numbers."""
+"""Durability of ``sanitize``: a token it returned is held and journaled (group
+commit, the embedded default) or in the catalog, so a process that dies right after
+loses none: its journal is replayed by the next vault; a forked child issues its own
+numbers and keeps a journal of its own."""
 
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ def test_tokens_of_a_process_that_died_resolve(tmp_path: Path) -> None:
         assert ks.vault.detokenize(tokens["alice"], "support", "t") == "13812345678"
         assert ks.vault.detokenize(tokens["bob"], "support", "t") == "bob.probe@example.com"
         assert ks.vault.count(ks.subject_ref("alice")) == 1
-    assert not (data / "tokens").exists()  # no journal folder any more
+    # Replayed, then retired: no journal segment with rows is left behind.
+    assert not list((data / "tokens").glob("*.journal"))
 
 
 def test_a_running_process_resolves_a_dead_ones_tokens_and_erasure_removes_them(

@@ -55,7 +55,7 @@ def test_token_rows_in_many_row_statements_under_the_guard(store: TokenStore) ->
     """A batch goes in chunks of 256 and 32 rows per statement and the rest one by
     one; a number is stored once; nothing of a suppressed subject is stored."""
     base = store.block()
-    store.insert(_token_rows(range(base, base + 300)), "ref-a", "default", 0)
+    store.insert(_token_rows(range(base, base + 300)), [("ref-a", "default", 0)])
     with store.catalog.engine.connect() as conn:
         numbers = [r[0] for r in conn.execute(select(tokens.c.number).order_by(tokens.c.number))]
         times = conn.execute(select(tokens.c.created_at, tokens.c.expires_at).limit(1)).one()
@@ -63,10 +63,10 @@ def test_token_rows_in_many_row_statements_under_the_guard(store: TokenStore) ->
     # Times are integer microseconds in the table and aware datetimes through SQLAlchemy.
     assert times == (NOW, NOW + timedelta(hours=1))
     with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
-        store.insert(_token_rows(range(base, base + 40)), "ref-a", "default", 0)
+        store.insert(_token_rows(range(base, base + 40)), [("ref-a", "default", 0)])
     store.catalog.suppress("ref-a")
     with pytest.raises(SubjectSuppressed):
-        store.insert(_token_rows(range(base + 600, base + 640)), "ref-a", "default", 1)
+        store.insert(_token_rows(range(base + 600, base + 640)), [("ref-a", "default", 1)])
     assert store.count("ref-a") == 300
 
 
@@ -78,7 +78,7 @@ def test_token_rows_read_back_as_written(store: TokenStore) -> None:
     rows = _token_rows(range(base, base + 33))
     rows[5] = (*rows[5][:6], True, b"\x01" * 16, *rows[5][8:10], b"\x00sealed\xff")
     for at in (0, 32):  # 32 rows in one statement, then one row on its own
-        store.insert(rows[at : at + 32], "ref-a", "default", 0)
+        store.insert(rows[at : at + 32], [("ref-a", "default", 0)])
     with store.catalog.engine.connect() as conn:
         stored = conn.execute(select(tokens).order_by(tokens.c.number)).all()
     assert [tuple(r) for r in stored] == [
@@ -107,7 +107,7 @@ def test_sqlite_token_rows_skip_the_adapter_registry(
         base = store.block()
         for kind in (bool, bytes):
             monkeypatch.setitem(sqlite3.adapters, (kind, sqlite3.PrepareProtocol), refuse)
-        store.insert(_token_rows(range(base, base + 289)), "ref-a", "default", 0)
+        store.insert(_token_rows(range(base, base + 289)), [("ref-a", "default", 0)])
         monkeypatch.undo()
         with cat.engine.connect() as conn:
             assert conn.execute(select(func.count()).select_from(tokens)).scalar_one() == 289
@@ -131,7 +131,7 @@ def test_token_blocks_never_repeat_and_a_restore_can_skip_them(store: TokenStore
 def test_tokens_are_listed_as_assets_by_the_catalog(store: TokenStore) -> None:
     base = store.block()
     rows = _token_rows(range(base, base + 3))
-    store.insert(rows, "ref-a", "default", 0)
+    store.insert(rows, [("ref-a", "default", 0)])
     catalog = store.catalog
     listed = catalog.assets("ref-a")
     assert [(a.asset_id, a.kind, a.retain_until) for a in listed] == [
