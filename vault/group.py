@@ -306,18 +306,18 @@ class GroupCommit:
         return stored
 
     def _store_group(
-        self,
-        rows: list[tuple[Any, ...]],
-        epochs: list[int],
-        guards: set[tuple[str, str, int]],
-        *,
-        existing_ok: bool = False,
+        self, rows: list[tuple[Any, ...]], epochs: list[int], guards: set[tuple[str, str, int]]
     ) -> int:
+        """Store held (or replayed) rows under their guards. Rows whose number is
+        stored already are skipped (``existing_ok``): numbers are never issued twice,
+        so such a row is this one, stored by an earlier try — a batch held again
+        after a failure part-way through the per-subject path below, or a journal
+        replayed after its rows were stored."""
         if not rows:
             return 0
         insert = self._store.insert
         try:
-            insert(rows, guards, existing_ok=existing_ok)
+            insert(rows, guards, existing_ok=True)
             return len(rows)
         except SubjectSuppressed:
             pass
@@ -329,7 +329,7 @@ class GroupCommit:
         stored = 0
         for guard, group in groups.items():
             try:
-                insert(group, [guard], existing_ok=existing_ok)
+                insert(group, [guard], existing_ok=True)
                 stored += len(group)
             except SubjectSuppressed:
                 continue
@@ -363,7 +363,7 @@ class GroupCommit:
             rows = [row for _, row in live]
             epochs = [epoch for epoch, _ in live]
             guards = {(row[2], row[3], epoch) for epoch, row in live}
-            stored += self._store_group(rows, epochs, guards, existing_ok=True)
+            stored += self._store_group(rows, epochs, guards)
             journal.retire([segment])
         if corrupt:
             raise IntegrityError(f"{corrupt} token journal segment(s) failed their checks")
@@ -398,6 +398,6 @@ class GroupCommit:
         self._flusher = None
         self._held = _Held()
         self._storing = _Held()
-        self._detached = []
+        detached, self._detached = self._detached, []
         if self._journal is not None:
-            self._journal.forget()
+            self._journal.forget(detached)

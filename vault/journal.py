@@ -202,7 +202,12 @@ class TokenJournal:
         for segment in segments:
             mapping = segment.map
             if mapping is not None and len(mapping) == _SEGMENT_BYTES and len(self._spare) < 2:
-                mapping[len(MAGIC) : segment.used] = bytes(segment.used - len(MAGIC))
+                # The first frame first: a process killed while zeroing the rest
+                # leaves a segment that ends at once (empty), never one whose first
+                # record is intact after zeros (which reads as corruption).
+                start = len(MAGIC)
+                mapping[start : start + _FRAME.size] = bytes(_FRAME.size)
+                mapping[start : segment.used] = bytes(segment.used - start)
                 segment.used = len(MAGIC)
                 self._spare.append(segment)
             else:
@@ -229,9 +234,22 @@ class TokenJournal:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
 
-    def forget(self) -> None:
-        """In a forked child: the parent's segments are the parent's (the child's
-        copies of their descriptors keep the parent's locks; they are not closed)."""
+    def forget(self, detached: Sequence[Segment] = ()) -> None:
+        """In a forked child: the parent's segments (and ``detached``, those a flush
+        of the parent had taken) are the parent's. The child closes its copies of
+        their descriptors and mappings: a lock belongs to the open file description
+        the two share, so a child that outlives its parent would otherwise keep the
+        dead parent's segments locked, and no one could replay them while it lives
+        (closing the child's copy leaves the parent's lock as it is)."""
+        segments = [*self._filled, *self._spare, *detached]
+        if self._current is not None:
+            segments.append(self._current)
+        for segment in segments:
+            if segment.map is not None:
+                with contextlib.suppress(ValueError, BufferError):
+                    segment.map.close()
+            with contextlib.suppress(OSError):
+                os.close(segment.fd)
         self._current = None
         self._filled = []
         self._spare = []

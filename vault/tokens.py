@@ -114,6 +114,15 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class _Wait:
+    """How long one call may still wait for rows held by other processes."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # monotonic; set by the first wait
+
+
 class _HeldRow:
     """A held token row with the attribute access of a stored one."""
 
@@ -124,6 +133,7 @@ class _HeldRow:
 _ZERO = timedelta(0)
 _TEXT_LIMIT = "tokens.max_text_bytes"
 _MICROSECOND = timedelta(microseconds=1)
+_MAX_TTL = timedelta(days=36_525)  # expiries stay far inside 64-bit microseconds
 # Beyond another process's group-commit interval: the time its flush may take.
 _PENDING_SLACK = 0.5
 _valid_purposes: set[str] = set()  # purposes checked once already (a hot-path cache)
@@ -176,24 +186,22 @@ class TokenVault:
         catalog.token_assets = self._assets
         catalog.token_asset = self._asset
         self._group_ms = max(0.0, group_commit_ms)
-        self._group = (
-            GroupCommit(
-                self._store,
-                self._group_ms,
-                journal,
-                clock=clock,
-                audit=audit,
-                on_flush_failure=on_flush_failure,
-            )
-            if self._group_ms
-            else None
+        # Held rows and the journal. Without group commit nothing is ever held, but
+        # the journals that processes with group commit left when they died are
+        # still replayed here (a process may open a folder with another setting).
+        self._group = GroupCommit(
+            self._store,
+            self._group_ms,
+            journal,
+            clock=clock,
+            audit=audit,
+            on_flush_failure=on_flush_failure,
         )
         self._free: list[tuple[int, str]] = []  # (number, id), taken from the end
         self._own_blocks: set[int] = set()  # blocks of numbers this vault took
         self._numbers_lock = threading.Lock()
         _VAULTS.add(self)
-        if self._group is not None:
-            self._group.recover_quietly()
+        self._group.recover_quietly()
 
     # -- issuing -------------------------------------------------------------------
 
@@ -249,8 +257,8 @@ class TokenVault:
             check_purpose(purpose)
             if len(_valid_purposes) < 1024:
                 _valid_purposes.add(purpose)
-        if not isinstance(ttl, timedelta) or ttl <= _ZERO:
-            raise InvalidInput("a token's ttl is a positive timedelta")
+        if not isinstance(ttl, timedelta) or ttl <= _ZERO or ttl > _MAX_TTL:
+            raise InvalidInput("a token's ttl is a positive timedelta of at most 100 years")
         check_text(scope, "a scope")
         # Per text, its findings as (_, _, start, end, kind, value) tuples in text
         # order: the default detector's own (no Finding built), or converted.
@@ -332,7 +340,7 @@ class TokenVault:
             ]
         else:
             return results  # every value had its token already
-        if self._group is not None:
+        if self._group_ms:
             self._group.hold(epoch, rows)
         else:
             # One transaction that re-checks the guard (and the epoch read above): no
@@ -390,7 +398,7 @@ class TokenVault:
                     det_key = derived[sealing.key_id] = sealing.derive(b"token:" + purpose.encode())
                 lookup_of[kv] = prim.hmac_sha256(det_key, kv[0].encode() + b"\x00" + kv[1])[:16]
         wanted = list(set(lookup_of.values()))
-        known = {} if self._group is None else self._group.lookups(ref, scope, purpose, wanted)
+        known = self._group.lookups(ref, scope, purpose, wanted)
         rest = [lookup for lookup in wanted if lookup not in known]
         if rest:
             known.update(self._store.lookups(ref, scope, purpose, rest))
@@ -464,26 +472,23 @@ class TokenVault:
         """Write every held token now (group commit); returns how many were stored
         (0 without group commit: every call stored its own). A subject suppressed
         (or erased and re-admitted) meanwhile has its held tokens dropped."""
-        return 0 if self._group is None else self._group.flush()
+        return self._group.flush()
 
     def recover(self) -> int:
         """Store what processes that died with group commit left in their journals;
         returns how many rows were stored (``GroupCommit.recover``). Runs when a
         vault opens, before an erasure drops tokens and when a token cannot be found."""
-        return 0 if self._group is None else self._group.recover()
+        return self._group.recover()
 
     def status(self) -> VaultStatus:
         """Group commit in this process: held rows and background flush failures."""
-        if self._group is None:
-            return VaultStatus(0.0, 0, 0, 0, None, None)
         return self._group.status()
 
     def close(self) -> None:
         """Stop the flusher and write what is held, then return the store's kept
         connection (also when that write fails: the database may be gone)."""
         try:
-            if self._group is not None:
-                self._group.close()
+            self._group.close()
         finally:
             self._store.close()
 
@@ -495,8 +500,7 @@ class TokenVault:
         self._free = []
         self._own_blocks = set()
         self._store.forked()
-        if self._group is not None:
-            self._group.forked()
+        self._group.forked()
 
     def _assets(self, subject_ref: str, scope: str | None = None) -> list[AssetRow]:
         """The catalog's hook: the subject's tokens as assets, held ones stored first."""
@@ -513,8 +517,11 @@ class TokenVault:
         """The value behind ``token``, or a ``TokenError``/``SubjectSuppressed``/
         ``SubjectErased``; every outcome is audited (without the value)."""
         check_resolve(token, purpose)
+        return self._detokenize(token, purpose, caller, subject, _Wait())
+
+    def _detokenize(self, token: str, purpose: str, caller: str, subject: Any, wait: _Wait) -> str:
         try:
-            value, ref = self._resolve(token, purpose, subject)
+            value, ref = self._resolve(token, purpose, subject, wait)
         except (TokenError, SubjectSuppressed, SubjectErased) as exc:
             self._audit.record(
                 "vault.refused",
@@ -533,11 +540,11 @@ class TokenVault:
         )
         return value
 
-    def _resolve(self, token: str, purpose: str, subject: Any) -> tuple[str, str]:
+    def _resolve(self, token: str, purpose: str, subject: Any, wait: _Wait) -> tuple[str, str]:
         number = self.number_of(token)
         if number is None:
             raise UnknownToken("not a keyshred token")
-        row = self._row(token, number)
+        row = self._row(token, number, wait)
         if row is None:
             raise UnknownToken("no such token (forged, or erased with its subject)")
         # Decide before decrypting: subject, purpose, expiry, guard.
@@ -567,29 +574,30 @@ class TokenVault:
         place = Place(row.subject_ref, row.scope, "tokens", token, "value")
         return key.open(value, place).decode("utf-8"), row.subject_ref
 
-    def _row(self, token: str, number: int) -> Any:
+    def _row(self, token: str, number: int, wait: _Wait) -> Any:
         """The token's row: held here, stored, left in a dead process's journal, or
         (waited for) held by another process's group commit; None if there is none
         or the number's row is another token's (the same digits under another kind:
-        forged)."""
+        forged). ``wait`` bounds the waiting of a whole call: a text of many tokens
+        whose rows are gone (erased, say) waits one window in all, not one each."""
         group = self._group
-        held = None if group is None else group.row(token)
+        held = group.row(token)
         if held is not None:
             return _HeldRow(dict(zip(TOKEN_COLUMNS, held, strict=True)))
         row = self._store.row(number)
         if row is None and number // TOKEN_BLOCK not in self._own_blocks:
-            if group is not None:
-                # Issued by a process that died before its flush: in its journal.
-                group.recover_quietly()
-                row = self._store.row(number)
+            # Issued by a process that died before its flush: in its journal.
+            group.recover_quietly()
+            row = self._store.row(number)
             window = 0.0
             if row is None:
                 window = self._store.pending_window(number, _PENDING_SLACK, self._clock())
             if window:
                 # Issued by another process with group commit and not written yet:
                 # wait for its flush rather than refuse a token that exists.
-                deadline = time.monotonic() + window
-                while row is None and time.monotonic() < deadline:
+                if wait.deadline is None:
+                    wait.deadline = time.monotonic() + window
+                while row is None and time.monotonic() < wait.deadline:
                     time.sleep(0.002)
                     row = self._store.row(number)
         if row is not None and row.token != token:
@@ -601,10 +609,11 @@ class TokenVault:
         ``subject``, belong to that subject); tokens that do not (other purpose or
         subject, expired, erased, forged) stay as they are."""
         check_resolve(text, purpose)
+        wait = _Wait()
 
         def one(m: re.Match[str]) -> str:
             try:
-                return self.detokenize(m.group(0), purpose, caller, subject=subject)
+                return self._detokenize(m.group(0), purpose, caller, subject, wait)
             except (TokenError, SubjectSuppressed, SubjectErased):
                 return m.group(0)
 
@@ -625,10 +634,8 @@ class TokenVault:
         """Delete the subject's (scope's) token rows physically, held ones and what
         dead processes' journals hold included (the subject is suppressed by now, so
         recovery drops its rows and deletes the segments); returns how many went."""
-        dropped = 0
-        if self._group is not None:
-            self._group.recover_quietly()
-            dropped = self._group.drop(subject_ref, scope)
+        self._group.recover_quietly()
+        dropped = self._group.drop(subject_ref, scope)
         return dropped + self._store.delete_subject(subject_ref, scope)
 
     def count(self, subject_ref: str, scope: str | None = None) -> int:

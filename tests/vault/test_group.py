@@ -207,3 +207,157 @@ def test_a_failing_background_flush_is_counted_logged_audited_and_shown(
     assert shown["failure_runs_audited"] == 1 and shown["last_audited_failure_at"]
     with Keyshred.open(tmp_path / "g") as again:
         assert again.vault.restore(s.text, "support", caller="t") == f"mail {VALUES[1]}"
+
+
+# -- review of the restored journal (issue 20) -----------------------------------------
+
+_DIE_HOLDING = """
+import os, sys
+from datetime import timedelta
+from keyshred import Config, Keyshred
+cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})
+ks = Keyshred.open(sys.argv[1], cfg)
+ks.vault.sanitize("warm w@example.com", "ann", "support", timedelta(hours=1))
+ks.vault.flush()
+token = ks.vault.sanitize("mail bob.q7@example.com", "ann", "support", timedelta(hours=1)).tokens[0]
+if sys.argv[2] == "fork":
+    pid = os.fork()
+    if pid == 0:  # a long-lived forked worker that never touches the vault
+        import time
+        devnull = os.open(os.devnull, os.O_RDWR)  # lets the test's pipe close
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        time.sleep(120)
+        os._exit(0)
+    print(token, pid, flush=True)
+else:
+    print(token, 0, flush=True)
+os._exit(0)  # dies holding the token: no flush, no close
+"""
+
+
+def _die_holding(data: Path, mode: str) -> tuple[str, int]:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-c", _DIE_HOLDING, str(data), mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+def test_a_vault_without_group_commit_replays_a_dead_processes_journal(tmp_path: Path) -> None:
+    """A process may open the folder with ``group_commit_ms = 0``: it still replays
+    the journal a process with group commit left when it died (and its erasure
+    still sees those rows)."""
+    data = tmp_path / "d"
+    Keyshred.init(data).close()
+    token, _ = _die_holding(data, "plain")
+    assert list((data / "tokens").glob("*.journal"))
+    per_call = Config.model_validate({"tokens": {"group_commit_ms": 0}})
+    with Keyshred.open(data, per_call) as ks:
+        assert ks.vault.detokenize(token, "support", "t") == "bob.q7@example.com"
+        assert ks.vault.count(ks.subject_ref("ann")) == 2
+    assert not list((data / "tokens").glob("*.journal"))
+
+
+def test_a_forked_child_does_not_keep_its_dead_parents_journal_locked(tmp_path: Path) -> None:
+    """The child closes its copies of the parent's journal descriptors: a lock is the
+    shared open file description's, so a child that outlived its parent would keep
+    the dead parent's rows from being replayed for as long as it lives."""
+    import os
+    import signal
+
+    data = tmp_path / "d"
+    Keyshred.init(data).close()
+    token, child = _die_holding(data, "fork")
+    try:
+        with Keyshred.open(data) as ks:  # the child still sleeps; opening replays
+            assert ks.vault.count(ks.subject_ref("ann")) == 2
+            assert ks.vault.detokenize(token, "support", "t") == "bob.q7@example.com"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_flush_that_failed_part_way_stores_each_row_once_when_retried(tmp_path: Path) -> None:
+    """The flush's batch is refused (a held subject was suppressed), so it stores
+    subject by subject; a transient failure after the first subject's rows
+    committed holds the whole batch again. The retry skips what is stored instead
+    of failing on it forever."""
+    from keyshred.errors import BackendUnavailable
+
+    with _group(tmp_path / "d") as ks:
+        v = ks._vault
+        v.sanitize("warm w@example.com", "warm", "support", HOUR)
+        v.flush()
+        (ta,) = v.sanitize("mail anna.p@example.com", "anna", "support", HOUR).tokens
+        v.sanitize("mail xavier.p@example.com", "xavier", "support", HOUR)
+        (tb,) = v.sanitize("mail bert.p@example.com", "bert", "support", HOUR).tokens
+        ks.catalog.suppress(ks.subject_ref("xavier"))
+        real, calls = v._store.insert, []
+
+        def flaky(rows: Any, guards: Any, **kwargs: Any) -> Any:
+            calls.append(len(rows))
+            if len(calls) == 3:  # the batch (refused), anna's (stored), then this
+                raise BackendUnavailable("the catalog database cannot be reached")
+            return real(rows, guards, **kwargs)
+
+        v._store.insert = flaky  # type: ignore[method-assign]
+        with pytest.raises(BackendUnavailable):
+            v.flush()
+        v._store.insert = real  # type: ignore[method-assign]
+        v.flush()
+        assert v.status().pending == 0
+        for subject, token in (("anna", ta), ("bert", tb)):
+            assert v.count(ks.subject_ref(subject)) == 1
+            assert v.detokenize(token, "support", "t").endswith(".p@example.com")
+        assert v.count(ks.subject_ref("xavier")) == 0
+
+
+def test_a_text_of_many_gone_tokens_waits_one_window_in_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokens of another process's group-commit block whose rows are gone may be
+    pending, so resolution waits for them, but one call waits one window in all,
+    not one per token (a fake clock counts the waiting, no real time is measured)."""
+    import keyshred.vault.tokens as tokens_module
+
+    a = _group(tmp_path / "d")
+    texts = [f"mail gone{i}@example.com" for i in range(10)]
+    sanitized = [a.vault.sanitize(t, "gus", "support", HOUR) for t in texts]
+    a.vault.flush()
+    a.vault.drop_subject(a.subject_ref("gus"))  # rows gone; gus not suppressed
+    a.close()
+    b = Keyshred.open(tmp_path / "d")
+    try:
+        now = [0.0]
+        sleeps = []
+
+        def fake_sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+            now[0] += 0.05
+
+        monkeypatch.setattr(tokens_module.time, "monotonic", lambda: now[0])
+        monkeypatch.setattr(tokens_module.time, "sleep", fake_sleep)
+        text = " ".join(s.text for s in sanitized)
+        assert b.vault.restore(text, "support", "t") == text  # none resolves
+        window = 10.0 + 0.5  # the issuer's interval plus the slack
+        assert 0 < len(sleeps) <= window / 0.05 + 10
+    finally:
+        b.close()
+
+
+def test_a_ttl_beyond_a_century_is_refused(tmp_path: Path) -> None:
+    from keyshred.errors import InvalidInput
+
+    with _group(tmp_path / "d") as ks:
+        with pytest.raises(InvalidInput):
+            ks.vault.sanitize("mail t@example.com", "t", "support", timedelta(days=200_000_000))
+        assert ks.vault.sanitize("mail t@example.com", "t", "support", timedelta(days=36_525))
