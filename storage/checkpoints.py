@@ -240,9 +240,18 @@ class CheckpointStore:
             self._catalog.check_guard(th.subject_ref)
         return th
 
-    def ensure_thread(self, thread_id: str, subject_ref: str | None, scope: str) -> _Thread:
-        """The thread, created for ``subject_ref`` at its first write; a thread never
-        changes subject (``InvalidInput`` if asked to)."""
+    def ensure_thread(
+        self,
+        thread_id: str,
+        subject_ref: str | None,
+        scope: str,
+        *,
+        new_subject_ref: str | None = None,
+    ) -> _Thread:
+        """The thread, created for ``subject_ref`` at its first write (or, when that is
+        None, for ``new_subject_ref``: the integration's "a thread that names no user
+        is its own subject"); a thread never changes subject (``InvalidInput`` if
+        asked to)."""
         ref = self.thread_ref(thread_id)
         th = self._find(ref)
         if th is not None:
@@ -250,6 +259,8 @@ class CheckpointStore:
                 raise InvalidInput("this thread belongs to another subject")
             self._catalog.check_guard(th.subject_ref)
             return th
+        if subject_ref is None:
+            subject_ref = new_subject_ref
         if subject_ref is None:
             raise InvalidInput(
                 "no subject for this thread: pass config['configurable']['subject_id'] "

@@ -14,7 +14,7 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     pytest.importorskip("sentence_transformers", reason="the tour indexes with the real model")
     text = README.read_text("utf-8")
     tour = text.split("## Five-minute tour (Python)")[1]
-    blocks = [part.split("```")[0] for part in tour.split("```python")[1:6]]
+    blocks = [part.split("```")[0] for part in tour.split("```python")[1:7]]
     monkeypatch.chdir(tmp_path)
     scope: dict[str, object] = {}
     for block in blocks[:2]:  # the tour, then the tokens example
@@ -36,6 +36,10 @@ def test_five_minute_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert scope["files"]["manifest.json"]["counts"]["memories"] == 2  # type: ignore[index]
     exec(compile(blocks[4], "README.md", "exec"), scope)  # noqa: S102 - the LangGraph example
     assert scope["gone"].state == "completed"  # type: ignore[attr-defined]
+    # The one-line switch runs on its own, in a fresh namespace.
+    switch: dict[str, object] = {}
+    exec(compile(blocks[5], "README.md", "exec"), switch)  # noqa: S102 - the switch example
+    assert (tmp_path / "agent-data" / "keyshred.toml").exists()
 
 
 def test_profile_example_is_a_valid_configuration() -> None:

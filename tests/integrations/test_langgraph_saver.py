@@ -27,14 +27,32 @@ def files_of(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()]
 
 
-def test_conformance_full(catalog_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("construction", ["default", "from_conn_string", "resolver"])
+def test_conformance_full(catalog_url: str, tmp_path: Path, construction: str) -> None:
+    """FULL as a user first writes it (issue 24): ``KeyshredSaver(ks)`` and
+    ``from_conn_string`` (conformance threads name no user: each thread is its own
+    subject), and with a resolver that puts every thread under one user."""
     counter = iter(range(1000))
 
     @checkpointer_test(name="KeyshredSaver")
     async def keyshred_saver() -> AsyncIterator[KeyshredSaver]:
-        ks = Keyshred.init(tmp_path / f"d{next(counter)}", make_config(catalog_url))
-        # Conformance threads carry no subject: every thread belongs to one test user.
-        yield KeyshredSaver(ks, subject=lambda config: "conformance-user")
+        folder = tmp_path / f"d{next(counter)}"
+        if construction == "from_conn_string":
+            if catalog_url.startswith("postgresql"):
+                # One local folder (its local KEK wraps the key store in PostgreSQL;
+                # another folder's KEK could not unwrap it): as a restarted worker.
+                local = tmp_path / "local"
+                with KeyshredSaver.from_conn_string(catalog_url, path=local) as saver:
+                    yield saver
+            else:
+                with KeyshredSaver.from_conn_string(folder) as saver:
+                    yield saver
+            return
+        ks = Keyshred.init(folder, make_config(catalog_url))
+        if construction == "default":
+            yield KeyshredSaver(ks)
+        else:
+            yield KeyshredSaver(ks, subject=lambda config: "conformance-user")
         ks.close()
 
     report = asyncio.run(validate(keyshred_saver, progress=ProgressCallbacks.quiet()))
@@ -182,8 +200,11 @@ def test_async_twins_and_missing_subject(ks: Keyshred) -> None:
         return list(out["notes"])
 
     assert asyncio.run(run()) == ["x", "remembered", "answered"]
-    with pytest.raises(InvalidInput, match="subject"):
-        graph.invoke({"notes": []}, _config("nobody", subject=None))
+    # A thread that names no user is its own subject (issue 24): it runs.
+    assert graph.invoke({"notes": []}, _config("nobody", subject=None))["notes"] == [
+        "remembered",
+        "answered",
+    ]
 
 
 def test_a_write_racing_delete_thread_fails_and_brings_nothing_back(ks: Keyshred) -> None:

@@ -9,15 +9,31 @@ and go with the subject's erasure. What LangGraph's stores lack: ``delete_prefix
 (a whole namespace prefix in one call) and ``erase_subject`` (the erasure
 coordinator, with a signed receipt).
 
-The saver keeps each thread under the subject named by
-``config["configurable"]["subject_id"]`` (or a ``subject`` resolver), recorded at
-the thread's first write; see ``keyshred.storage.checkpoints``. Sync methods are the
-single source of truth; the async twins run them in a worker thread.
+The saver keeps each thread under the user its config names (``subject_id``, then
+``user_id``, then LangGraph auth's user; or a ``subject`` resolver), recorded at the
+thread's first write; a thread that names no user is its own subject
+(``thread_subject``). See ``keyshred.storage.checkpoints``. Sync methods are the
+single source of truth; the async twins run them in a worker thread, and the
+``Async…`` classes are the same classes under the names LangGraph's async users look
+for. ``from_conn_string`` and ``setup`` take what LangGraph's PostgreSQL classes take
+(``keyshred.integrations.langgraph.connect``).
 """
 
 from __future__ import annotations
 
-from keyshred.integrations.langgraph.saver import KeyshredSaver
-from keyshred.integrations.langgraph.store import KeyshredStore
+from keyshred.integrations.langgraph.saver import (
+    AsyncKeyshredSaver,
+    KeyshredSaver,
+    default_subject,
+    thread_subject,
+)
+from keyshred.integrations.langgraph.store import AsyncKeyshredStore, KeyshredStore
 
-__all__ = ["KeyshredSaver", "KeyshredStore"]
+__all__ = [
+    "AsyncKeyshredSaver",
+    "AsyncKeyshredStore",
+    "KeyshredSaver",
+    "KeyshredStore",
+    "default_subject",
+    "thread_subject",
+]

@@ -1,9 +1,19 @@
 """``KeyshredSaver``: LangGraph's ``BaseCheckpointSaver`` on keyshred checkpoints (see
-the package docstring, ``keyshred.integrations.langgraph``)."""
+the package docstring, ``keyshred.integrations.langgraph``).
+
+Whose thread is it? The default resolver (``default_subject``) reads, in order,
+``config["configurable"]["subject_id"]``, ``["user_id"]`` (what LangGraph apps
+already carry) and the identity of LangGraph auth's user (``langgraph_auth_user``,
+or ``langgraph_auth_user_id``). A thread created without any of them is its own data
+subject, ``thread_subject(thread_id)``: erasing that subject (``ks.erase``) deletes
+the thread, key included, with a signed receipt. A thread keeps the subject of its
+first write; later calls that name no one use it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,16 +38,43 @@ from langgraph.checkpoint.base import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
+    from keyshred.config import Config
     from keyshred.facade import Keyshred
 
-__all__ = ["KeyshredSaver"]
+__all__ = ["AsyncKeyshredSaver", "KeyshredSaver", "default_subject", "thread_subject"]
 
-# -- the checkpoint saver ----------------------------------------------------------
+# -- whose thread ------------------------------------------------------------------
+
+THREAD_SUBJECT_PREFIX = "langgraph-thread:"
+_USER_KEYS = ("subject_id", "user_id")
 
 
-def _default_subject(config: RunnableConfig) -> str | None:
-    value = _configurable(config).get("subject_id")
-    return check_text(value, "subject_id") if value else None
+def thread_subject(thread_id: str | int | uuid.UUID) -> str:
+    """The subject id of a thread that names no user: the thread itself. Erase it
+    (``ks.erase(thread_subject(tid), …)``) to delete the thread with a receipt."""
+    return THREAD_SUBJECT_PREFIX + str(thread_id)
+
+
+def _identity(user: Any) -> Any:
+    """LangGraph auth's user: a mapping or an object with ``identity``."""
+    if isinstance(user, Mapping):
+        return user.get("identity")
+    return getattr(user, "identity", None)
+
+
+def default_subject(config: RunnableConfig) -> str | None:
+    """The user a config names: ``subject_id``, else ``user_id``, else LangGraph
+    auth's user identity; None if it names none (a new thread is then its own
+    subject). Numbers are taken as their decimal strings."""
+    conf = _configurable(config)
+    candidates = [conf.get(name) for name in _USER_KEYS]
+    candidates += [_identity(conf.get("langgraph_auth_user")), conf.get("langgraph_auth_user_id")]
+    for value in candidates:
+        if value is None or value == "":
+            continue
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        return check_text(text, "the config's user id")
+    return None
 
 
 _IDS = ("thread_id", "checkpoint_ns", "checkpoint_id", "subject_id")
@@ -69,7 +106,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         self,
         ks: Keyshred,
         *,
-        subject: Callable[[RunnableConfig], str | None] = _default_subject,
+        subject: Callable[[RunnableConfig], str | None] = default_subject,
         scope: str = "default",
         serde: Any = None,
     ) -> None:
@@ -79,6 +116,36 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         self._resolve = subject
         self._scope = scope
         self._thread_ids: dict[str, str] = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def from_conn_string(
+        cls,
+        conn_string: str | os.PathLike[str],
+        *,
+        path: str | os.PathLike[str] | None = None,
+        config: Config | None = None,
+        **kwargs: Any,
+    ) -> Iterator[KeyshredSaver]:
+        """A saver on a keyshred handle of its own, closed on exit, as LangGraph's
+        ``PostgresSaver.from_conn_string``: ``conn_string`` is a PostgreSQL URL (the
+        catalog and key store; the local folder from ``path`` or ``$KEYSHRED_PATH``)
+        or a data folder (``keyshred.integrations.langgraph.connect``). ``kwargs``
+        go to the saver (``subject``, ``scope``, ``serde``)."""
+        from keyshred.integrations.langgraph.connect import open_conn_string
+
+        ks = open_conn_string(conn_string, path=path, config=config)
+        try:
+            yield cls(ks, **kwargs)
+        finally:
+            ks.close()
+
+    def setup(self) -> None:
+        """LangGraph's setup: nothing left to do (opening the folder created or
+        migrated every table); kept so that code written for ``PostgresSaver`` runs."""
+
+    async def asetup(self) -> None:
+        """``setup`` (nothing to do)."""
 
     # -- helpers -------------------------------------------------------------------
 
@@ -92,6 +159,13 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
     def _subject_ref(self, config: RunnableConfig) -> str | None:
         subject = self._resolve(config)
         return None if subject is None else self._ks.subject_ref(subject)
+
+    def _thread(self, config: RunnableConfig, thread_id: str) -> Any:
+        """The thread a write goes to, created at its first write for the subject the
+        config names, or for the thread itself if it names none."""
+        ref = self._subject_ref(config)
+        own = self._ks.subject_ref(thread_subject(thread_id)) if ref is None else None
+        return self._store.ensure_thread(thread_id, ref, self._scope, new_subject_ref=own)
 
     def _tuple(
         self, thread_id: str, row: CheckpointRow, writes: Sequence[WriteRow]
@@ -194,7 +268,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         conf = self._conf(config)
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
-        th = self._store.ensure_thread(thread_id, self._subject_ref(config), self._scope)
+        th = self._thread(config, thread_id)
         t1, d1 = self.serde.dumps_typed(checkpoint)
         md = get_serializable_checkpoint_metadata(config, metadata)
         t2, d2 = self.serde.dumps_typed(md)
@@ -224,7 +298,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
     ) -> None:
         conf = self._conf(config)
         thread_id = str(conf["thread_id"])
-        th = self._store.ensure_thread(thread_id, self._subject_ref(config), self._scope)
+        th = self._thread(config, thread_id)
         rows = []
         for idx, (channel, value) in enumerate(writes):
             t, d = self.serde.dumps_typed(value)
@@ -339,3 +413,28 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+class AsyncKeyshredSaver(KeyshredSaver):
+    """``KeyshredSaver`` under the name LangGraph's async users look for
+    (``AsyncPostgresSaver``, ``AsyncSqliteSaver``): the same saver, whose async
+    methods run the sync ones in a worker thread, and an async ``from_conn_string``."""
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def from_conn_string(  # type: ignore[override]
+        cls,
+        conn_string: str | os.PathLike[str],
+        *,
+        path: str | os.PathLike[str] | None = None,
+        config: Config | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AsyncKeyshredSaver]:
+        """``KeyshredSaver.from_conn_string`` as an async context manager."""
+        from keyshred.integrations.langgraph.connect import open_conn_string
+
+        ks = await asyncio.to_thread(open_conn_string, conn_string, path=path, config=config)
+        try:
+            yield cls(ks, **kwargs)
+        finally:
+            await asyncio.to_thread(ks.close)

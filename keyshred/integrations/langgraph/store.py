@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,11 +38,12 @@ from langgraph.store.base import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
+    from keyshred.config import Config
     from keyshred.erasure import ErasureRequest
     from keyshred.facade import Keyshred
     from keyshred.storage.memories import Memory
 
-__all__ = ["KeyshredStore"]
+__all__ = ["AsyncKeyshredStore", "KeyshredStore"]
 
 SubjectFrom = int | Callable[[tuple[str, ...]], str]
 
@@ -84,6 +86,39 @@ class KeyshredStore(BaseStore):
                 self.embeddings = ensure_embeddings(index.get("embed"))
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
+
+    @classmethod
+    @contextlib.contextmanager
+    def from_conn_string(
+        cls,
+        conn_string: str | os.PathLike[str],
+        *,
+        path: str | os.PathLike[str] | None = None,
+        config: Config | None = None,
+        **kwargs: Any,
+    ) -> Iterator[KeyshredStore]:
+        """A store on a keyshred handle of its own, closed on exit, as LangGraph's
+        ``PostgresStore.from_conn_string``: ``conn_string`` is a PostgreSQL URL or a
+        data folder (``keyshred.integrations.langgraph.connect``); ``kwargs`` go to
+        the store (``index``, ``ttl``, ``subject_from``, ``scope``)."""
+        from keyshred.integrations.langgraph.connect import open_conn_string
+
+        ks = open_conn_string(conn_string, path=path, config=config)
+        try:
+            store = cls(ks, **kwargs)
+            try:
+                yield store
+            finally:
+                store.stop_ttl_sweeper()
+        finally:
+            ks.close()
+
+    def setup(self) -> None:
+        """LangGraph's setup: nothing left to do (opening the folder created or
+        migrated every table); kept so that code written for ``PostgresStore`` runs."""
+
+    async def asetup(self) -> None:
+        """``setup`` (nothing to do)."""
 
     # -- subjects ------------------------------------------------------------------
 
@@ -474,3 +509,32 @@ def _does_match(cond: MatchCondition, ns: tuple[str, ...]) -> bool:
         return False
     part = ns[: len(path)] if cond.match_type == "prefix" else ns[len(ns) - len(path) :]
     return all(p in ("*", n) for p, n in zip(path, part, strict=True))
+
+
+class AsyncKeyshredStore(KeyshredStore):
+    """``KeyshredStore`` under the name LangGraph's async users look for
+    (``AsyncPostgresStore``): the same store (its async methods run the sync ones in
+    a worker thread) with an async ``from_conn_string``."""
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def from_conn_string(  # type: ignore[override]
+        cls,
+        conn_string: str | os.PathLike[str],
+        *,
+        path: str | os.PathLike[str] | None = None,
+        config: Config | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AsyncKeyshredStore]:
+        """``KeyshredStore.from_conn_string`` as an async context manager."""
+        from keyshred.integrations.langgraph.connect import open_conn_string
+
+        ks = await asyncio.to_thread(open_conn_string, conn_string, path=path, config=config)
+        try:
+            store = cls(ks, **kwargs)
+            try:
+                yield store
+            finally:
+                store.stop_ttl_sweeper()
+        finally:
+            await asyncio.to_thread(ks.close)

@@ -1,0 +1,174 @@
+"""Issue 24, item 1: moving a LangGraph app to keyshred is an import and a class name.
+The default subject resolver reads what apps already carry (``subject_id``, then
+``user_id``, then LangGraph auth's user); a thread that names no user is its own
+subject, erased with a receipt; ``from_conn_string``/``setup`` and the ``Async…``
+names work as LangGraph's PostgreSQL classes do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.errors import InvalidInput, SubjectErased, SubjectSuppressed
+from keyshred.integrations.langgraph import (
+    AsyncKeyshredSaver,
+    AsyncKeyshredStore,
+    KeyshredSaver,
+    KeyshredStore,
+    default_subject,
+    thread_subject,
+)
+from keyshred.receipts import verify_receipt
+from tests.storage.conftest import make_config
+
+
+class State(TypedDict):
+    notes: list[str]
+
+
+def _graph(saver: Any) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    def remember(state: State) -> dict[str, Any]:
+        return {"notes": [*state["notes"], "remembered"]}
+
+    g = StateGraph(State)
+    g.add_node("remember", remember)
+    g.add_edge(START, "remember")
+    g.add_edge("remember", END)
+    return g.compile(checkpointer=saver)
+
+
+class _User:
+    """LangGraph auth's user as an object (``identity`` attribute)."""
+
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
+
+
+def _conf(**values: Any) -> dict[str, Any]:
+    return {"configurable": {"thread_id": "t", **values}}
+
+
+def test_the_default_resolver_reads_what_apps_carry() -> None:
+    assert default_subject(_conf(subject_id="s", user_id="u")) == "s"
+    assert default_subject(_conf(user_id="ann@example.com")) == "ann@example.com"
+    assert default_subject(_conf(user_id=42)) == "42"
+    assert default_subject(_conf(langgraph_auth_user={"identity": "auth-1"})) == "auth-1"
+    assert default_subject(_conf(langgraph_auth_user=_User("auth-2"))) == "auth-2"
+    assert default_subject(_conf(langgraph_auth_user_id="auth-3")) == "auth-3"
+    assert default_subject(_conf(user_id="u", langgraph_auth_user={"identity": "a"})) == "u"
+    assert default_subject(_conf()) is None
+    assert default_subject(_conf(user_id="")) is None
+    with pytest.raises(InvalidInput):
+        default_subject(_conf(user_id=["not", "an", "id"]))
+    with pytest.raises(InvalidInput):
+        default_subject({"configurable": "nope"})
+
+
+def test_a_thread_under_user_id_keeps_its_user_and_is_erased_with_them(
+    catalog_url: str, tmp_path: Path
+) -> None:
+    with Keyshred.init(tmp_path / "d", make_config(catalog_url)) as ks:
+        graph = _graph(KeyshredSaver(ks))
+        graph.invoke({"notes": ["a"]}, {"configurable": {"thread_id": "t1", "user_id": "ann"}})
+        # Later calls that name nobody go to the thread's recorded user.
+        graph.invoke({"notes": ["b"]}, {"configurable": {"thread_id": "t1"}})
+        th = ks.checkpoints.thread("t1")
+        assert th is not None and th.subject_ref == ks.subject_ref("ann")
+        with pytest.raises(InvalidInput):  # a thread never changes subject
+            graph.invoke({"notes": []}, {"configurable": {"thread_id": "t1", "user_id": "bob"}})
+        req = ks.erase("ann", requested_by="dpo", reason="art17")
+        assert req.state == "completed", req.error
+        with pytest.raises((SubjectErased, SubjectSuppressed)):
+            graph.get_state({"configurable": {"thread_id": "t1", "user_id": "ann"}})
+
+
+def test_a_thread_that_names_no_user_is_its_own_subject(catalog_url: str, tmp_path: Path) -> None:
+    with Keyshred.init(tmp_path / "d", make_config(catalog_url)) as ks:
+        saver = KeyshredSaver(ks)
+        graph = _graph(saver)
+        lone = {"configurable": {"thread_id": "lone-1"}}
+        kept = {"configurable": {"thread_id": "kept-1", "user_id": "cy"}}
+        assert graph.invoke({"notes": ["x"]}, lone)["notes"] == ["x", "remembered"]
+        graph.invoke({"notes": ["y"]}, kept)
+        th = ks.checkpoints.thread("lone-1")
+        assert th is not None and th.subject_ref == ks.subject_ref(thread_subject("lone-1"))
+        # Its erasure is the thread's deletion, with a signed receipt.
+        req = ks.erase(thread_subject("lone-1"), requested_by="dpo", reason="thread deletion")
+        assert req.state == "completed", req.error
+        receipt = ks.erasure.receipt(req.request_id)
+        assert receipt is not None
+        verify_receipt(receipt, ks.keyring.signer().public_key)  # raises if it fails
+        assert ks.checkpoints.thread("lone-1") is None
+        assert saver.get_tuple(kept) is not None  # the other thread is intact
+        assert graph.get_state(kept).values["notes"] == ["y", "remembered"]
+
+
+def test_from_conn_string_and_setup_on_a_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    with KeyshredSaver.from_conn_string(folder) as saver:
+        saver.setup()
+        _graph(saver).invoke({"notes": ["n"]}, {"configurable": {"thread_id": "f-1"}})
+    # The folder is a keyshred folder now, and the thread is there on reopening.
+    with KeyshredSaver.from_conn_string(os.fspath(folder)) as again:
+        got = again.get_tuple({"configurable": {"thread_id": "f-1"}})
+        assert got is not None and got.checkpoint["channel_values"]["notes"] == ["n", "remembered"]
+    with KeyshredStore.from_conn_string(folder) as store:
+        store.setup()
+        store.put(("ann", "prefs"), "lang", {"value": "Lisp"})
+        item = store.get(("ann", "prefs"), "lang")
+        assert item is not None and item.value == {"value": "Lisp"}
+    with pytest.raises(InvalidInput), KeyshredSaver.from_conn_string(folder, path=tmp_path):
+        pass
+    with pytest.raises(InvalidInput), KeyshredSaver.from_conn_string("   "):
+        pass
+
+
+def test_from_conn_string_on_postgresql(tmp_path: Path, catalog_url: str) -> None:
+    if not catalog_url.startswith("postgresql"):
+        pytest.skip("the PostgreSQL URL form")
+    local = tmp_path / "local"
+    with KeyshredSaver.from_conn_string(catalog_url, path=local) as saver:
+        saver.setup()
+        _graph(saver).invoke({"notes": ["p"]}, {"configurable": {"thread_id": "p-1"}})
+        ks = saver._ks
+        assert ks.catalog.dialect == "postgresql"
+        assert ks.config.keyring.store_url == ks.config.storage.catalog_url
+    # "postgresql://" is taken as psycopg's URL, and $KEYSHRED_PATH names the folder.
+    plain = catalog_url.replace("postgresql+psycopg://", "postgresql://")
+    env = {**os.environ, "KEYSHRED_PATH": str(local)}
+    old = os.environ.copy()
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        with KeyshredSaver.from_conn_string(plain) as again:
+            got = again.get_tuple({"configurable": {"thread_id": "p-1"}})
+            assert got is not None
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def test_async_names_and_async_from_conn_string(tmp_path: Path) -> None:
+    async def run() -> tuple[list[str], Any]:
+        async with AsyncKeyshredSaver.from_conn_string(tmp_path / "a") as saver:
+            await saver.asetup()
+            out = await _graph(saver).ainvoke(
+                {"notes": ["z"]}, {"configurable": {"thread_id": "a-1", "user_id": "dee"}}
+            )
+        async with AsyncKeyshredStore.from_conn_string(tmp_path / "a") as store:
+            await store.asetup()
+            await store.aput(("dee", "facts"), "k", {"v": 1})
+            item = await store.aget(("dee", "facts"), "k")
+        return list(out["notes"]), item
+
+    notes, item = asyncio.run(run())
+    assert notes == ["z", "remembered"] and item is not None and item.value == {"v": 1}
+    assert issubclass(AsyncKeyshredSaver, KeyshredSaver)
+    assert issubclass(AsyncKeyshredStore, KeyshredStore)
