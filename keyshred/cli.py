@@ -330,7 +330,13 @@ def _request_json(req: Any) -> dict[str, Any]:
 def _request_text(req: Any) -> str:
     text = f"request {req.request_id}: {req.state}" + (f" ({req.error})" if req.error else "")
     if req.found_data is False:
-        text += "; no data found for this subject (it is suppressed all the same)"
+        text += "; no data found for this subject"
+        if req.state == "completed":
+            text += (
+                " (the id stays erased: --block)"
+                if req.doc.get("block")
+                else " (the id stays free for new data)"
+            )
     return text
 
 
@@ -341,13 +347,25 @@ def erase(  # noqa: PLR0917 - typer maps every parameter to an option
     reason: Annotated[str, typer.Option(help="Why, as a short code (e.g. gdpr-art17).")],
     scope: Annotated[str | None, typer.Option(help="Erase only this scope.")] = None,
     request_id: Annotated[str | None, typer.Option("--request-id")] = None,
+    block: Annotated[
+        bool,
+        typer.Option(
+            "--block",
+            help="Keep the id erased (refusing new data) even if nothing of it was found.",
+        ),
+    ] = False,
     path: PathOpt = Path("."),
     as_json: JsonOpt = False,
 ) -> None:
     """Erase a subject (or one scope): suppress, destroy keys, drop, rebuild, verify."""
     with Keyshred.open(path) as ks:
         req = ks.erase(
-            subject, scope, requested_by=requested_by, reason=reason, request_id=request_id
+            subject,
+            scope,
+            requested_by=requested_by,
+            reason=reason,
+            request_id=request_id,
+            block=block,
         )
     _emit(_request_json(req), as_json, _request_text(req))
     if req.state not in ("completed", "legal_hold"):

@@ -202,6 +202,7 @@ class Keyshred:
         reason: str,
         request_id: str | None = None,
         probes: Sequence[str] = (),
+        block: bool = False,
     ) -> ErasureRequest:
         """Erase a subject (or one scope of it) and return the request.
 
@@ -212,6 +213,9 @@ class Keyshred:
         Idempotent by ``request_id``; ``ks.erasure.resume`` continues a request that
         stopped (a crash, a failed step, a released legal hold). ``probes`` are
         synthetic strings that verification must not find anywhere afterwards.
+        An erasure that finds nothing of the subject says so (``req.found_data`` is
+        False, and so is the receipt's) and leaves the id free for later writes;
+        ``block=True`` keeps it ``erased`` until re-admitted all the same.
         """
         check_open(self._closed)
         req = self.erasure.request(
@@ -221,6 +225,7 @@ class Keyshred:
             reason=reason,
             request_id=request_id,
             probes=probes,
+            block=block,
         )
         return self.erasure.run(req.request_id)
 

@@ -661,7 +661,8 @@ class CheckpointStore:
 
     def drop_subject(self, subject_ref: str, scope: str | None = None) -> int:
         """Delete the subject's threads (all, or one thread scope / policy scope);
-        the keys go with the erasure's key destruction. Returns checkpoints deleted."""
+        the keys go with the erasure's key destruction. Returns the threads deleted
+        (the receipt's ``threads-deleted``: threads, not their checkpoints)."""
         with self._catalog.engine.connect() as conn:
             q = sa.select(threads.c.thread_ref, threads.c.scope).where(
                 threads.c.subject_ref == subject_ref
@@ -670,23 +671,33 @@ class CheckpointStore:
         refs = [
             str(r) for r, s in found if scope is None or s == scope or thread_scope(str(r)) == scope
         ]
-        n = 0
         for start in range(0, len(refs), 200):
             part = refs[start : start + 200]
-            n += self._delete(
+            self._delete(
                 checkpoints.c.thread_ref.in_(part), checkpoint_writes.c.thread_ref.in_(part)
             )
             with self._catalog.transaction() as conn:
                 conn.execute(threads.delete().where(threads.c.thread_ref.in_(part)))
+        dropped = set(refs)
         if scope is None:  # rows of threads whose record a crash already removed
-            n += self._delete(
+            with self._catalog.engine.connect() as conn:
+                for table in (checkpoints, checkpoint_writes):
+                    dropped.update(
+                        str(r)
+                        for r in conn.execute(
+                            sa.select(table.c.thread_ref)
+                            .where(table.c.subject_ref == subject_ref)
+                            .distinct()
+                        ).scalars()
+                    )
+            self._delete(
                 checkpoints.c.subject_ref == subject_ref,
                 checkpoint_writes.c.subject_ref == subject_ref,
             )
         with self._lock:
             for r in refs:
                 self._threads.pop(r, None)
-        return n
+        return len(dropped)
 
     def count(self, subject_ref: str) -> int:
         with self._catalog.engine.connect() as conn:

@@ -345,8 +345,10 @@ def test_a_lock_file_on_its_way_out_passes_verification_and_one_that_stays_fails
 
 
 def test_erasing_an_id_never_stored_says_no_data_found(ks: Keyshred) -> None:
-    """The request completes and suppresses the id as usual, and the request and the
-    signed receipt say nothing was found; a subject with data says it was."""
+    """The request completes, and the request and the signed receipt say nothing was
+    found; the id is not blocked (issue 24: an erasure that found nothing does not
+    make the id unusable) unless the request asked to ``block`` it; a subject with
+    data says it was found and stays erased."""
     ks.memories.put("jo", NS, "k", 1)
     nobody = ks.erase("never-stored-id", requested_by="dpo", reason="request")
     assert nobody.state == "completed" and nobody.found_data is False
@@ -354,8 +356,16 @@ def test_erasing_an_id_never_stored_says_no_data_found(ks: Keyshred) -> None:
     receipt = ks.erasure.receipt(nobody.request_id)
     assert receipt is not None and receipt.found_data is False
     verify_receipt(receipt, ks.keyring.signer().public_key)
+    assert ks.catalog.guard(ks.subject_ref("never-stored-id")).status == "active"
+    ks.memories.put("never-stored-id", NS, "k", 1)  # the id is free
+    assert ks.memories.get("never-stored-id", NS, "k").value == 1
+    completed = [e.data for e in ks.audit.events() if e.event == "erasure.completed"]
+    assert completed[-1]["found_data"] is False
+
+    blocked = ks.erase("blocked-id", requested_by="dpo", reason="request", block=True)
+    assert blocked.state == "completed" and blocked.found_data is False
     with pytest.raises(SubjectSuppressed):
-        ks.memories.put("never-stored-id", NS, "k", 1)
+        ks.memories.put("blocked-id", NS, "k", 1)
 
     jo = ks.erase("jo", requested_by="dpo", reason="request")
     assert jo.found_data is True

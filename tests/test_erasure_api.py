@@ -101,6 +101,7 @@ def test_a_producer_that_returns_none_drops_its_asset(
 
 def test_holds_requests_and_readmission_take_a_subject_or_a_named_ref(tmp_path: Path) -> None:
     with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        ks.memories.put("cy@example.org", NS, "k0", 0)  # data found: the id stays erased
         ref = ks.subject_ref("cy@example.org")
         hold = ks.erasure.place_hold("cy@example.org", reason="case-7", owner="legal")
         assert hold.subject_ref == ref

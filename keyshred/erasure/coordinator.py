@@ -31,7 +31,8 @@ resumes where it stopped and nothing becomes readable again:
                      or registered identifier left, probes not found by key or
                      semantic search
 10. ``receipt``      signed from what the steps recorded, stored; the subject stays
-                     ``erased`` until re-admitted
+                     ``erased`` until re-admitted (one of whom nothing was found
+                     becomes active again unless the request asked to ``block``)
 
 Three kinds of request run these steps (``keyshred.erasure.extent``): a subject or
 scope erasure, the retention scanner's listed memories and a replayed tombstone.
@@ -234,8 +235,14 @@ class ErasureCoordinator(HoldsMixin):
         probes: Sequence[str] = (),
         assets: Sequence[str] | None = None,
         kind: str = "erasure",
+        block: bool = False,
     ) -> ErasureRequest:
         """Record a request (idempotent by ``request_id``) without running it.
+
+        A subject erasure that finds nothing of the subject (no key, no asset, no
+        store holding anything) says so (``found_data`` False, in the request and its
+        receipt) and leaves the id free for later writes; ``block=True`` keeps the id
+        ``erased`` all the same (until re-admitted), as an erasure that found data does.
 
         ``assets`` narrows the request to exactly those memory assets of the subject
         (the retention scanner's requests): they are deleted physically with their
@@ -257,6 +264,8 @@ class ErasureCoordinator(HoldsMixin):
             return existing
         at = now()
         doc: dict[str, Any] = {"done": [], "details": {}, "kind": safe("kind", kind)}
+        if block:
+            doc["block"] = True
         if assets is not None:
             doc["assets"] = sorted({safe("asset id", a) for a in assets})
         if probes:
@@ -514,7 +523,7 @@ class ErasureCoordinator(HoldsMixin):
         completed = now()
         extent = extent_of(self._w, req)
         if not extent.signs_receipt:
-            extent.finish()
+            extent.finish(found=True)
             self._audit.record(
                 "erasure.replayed",
                 subject_ref=req.subject_ref,
@@ -529,7 +538,7 @@ class ErasureCoordinator(HoldsMixin):
         )
         receipt = build_receipt(req, store_steps, completed, backups)
         signed = sign_receipt(receipt, self._keyring.signer())
-        extent.finish()
+        extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
         self._save(req, receipt=signed.to_json())
         self._metrics.completion_latency((completed - req.created_at).total_seconds())
         derived = sum(len(d[s].get("actions", [])) for s in store_steps if s in d)
@@ -539,6 +548,7 @@ class ErasureCoordinator(HoldsMixin):
             request_id=req.request_id,
             keys=len(keys["key_ids"]),
             derived=derived,
+            found_data=bool(req.doc["found_data"]),
         )
         return {"at": iso(completed)}
 

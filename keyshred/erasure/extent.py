@@ -21,6 +21,7 @@ from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
 from keyshred.storage.catalog import AssetRow, Catalog
+from keyshred.storage.catalog_base import ACTIVE
 from keyshred.storage.erasable import Erasable, ErasureTarget
 
 __all__ = [
@@ -190,11 +191,13 @@ class Extent:
     def backup_coverage(self, keys_at: datetime, deleted: int) -> Any:
         return self.w.backups.coverage(self.ref, keys_at, deleted=deleted)
 
-    def finish(self) -> None:
+    def finish(self, *, found: bool) -> None:
         """The guard once the request is done: an erased subject stays ``erased``
-        until re-admitted; an erased scope takes new writes under a new key."""
+        until re-admitted, unless nothing of it was found (``found`` False: the id
+        is left free, active again at the new deletion epoch, so jobs from before
+        stay refused); an erased scope takes new writes under a new key."""
         if self.scope is None:
-            self.w.catalog.set_guard(self.ref, ERASED)
+            self.w.catalog.set_guard(self.ref, ERASED if found else ACTIVE)
         else:
             self.w.catalog.release_scope(self.ref, self.scope)
 
@@ -254,8 +257,8 @@ class AssetsExtent(Extent):
     def backup_coverage(self, keys_at: datetime, deleted: int) -> Any:
         return self.w.backups.coverage_unkeyed(keys_at)
 
-    def finish(self) -> None:
-        pass  # the subject stays active: only those memories went
+    def finish(self, *, found: bool) -> None:
+        del found  # the subject stays active: only those memories went
 
 
 class ReplayExtent(Extent):

@@ -432,6 +432,12 @@ def test_version_metrics_json_and_no_data_found(tmp_path: Path) -> None:
         "erase", "never-stored", "--requested-by", "dpo", "--reason", "r", "--path", str(data)
     )
     assert erased.returncode == 0 and "no data found" in erased.stdout, erased
+    assert "stays free" in erased.stdout
+    blocked = run(
+        "erase", "also-never", "--requested-by", "dpo", "--reason", "r", "--block",
+        "--path", str(data),
+    )  # fmt: skip
+    assert blocked.returncode == 0 and "stays erased" in blocked.stdout, blocked
     doc = json.loads(
         run("status", erased.stdout.split()[1].rstrip(":"), "--path", str(data), "--json").stdout
     )

@@ -172,3 +172,19 @@ def test_async_names_and_async_from_conn_string(tmp_path: Path) -> None:
     assert notes == ["z", "remembered"] and item is not None and item.value == {"v": 1}
     assert issubclass(AsyncKeyshredSaver, KeyshredSaver)
     assert issubclass(AsyncKeyshredStore, KeyshredStore)
+
+
+def test_the_receipt_counts_threads_as_threads(catalog_url: str, tmp_path: Path) -> None:
+    """Issue 24 item 4: ``threads-deleted`` said 45 for 6 threads (it counted
+    checkpoints)."""
+    with Keyshred.init(tmp_path / "d", make_config(catalog_url)) as ks:
+        graph = _graph(KeyshredSaver(ks))
+        for n in range(3):
+            config = {"configurable": {"thread_id": f"c-{n}", "user_id": "cora"}}
+            for _ in range(2):
+                graph.invoke({"notes": ["q"]}, config)
+        req = ks.erase("cora", requested_by="dpo", reason="art17")
+        receipt = ks.erasure.receipt(req.request_id)
+        assert receipt is not None
+        (line,) = [s for s in receipt.stores if s.store == "checkpoints"]
+        assert (line.action, line.count) == ("threads-deleted", 3)
