@@ -295,7 +295,10 @@ class Keyshred:
         """Open an existing data folder (``ConfigError`` if it is not one)."""
         root = Path(path)
         if not (root / CONFIG_FILE).exists():
-            raise ConfigError(f"{root} is not a keyshred folder; run 'keyshred init {root}'")
+            raise ConfigError(
+                f"{root} is not a keyshred folder: name the data folder (the CLI's "
+                "--path/-p, or KEYSHRED_PATH), or create one with 'keyshred init PATH'"
+            )
         return cls._assemble(root, config or load_config(root), create=False, embeddings=embeddings)
 
     @classmethod

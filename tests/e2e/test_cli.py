@@ -488,3 +488,12 @@ def test_backup_to_a_target_that_cannot_be_is_one_line(tmp_path: Path) -> None:
     line = _one_line_error(run("backup", "create", "--path", str(data), "--target", "/proc/nope"))
     assert "/proc/nope" in line
     assert run("backup", "list", "--path", str(data), "--json").returncode == 0
+
+
+def test_outside_a_data_folder_the_hint_names_the_real_fix(tmp_path: Path) -> None:
+    """Issue 24 item 6: the hint said "run 'keyshred init .'" where pointing to the
+    folder (-p or KEYSHRED_PATH) is the fix."""
+    out = run("put", "ann", "notes", "k", "1", "--path", str(tmp_path / "nowhere"))
+    assert out.returncode != 0
+    text = " ".join((out.stdout + out.stderr).replace("│", " ").split())  # unwrapped
+    assert "--path/-p" in text and "KEYSHRED_PATH" in text and "keyshred init PATH" in text
