@@ -9,16 +9,23 @@ then prefix searches with a filter. keyshred encrypts every checkpoint, write an
 item under the subject's keys and checks the subject guard on every call; both use
 SQLite files with their default durability (keyshred's store fsyncs each put).
 
+When PostgreSQL answers on 127.0.0.1:5432 (database ``test``, or ``KEYSHRED_BENCH_PG``)
+the saver workload also runs on it: ``KeyshredSaver`` with its catalog and key store
+in one schema against LangGraph's ``PostgresSaver`` in another schema of the same
+database (both commit every put: synchronous commit, the server's fsync).
+
 Run: ``.venv/bin/python benchmarks/bench_langgraph.py``
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,8 +36,10 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.store.sqlite import SqliteStore
 
-from keyshred import Keyshred
+from keyshred import Config, Keyshred
 from keyshred.integrations.langgraph import KeyshredSaver, KeyshredStore
+
+PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 
 THREADS, STEPS = 20, 100
 USERS, ITEMS = 20, 2000
@@ -160,9 +169,49 @@ def one_round(base: Path, n: int) -> tuple[dict[str, float], ...]:
     return ks_saver, sqlite_saver, ks_store, sqlite_store
 
 
+def _schema(conn: Any) -> tuple[str, str]:
+    """A fresh schema: (its name, a libpq DSN whose search_path is that schema)."""
+    name = f"ks_bench_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE SCHEMA {name}")
+    return name, f"{PG_DSN} options=-csearch_path={name}"
+
+
+def postgres_round(base: Path, n: int) -> tuple[dict[str, float], dict[str, float]] | None:
+    """The saver workload on PostgreSQL: keyshred and ``PostgresSaver`` alternately."""
+    try:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+    except ImportError:
+        return None
+    try:
+        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError:
+        return None
+    ours, ours_dsn = _schema(admin)
+    theirs, theirs_dsn = _schema(admin)
+    info = admin.info
+    url = (
+        f"postgresql+psycopg://{info.user}@{info.host}:{info.port}/{info.dbname}"
+        f"?options=-csearch_path%3D{ours}"
+    )
+    del ours_dsn
+    cfg = Config.model_validate({"storage": {"catalog_url": url}, "keyring": {"store_url": url}})
+    ks = Keyshred.init(base / f"pg{n}", cfg)
+    try:
+        with PostgresSaver.from_conn_string(theirs_dsn) as pg_saver:
+            pg_saver.setup()
+            return interleave(saver_workload(KeyshredSaver(ks)), saver_workload(pg_saver))
+    finally:
+        ks.close()
+        for schema in (ours, theirs):
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.close()
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rounds = [one_round(Path(tmp), n) for n in range(ROUNDS)]
+        on_pg = [r for r in (postgres_round(Path(tmp), n) for n in range(ROUNDS)) if r]
     ks_saver, sqlite_saver, ks_store, sqlite_store = (
         best([r[i] for r in rounds]) for i in range(4)
     )
@@ -174,6 +223,11 @@ def main() -> None:
     for ours, theirs in ((ks_saver, sqlite_saver), (ks_store, sqlite_store)):
         for name, value in ours.items():
             print(f"{name:34} {value:10.0f} {theirs[name]:10.0f} {value / theirs[name]:7.2f}")
+    if on_pg:
+        ks_pg, pg = best([r[0] for r in on_pg]), best([r[1] for r in on_pg])
+        print(f"\n{'on PostgreSQL':34} {'keyshred':>10} {'Postgres':>10} {'ratio':>7}")
+        for name, value in ks_pg.items():
+            print(f"{name:34} {value:10.0f} {pg[name]:10.0f} {value / pg[name]:7.2f}")
     print("\ntarget: within 2x of SQLite (ratio >= 0.5) while encrypting")
 
 

@@ -67,14 +67,19 @@ def default_subject(config: RunnableConfig) -> str | None:
     auth's user identity; None if it names none (a new thread is then its own
     subject). Numbers are taken as their decimal strings."""
     conf = _configurable(config)
-    candidates = [conf.get(name) for name in _USER_KEYS]
-    candidates += [_identity(conf.get("langgraph_auth_user")), conf.get("langgraph_auth_user_id")]
-    for value in candidates:
-        if value is None or value == "":
-            continue
-        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        return check_text(text, "the config's user id")
+    for name in _USER_KEYS:  # (read lazily: every saver call resolves)
+        value = conf.get(name)
+        if value is not None and value != "":
+            return _user_id(value)
+    for value in (_identity(conf.get("langgraph_auth_user")), conf.get("langgraph_auth_user_id")):
+        if value is not None and value != "":
+            return _user_id(value)
     return None
+
+
+def _user_id(value: Any) -> str:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    return check_text(text, "the config's user id")
 
 
 _IDS = ("thread_id", "checkpoint_ns", "checkpoint_id", "subject_id")
