@@ -501,12 +501,17 @@ def audit_prune(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
 
 @app.command()
 def metrics(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
-    """Print this process's metrics in Prometheus text format (or as JSON samples)."""
+    """Print the store's metrics (requests by state, erasure completion times, audit
+    events, keys, tokens), read from the catalog and the key store, in Prometheus
+    text format (or as JSON samples)."""
+    from keyshred.store_metrics import StoreMetrics
+
     with Keyshred.open(path) as ks:
+        metrics = StoreMetrics(ks.catalog, ks.keyring.store)
         if as_json:
-            typer.echo(json.dumps({"samples": ks.metrics.samples()}, sort_keys=True))
+            typer.echo(json.dumps({"samples": metrics.samples()}, sort_keys=True))
         else:
-            typer.echo(ks.metrics.render(), nl=False)
+            typer.echo(metrics.render(), nl=False)
 
 
 @keys_app.command("public-key")

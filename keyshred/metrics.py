@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-__all__ = ["Metrics"]
+__all__ = ["BUCKETS", "Metrics"]
 
-_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0, 3600.0)
+BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0, 3600.0)
 
 
 class Metrics:
@@ -45,13 +45,13 @@ class Metrics:
         self._online = Histogram(
             "keyshred_erasure_online_seconds",
             "Time from an erasure request to the subject's suppression",
-            buckets=_BUCKETS,
+            buckets=BUCKETS,
             registry=self.registry,
         )
         self._completion = Histogram(
             "keyshred_erasure_completion_seconds",
             "Time from an erasure request to its signed receipt",
-            buckets=_BUCKETS,
+            buckets=BUCKETS,
             registry=self.registry,
         )
 

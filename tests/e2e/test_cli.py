@@ -446,6 +446,13 @@ def test_version_metrics_json_and_no_data_found(tmp_path: Path) -> None:
     assert shown.returncode == 0 and json.loads(shown.stdout)["found_data"] is False
     samples = json.loads(run("metrics", "--path", str(data), "--json").stdout)["samples"]
     assert all({"name", "labels", "value"} <= set(s) for s in samples) and samples
+    # Issue 24 item 6: read from the store, not a fresh process's zero counters.
+    by_name = {(s["name"], tuple(sorted(s["labels"].items()))): s["value"] for s in samples}
+    assert by_name[("keyshred_erasure_requests_current", (("state", "completed"),))] == 2
+    assert by_name[("keyshred_erasure_completion_seconds_count", ())] == 2
+    assert by_name[("keyshred_audit_events_total", (("event", "erasure.completed"),))] == 2
+    text = run("metrics", "--path", str(data)).stdout
+    assert "never-stored" not in text and "also-never" not in text  # no subject ids
 
 
 def test_destroying_live_epochs_leaves_backups_restorable(tmp_path: Path) -> None:
