@@ -188,3 +188,40 @@ def test_the_receipt_counts_threads_as_threads(catalog_url: str, tmp_path: Path)
         assert receipt is not None
         (line,) = [s for s in receipt.stores if s.store == "checkpoints"]
         assert (line.action, line.count) == ("threads-deleted", 3)
+
+
+def test_namespaces_that_belong_to_nobody(catalog_url: str, tmp_path: Path) -> None:
+    """Issue 24 item 3: ``("global",)`` and ``("faq", "shared", "x")`` are shared
+    knowledge (their own subject and keys), untouched by a person's erasure, and
+    refused when the detector finds personal data unless an override is audited."""
+    from keyshred.integrations.langgraph.store import SHARED_SUBJECT
+
+    with Keyshred.init(tmp_path / "d", make_config(catalog_url)) as ks:
+        store = KeyshredStore(ks, subject_from=1, shared=[("faq",), ("global",)])
+        store.put(("global",), "hours", {"text": "open 9 to 5"})
+        store.put(("faq", "shared", "x"), "returns", {"text": "30 days"})
+        store.put(("memories", "shared"), "k", {"text": "the user called shared"})
+        assert store.subject_of(("faq", "shared", "x")) == SHARED_SUBJECT
+        assert store.subject_of(("memories", "shared")) == "shared"  # a person
+        with pytest.raises(InvalidInput, match="personal"):
+            store.put(("faq",), "contact", {"text": "mail jo.probe@example.com"})
+        with pytest.raises(InvalidInput, match="personal"):
+            store.put(("global",), "call 13812345678", {"text": "x"})  # in the key too
+        store.put_shared(
+            ("faq",), "support", {"text": "mail help@example.com"}, allowed_by="ops", reason="r1"
+        )
+        allowed = [e.data for e in ks.audit.events() if e.event == "store.shared_personal_allowed"]
+        assert allowed == [{"allowed_by": "ops", "reason": "r1"}]
+        with pytest.raises(InvalidInput):
+            store.put_shared(("memories", "ann"), "k", {"v": 1}, allowed_by="ops", reason="r")
+        # A person's erasure leaves shared knowledge alone.
+        req = ks.erase("shared", requested_by="dpo", reason="art17")
+        assert req.state == "completed"
+        with pytest.raises(SubjectSuppressed):  # the person named "shared" is erased
+            store.get(("memories", "shared"), "k")
+        item = store.get(("global",), "hours")
+        assert item is not None and item.value == {"text": "open 9 to 5"}
+        keys = {i.key for i in store.search(("faq",))}
+        assert keys == {"returns", "support"}
+        with pytest.raises(InvalidInput):
+            KeyshredStore(ks, shared="faq")  # type: ignore[arg-type]

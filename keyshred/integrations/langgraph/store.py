@@ -47,6 +47,11 @@ __all__ = ["AsyncKeyshredStore", "KeyshredStore"]
 
 SubjectFrom = int | Callable[[tuple[str, ...]], str]
 
+# The subject of namespaces that belong to nobody (shared knowledge, FAQ): a name no
+# namespace label can produce (LangGraph forbids "." in labels), so no person's id
+# is ever it; its items get keys of their own, in no person's closure.
+SHARED_SUBJECT = "keyshred.shared-knowledge"
+
 
 def _index_paths(fields: Sequence[str] | None) -> list[str]:
     return list(fields) if fields is not None else ["$"]
@@ -54,6 +59,14 @@ def _index_paths(fields: Sequence[str] | None) -> list[str]:
 
 class KeyshredStore(BaseStore):
     """A LangGraph ``BaseStore`` over ``ks.memories``; see the module docstring.
+
+    ``shared``: namespace prefixes that belong to nobody (``[("faq",), ("global",)]``):
+    their items are kept under a subject of their own (``SHARED_SUBJECT``) with its
+    own keys, so no person's erasure touches them, and a put whose namespace, key or
+    value the vault's detector finds personal data in is refused (``InvalidInput``)
+    unless made through ``put_shared(..., allowed_by=..., reason=...)``, which audits
+    who allowed it. (A shared item naming a person registered in ``ks.subjects`` is
+    co-owned by that person as any memory is: erasing them removes it.)
 
     ``index``: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``); the
     embedding function must be the one the ``Keyshred`` was opened with (pass it
@@ -73,9 +86,14 @@ class KeyshredStore(BaseStore):
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
         scope: str = "default",
+        shared: Sequence[Sequence[str]] = (),
     ) -> None:
         self._ks = ks
         self._subject_from = subject_from
+        if isinstance(shared, str | bytes) or not isinstance(shared, Sequence):
+            raise InvalidInput("shared is a list of namespace prefixes")
+        self._shared = [_ns(tuple(p)) for p in shared]
+        self._allowed: set[tuple[tuple[str, ...], str]] = set()  # put_shared's overrides
         self._scope = scope
         self.ttl_config = ttl
         self.index_config = index
@@ -122,8 +140,15 @@ class KeyshredStore(BaseStore):
 
     # -- subjects ------------------------------------------------------------------
 
+    def is_shared(self, namespace: tuple[str, ...]) -> bool:
+        """Whether the namespace belongs to nobody (under a ``shared`` prefix)."""
+        return any(namespace[: len(p)] == p for p in self._shared)
+
     def subject_of(self, namespace: tuple[str, ...]) -> str:
-        """The subject id a namespace belongs to (``InvalidInput`` if it names none)."""
+        """The subject id a namespace belongs to (``InvalidInput`` if it names none);
+        ``SHARED_SUBJECT`` for a namespace under a ``shared`` prefix."""
+        if self.is_shared(namespace):
+            return SHARED_SUBJECT
         if callable(self._subject_from):
             subject = self._subject_from(namespace)
         else:
@@ -360,6 +385,10 @@ class KeyshredStore(BaseStore):
         for op in puts:
             by_subject.setdefault(self.subject_of(tuple(op.namespace)), []).append(op)
         for subject, ops in by_subject.items():
+            if subject == SHARED_SUBJECT:
+                for op in ops:
+                    if op.value is not None:
+                        self._refuse_personal(op)
             deletes = [op for op in ops if op.value is None]
             for op in deletes:
                 self._ks.memories.delete(subject, tuple(op.namespace), op.key)
@@ -388,6 +417,49 @@ class KeyshredStore(BaseStore):
         if op.index is None:
             return list(self._fields or ["$"])
         return list(op.index)
+
+    def _refuse_personal(self, op: PutOp) -> None:
+        """A shared item must hold no personal data (the vault's detector: e-mail,
+        phones, resident ids, cards, IBANs, IPs) unless ``put_shared`` allowed it."""
+        if (tuple(op.namespace), op.key) in self._allowed:
+            return
+        from keyshred.vault.detect import detect
+
+        texts = [*op.namespace, op.key, *_strings(op.value)]
+        if any(detect(text) for text in texts):
+            raise InvalidInput(
+                "this shared namespace holds no personal data, and the item looks personal "
+                "(the vault's detector found some); store it under its subject, or use "
+                "put_shared(..., allowed_by=..., reason=...) to record who allowed it"
+            )
+
+    def put_shared(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        *,
+        allowed_by: str,
+        reason: str,
+        index: Literal[False] | list[str] | None = None,
+    ) -> None:
+        """Put into a shared namespace what the detector would refuse, and audit who
+        allowed it and why (``store.shared_personal_allowed``: the caller and the
+        reason, never the value)."""
+        ns = _ns(namespace)
+        if not self.is_shared(ns):
+            raise InvalidInput("put_shared is for namespaces under a shared prefix")
+        check_text(allowed_by, "allowed_by")
+        check_text(reason, "a reason")
+        self._ks.audit.record(
+            "store.shared_personal_allowed", allowed_by=allowed_by[:128], reason=reason[:256]
+        )
+        marker = (ns, _text(key))
+        self._allowed.add(marker)
+        try:
+            self.put(ns, key, value, index)
+        finally:
+            self._allowed.discard(marker)
 
     # -- what LangGraph's stores lack ----------------------------------------------
 
@@ -442,6 +514,19 @@ class KeyshredStore(BaseStore):
 
 def _text(value: Any) -> str:
     return check_text(value, "a store key")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value (keys of mappings included)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
 
 
 def _ns(namespace: Any, *, prefix: bool = False) -> tuple[str, ...]:
