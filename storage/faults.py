@@ -42,6 +42,11 @@ POINTS = (
     # DerivedStore.erase: the first derived asset rebuilt or dropped (and recorded),
     # the others not yet
     "erase.derived",
+    # The vault's group commit (keyshred.vault.group): a flush stored its rows, their
+    # journal segments are not zeroed yet; a subject's rows of a flush that stores
+    # subject by subject (one was suppressed) are stored, the next subject's not yet
+    "vault.after_store",
+    "vault.after_group",
 )
 
 # The point inside each store's ``erase``, by store name.

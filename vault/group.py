@@ -46,6 +46,7 @@ from typing import Any
 
 from keyshred.db import micros
 from keyshred.errors import IntegrityError, SubjectSuppressed
+from keyshred.storage import faults
 from keyshred.vault.journal import Segment, TokenJournal, encode
 from keyshred.vault.store import TokenStore
 
@@ -291,6 +292,7 @@ class GroupCommit:
                 self._detached += self._journal.detach()
         try:
             stored = self._store_group(batch.rows, batch.epochs, batch.guards)
+            faults.reached("vault.after_store")
         except BaseException:
             with self._pending_lock:  # held again, in front of what came meanwhile
                 batch.extend(self._held)
@@ -333,6 +335,7 @@ class GroupCommit:
                 stored += len(group)
             except SubjectSuppressed:
                 continue
+            faults.reached("vault.after_group")
         return stored
 
     # -- dead processes' journals ----------------------------------------------------

@@ -361,3 +361,69 @@ def test_a_ttl_beyond_a_century_is_refused(tmp_path: Path) -> None:
         with pytest.raises(InvalidInput):
             ks.vault.sanitize("mail t@example.com", "t", "support", timedelta(days=200_000_000))
         assert ks.vault.sanitize("mail t@example.com", "t", "support", timedelta(days=36_525))
+
+
+_KILLED_IN_A_FLUSH = """
+import json, os, signal, sys
+from datetime import timedelta
+from keyshred import Config, Keyshred
+from keyshred.storage import faults
+cfg = Config.model_validate({"tokens": {"group_commit_ms": 10_000}})
+ks = Keyshred.open(sys.argv[1], cfg)
+hour = timedelta(hours=1)
+for who in ("ann", "xavier", "bert"):
+    ks.vault.sanitize(f"warm {who}.w@example.com", who, "support", hour)
+ks.vault.flush()
+issued = {}
+for who in ("ann", "xavier", "bert"):
+    for n in range(3):
+        value = f"{who}.{n}.q@example.com"
+        issued[ks.vault.sanitize(f"mail {value}", who, "support", hour).tokens[0]] = value
+if sys.argv[2] == "vault.after_group":
+    ks.catalog.suppress(ks.subject_ref("xavier"))  # the flush stores subject by subject
+print(json.dumps(issued), flush=True)
+def die(point):
+    if point == sys.argv[2]:
+        os.kill(os.getpid(), signal.SIGKILL)
+faults.hook = die
+ks.vault.flush()
+"""
+
+
+@pytest.mark.parametrize("point", ["vault.after_store", "vault.after_group"])
+def test_killed_inside_a_flush_loses_nothing_and_stores_nothing_twice(
+    tmp_path: Path, point: str
+) -> None:
+    """SIGKILL inside the flush (its rows committed, the journal not yet zeroed; or
+    one subject's rows committed, the next not yet): the next open replays the
+    journal, skips what is stored, drops the suppressed subject's rows, and every
+    other token resolves, each stored once."""
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "d"
+    Keyshred.init(data).close()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN_A_FLUSH, str(data), point],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]  # killed at the point
+    issued: dict[str, str] = json.loads(proc.stdout)
+    with Keyshred.open(data) as ks:
+        for who in ("ann", "bert", "xavier"):
+            stored = ks.vault.count(ks.subject_ref(who))
+            dropped = who == "xavier" and point == "vault.after_group"
+            assert stored == (1 if dropped else 4), who  # the warm-up one, plus 3 once each
+        for token, value in issued.items():
+            if point == "vault.after_group" and value.startswith("xavier."):
+                with pytest.raises((UnknownToken, SubjectSuppressed)):
+                    ks.vault.detokenize(token, "support", "t")
+            else:
+                assert ks.vault.detokenize(token, "support", "t") == value
+    assert not list((data / "tokens").glob("*.journal"))
