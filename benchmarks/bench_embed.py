@@ -5,7 +5,9 @@ cold), one after the other in the same run: the time to import and load the mode
 first ``embed`` of one text, and texts/s over the first 1,000 texts of
 ``tests/data/pii_corpus.jsonl`` in batches of 32. Then the largest absolute difference
 per component and the smallest cosine between the two runtimes' vectors on those texts,
-and whether the load wrote anything on stderr. The figures are printed, never asserted.
+and whether the load wrote anything on stderr; then a store with the default embeddings:
+the first indexed put right after the open and after a 1 s pause (the background load
+started by the open runs meanwhile). The figures are printed, never asserted.
 
 Run: ``nice -n 19 .venv/bin/python benchmarks/bench_embed.py [--rounds N]``
 """
@@ -55,6 +57,41 @@ heavy = sorted(m for m in ("torch", "sentence_transformers", "transformers") if 
 print(json.dumps({"load": t1 - t0, "first": t2 - t1, "rate": len(texts) / (t4 - t3),
                   "heavy": heavy}))
 """
+
+
+# Runs in the child: a store with the default embeddings, the first indexed put right
+# after the open, or after the application spent ``pause`` seconds on other work (the
+# background load started by the open runs meanwhile).
+STORE_CHILD = r"""
+import json, sys, tempfile, time
+t0 = time.perf_counter()
+from keyshred import Keyshred
+pause = float(sys.argv[1])
+with tempfile.TemporaryDirectory() as tmp:
+    t1 = time.perf_counter()
+    ks = Keyshred.init(tmp + "/data")
+    t2 = time.perf_counter()
+    time.sleep(pause)
+    t3 = time.perf_counter()
+    ks.memories.put("A", ("notes",), "k", "My daughter Mila is allergic to peanuts.", index=True)
+    t4 = time.perf_counter()
+    ks.memories.search("A", (), query="food allergy", limit=1)
+    t5 = time.perf_counter()
+    ks.close()
+print(json.dumps({"import": t1 - t0, "open": t2 - t1, "put": t4 - t3, "search": t5 - t4}))
+"""
+
+
+def run_store(pause: float) -> dict[str, float]:
+    proc = subprocess.run(
+        [sys.executable, "-c", STORE_CHILD, str(pause)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 def run(runtime: str, out: Path) -> dict[str, object]:
@@ -108,6 +145,14 @@ def main() -> None:
                     f"equivalence on {len(a)} texts: max |difference| "
                     f"{np.abs(a - b).max():.2e}, min cosine {cosine.min():.8f}"
                 )
+        print("store with the default embeddings (Keyshred.init, then the first indexed put)")
+        for pause in (0.0, 1.0):
+            r = run_store(pause)
+            print(
+                f"  pause {pause:.1f} s after the open: import keyshred {r['import']:.2f} s, "
+                f"open {r['open'] * 1e3:.0f} ms, first put {r['put'] * 1e3:.0f} ms, "
+                f"first search {r['search'] * 1e3:.0f} ms"
+            )
     print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
