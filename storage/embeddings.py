@@ -152,6 +152,19 @@ class MiniLM(Embedder):
         return f"MiniLM(runtime={self.runtime!r}, dims={self.dims})"
 
 
+def _after_fork_in_child() -> None:
+    # A process forked while the background load ran (a server that opens the store
+    # and then forks its workers) has no loading thread but a copy of its held lock:
+    # the child gets a free lock and loads on its own first embed. A finished model is
+    # inherited as is (it is only ever stored once complete).
+    MiniLM._lock = threading.Lock()
+    MiniLM._preloads.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _load_sentence_transformers(folder: Path) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

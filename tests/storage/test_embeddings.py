@@ -4,6 +4,7 @@ sentence-transformers' vectors, loads without PyTorch and prints nothing."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -181,3 +182,31 @@ def test_a_model_described_otherwise_is_refused(tmp_path: Path) -> None:
     (folder / "1_Pooling" / "config.json").write_text("{not json", "utf-8")
     with pytest.raises(ConfigError, match="cannot be read"):
         embeddings._NumpyMiniLM(folder)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_the_load_loads_on_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forked while the background load holds the lock (a server forking its workers
+    after opening the store): the child does not wait forever for a thread it lacks."""
+    monkeypatch.setattr(MiniLM, "_models", {})
+    monkeypatch.setattr(MiniLM, "_lock", threading.Lock())
+    with MiniLM._lock:  # as the loading thread holds it
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                code = 0 if MiniLM().embed(["a text"]).shape == (1, 384) else 1
+            finally:
+                os._exit(code)
+        for _ in range(600):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            threading.Event().wait(0.1)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the parent's load lock")
+    assert os.waitstatus_to_exitcode(status) == 0
