@@ -89,8 +89,9 @@ class MiniLM(Embedder):
 
     ``runtime="numpy"`` (the default) runs the model in NumPy from the package's
     ``model.safetensors`` and ``tokenizer.json``: the same vectors as
-    sentence-transformers to float32 precision, without importing PyTorch (seconds
-    instead of tens of seconds, and nothing on stderr). ``runtime="sentence-transformers"``
+    sentence-transformers to float32 precision, without importing PyTorch (under a
+    second to load where PyTorch took 11-27 s here, and nothing on stderr; see
+    benchmarks/README.md, issue #24). ``runtime="sentence-transformers"``
     loads it through sentence-transformers, as keyshred did before (kept to compare).
     """
 
