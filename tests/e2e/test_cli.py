@@ -140,7 +140,8 @@ def test_erasure_commands(tmp_path: Path) -> None:
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     audit = json.loads(run("audit", "verify", "--path", str(data), "--json").stdout)
     assert audit["valid"] is True and audit["events"] > 5
-    assert "keyshred_erasure_requests_total" in run("metrics", "--path", str(data)).stdout
+    shown = run("metrics", "--path", str(data)).stdout  # read from the store (issue 24)
+    assert 'keyshred_erasure_requests_current{state="completed"}' in shown
     unknown = run("status", "nope", "--path", str(data))
     assert unknown.returncode == 2 and unknown.stderr.startswith("keyshred: error:")
 
