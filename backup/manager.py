@@ -161,8 +161,8 @@ class BackupManager(Maintenance, Restore):
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     size = src.stat().st_size
-                    if size < _COPY_BELOW or src.suffix == ".ksl":
-                        shutil.copyfile(src, dst)  # small, or appended in place: copy
+                    if size < _COPY_BELOW:
+                        shutil.copyfile(src, dst)  # small: copy
                     else:
                         try:
                             os.link(src, dst)  # immutable once written: share the inode

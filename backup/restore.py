@@ -63,6 +63,7 @@ class _Replayer(Protocol):
 class _CopyMemories(Protocol):
     def rows_by_id(self, ref: str, memory_ids: Iterable[str]) -> object: ...
     def count_ref(self, ref: str) -> int: ...
+    def partition_refs(self) -> list[str]: ...
 
 
 class _CopyVectors(Protocol):
@@ -362,13 +363,8 @@ class Restore(Generations):
     def _verify_restored(self, restored: RestoredCopy, report: RestoreReport) -> None:
         from keyshred.storage.catalog import ACTIVE
 
-        mem = restored.path / "memories"
-        refs = (
-            sorted(p.name.removeprefix("subject=") for p in mem.iterdir() if p.is_dir())
-            if mem.exists()
-            else []
-        )
-        for ref in refs:
+        # Every partition the restored catalog or its partition store holds.
+        for ref in restored.memories.partition_refs():
             if restored.catalog.guard(ref).status != ACTIVE:
                 continue
             rows = restored.memories.rows_by_id(ref, [])  # loads: MACs, tags, catalog match
