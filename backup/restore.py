@@ -350,7 +350,9 @@ class Restore(Generations):
             archive = kek.archive_local_path or str((keys / "kek.archive.json").resolve())
             kek = kek.model_copy(update={"local_path": local, "archive_local_path": archive})
         doc["kek"] = kek.model_dump(mode="json")
-        doc["storage"] = {**doc.get("storage", {}), "catalog_url": None}
+        # The copy is embedded: its own catalog and partition folder, never the live
+        # bucket (its tombstone replay would otherwise erase live objects).
+        doc["storage"] = {**doc.get("storage", {}), "catalog_url": None, "uri": None}
         doc["vectors"] = {**doc.get("vectors", {}), "uri": None}
         doc["backup"] = {**doc.get("backup", {}), "target": None}
         # The restored copy gets its own (SQLite) key store from the sealed snapshot.

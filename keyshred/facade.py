@@ -81,6 +81,13 @@ class Keyshred:
         # holds it shared, a backup's snapshot exclusive.
         freeze = FreezeLock(path / "FREEZE")
         s3 = config.s3  # one S3 service for partitions, vectors and backups
+        partitions = open_partition_store(
+            settings.uri,
+            path / MEMORIES_DIR,
+            endpoint_url=s3.endpoint_url,
+            region=s3.region,
+            addressing_style=s3.addressing_style,
+        )
         vector_uri = vec.uri or str(path / VECTORS_DIR)
         self._vectors = VectorIndex(
             vector_uri,
@@ -126,13 +133,7 @@ class Keyshred:
             mentions=mentions,
             freeze=freeze,
             audit=self._audit,
-            objects=open_partition_store(
-                settings.uri,
-                path / MEMORIES_DIR,
-                endpoint_url=s3.endpoint_url,
-                region=s3.region,
-                addressing_style=s3.addressing_style,
-            ),
+            objects=partitions,
         )
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()
@@ -168,6 +169,7 @@ class Keyshred:
             flush_tokens=self._vault.flush,
             open_copy=self._open_restored,
             catalog_file=PurePath(CATALOG_DIR, CATALOG_FILE),
+            partitions=partitions,
         )
         self.backup = self._guard(self._backup)
         # Every store holding personal data, in the order the erasure runs them

@@ -24,7 +24,7 @@ A row whose owner-set key was destroyed is *opaque*: kept in ``Partition.opaque`
 (never in ``rows``, so no read, search or count sees it), written back byte for byte
 by a compaction, deletable by id without its key (``keyshred.storage.rowcodec``).
 
-Why one module of ~600 lines: ``Partition`` is the storage engine of one subject
+Why one module of ~770 lines: ``Partition`` is the storage engine of one subject
 (cache, catch-up, hot appends, compaction to PME segments, opaque rows, drops);
 every method relies on the same head and lock protocol, read and reviewed as one unit.
 """
@@ -156,6 +156,9 @@ class Partition:
         self._flock_depth = 0  # > 0 while this thread is inside ``flocked``
         self._staged: Callable[[Any], None] | None = None
         self._uncommitted = False  # the cache holds a staged write not yet committed
+        # Another process changed the partition since ``take_foreign_change`` was last
+        # asked: caches built beside it (decrypted vectors) are stale.
+        self._foreign = False
 
     @property
     def holds_flock(self) -> bool:
@@ -205,6 +208,7 @@ class Partition:
         head = self._hot.head(self.subject_ref) or EMPTY
         if head == self._head:
             return
+        self._foreign = True  # our own writes move ``_head`` as they commit
         if (head.gen, head.base_seq) == (self._head.gen, self._head.base_seq):
             now, _, records = self._hot.state(self.subject_ref, since=self._head.next_seq)
             if now is not None and (now.gen, now.base_seq) == (head.gen, head.base_seq):
@@ -212,6 +216,12 @@ class Partition:
                 self._head = now
                 return
         self._load()
+
+    def take_foreign_change(self) -> bool:
+        """Whether another process changed the partition since the last call."""
+        with self.lock:
+            changed, self._foreign = self._foreign, False
+            return changed
 
     def ensure_loaded(self, *, refresh: bool = True) -> None:
         """Load the partition if needed; with ``refresh``, also catch up with what
@@ -337,6 +347,7 @@ class Partition:
         self._apply(records, head.base_seq, head.next_seq)
         self._head = head
         self.loaded = True
+        self._foreign = True  # read afresh: caches built beside the old state are stale
 
     def _apply(self, records: Sequence[HotRecord], start: int, end: int) -> None:
         """Apply hot records ``[start, end)``: every sequence number once, in order."""

@@ -23,9 +23,10 @@ import boto3
 import pytest
 import sqlalchemy as sa
 
-from keyshred import Config
+from keyshred import Config, Keyshred
 from tests.conftest import PG_DSN
 from tests.servers import Server
+from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).resolve().parent / "shared_worker.py"
 psycopg = pytest.importorskip("psycopg")
@@ -236,3 +237,36 @@ def test_an_erasure_from_a_third_worker_leaves_nothing_in_the_bucket_or_the_cata
     (erik,) = refs - {dana}
     assert shared.versions(f"parts/subject={erik}/")
     assert shared.read(1, "read", "erik", "5")["got"] == {str(i): i for i in range(5)}
+
+
+def test_long_lived_workers_read_each_others_writes_at_once(shared: Shared) -> None:
+    """Two open workers (two folders, one process: their subject locks are separate
+    PostgreSQL sessions): every acknowledged write, deletion and vector of one is
+    what the other reads and searches next, without reopening anything."""
+    config = Config.model_validate_json(shared.config)
+    one = Keyshred.init(shared.tmp / "a", config, embeddings=bag_of_words)
+    two = Keyshred.init(shared.tmp / "b", config, embeddings=bag_of_words)
+    try:
+        ns = ("notes",)
+        one.memories.put("fay", ns, "k0", {"text": "kayak on the river"}, index=True)
+        assert [m.key for m in two.memories.search("fay", query="kayak river", limit=1)] == ["k0"]
+        one.memories.put("fay", ns, "k1", {"text": "mountain climbing trip"}, index=True)
+        got = two.memories.get("fay", ns, "k1")
+        assert got is not None and got.value == {"text": "mountain climbing trip"}
+        embedder = two.memories.embedder
+        embedded: list[int] = []
+        real = embedder.embed
+        embedder.embed = lambda texts: (embedded.append(len(texts)), real(texts))[1]  # type: ignore[method-assign]
+        hits = two.memories.search("fay", query="mountain climbing", limit=1)
+        assert [m.key for m in hits] == ["k1"]
+        # Its vector was read from the dataset worker one wrote, not re-embedded as
+        # "missing" because of a stale cache.
+        assert embedded == []
+        assert two.memories.delete("fay", ns, "k0")
+        assert one.memories.get("fay", ns, "k0") is None
+        assert "k0" not in [m.key for m in one.memories.search("fay", query="kayak", limit=5)]
+        two.memories.put("fay", ns, "k2", {"text": "a third note"})
+        assert one.memories.count("fay") == 2
+    finally:
+        two.close()
+        one.close()

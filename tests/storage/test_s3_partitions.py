@@ -142,3 +142,29 @@ def test_a_partition_uri_is_a_folder_or_an_s3_prefix(tmp_path: Path) -> None:
         open_partition_store("s3://b/p", tmp_path, endpoint_url="127.0.0.1:9000")
     folder = open_partition_store(str(tmp_path / "parts"), tmp_path)
     assert folder.local and folder.url == str((tmp_path / "parts").resolve())
+
+
+def test_a_backup_copies_the_segments_from_the_bucket_and_restores_them_locally(
+    ks: Keyshred, bucket: str, moto: Server, tmp_path: Path
+) -> None:
+    for i in range(12):  # compacted segments in the bucket, and hot rows
+        ks.memories.put("gina", NS, f"k{i}", {"i": i})
+    ks.memories.put("hugo", NS, "k", {"i": -1})
+    gen = ks.backup.create()
+    assert any(
+        s.path.startswith("memories/subject=") for s in ks.backup.manifest(gen.generation).segments
+    )
+    req = ks.erase("hugo", requested_by="dpo", reason="gdpr-art17")
+    assert req.state == "completed", req.error
+    before = versions(moto, bucket, "parts/")
+    report = ks.backup.restore(gen.generation, tmp_path / "restored")
+    assert [r["subject_ref"] for r in report.replayed] == [ks.subject_ref("hugo")]
+    assert report.memories_verified == 12
+    with Keyshred.open(tmp_path / "restored", embeddings=bag_of_words) as r:
+        assert r.config.storage.uri is None  # the copy never points at the live bucket
+        assert [r.memories.get("gina", NS, f"k{i}").value for i in range(12)] == [  # type: ignore[union-attr]
+            {"i": i} for i in range(12)
+        ]
+        with pytest.raises(SubjectSuppressed):
+            r.memories.get("hugo", NS, "k")
+    assert versions(moto, bucket, "parts/") == before  # the restore touched no live object
