@@ -88,6 +88,9 @@ class ObjectStore:
         start = len(self._base) + 1
         return sorted(info.path[start:] for info in self.fs.get_file_info(selector) if info.is_file)
 
+    def exists(self, key: str) -> bool:
+        return bool(self.fs.get_file_info(self.path(key)).is_file)
+
     def versions(self, prefix: str) -> list[tuple[str, str]]:
         """(key, version id) of every version of every object under ``prefix``,
         deleted ones too, on a versioned bucket; else each object once."""

@@ -44,7 +44,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshred.errors import IntegrityError, KeyNotFound, SubjectErased, SubjectSuppressed
+from keyshred.errors import (
+    ConfigError,
+    IntegrityError,
+    KeyNotFound,
+    SubjectErased,
+    SubjectSuppressed,
+)
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place
@@ -92,6 +98,7 @@ __all__ = [
 
 _MAC_LABEL = b"segment-mac"
 _MAC_META = b"keyshred.mac"
+_LEGACY_MANIFEST = "MANIFEST"  # the partition file of releases before issue #21
 _LOAD_ATTEMPTS = 5  # a reader racing compactions lists segments again this often
 
 
@@ -310,6 +317,14 @@ class Partition:
                 )
 
     def _read_state(self, *, lenient: bool = False) -> None:
+        if self._objects.local and self._objects.exists(f"{self._prefix}/{_LEGACY_MANIFEST}"):
+            # A folder of a release before the catalog held partitions: its rows are
+            # in files this version does not read. Said as what it is, not as the
+            # tamper alarm (rows the catalog holds and the partition lacks).
+            raise ConfigError(
+                f"partition {self.subject_ref} is in the layout of an earlier release "
+                "(MANIFEST and append log), which this version does not import"
+            )
         for _ in range(_LOAD_ATTEMPTS):
             try:
                 self._read_once(lenient=lenient)

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.errors import (
+    ConfigError,
     ConsentRequired,
     InvalidInput,
     NotFound,
@@ -329,3 +330,22 @@ def test_a_dry_run_repair_writes_nothing(ks: Keyshred) -> None:
     assert after == before
     forgot = ks.memories.repair(ref, apply=True, forget_lost=True)  # applying may write
     assert forgot.ok and forgot.forgot_lost
+
+
+def test_a_partition_of_the_earlier_layout_is_reported_not_taken_for_tampering(
+    ks: Keyshred,
+) -> None:
+    """A folder written before the catalog held partitions (a MANIFEST and append
+    log) is not read by this version: reading it says so (``ConfigError``), where the
+    rows the catalog holds would otherwise look lost to tampering."""
+    ks.memories.put("olga", NS, "k", 1)
+    ref = ks.subject_ref("olga")
+    ks.memories.evict(ref)
+    folder = ks.memories.partition_path(ref)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "MANIFEST").write_text('{"gen": 1, "segments": {}}')
+    with pytest.raises(ConfigError, match="earlier release"):
+        ks.memories.get("olga", NS, "k")
+    (folder / "MANIFEST").unlink()
+    got = ks.memories.get("olga", NS, "k")
+    assert got is not None and got.value == 1
