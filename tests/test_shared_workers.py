@@ -1,6 +1,7 @@
 """Issue #21's shared profile across worker processes: each worker has its own data
 folder (as separate machines have) and shares the PostgreSQL catalog and key store,
-a KEK and the S3 partition store (moto's server over HTTP, a versioned bucket).
+a KEK (a shared local key file, or OpenBao's Transit) and the S3 partition store
+(moto's server over HTTP, a versioned bucket).
 
 Worker 1 writes, worker 2 reads and searches; two workers write 500 memories each
 to one new subject at once and a third reads all 1,000; a worker killed inside a
@@ -94,8 +95,13 @@ class Shared:
             engine.dispose()
 
 
-@pytest.fixture
-def shared(moto: Server, tmp_path: Path) -> Iterator[Shared]:
+@pytest.fixture(params=["local-kek", "openbao"])
+def shared(
+    request: pytest.FixtureRequest,
+    moto: Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Shared]:
     schema = f"ks_{uuid.uuid4().hex[:12]}"
     conn = psycopg.connect(PG_DSN, autocommit=True)
     conn.execute(f"CREATE SCHEMA {schema}")
@@ -114,10 +120,7 @@ def shared(moto: Server, tmp_path: Path) -> Iterator[Shared]:
                 "flush_records": 50,
             },
             "keyring": {"store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}"},
-            "kek": {
-                "local_path": str(tmp_path / "shared-kek.json"),
-                "archive_local_path": str(tmp_path / "shared-archive-kek.json"),
-            },
+            "kek": _kek(request, tmp_path, monkeypatch),
             "vectors": {"uri": f"s3://{bucket}/vectors"},
             "s3": {"endpoint_url": moto.url, "region": "us-east-1"},
         }
@@ -127,6 +130,24 @@ def shared(moto: Server, tmp_path: Path) -> Iterator[Shared]:
     finally:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
         conn.close()
+
+
+def _kek(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """The workers' one KEK: a key file they all read, or OpenBao's Transit (its
+    token in the environment the workers inherit; a transit key per test)."""
+    if request.param == "local-kek":
+        return {
+            "local_path": str(tmp_path / "shared-kek.json"),
+            "archive_local_path": str(tmp_path / "shared-archive-kek.json"),
+        }
+    server: Server = request.getfixturevalue("openbao")
+    monkeypatch.setenv("VAULT_TOKEN", server.token)
+    return {
+        "provider": "vault",
+        "vault": {"url": server.url, "key": f"ks-shared-{uuid.uuid4().hex[:10]}"},
+    }
 
 
 def _only_ref(shared: Shared) -> str:
