@@ -9,6 +9,7 @@ write, ``READ <json>`` for what it read.
     python shared_worker.py FOLDER CONFIG_JSON compact-kill SUBJECT POINT
     python shared_worker.py FOLDER CONFIG_JSON erase SUBJECT
     python shared_worker.py FOLDER CONFIG_JSON refuses SUBJECT
+    python shared_worker.py FOLDER CONFIG_JSON backup-restore TARGET INTO SUBJECT:COUNT...
 """
 
 from __future__ import annotations
@@ -74,6 +75,17 @@ def main() -> None:
         elif command == "erase":
             req = ks.erase(args[0], requested_by="dpo", reason="gdpr-art17")
             print("READ " + json.dumps({"state": req.state, "error": req.error}))
+        elif command == "backup-restore":
+            target, into, *wanted = args
+            gen = ks.backup.create(target)
+            report = ks.backup.restore(gen.generation, into, target=target)
+            counts = {}
+            with Keyshred.open(Path(into), embeddings=bag_of_words) as copy:
+                for item in wanted:
+                    subject, count = item.split(":")
+                    values = [copy.memories.get(subject, NS, f"k{i}") for i in range(int(count))]
+                    counts[subject] = sum(1 for m in values if m is not None)
+            print("READ " + json.dumps({"subjects": report.subjects_verified, "counts": counts}))
         elif command == "refuses":
             try:
                 ks.memories.get(args[0], NS, "k0")

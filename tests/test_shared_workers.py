@@ -291,3 +291,19 @@ def test_long_lived_workers_read_each_others_writes_at_once(shared: Shared) -> N
     finally:
         two.close()
         one.close()
+
+
+def test_a_backup_from_one_worker_restores_every_subject(shared: Shared) -> None:
+    """Worker 1's and worker 3's subjects, compacted and not: a backup taken by
+    worker 2 holds them all (the bucket's segments, the catalog's hot rows)."""
+    shared.run(1, "write", "ivan", "0", "70")  # compacted at 50, 20 hot rows
+    shared.run(3, "write", "jill", "0", "7")  # hot rows only
+    got = shared.read(
+        2,
+        "backup-restore",
+        str(shared.tmp / "backups"),
+        str(shared.tmp / "restored"),
+        "ivan:70",
+        "jill:7",
+    )
+    assert got == {"subjects": 2, "counts": {"ivan": 70, "jill": 7}}
