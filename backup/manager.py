@@ -86,6 +86,7 @@ from keyshred.errors import InvalidInput
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
 from keyshred.storage.catalog import Catalog
+from keyshred.storage.objects import ObjectStore
 
 __all__ = [
     "RESTORE_POINTS",
@@ -123,6 +124,7 @@ class BackupManager(Maintenance, Restore):
         flush_tokens: Callable[[], object],
         open_copy: OpenCopy,
         catalog_file: PurePath,
+        partitions: ObjectStore | None = None,
         clock: Callable[[], datetime] = _now,
     ) -> None:
         super().__init__(path, config, keyring, audit, clock=clock)
@@ -131,6 +133,15 @@ class BackupManager(Maintenance, Restore):
         self._flush_tokens = flush_tokens
         self._open_copy = open_copy
         self._catalog_file = catalog_file
+        # Memory partitions on an object store (storage.uri = s3://...): their
+        # segments are copied from there; a folder store is walked like the rest.
+        default = (path / "memories").resolve()
+        self._partitions = (
+            partitions
+            if partitions is not None
+            and (not partitions.local or Path(partitions.path("")) != default)
+            else None
+        )
         self.on_restore_step = None
 
     # -- create --------------------------------------------------------------------
@@ -146,6 +157,8 @@ class BackupManager(Maintenance, Restore):
             for part in mem.iterdir():
                 if part.is_dir() and part.name.startswith("subject="):
                     sources.append((part, part.name.removeprefix("subject=")))
+        if self._partitions is not None:
+            out += self._capture_objects(self._partitions, staging)
         vec = self._vector_root()
         if vec is not None and vec.exists():
             for ds in vec.iterdir():
@@ -161,8 +174,8 @@ class BackupManager(Maintenance, Restore):
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     size = src.stat().st_size
-                    if size < _COPY_BELOW or src.suffix == ".ksl":
-                        shutil.copyfile(src, dst)  # small, or appended in place: copy
+                    if size < _COPY_BELOW:
+                        shutil.copyfile(src, dst)  # small: copy
                     else:
                         try:
                             os.link(src, dst)  # immutable once written: share the inode
@@ -171,6 +184,29 @@ class BackupManager(Maintenance, Restore):
                 except FileNotFoundError:
                     continue  # removed by an erasure's unlocked cleanup: not data
                 out.append((dst, rel, ref))
+        return out
+
+    @staticmethod
+    def _capture_objects(store: ObjectStore, staging: Path) -> list[tuple[Path, str, str]]:
+        """Copy every segment object of an object-store partition store into
+        ``staging`` (segments are immutable: a copy is the object). Returns what
+        ``_capture`` returns."""
+        out: list[tuple[Path, str, str]] = []
+        for key in store.list_keys(""):
+            folder, _, name = key.rpartition("/")
+            if not folder.startswith("subject=") or "/" in folder or not name:
+                continue
+            rel = f"memories/{key}"
+            dst = staging / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with store.fs.open_input_stream(store.path(key)) as src, dst.open("wb") as f:
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+            except FileNotFoundError:
+                dst.unlink(missing_ok=True)
+                continue  # retired meanwhile: the catalog snapshot names its successor
+            out.append((dst, rel, folder.removeprefix("subject=")))
         return out
 
     def _vector_root(self) -> Path | None:

@@ -63,6 +63,7 @@ class _Replayer(Protocol):
 class _CopyMemories(Protocol):
     def rows_by_id(self, ref: str, memory_ids: Iterable[str]) -> object: ...
     def count_ref(self, ref: str) -> int: ...
+    def partition_refs(self) -> list[str]: ...
 
 
 class _CopyVectors(Protocol):
@@ -349,7 +350,9 @@ class Restore(Generations):
             archive = kek.archive_local_path or str((keys / "kek.archive.json").resolve())
             kek = kek.model_copy(update={"local_path": local, "archive_local_path": archive})
         doc["kek"] = kek.model_dump(mode="json")
-        doc["storage"] = {**doc.get("storage", {}), "catalog_url": None}
+        # The copy is embedded: its own catalog and partition folder, never the live
+        # bucket (its tombstone replay would otherwise erase live objects).
+        doc["storage"] = {**doc.get("storage", {}), "catalog_url": None, "uri": None}
         doc["vectors"] = {**doc.get("vectors", {}), "uri": None}
         doc["backup"] = {**doc.get("backup", {}), "target": None}
         # The restored copy gets its own (SQLite) key store from the sealed snapshot.
@@ -362,13 +365,8 @@ class Restore(Generations):
     def _verify_restored(self, restored: RestoredCopy, report: RestoreReport) -> None:
         from keyshred.storage.catalog import ACTIVE
 
-        mem = restored.path / "memories"
-        refs = (
-            sorted(p.name.removeprefix("subject=") for p in mem.iterdir() if p.is_dir())
-            if mem.exists()
-            else []
-        )
-        for ref in refs:
+        # Every partition the restored catalog or its partition store holds.
+        for ref in restored.memories.partition_refs():
             if restored.catalog.guard(ref).status != ACTIVE:
                 continue
             rows = restored.memories.rows_by_id(ref, [])  # loads: MACs, tags, catalog match

@@ -45,6 +45,7 @@ __all__ = [
     "KekSettings",
     "KeyringSettings",
     "RetentionSettings",
+    "S3Settings",
     "ScopeSettings",
     "StorageSettings",
     "TokenSettings",
@@ -207,8 +208,21 @@ DEFAULT_GROUP_COMMIT_MS = 50.0
 DEFAULT_SCOPE = ScopeSettings(purpose="default", categories=["general"], basis="contract")
 
 
+class S3Settings(_Model):
+    """The one S3 (or S3-compatible) service of memory partitions, vector datasets
+    and backups. Credentials come from the usual AWS chain (environment, shared
+    config and credentials files, instance or task role): never from this file."""
+
+    endpoint_url: str | None = None  # None: AWS itself; http(s)://host:port otherwise
+    region: str | None = None  # None: the chain's (AWS_REGION, config file), else us-east-1
+    addressing_style: Literal["path", "virtual"] = "path"
+
+
 class StorageSettings(_Model):
     catalog_url: str | None = None
+    # Where memory partitions' segments live: a folder (default <data>/memories) or
+    # s3://bucket/prefix (the [s3] section says how to reach it).
+    uri: str | None = None
     max_value_bytes: int = Field(1024 * 1024, ge=1)
     # How deeply lists and dicts of a memory value may nest (ValueTooLarge beyond).
     max_value_depth: int = Field(100, ge=1, le=500)
@@ -307,6 +321,7 @@ class Config(_Model):
     kek: KekSettings = KekSettings()
     keyring: KeyringSettings = KeyringSettings()
     storage: StorageSettings = StorageSettings()
+    s3: S3Settings = S3Settings()
     vectors: VectorSettings = VectorSettings()
     audit: AuditSettings = AuditSettings()
     backup: BackupSettings = BackupSettings()

@@ -138,11 +138,14 @@ def create_engine(
     pool_timeout: float = 30.0,
     pre_ping: bool = False,
     busy_timeout_ms: int = 30000,
+    durable: bool = False,
 ) -> Engine:
     """An engine on SQLite or PostgreSQL with keyshred's pool, error mapping and
     SQLite settings; ``ConfigError`` for any other database or a malformed URL,
     ``MissingExtraError`` when the driver is not installed. ``what`` names the
-    database in error messages ("catalog", "key store")."""
+    database in error messages ("catalog", "key store"). ``durable``: on SQLite
+    every commit is fsync'd (``synchronous=FULL``), so a commit survives power loss
+    and not only a killed process (the catalog holds the hot tier of memories)."""
     try:
         parsed = sa.engine.make_url(url)
         engine = sa.create_engine(
@@ -160,7 +163,7 @@ def create_engine(
     if dialect == "postgresql":
         replace_hung_up(engine)
     elif dialect == "sqlite":
-        _sqlite_setup(engine, busy_timeout_ms)
+        _sqlite_setup(engine, busy_timeout_ms, durable)
     else:
         engine.dispose()
         raise ConfigError(f"the {what} runs on SQLite or PostgreSQL, not {dialect}")
@@ -182,7 +185,7 @@ def _watch_errors(engine: Engine, what: str) -> None:
         return None
 
 
-def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:
+def _sqlite_setup(engine: Engine, busy_timeout_ms: int, durable: bool = False) -> None:
     path = engine.url.database
     if path and path != ":memory:":
         p = Path(path)
@@ -194,7 +197,8 @@ def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:
     def _connect(dbapi: Any, _: Any) -> None:
         dbapi.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi.cursor()
-        for pragma in (*SQLITE_PRAGMAS, f"busy_timeout={int(busy_timeout_ms)}"):
+        extra = ("synchronous=FULL",) if durable else ()
+        for pragma in (*SQLITE_PRAGMAS, *extra, f"busy_timeout={int(busy_timeout_ms)}"):
             cur.execute(f"PRAGMA {pragma}")
         cur.close()
 

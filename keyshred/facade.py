@@ -36,6 +36,7 @@ from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.memories import MemoryStore
 from keyshred.storage.mentions import MentionFinder, SubjectsApi
 from keyshred.storage.policy import Policy
+from keyshred.storage.s3 import open_partition_store, s3_storage_options
 from keyshred.storage.vectors import VectorIndex
 from keyshred.vault.tokens import TokenVault
 
@@ -43,6 +44,7 @@ __all__ = ["Keyshred"]
 
 CATALOG_DIR = "catalog"
 VECTORS_DIR = "vectors"
+MEMORIES_DIR = "memories"  # the default partition store: a folder
 CATALOG_FILE = "catalog.db"
 JOURNAL_DIR = "tokens"  # the vault's group-commit journals (keyshred.vault.journal)
 T = TypeVar("T")
@@ -79,12 +81,37 @@ class Keyshred:
         # Shared by the memory store and the vector index: every partition write
         # holds it shared, a backup's snapshot exclusive.
         freeze = FreezeLock(path / "FREEZE")
+        s3 = config.s3  # one S3 service for partitions, vectors and backups
+        partitions = open_partition_store(
+            settings.uri,
+            path / MEMORIES_DIR,
+            endpoint_url=s3.endpoint_url,
+            region=s3.region,
+            addressing_style=s3.addressing_style,
+        )
+        vector_uri = vec.uri or str(path / VECTORS_DIR)
         self._vectors = VectorIndex(
-            vec.uri or str(path / VECTORS_DIR),
+            vector_uri,
             keyring,
             cache_max_vectors=vec.cache_max_vectors,
             compact_every=vec.compact_every,
+            storage_options=(
+                s3_storage_options(s3.endpoint_url, s3.region, s3.addressing_style)
+                if vector_uri.startswith("s3://")
+                else None
+            ),
             freeze=freeze,
+            store=(
+                open_partition_store(
+                    vector_uri,
+                    path / VECTORS_DIR,
+                    endpoint_url=s3.endpoint_url,
+                    region=s3.region,
+                    addressing_style=s3.addressing_style,
+                )
+                if vector_uri.startswith("s3://")
+                else None
+            ),
         )
         self.vectors = self._guard(self._vectors)
         embedder: Callable[[], Embedder] = (
@@ -105,13 +132,13 @@ class Keyshred:
             max_value_bytes=settings.max_value_bytes,
             max_value_depth=settings.max_value_depth,
             flush_records=settings.flush_records,
-            fsync=settings.durability == "fsync",
             max_open_partitions=settings.max_open_partitions,
             vectors=self._vectors,
             embedder=embedder,
             mentions=mentions,
             freeze=freeze,
             audit=self._audit,
+            objects=partitions,
         )
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()
@@ -150,6 +177,7 @@ class Keyshred:
             flush_tokens=self._vault.flush,
             open_copy=self._open_restored,
             catalog_file=PurePath(CATALOG_DIR, CATALOG_FILE),
+            partitions=partitions,
         )
         self.backup = self._guard(self._backup)
         # Every store holding personal data, in the order the erasure runs them
@@ -328,6 +356,9 @@ class Keyshred:
                 max_overflow=config.storage.pool_max_overflow,
                 pool_timeout=config.storage.pool_timeout_seconds,
                 pre_ping=config.storage.pool_pre_ping,
+                # Memory writes commit their hot rows here: "fsync" durability is
+                # the catalog's commit surviving power loss.
+                durable=config.storage.durability == "fsync",
             )
         except BaseException:
             keyring.close()

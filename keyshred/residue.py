@@ -13,11 +13,12 @@ strings (a phone number, an e-mail, a name) in two layers:
    Encryption working means no raw hit anywhere.
 2. **decrypted**: everything the *live* keyring can still open, decoded with the
    stores' own readers (``keyshred.storage.partition`` for Parquet segments and
-   append logs, each record on its own, rows sealed under owner-set keys opened as
-   the partition opens them; ``keyshred.storage.vectors`` for LanceDB datasets,
-   every version), the catalog's sealed columns (tokens, threads, checkpoints and
-   their writes, in any SQLite catalog found under the folders and in the live
-   catalog when the data folder is scanned), the vault's token journals, and backup
+   the catalog's hot rows, each record on its own, rows sealed under owner-set keys
+   opened as the partition opens them; ``keyshred.storage.vectors`` for LanceDB
+   datasets, every version), the catalog's sealed columns (memory hot rows, tokens,
+   threads, checkpoints and their writes, in any SQLite catalog found under the
+   folders and in the live catalog when the data folder is scanned), the vault's
+   token journals, and backup
    generations: each object is mapped back to what it is through the generation's
    manifest and decoded like the original. A generation's own sealed key store is
    never opened: only keys the live keyring can unwrap count. A ciphertext whose key
@@ -73,12 +74,14 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.envelope import Place, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.package import read_header
-from keyshred.storage.applog import AppendLog
 from keyshred.storage.checkpoints import thread_scope
-from keyshred.storage.partition import MemoryRow, Partition, decode_record
+from keyshred.storage.hot import HotTier
+from keyshred.storage.objects import ObjectStore
+from keyshred.storage.partition import MemoryRow, Partition, decode_record, hot_place
 from keyshred.storage.pme import PmeCrypto
-from keyshred.storage.schema import checkpoint_writes, checkpoints, threads
+from keyshred.storage.schema import checkpoint_writes, checkpoints, memory_hot, threads
 from keyshred.storage.sealer import KeyringSealer
+from keyshred.storage.subject_lock import SubjectLocks
 from keyshred.storage.vectors import VEC_SCHEMA, VectorIndex
 from keyshred.vault.journal import MAGIC as _JOURNAL_MAGIC
 from keyshred.vault.journal import Segment as JournalSegment
@@ -105,8 +108,8 @@ class DataFolder(Protocol):
 
 # Kinds of what was found or decoded (report keys; no personal data).
 SEGMENT = "memory_segment"
-LOG = "memory_log_record"
-MEMORY_ROW = "memory_row"  # rows of segments and log records
+LOG = "memory_log_record"  # a hot record of a partition, in a catalog
+MEMORY_ROW = "memory_row"  # rows of segments and hot records
 VECTOR = "vector"
 VECTOR_DATASET = "vector_dataset"
 TOKEN = "token"  # noqa: S105 - a kind's name, not a secret
@@ -130,8 +133,7 @@ _MIN_PROBE_CHARS = 3
 _CHUNK = 8 << 20
 _MIN_NEEDLE_BYTES = 4  # shorter encoded forms (a trimmed base64 piece) match noise
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_SEGMENT_NAME = re.compile(r"seg-g\d+-\d+\.parquet")
-_LOG_NAME = re.compile(r"log-(\d+)\.ksl")
+_SEGMENT_NAME = re.compile(r"seg-[0-9a-f]{32}\.parquet")
 _SUBJECT_DIR = "subject="
 _ERASED = (SubjectErased, KekEpochDestroyed)
 # What a file that does not decode raises: ours (already typed) and the readers'
@@ -408,6 +410,7 @@ class _Scanner:
         self._pme = PmeCrypto(self._keyring)  # our own: its key cache is forgotten at close
         self._vectors = VectorIndex("", self._keyring)  # its reader only; never connects
         self._hits: set[ResidueHit] = set()
+        self._hot_tier: HotTier | None = None
         self._name_key = prim.random_bytes(32)
 
     def close(self) -> None:
@@ -498,9 +501,6 @@ class _Scanner:
         parent = file.parent.name
         if kind == SEGMENT:
             self._segment(root, file, parent.removeprefix(_SUBJECT_DIR), root.rel(file))
-        elif kind == LOG and (m := _LOG_NAME.fullmatch(file.name)):
-            ref = parent.removeprefix(_SUBJECT_DIR)
-            self._log(root, file, int(m.group(1)), ref, root.rel(file))
         elif kind == VECTOR_DATASET:
             if parent == "_versions" and file.parent.parent.name.endswith(".lance"):
                 dataset = file.parent.parent
@@ -519,14 +519,26 @@ class _Scanner:
 
     def _partition(self, folder: Path, ref: str) -> Partition:
         # The store's own partition object and reader: how rows are sealed is
-        # decided there (and inherited here), never re-implemented.
-        return Partition(folder, ref, self._keyring, self._sealer, self._pme, fsync=False)
+        # decided there (and inherited here), never re-implemented. It reads the
+        # files it is given; nothing here takes its lock or writes.
+        catalog = self._ks.catalog
+        if self._hot_tier is None:
+            self._hot_tier = HotTier(catalog)
+        return Partition(
+            ObjectStore.folder(folder),
+            ref,
+            self._keyring,
+            self._sealer,
+            self._pme,
+            hot=self._hot_tier,
+            locks=SubjectLocks(catalog.engine),
+        )
 
     def _segment(self, root: _Root, file: Path, ref: str, label: str) -> None:
         part = self._partition(file.parent, ref)
         try:
             scope = self._segment_scope(file)
-            rows = part._read_segment(file, scope)
+            rows = part._read_segment(file.name, scope, path=str(file))
         except _ERASED:
             self._count(self._report.undecryptable, SEGMENT)
             return
@@ -558,30 +570,6 @@ class _Scanner:
         if len(scopes) != 1:
             raise IntegrityError()
         return str(scopes.pop())
-
-    def _log(self, root: _Root, file: Path, number: int, ref: str, label: str) -> None:
-        """Every record of an append log on its own (a later record overwriting an
-        earlier one leaves the earlier one's bytes in the file)."""
-        log = AppendLog(file, number, ref, self._sealer, fsync=False)
-        # Rows sealed under owner-set keys inside a record are opened by the
-        # partition, as when it loads the log.
-        unseal = self._partition(file.parent, ref)._unseal
-        try:
-            for _scope, payload in log.read(skip_erased=True):
-                if payload is None:
-                    self._count(self._report.undecryptable, LOG)
-                    continue
-                op, items = decode_record(payload)
-                rows = unseal(items) if op == "put" else items
-                self._count(self._report.decrypted, LOG)
-                plain = [payload, self._rows_plain(rows)] if op == "put" else [payload]
-                self._search_plain(root, label, LOG, b"\x00".join(plain))
-        except _ERASED:
-            self._count(self._report.undecryptable, LOG)
-        except _UNREADABLE:
-            self._count(self._report.unreadable, LOG)
-        finally:
-            log.close()
 
     # -- vectors -----------------------------------------------------------------------
 
@@ -739,6 +727,11 @@ class _Scanner:
                 record = f"{thread_ref}/{ns}/{cid}"
                 place = Place(ref, thread_scope(thread_ref), "checkpoints", record, "data")
                 self._open(root, label, CHECKPOINT, partial(self._keyring.open, bytes(data), place))
+        if memory_hot.name in names:
+            h = memory_hot.c
+            query = sa.select(h.subject_ref, h.seq, h.scope, h.record)
+            for row in conn.execute(query):
+                self._hot_record(root, label, row)
         if checkpoint_writes.name in names:
             w = checkpoint_writes.c
             query = sa.select(
@@ -755,6 +748,26 @@ class _Scanner:
                 place = Place(r.subject_ref, thread_scope(r.thread_ref), "writes", record, "data")
                 opener = partial(self._keyring.open, bytes(r.data), place)
                 self._open(root, label, CHECKPOINT_WRITE, opener)
+
+    def _hot_record(self, root: _Root, label: str, row: Any) -> None:
+        """One hot record of a partition on its own (a later record overwriting an
+        earlier one leaves the earlier one in the table until a compaction)."""
+        ref, seq, scope, record = row.subject_ref, int(row.seq), row.scope, bytes(row.record)
+        try:
+            payload = self._sealer.open(record, hot_place(ref, scope, seq))
+            op, items = decode_record(payload)
+            # Rows sealed under owner-set keys inside a record are opened by the
+            # partition, as when it loads.
+            rows = self._partition(self._ks.path, ref)._unseal(items) if op == "put" else []
+        except _ERASED:
+            self._count(self._report.undecryptable, LOG)
+            return
+        except _UNREADABLE:
+            self._count(self._report.unreadable, LOG)
+            return
+        self._count(self._report.decrypted, LOG)
+        plain = [payload, self._rows_plain(rows)] if op == "put" else [payload]
+        self._search_plain(root, label, LOG, b"\x00".join(plain))
 
     def _open(self, root: _Root, label: str, kind: str, opener: Callable[[], bytes]) -> None:
         try:
@@ -849,11 +862,8 @@ class _Scanner:
                 if path in root.decoded:
                     continue
                 root.decoded.add(path)
-                name = obj.rel.rsplit("/", 1)[-1]
                 if obj.kind == SEGMENT:
                     self._segment(root, path, obj.subject_ref, root.rel(path))
-                elif obj.kind == LOG and (m := _LOG_NAME.fullmatch(name)):
-                    self._log(root, path, int(m.group(1)), obj.subject_ref, root.rel(path))
             for top, members in sorted(datasets.items()):
                 key = frozenset(p for p, _ in members)
                 if key not in done_datasets:
@@ -914,8 +924,6 @@ def _kind_of(file: Path) -> str:
     name, parent = file.name, file.parent.name
     if parent.startswith(_SUBJECT_DIR) and _SEGMENT_NAME.fullmatch(name):
         return SEGMENT
-    if parent.startswith(_SUBJECT_DIR) and _LOG_NAME.fullmatch(name):
-        return LOG
     if any(p.endswith(".lance") for p in file.parts[:-1]):
         return VECTOR_DATASET
     if name == "manifest.json" and file.parent.parent.name == "generations":
@@ -938,11 +946,13 @@ def _kind_of(file: Path) -> str:
 
 def _object_kind(rel: str) -> str:
     parts = rel.split("/")
-    if parts[0] == "memories" and len(parts) == 3 and parts[1].startswith(_SUBJECT_DIR):
-        if _SEGMENT_NAME.fullmatch(parts[2]):
-            return SEGMENT
-        if _LOG_NAME.fullmatch(parts[2]):
-            return LOG
+    if (
+        parts[0] == "memories"
+        and len(parts) == 3
+        and parts[1].startswith(_SUBJECT_DIR)
+        and _SEGMENT_NAME.fullmatch(parts[2])
+    ):
+        return SEGMENT
     if parts[0] == "vectors" and len(parts) > 2 and parts[1].endswith(".lance"):
         return VECTOR_DATASET
     return BACKUP_OBJECT

@@ -5,8 +5,9 @@
   in ``schema``;
 - ``policy``: declared scopes, purposes, categories and retention;
 - ``memories``: the memory store (``ks.memories``; its parts in ``memory_*``), over
-  per-subject ``partition``s of PME-encrypted Parquet segments and an encrypted
-  append log (``applog``);
+  per-subject ``partition``s: PME-encrypted Parquet segments and sealed
+  hot rows in the catalog (``hot``), segment objects (``objects``), subject locks
+  (``subject_lock``), the row format (``rowcodec``);
 - ``vectors``: sealed vectors in per-subject LanceDB datasets; ``checkpoints``: the
   LangGraph thread engine; ``mentions``: registered identifiers and detected mentions;
 - ``pme``: Parquet Modular Encryption with the keyring as its KMS;

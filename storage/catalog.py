@@ -88,6 +88,7 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
         max_overflow: int = 10,
         pool_timeout: float = 30.0,
         pre_ping: bool = False,
+        durable: bool = False,
     ) -> None:
         self.url = url
         self.engine = create_engine(
@@ -97,6 +98,7 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
             max_overflow=max_overflow,
             pool_timeout=pool_timeout,
             pre_ping=pre_ping,
+            durable=durable,
         )
         self.dialect = self.engine.dialect.name
         self._mark = "?" if self.dialect == "sqlite" else "%s"  # DBAPI placeholders

@@ -3,7 +3,7 @@ registered in one write transaction that re-checks every subject's guard."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -81,6 +81,7 @@ class AssetsMixin(GuardMixin):
         sources: Sequence[tuple[str, str]] = (),
         mentions: Sequence[tuple[str, str]] = (),
         detected: Collection[tuple[str, str]] = (),
+        also: Callable[[Any], None] | None = None,
     ) -> None:
         """``register``'s one transaction, for callers that build rows themselves
         (a batch of memories): ``params`` are tuples in ``ASSET_COLUMNS`` order with
@@ -88,7 +89,8 @@ class AssetsMixin(GuardMixin):
         delete first; ``sources``/``mentions`` are ``(asset_id, other)`` edges, those
         of ``mentions`` also in ``detected`` recorded as found in the value rather
         than declared. The guard of every ``(subject_ref, scope)`` is re-checked in
-        the transaction."""
+        the transaction; ``also`` then runs its statements on the same cursor (a
+        put's hot rows: one transaction, one commit)."""
         sql = self._sql
         with self._hot(write=True) as cur:
             states: dict[str, GuardState] = {}
@@ -97,6 +99,8 @@ class AssetsMixin(GuardMixin):
                 if state is None:
                     state = states[ref] = self._guard_row(cur, ref, True)
                 self.enforce(ref, state, expected_epoch, scope)
+            if also is not None:
+                also(cur)
             if replace:
                 ids = [{"asset_id": a} for a in dict.fromkeys(replace)]
                 for name in ("delete_sources", "delete_mentions", "delete_asset"):

@@ -93,3 +93,4 @@ class MemoryStore(EditMixin, RepairMixin):
                     pass  # crypto-erased meanwhile: nothing of it may be written again
             part.close()
         self._freeze.close()
+        self._locks.close()

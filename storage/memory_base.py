@@ -1,8 +1,9 @@
 """The memory store's state and its cache of open partitions.
 
 ``MemoryStoreBase`` holds what every part of ``MemoryStore`` uses (catalog, keyring,
-policy, sealer, vector index, locks) and opens a subject's ``Partition`` at most
-once per process (an LRU of ``max_open_partitions``). A partition opened for reads
+policy, sealer, vector index, the partition store and the subject locks) and opens
+a subject's ``Partition`` (a cache of what the catalog holds) at most once per
+process (an LRU of ``max_open_partitions``). A partition opened for reads
 and writes is checked against the catalog as it loads: rows the catalog lacks are
 reported, and deletions a crash interrupted are finished (``_finish_deletes``).
 """
@@ -23,13 +24,16 @@ from keyshred.keyring.keyring import Keyring
 from keyshred.storage.catalog import ACTIVE, Catalog
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
+from keyshred.storage.hot import HotTier
 from keyshred.storage.memory_types import DELETING, VECTOR_KIND, AuditSink, _storage_key
 from keyshred.storage.mentions import MentionFinder
-from keyshred.storage.partition import Partition
+from keyshred.storage.objects import ObjectStore
+from keyshred.storage.partition import Partition, partition_prefix
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
 from keyshred.storage.schema import assets
 from keyshred.storage.sealer import KeyringSealer, Sealer
+from keyshred.storage.subject_lock import SubjectLocks
 from keyshred.storage.vectors import VectorIndex
 
 __all__ = ["MemoryStoreBase"]
@@ -49,7 +53,6 @@ class MemoryStoreBase:
         max_value_bytes: int = 1024 * 1024,
         max_value_depth: int = DEFAULT_MAX_DEPTH,
         flush_records: int = 1000,
-        fsync: bool = True,
         max_open_partitions: int = 256,
         vectors: VectorIndex | None = None,
         embedder: Callable[[], Embedder] | None = None,
@@ -57,8 +60,14 @@ class MemoryStoreBase:
         freeze: FreezeLock | None = None,
         audit: AuditSink | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        objects: ObjectStore | None = None,
     ) -> None:
         self._root = root / "memories"
+        # Where segments live (a folder by default, or an S3 prefix), and the
+        # catalog's side of partitions: the truth every process shares.
+        self._objects = objects or ObjectStore.folder(self._root)
+        self._hot = HotTier(catalog)
+        self._locks = SubjectLocks(catalog.engine)
         self._vectors = vectors
         self._embedder_factory = embedder
         self._embedder: Embedder | None = None
@@ -69,7 +78,6 @@ class MemoryStoreBase:
         self._max_value = max_value_bytes
         self._max_depth = max_value_depth
         self._flush_records = flush_records
-        self._fsync = fsync
         self._max_open = max_open_partitions
         self._clock = clock
         # Always sealed: there is no plaintext mode (a benchmark's baseline brings
@@ -92,18 +100,23 @@ class MemoryStoreBase:
     # -- partitions --------------------------------------------------------------------
 
     def partition_path(self, subject_ref: str) -> Path:
-        return self._root / f"subject={subject_ref}"
+        """The subject's folder when segments live in a folder (an object store
+        has no folders, and this path never exists: see ``objects``)."""
+        if self._objects.local:
+            return Path(self._objects.path(partition_prefix(subject_ref)))
+        return self._root / partition_prefix(subject_ref)
 
     def _new_partition(self, subject_ref: str, *, checked: bool) -> Partition:
         """A partition object; ``checked`` ones compare their rows with the catalog on
         load and finish recorded deletions (repair reads without either)."""
         return Partition(
-            self.partition_path(subject_ref),
+            self._objects,
             subject_ref,
             self._keyring,
             self._sealer,
             self._pme,
-            fsync=self._fsync,
+            hot=self._hot,
+            locks=self._locks,
             expected_ids=self._expected_ids if checked else None,
             finish_deletes=self._finish_deletes if checked else None,
             freeze=self._freeze,

@@ -4,14 +4,14 @@ the retention sweep, dropping a subject's or a scope's partition files, and the
 drives.
 
 A deletion runs in an order that leaves a partition that opens at every instant
-(``_delete_rows``): catalog assets marked "deleting", log records, a flush that
-rewrites the segments without the rows, vectors, then the catalog rows.
+(``_delete_rows``): catalog assets marked "deleting", hot delete records, a
+compaction that rewrites the segments without the rows, vectors, then the catalog
+rows. Erasure and its verification see the whole store: the catalog's partition rows
+and every object under the subject's prefix in the partition store.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +21,7 @@ from keyshred.storage import faults
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.memory_read import ReadMixin
 from keyshred.storage.memory_types import DELETING, MEMORY_KIND, _key, _namespace, _vector_ids
-from keyshred.storage.partition import MemoryRow, Partition
+from keyshred.storage.partition import MemoryRow, Partition, partition_prefix
 
 __all__ = ["EraseMixin"]
 
@@ -145,8 +145,8 @@ class EraseMixin(ReadMixin):
         else:
             n, action = self.drop_scope(ref, target.scope), "scope-dropped"
         faults.reached("erase.memories")
-        # File counts do not show the subject had data (a folder may hold only its
-        # lock file): the keys and catalog assets found do.
+        # Counts of rows and objects do not show the subject had data: the keys
+        # and catalog assets found do.
         return StoreErasure(self.name, action, n, datetime.now(UTC))
 
     def verify(self, target: ErasureTarget) -> list[StoreCheck]:
@@ -155,28 +155,28 @@ class EraseMixin(ReadMixin):
             rows = self.rows_by_id(ref, target.assets)
             n = len(target.assets)
             return [StoreCheck("memories removed", not rows, f"{len(rows)} of {n} left")]
-        path = self.partition_path(ref)
         if target.scope is not None:
-            manifest = path / "MANIFEST"
-            scopes = json.loads(manifest.read_text())["segments"] if manifest.exists() else {}
-            left = len(scopes)
-            ok = target.scope not in scopes
-            return [StoreCheck("scope segment removed", ok, f"scopes left: {left}")]
+            _, hot_rows, segments = self._hot.counts(ref, target.scope)
+            scopes = self._hot_scopes(ref)
+            ok = not hot_rows and not segments
+            return [
+                StoreCheck(
+                    "scope segment removed", ok, f"scopes left: {len(scopes)}; listed the catalog"
+                )
+            ]
+        heads, hot_rows, segments = self._hot.counts(ref)
+        versions = self._objects.versions(partition_prefix(ref))
+        ok = not (heads or hot_rows or segments or versions)
+        detail = (
+            f"{len(versions)} objects left (listed {self._objects.url}), "
+            f"{heads + hot_rows + segments} catalog rows left"
+        )
+        return [StoreCheck("memory partition removed", ok, detail)]
 
-        def files_left() -> list[str]:
-            return [p.name for p in path.rglob("*") if p.is_file()] if path.exists() else []
-
-        left_files = files_left()
-        # A writer racing the erasure re-makes the folder with its lock file when it
-        # takes the lock, finds the subject suppressed, and removes both: a lone lock
-        # file may be on its way out. Anything else left, or a lock that stays,
-        # fails the check.
-        deadline = time.monotonic() + 2.0
-        while left_files == ["LOCK"] and time.monotonic() < deadline:
-            time.sleep(0.01)
-            left_files = files_left()
-        n = len(left_files)
-        return [StoreCheck("memory partition removed", not left_files, f"{n} files left")]
+    def _hot_scopes(self, ref: str) -> set[str]:
+        """Scopes the catalog holds segments or hot rows of for ``ref``."""
+        _, segments, records = self._hot.state(ref, since=None)
+        return {s.scope for s in segments or []} | {r.scope for r in records}
 
     def evict(self, subject_ref: str) -> None:
         """Forget a subject's decrypted rows, vectors and cached keys in this process."""
@@ -189,11 +189,12 @@ class EraseMixin(ReadMixin):
         self._pme.forget()
 
     def drop_subject(self, ref: str) -> int:
-        """Remove the subject's whole partition folder; returns files removed."""
+        """Remove the subject's whole partition (catalog rows and objects); returns
+        the rows and objects removed."""
         with self._lock:
             part = self._partitions.pop(ref, None)
         if part is None:
-            part = Partition(self.partition_path(ref), ref, self._keyring, self._sealer, self._pme)
+            part = self._new_partition(ref, checked=False)
         n = part.drop()
         self._pme.forget()
         return n

@@ -8,7 +8,7 @@ search does before it ranks (``_repair``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -98,6 +98,7 @@ class IndexMixin(MemoryStoreBase):
         remove: Sequence[str],
         produced_by: tuple[str, str | None, str | None] | None = None,
         detected: Sequence[tuple[str, str]] = (),
+        also: Callable[[Any], None] | None = None,
     ) -> None:
         """Register the rows (and their vectors) as assets in one catalog
         transaction. Memory rows go in as parameter tuples built here: the same
@@ -149,6 +150,7 @@ class IndexMixin(MemoryStoreBase):
             sources=sources,
             mentions=mentions,
             detected=detected,
+            also=also,
         )
 
     def _vector_asset(

@@ -165,6 +165,9 @@ class ReadMixin(IndexMixin):
         indexed = {r.memory_id: r for r in candidates if r.index}
         if not indexed or limit == 0:
             return []
+        if part.take_foreign_change():
+            # Another worker wrote this subject: its vectors are not in our cache.
+            vectors.evict(ref)
         self._repair(ref, part, indexed, vectors)
         q = self.embedder.embed_query(query)
         ranked = vectors.search(ref, q, offset + limit, allowed=set(indexed))

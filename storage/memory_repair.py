@@ -40,9 +40,6 @@ class RepairMixin(EraseMixin):
             raise SubjectSuppressed(
                 f"subject_ref {subject_ref} has suppressed scopes: resume its erasure"
             )
-        if not apply and not self.partition_path(subject_ref).exists():
-            # A dry run writes nothing: taking the lock would create the folder.
-            return self._findings(subject_ref, [], [])
         with self._lock:  # the cached object would check the catalog on load
             cached = self._partitions.pop(subject_ref, None)
         if cached is not None:
@@ -69,11 +66,10 @@ class RepairMixin(EraseMixin):
         return report
 
     def repair_all(self, *, apply: bool = False, forget_lost: bool = False) -> list[RepairReport]:
-        """``repair`` of every partition folder and every subject with memory assets
-        (subjects under erasure are left to their erasure)."""
-        refs = set(self._catalog.subjects_with(MEMORY_KIND))
-        if self._root.exists():
-            refs |= {p.name.removeprefix("subject=") for p in self._root.glob("subject=*")}
+        """``repair`` of every partition the catalog or the partition store holds
+        and every subject with memory assets (subjects under erasure are left to
+        their erasure)."""
+        refs = set(self._catalog.subjects_with(MEMORY_KIND)) | set(self.partition_refs())
         out = []
         for ref in sorted(r for r in refs if _SUBJECT_REF.fullmatch(r)):
             try:
@@ -81,6 +77,13 @@ class RepairMixin(EraseMixin):
             except (SubjectSuppressed, SubjectErased):
                 continue
         return out
+
+    def partition_refs(self) -> list[str]:
+        """Every subject_ref whose partition the catalog or the partition store
+        holds (objects another worker left count too)."""
+        refs = set(self._hot.subjects())
+        refs |= {k.split("/", 1)[0].removeprefix("subject=") for k in self._objects.list_keys("")}
+        return sorted(r for r in refs if _SUBJECT_REF.fullmatch(r))
 
     def _repair_findings(self, ref: str, part: Partition) -> RepairReport:
         rows, leftovers = part.inspect()
@@ -109,7 +112,7 @@ class RepairMixin(EraseMixin):
         self, part: Partition, report: RepairReport, epoch: int, *, forget_lost: bool
     ) -> RepairReport:
         """Act on the findings, under the partition lock the findings were read
-        under. Loading the partition removes the leftover files."""
+        under. Reloading the partition removes the leftover objects."""
         ref = report.subject_ref
         part.reload()
         kinds = {a.asset_id: a.kind for a in self._catalog.assets(ref, kind=VECTOR_KIND)}

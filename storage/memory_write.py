@@ -3,8 +3,8 @@
 Every write of a memory goes through ``_put_rows`` (``update``, ``correct`` and an
 erasure's ``rebuild`` too): guard and epoch, policy, consent and retention,
 registered identifiers found in values, owner-set keys for rows about other
-subjects, then under the partition lock the log append, the vectors and one catalog
-transaction, taken back if the catalog refuses.
+subjects, then under the subject lock the vectors and one catalog transaction that
+holds both the rows (hot rows of the partition) and their assets: one commit.
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ class WriteMixin(IndexMixin):
     def put_many(
         self, subject: Any, items: Sequence[PutItem], *, epoch: int | None = None
     ) -> list[Memory]:
-        """Write a batch for one subject: one log append, one fsync, one catalog
-        transaction. All-or-nothing: a bad item fails the batch before anything is
-        written."""
+        """Write a batch for one subject: one catalog transaction (its rows and their
+        assets), one commit. All-or-nothing: a bad item fails the batch before
+        anything is written."""
         if not isinstance(items, Sequence):
             raise InvalidInput("put_many takes a list of PutItem")
         for item in items:
@@ -258,7 +258,8 @@ class WriteMixin(IndexMixin):
                 for r, vecs in zip(rows, vectors, strict=True)
                 for i, f in enumerate(r.index)
             ]
-            part.append_puts(rows)
+            # Staged: the hot rows go in with the assets, in one transaction.
+            part.append_puts(rows, commit=False)
             faults.reached("put.after_log")
             try:
                 if vec_items or stale:
@@ -276,9 +277,12 @@ class WriteMixin(IndexMixin):
                     detected=[
                         (r.memory_id, m) for r in rows for m in detected[(r.namespace, r.key)]
                     ],
+                    also=part.take_staged(),
                 )
+                part.committed()
             except BaseException:
-                self._undo(part, rows, previous)
+                # Nothing of the rows committed; the partition drops its cache as the
+                # exception leaves its lock. Vectors are not transactional: undone.
                 fresh = {r.memory_id for r in rows if previous.get(r.lookup) is None}
                 if vec_items and self._vectors is not None:
                     with contextlib.suppress(Exception):  # the original error matters
@@ -397,18 +401,3 @@ class WriteMixin(IndexMixin):
             consent_end = consent.end_at
         retain = to_us(self._policy.retain_until(rule, now, consent_end))
         return rule.name, purpose, category, retain
-
-    def _undo(
-        self, part: Partition, rows: list[MemoryRow], previous: Mapping[str, MemoryRow | None]
-    ) -> None:
-        """The catalog refused (e.g. the subject was suppressed meanwhile): take the
-        logged writes back so the partition matches the catalog again."""
-        try:
-            restore = [p for p in previous.values() if p is not None]
-            fresh = [r for r in rows if previous.get(r.lookup) is None]
-            for r in fresh:
-                part.append_delete(r)
-            if restore:
-                part.append_puts(restore)
-        except Exception:  # noqa: BLE001,S110 - the original error matters more
-            pass

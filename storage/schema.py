@@ -29,6 +29,9 @@ __all__ = [
     "identifier_key_version",
     "identifier_kinds",
     "identifiers",
+    "memory_hot",
+    "memory_partitions",
+    "memory_segments",
     "metadata",
     "subject_guard",
     "threads",
@@ -148,6 +151,45 @@ subject_guard = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+
+# -- memory partitions (keyshred.storage.partition): the catalog is their truth -------
+# A subject's partition is its row in ``ks_mem_partitions`` (the generation, bumped by
+# every compaction, and the sequence range of its hot rows), the immutable segments
+# named in ``ks_mem_segments`` and the sealed hot rows in ``ks_mem_hot``. A put adds
+# hot rows in the transaction that registers its assets; a compaction publishes new
+# segments, retires old ones and deletes the rows it folded, in one transaction.
+
+memory_partitions = sa.Table(
+    "ks_mem_partitions",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("gen", sa.BigInteger, nullable=False),  # bumped by every compaction
+    sa.Column("base_seq", sa.BigInteger, nullable=False),  # the first hot row's sequence
+    sa.Column("next_seq", sa.BigInteger, nullable=False),  # the next hot row's sequence
+)
+
+memory_hot = sa.Table(
+    "ks_mem_hot",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("scope", sa.String(128), nullable=False),
+    # Sealed under the scope key, bound to (subject_ref, scope, "memhot", seq).
+    sa.Column("record", sa.LargeBinary, nullable=False),
+)
+
+memory_segments = sa.Table(
+    "ks_mem_segments",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(128), primary_key=True),  # object name in the partition
+    sa.Column("scope", sa.String(128), nullable=False),
+    sa.Column("rows", sa.Integer, nullable=False),
+    sa.Column("key_id", sa.String(64), nullable=False),
+    # None: part of the partition; else when a compaction replaced it (its object
+    # is deleted once no reader can still need it).
+    sa.Column("retired_at", sa.BigInteger, nullable=True),
+)
 
 # -- LangGraph threads and checkpoints (keyshred.storage.checkpoints) ----------------
 # Thread ids are stored as keyed pseudonyms (and, sealed, for listing); checkpoints

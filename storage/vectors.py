@@ -47,6 +47,7 @@ from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.freeze import FreezeLock
+from keyshred.storage.objects import ObjectStore
 
 __all__ = ["VEC_SCHEMA", "VectorIndex", "VectorItem"]
 
@@ -138,8 +139,13 @@ class VectorIndex:
         compact_every: int = 32,
         storage_options: dict[str, str] | None = None,
         freeze: FreezeLock | None = None,
+        store: ObjectStore | None = None,
     ) -> None:
         self._uri = uri
+        # On an object store, every object (every version, on a versioned bucket)
+        # under a dataset's prefix: what an erasure deletes and verifies, beyond what
+        # LanceDB's drop_table removes (it leaves older versions behind).
+        self._store = store
         # The data folder's freeze lock (shared with the memory store): an erasure's
         # drop holds it shared, so a backup never links half of a dataset.
         self._freeze = freeze
@@ -435,9 +441,13 @@ class VectorIndex:
             self._writes.pop(ref, None)
             with _lance_call(ref):
                 if ref not in self._names():
-                    return False
-                self._connect().drop_table(ref)
-            return True
+                    dropped = False
+                else:
+                    self._connect().drop_table(ref)
+                    dropped = True
+            if self._store is not None:
+                dropped = bool(self._store.delete_prefix(f"{ref}.lance")) or dropped
+            return dropped
 
     # -- reads ---------------------------------------------------------------------
 
@@ -526,6 +536,11 @@ class VectorIndex:
     def verify(self, target: ErasureTarget) -> list[StoreCheck]:
         if not target.whole_subject:
             return []  # scope vectors: counted by the catalog's asset check
+        if self._store is not None:
+            # The object store's own listing (every version), not LanceDB's view.
+            left = self._store.versions(f"{target.subject_ref}.lance")
+            detail = f"{len(left)} objects left (listed {self._store.url})"
+            return [StoreCheck("vector partition removed", not left, detail)]
         gone = not self.exists(target.subject_ref)
         detail = "dataset absent" if gone else "still there"
         return [StoreCheck("vector partition removed", gone, detail)]

@@ -59,7 +59,10 @@ def _write(ks: Keyshred, mode: str, i: int) -> list[str]:
 def main() -> None:
     data, mode = Path(sys.argv[1]), sys.argv[2]
     url = sys.argv[4] if len(sys.argv) > 4 else None
-    ks = Keyshred.open(data, make_config(url, flush_records=100_000), embeddings=bag_of_words)
+    # Memories compact often: with a PostgreSQL catalog their rows are not in a local
+    # file until a compaction writes a segment, which grows with every one.
+    flush = 50 if mode == "memories" else 100_000
+    ks = Keyshred.open(data, make_config(url, flush_records=flush), embeddings=bag_of_words)
     if int(sys.argv[3]) > 0:
         _limit(int(sys.argv[3]))
     out = sys.stdout

@@ -23,6 +23,7 @@ from keyshred.config import (
     KekSettings,
     KeyringSettings,
     RetentionSettings,
+    S3Settings,
     ScopeSettings,
     StorageSettings,
     TokenSettings,
@@ -271,6 +272,10 @@ def _everything_changed() -> Config:
             pool_max_overflow=1,
             pool_timeout_seconds=2.0,
             pool_pre_ping=True,
+            uri="s3://bucket/parts",
+        ),
+        s3=S3Settings(
+            endpoint_url="http://127.0.0.1:9000", region="eu-west-1", addressing_style="virtual"
         ),
         vectors=VectorSettings(uri="s3://bucket/v", cache_max_vectors=0, compact_every=4),
         audit=AuditSettings(retention_days=30),

@@ -79,7 +79,7 @@ def test_a_file_size_limit_is_storage_full_and_loses_nothing(
     mode: str, catalog_url: str, tmp_path: Path
 ) -> None:
     # On SQLite the catalog meets the limit first ("disk I/O error"); on PostgreSQL
-    # the files do: raw EFBIG from the memory logs, LanceDB and the key store. (The
+    # the files do: raw EFBIG from the memory segments, LanceDB and the key store. (The
     # vault on PostgreSQL writes no local file: nothing to fill.)
     if mode == "vault" and catalog_url.startswith("postgresql"):
         pytest.skip("the vault keeps nothing on the local disk with a PostgreSQL catalog")

@@ -314,34 +314,42 @@ def test_bad_requests_are_rejected(ks: Keyshred) -> None:
         ks.erase("kim", "no-such-scope", requested_by="dpo", reason="x")
 
 
-def test_a_lock_file_on_its_way_out_passes_verification_and_one_that_stays_fails(
+def test_memory_verification_lists_the_partition_store_and_the_catalog(
     ks: Keyshred,
 ) -> None:
-    """A writer racing the erasure may re-make the partition folder with its lock file
-    for a moment (it removes both when it finds the subject suppressed); the check
-    waits for that, and fails for a lock file that stays or any other file."""
-    import threading
+    """Verification lists the partition store and the catalog, not what one process
+    holds: an object left under the subject's prefix (a copy another worker wrote,
+    say) fails it, and so does a hot row left in the catalog."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    from keyshred.storage.schema import memory_hot
 
     ks.memories.put("alice", ("n",), "k", 1)
     req = ks.erase("alice", requested_by="dpo", reason="test")
     assert req.state == "completed", req.error
-    path = ks.memories.partition_path(ks.subject_ref("alice"))
-    target = ErasureTarget(ks.subject_ref("alice"))
+    ref = ks.subject_ref("alice")
+    path = ks.memories.partition_path(ref)
+    target = ErasureTarget(ref)
 
     def verify() -> dict[str, bool]:
         return {c.name: c.passed for c in ks.memories.verify(target)}
 
-    path.mkdir(parents=True)
-    (path / "LOCK").touch()
-    going = threading.Timer(0.2, lambda: ((path / "LOCK").unlink(), path.rmdir()))
-    going.start()
     assert verify()["memory partition removed"]
-    going.join()
-    (path / "LOCK").parent.mkdir(parents=True)
-    (path / "LOCK").touch()
-    assert not verify()["memory partition removed"]  # it stays: not removed
-    (path / "MANIFEST").touch()
+    path.mkdir(parents=True)
+    (path / f"seg-{'0' * 32}.parquet").write_bytes(b"PAR1")
     assert not verify()["memory partition removed"]
+    shutil.rmtree(path)
+    assert verify()["memory partition removed"]
+    with ks.catalog.engine.begin() as conn:
+        conn.execute(
+            memory_hot.insert().values(subject_ref=ref, seq=0, scope="default", record=b"x")
+        )
+    assert not verify()["memory partition removed"]
+    with ks.catalog.engine.begin() as conn:
+        conn.execute(sa.delete(memory_hot).where(memory_hot.c.subject_ref == ref))
+    assert verify()["memory partition removed"]
 
 
 def test_erasing_an_id_never_stored_says_no_data_found(ks: Keyshred) -> None:

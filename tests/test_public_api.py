@@ -90,7 +90,7 @@ NOT_WALKED = {"keyring", "catalog", "policy", "metrics", "vectors", "checkpoints
 INTERNAL = {
     "keyshred.keyring.datakey.DataKey": "MemoryStore.first_key (facade wiring)",
     "keyshred.storage.embeddings.Embedder": "MemoryStore.embedder (facade wiring)",
-    "keyshred.storage.partition.MemoryRow": "MemoryStore.rows_by_id/memory/rebuild",
+    "keyshred.storage.rowcodec.MemoryRow": "MemoryStore.rows_by_id/memory/rebuild",
 }
 
 

@@ -361,6 +361,7 @@ def test_snapshot_is_one_point_in_time_under_writers(ks: Keyshred, tmp_path: Pat
 
 def test_retention_classes_and_prune(ks: Keyshred) -> None:
     write_subject(ks, "ivy", "ivy")
+    ks.memories.flush()  # a segment object the next compaction replaces
     daily = ks.backup.create(retention_class="daily")
     ks.memories.put("ivy", NS, "later", {"text": "later"}, index=False)
     ks.memories.flush()

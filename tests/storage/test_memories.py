@@ -10,9 +10,11 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.errors import (
+    ConfigError,
     ConsentRequired,
     InvalidInput,
     NotFound,
@@ -22,6 +24,7 @@ from keyshred.errors import (
     ValueTooLarge,
 )
 from keyshred.storage.memories import PutItem
+from keyshred.storage.schema import memory_hot, memory_segments
 from tests.storage.conftest import make_config
 
 NS = ("memories", "prefs")
@@ -87,13 +90,15 @@ def test_delete_is_physical(ks: Keyshred) -> None:
     assert ks.memories.get("alice", NS, "gone") is None
     assert ks.catalog.asset(m.memory_id) is None
     assert ks.memories.get("alice", NS, "keep") is not None
-    part = ks.memories.partition_path(ks.subject_ref("alice"))
-    # Only the current segment and manifest remain: the old segment and the log
-    # that held the deleted row's ciphertext are gone.
+    ref = ks.subject_ref("alice")
+    part = ks.memories.partition_path(ref)
+    # Only the current segment remains: the old segment and the hot rows that held
+    # the deleted row's ciphertext are gone.
     names = sorted(p.name for p in files_of(part))
-    assert [n for n in names if n.startswith("seg-")] and not [
-        n for n in names if n.endswith(".ksl") and (part / n).stat().st_size
-    ]
+    assert len([n for n in names if n.startswith("seg-")]) == 1
+    with ks.catalog.engine.connect() as conn:
+        hot = conn.execute(sa.select(memory_hot.c.seq).where(memory_hot.c.subject_ref == ref))
+        assert hot.all() == []
 
 
 def test_every_memory_is_an_asset_with_provenance(ks: Keyshred) -> None:
@@ -237,10 +242,15 @@ def test_persistence_across_reopen_and_compaction(tmp_path: Path, catalog_url: s
             cat = "health" if scope != "default" else None
             ks.memories.put("alice", NS, f"k{i}", {"i": i}, scope=scope, category=cat)
         ks.memories.delete("alice", NS, "k3")
-        part = ks.memories.partition_path(ks.subject_ref("alice"))
+        ref = ks.subject_ref("alice")
+        part = ks.memories.partition_path(ref)
+        with ks.catalog.engine.connect() as conn:
+            listed = conn.execute(
+                sa.select(memory_segments.c.name).where(memory_segments.c.subject_ref == ref)
+            ).all()
     names = [p.name for p in files_of(part)]
     assert len([n for n in names if n.endswith(".parquet")]) == 2  # one per scope
-    assert len([n for n in names if n.endswith(".ksl")]) <= 1
+    assert sorted(n for (n,) in listed) == sorted(names)  # the catalog names each one
     with Keyshred.open(tmp_path / "d", cfg) as ks:
         assert ks.memories.count("alice") == 39
         assert ks.memories.get("alice", NS, "k3") is None
@@ -305,6 +315,7 @@ def test_a_dry_run_repair_writes_nothing(ks: Keyshred) -> None:
     """``repair`` without ``apply`` reports and changes nothing on disk: a subject
     with no partition folder (never stored, or its folder lost) gets none."""
     ks.memories.put("nia", NS, "k", {"text": "nia"})
+    ks.memories.flush("nia")  # into a segment object
     ref = ks.subject_ref("nia")
     shutil.rmtree(ks.memories.partition_path(ref))  # the folder is lost
     never = ks.subject_ref("never-stored")
@@ -319,3 +330,22 @@ def test_a_dry_run_repair_writes_nothing(ks: Keyshred) -> None:
     assert after == before
     forgot = ks.memories.repair(ref, apply=True, forget_lost=True)  # applying may write
     assert forgot.ok and forgot.forgot_lost
+
+
+def test_a_partition_of_the_earlier_layout_is_reported_not_taken_for_tampering(
+    ks: Keyshred,
+) -> None:
+    """A folder written before the catalog held partitions (a MANIFEST and append
+    log) is not read by this version: reading it says so (``ConfigError``), where the
+    rows the catalog holds would otherwise look lost to tampering."""
+    ks.memories.put("olga", NS, "k", 1)
+    ref = ks.subject_ref("olga")
+    ks.memories.evict(ref)
+    folder = ks.memories.partition_path(ref)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "MANIFEST").write_text('{"gen": 1, "segments": {}}')
+    with pytest.raises(ConfigError, match="earlier release"):
+        ks.memories.get("olga", NS, "k")
+    (folder / "MANIFEST").unlink()
+    got = ks.memories.get("olga", NS, "k")
+    assert got is not None and got.value == 1

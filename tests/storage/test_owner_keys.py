@@ -1,7 +1,7 @@
 """Rows sealed under owner-set keys (issue 19, items 1, 2 and 5's asset list), on
 both catalogs: a memory that mentions another subject, or a derived asset built from
 other subjects' memories, carries its values under the key of every subject it is
-about, in the segment, the log, the vectors and every backup generation; erasing any
+about, in the segment, the hot rows, the vectors and every backup generation; erasing any
 owner makes exactly those rows unreadable everywhere. Provenance survives every
 write path (update, correct, flush, restore, export)."""
 
@@ -15,13 +15,14 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.errors import IntegrityError, SubjectErased
 from keyshred.keyring.envelope import Place
 from keyshred.receipts import load_receipt, verify_receipt
-from keyshred.storage.applog import AppendLog
-from keyshred.storage.partition import decode_record
+from keyshred.storage.partition import decode_record, hot_place
+from keyshred.storage.schema import memory_hot
 from keyshred.storage.sealer import KeyringSealer
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
@@ -50,9 +51,10 @@ def _row_plaintext(ks: Keyshred, ref: str, scope: str, memory_id: str, value: by
 
 
 def decrypt_partition_files(ks: Keyshred, folder: Path, ref: str) -> tuple[list[bytes], int]:
-    """Every value every file of a partition folder (segments and logs, old versions
-    included) yields to the live keyring: (plaintexts, values whose key is destroyed).
-    The log is read record by record, so a superseded version counts too."""
+    """Every value every file of a partition folder (its segments, old versions
+    included) and, for the live folder, every hot row of the catalog yields to the
+    live keyring: (plaintexts, values whose key is destroyed). Hot rows are read
+    record by record, so a superseded version counts too."""
     plain: list[bytes] = []
     erased = 0
 
@@ -74,17 +76,21 @@ def decrypt_partition_files(ks: Keyshred, folder: Path, ref: str) -> tuple[list[
             strict=True,
         ):
             take(scope, mid, value)
-    for path in sorted(folder.glob("log-*.ksl")):
-        number = int(path.stem.removeprefix("log-"))
-        log = AppendLog(path, number, ref, KeyringSealer(ks.keyring), fsync=False)
-        for scope, payload in log.read(skip_erased=True):
-            if payload is None:
-                erased += 1
-                continue
-            op, rows = decode_record(payload)
-            if op == "put":
-                for row in rows:
-                    take(scope, row.memory_id, row.value)
+    if folder != ks.memories.partition_path(ref):
+        return plain, erased
+    sealer = KeyringSealer(ks.keyring)
+    with ks.catalog.engine.connect() as conn:
+        hot = conn.execute(sa.select(memory_hot).where(memory_hot.c.subject_ref == ref)).all()
+    for r in hot:
+        try:
+            payload = sealer.open(bytes(r.record), hot_place(ref, r.scope, int(r.seq)))
+        except SubjectErased:
+            erased += 1
+            continue
+        op, rows = decode_record(payload)
+        if op == "put":
+            for row in rows:
+                take(r.scope, row.memory_id, row.value)
     return plain, erased
 
 

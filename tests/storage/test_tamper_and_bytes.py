@@ -6,11 +6,15 @@ import random
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.errors import IntegrityError
+from keyshred.storage import faults
+from keyshred.storage.schema import memory_hot
 from tests.storage.conftest import make_config
 
 
@@ -21,7 +25,7 @@ def all_files(root: Path) -> dict[str, bytes]:
 def test_no_probe_in_any_file_ever(tmp_path: Path, catalog_url: str) -> None:
     """Subject ids, namespaces, keys and values of several subjects: none of them in
     any file under the data folder (catalog and key store included), neither while
-    they sit in the append log nor after they were flushed into Parquet."""
+    they sit in the catalog's hot rows nor after they were compacted into Parquet."""
     tag = uuid.uuid4().hex[:10]
     probes: list[str] = []
     cfg = make_config(catalog_url if "postgres" in catalog_url else None, flush_records=25)
@@ -69,7 +73,7 @@ def populated(tmp_path: Path) -> tuple[Path, object, dict[str, object]]:
     for i in range(20):
         ks.memories.put("alice", ("m",), f"k{i}", {"i": i, "pad": "p" * 50})
     ks.memories.flush()
-    for i in range(20, 25):  # these stay in the log: no flush, as after a crash
+    for i in range(20, 25):  # these stay hot rows in the catalog: no flush
         ks.memories.put("alice", ("m",), f"k{i}", {"i": i})
     ks.close(flush=False)
     truth = {f"k{i}": {"i": i, "pad": "p" * 50} if i < 20 else {"i": i} for i in range(25)}
@@ -111,17 +115,39 @@ def test_tampered_parquet_raises_never_garbage(
     assert raised >= len(positions) * 0.7
 
 
-def test_tampered_log_raises(populated: tuple[Path, object, dict[str, object]]) -> None:
+def _catalog(data: Path) -> sa.Engine:
+    return sa.create_engine(f"sqlite:///{data / 'catalog' / 'catalog.db'}")
+
+
+def _hot_rows(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(memory_hot).order_by(memory_hot.c.seq)))
+
+
+def _set_record(engine: sa.Engine, seq: int, record: bytes) -> None:
+    with engine.begin() as conn:
+        conn.execute(memory_hot.update().where(memory_hot.c.seq == seq).values(record=record))
+
+
+def test_tampered_hot_row_raises(populated: tuple[Path, object, dict[str, object]]) -> None:
+    """The writes not yet compacted are sealed rows in the catalog: a flipped byte
+    anywhere in one raises, never returns garbage."""
     data, cfg, truth = populated
-    (log,) = [p for p in _partition(data).glob("log-*.ksl") if p.stat().st_size]
-    original = log.read_bytes()
-    for pos in range(0, len(original), max(1, len(original) // 40)):
-        broken = bytearray(original)
-        broken[pos] ^= 0x01
-        log.write_bytes(bytes(broken))
-        with pytest.raises(IntegrityError):
-            _reopen_all(data, cfg)
-    log.write_bytes(original)
+    engine = _catalog(data)
+    try:
+        rows = _hot_rows(engine)
+        assert len(rows) == 5  # the five puts after the flush
+        target = rows[2]
+        original = bytes(target.record)
+        for pos in range(0, len(original), max(1, len(original) // 40)):
+            broken = bytearray(original)
+            broken[pos] ^= 0x01
+            _set_record(engine, target.seq, bytes(broken))
+            with pytest.raises(IntegrityError):
+                _reopen_all(data, cfg)
+        _set_record(engine, target.seq, original)
+    finally:
+        engine.dispose()
     assert _reopen_all(data, cfg) == truth
 
 
@@ -130,12 +156,28 @@ def test_truncated_or_swapped_files_are_detected(
 ) -> None:
     data, cfg, truth = populated
     part = _partition(data)
-    (log,) = [p for p in part.glob("log-*.ksl") if p.stat().st_size]
-    original = log.read_bytes()
-    log.write_bytes(original[: len(original) // 2])  # acknowledged records cut away
-    with pytest.raises(IntegrityError):
-        _reopen_all(data, cfg)
-    log.write_bytes(original)
+    engine = _catalog(data)
+    try:
+        rows = _hot_rows(engine)
+        # Acknowledged writes cut away (the last hot row, or one in the middle).
+        for victim in (rows[-1], rows[1]):
+            with engine.begin() as conn:
+                conn.execute(memory_hot.delete().where(memory_hot.c.seq == victim.seq))
+            with pytest.raises(IntegrityError):
+                _reopen_all(data, cfg)
+            with engine.begin() as conn:
+                conn.execute(memory_hot.insert().values(**victim._mapping))
+        # Two sealed records swapped: each is bound to its sequence number.
+        first, second = rows[0], rows[1]
+        _set_record(engine, first.seq, bytes(second.record))
+        _set_record(engine, second.seq, bytes(first.record))
+        with pytest.raises(IntegrityError):
+            _reopen_all(data, cfg)
+        _set_record(engine, first.seq, bytes(first.record))
+        _set_record(engine, second.seq, bytes(second.record))
+    finally:
+        engine.dispose()
+    assert _reopen_all(data, cfg) == truth
     # Another subject's segment dropped into this partition.
     ks = Keyshred.open(data, cfg)  # type: ignore[arg-type]
     ks.memories.put("bob", ("m",), "b", 1)
@@ -151,15 +193,27 @@ def test_truncated_or_swapped_files_are_detected(
     assert _reopen_all(data, cfg) == truth
 
 
-def test_torn_tail_of_unacknowledged_write_is_dropped(
+def test_a_write_that_fails_before_its_commit_leaves_nothing(
     populated: tuple[Path, object, dict[str, object]],
 ) -> None:
+    """A put whose transaction never commits (it fails after its rows were staged
+    and its vectors written) was never acknowledged: nothing of it is read, in
+    this process or the next, and the next write goes on from there."""
     data, cfg, truth = populated
-    (log,) = [p for p in _partition(data).glob("log-*.ksl") if p.stat().st_size]
-    with log.open("ab") as fh:  # a crash in the middle of an append
-        fh.write(b"\x00\x00\x01\x00partial")
-    assert _reopen_all(data, cfg) == truth
+
+    def fail(point: str) -> None:
+        if point == "put.after_log":
+            raise RuntimeError("stop")
+
     ks = Keyshred.open(data, cfg)  # type: ignore[arg-type]
-    ks.memories.put("alice", ("m",), "after", 1)
-    ks.close(flush=False)
+    try:
+        faults.hook = fail
+        with pytest.raises(RuntimeError):
+            ks.memories.put("alice", ("m",), "lost", 1)
+        faults.hook = None
+        assert ks.memories.get("alice", ("m",), "lost") is None
+        ks.memories.put("alice", ("m",), "after", 1)
+    finally:
+        faults.hook = None
+        ks.close(flush=False)
     assert _reopen_all(data, cfg) == {**truth, "after": 1}

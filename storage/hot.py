@@ -1,0 +1,271 @@
+"""The catalog's side of memory partitions: heads, hot rows and segment lists.
+
+A subject's partition is, in the catalog (``keyshred.storage.schema``):
+
+- its head in ``ks_mem_partitions``: ``gen`` (bumped by every compaction) and the
+  sequence range ``[base_seq, next_seq)`` of its hot rows;
+- its hot rows in ``ks_mem_hot``: sealed records of writes not yet compacted, one
+  per (write, scope), numbered without gaps inside that range;
+- its segments in ``ks_mem_segments``: the immutable Parquet objects that hold the
+  rest, and those a compaction retired (``retired_at``) whose objects are deleted
+  once no reader can still need them.
+
+A put's hot rows go in with its catalog assets, in one transaction (``appender``);
+a compaction publishes its segments, retires the old ones and deletes the rows it
+folded in one transaction (``publish``). Every change compares the head it read
+with the one in the database (under the subject lock they are equal; a difference
+is a lock that was not held, refused as ``IntegrityError`` rather than merged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from keyshred.errors import IntegrityError
+from keyshred.storage.catalog import Catalog
+from keyshred.storage.schema import memory_hot, memory_partitions, memory_segments
+
+__all__ = ["EMPTY", "Head", "HotRecord", "HotTier", "Segment"]
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    gen: int
+    base_seq: int
+    next_seq: int
+
+
+EMPTY = Head(0, 0, 0)  # a subject with no partition yet
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    name: str
+    scope: str
+    rows: int
+    key_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HotRecord:
+    seq: int
+    scope: str
+    record: bytes  # sealed
+
+    def __repr__(self) -> str:
+        return f"HotRecord(seq={self.seq}, scope={self.scope!r})"
+
+
+def _p(name: str) -> Any:
+    return sa.bindparam(name)
+
+
+class HotTier:
+    """Statements on one catalog's partition tables."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        h, hot = memory_partitions, memory_hot
+        self._sql = catalog.compile(
+            {
+                "head": sa.select(h.c.gen, h.c.base_seq, h.c.next_seq).where(
+                    h.c.subject_ref == _p("ref")
+                ),
+                "advance": h.update()
+                .where(
+                    h.c.subject_ref == _p("ref"),
+                    h.c.gen == _p("gen"),
+                    h.c.next_seq == _p("old"),
+                )
+                .values(next_seq=_p("new")),
+                "create": h.insert().values(
+                    subject_ref=_p("ref"), gen=_p("gen"), base_seq=_p("base"), next_seq=_p("new")
+                ),
+                "insert_hot": hot.insert().values(
+                    subject_ref=_p("ref"), seq=_p("seq"), scope=_p("scope"), record=_p("record")
+                ),
+            }
+        )
+
+    # -- reads -------------------------------------------------------------------------
+
+    def head(self, ref: str) -> Head | None:
+        """The subject's head (None: no partition); one statement."""
+        with self._catalog.hot(write=False) as cur:
+            cur.execute(self._sql["head"], {"ref": ref})
+            row = cur.fetchone()
+        return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
+
+    def state(
+        self, ref: str, *, since: int | None
+    ) -> tuple[Head | None, list[Segment] | None, list[HotRecord]]:
+        """Head, live segments and hot rows of one instant (one read transaction,
+        ``REPEATABLE READ`` on PostgreSQL). With ``since`` only the hot rows from
+        that sequence on and no segment list (a reader catching up)."""
+        h, hot, seg = memory_partitions, memory_hot, memory_segments
+        conn = self._catalog.engine.connect()
+        try:
+            if self._catalog.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                row = conn.execute(
+                    sa.select(h.c.gen, h.c.base_seq, h.c.next_seq).where(h.c.subject_ref == ref)
+                ).first()
+                if row is None:
+                    return None, [], []
+                head = Head(int(row[0]), int(row[1]), int(row[2]))
+                segments = None
+                if since is None:
+                    segments = [
+                        Segment(r.name, r.scope, int(r.rows), r.key_id)
+                        for r in conn.execute(
+                            sa.select(seg)
+                            .where(seg.c.subject_ref == ref, seg.c.retired_at.is_(None))
+                            .order_by(seg.c.scope, seg.c.name)
+                        )
+                    ]
+                start = head.base_seq if since is None else since
+                records = [
+                    HotRecord(int(r.seq), r.scope, bytes(r.record))
+                    for r in conn.execute(
+                        sa.select(hot.c.seq, hot.c.scope, hot.c.record)
+                        .where(hot.c.subject_ref == ref, hot.c.seq >= start)
+                        .order_by(hot.c.seq)
+                    )
+                ]
+        finally:
+            conn.close()
+        return head, segments, records
+
+    def segment_names(self, ref: str) -> dict[str, int | None]:
+        """Every segment object the catalog names for ``ref``: name -> retired_at."""
+        seg = memory_segments
+        with self._catalog.transaction() as conn:
+            rows = conn.execute(
+                sa.select(seg.c.name, seg.c.retired_at).where(seg.c.subject_ref == ref)
+            ).all()
+        return {r.name: r.retired_at for r in rows}
+
+    def counts(self, ref: str, scope: str | None = None) -> tuple[int, int, int]:
+        """(head rows, hot rows, segment rows) the catalog holds for ``ref``."""
+        out = []
+        with self._catalog.transaction() as conn:
+            for table in (memory_partitions, memory_hot, memory_segments):
+                where = table.c.subject_ref == ref
+                if scope is not None and "scope" in table.c:
+                    where = sa.and_(where, table.c.scope == scope)
+                elif scope is not None:
+                    out.append(0)
+                    continue
+                out.append(int(conn.execute(sa.select(sa.func.count()).where(where)).scalar() or 0))
+        return out[0], out[1], out[2]
+
+    def subjects(self) -> list[str]:
+        with self._catalog.transaction() as conn:
+            return [r[0] for r in conn.execute(sa.select(memory_partitions.c.subject_ref))]
+
+    # -- writes ------------------------------------------------------------------------
+
+    def appender(self, ref: str, head: Head, records: Sequence[HotRecord]) -> Callable[[Any], None]:
+        """Statements that add ``records`` after ``head`` on a caller's cursor, in
+        the caller's transaction (a put's asset registration)."""
+        sql = self._sql
+        new = head.next_seq + len(records)
+
+        def run(cur: Any) -> None:
+            cur.execute(
+                sql["advance"], {"ref": ref, "gen": head.gen, "old": head.next_seq, "new": new}
+            )
+            if cur.rowcount != 1:
+                if head != EMPTY:
+                    raise IntegrityError(f"partition {ref} changed under its lock")
+                cur.execute(sql["create"], {"ref": ref, "gen": 0, "base": 0, "new": new})
+            cur.executemany(
+                sql["insert_hot"],
+                [{"ref": ref, "seq": r.seq, "scope": r.scope, "record": r.record} for r in records],
+            )
+
+        return run
+
+    def append(self, ref: str, head: Head, records: Sequence[HotRecord]) -> None:
+        """``appender`` in a transaction of its own."""
+        with self._catalog.hot(write=True) as cur:
+            self.appender(ref, head, records)(cur)
+
+    def publish(
+        self,
+        ref: str,
+        head: Head,
+        segments: Sequence[Segment],
+        retire: Sequence[str],
+        now_us: int,
+    ) -> Head:
+        """A compaction's commit: the new segments join the partition, ``retire``
+        leave it, the hot rows before ``head.next_seq`` go (they are in the new
+        segments now), the generation moves on. Returns the new head."""
+        h, hot, seg = memory_partitions, memory_hot, memory_segments
+        new = Head(head.gen + 1, head.next_seq, head.next_seq)
+        with self._catalog.transaction() as conn:
+            changed = conn.execute(
+                h.update()
+                .where(h.c.subject_ref == ref, h.c.gen == head.gen, h.c.next_seq == head.next_seq)
+                .values(gen=new.gen, base_seq=new.base_seq)
+            ).rowcount
+            if changed != 1:
+                if head != EMPTY:
+                    raise IntegrityError(f"partition {ref} changed under its lock")
+                conn.execute(
+                    h.insert().values(subject_ref=ref, gen=new.gen, base_seq=0, next_seq=0)
+                )
+            if segments:
+                conn.execute(
+                    seg.insert(),
+                    [
+                        {
+                            "subject_ref": ref,
+                            "name": s.name,
+                            "scope": s.scope,
+                            "rows": s.rows,
+                            "key_id": s.key_id,
+                            "retired_at": None,
+                        }
+                        for s in segments
+                    ],
+                )
+            if retire:
+                conn.execute(
+                    seg.update()
+                    .where(seg.c.subject_ref == ref, seg.c.name.in_(list(retire)))
+                    .values(retired_at=now_us)
+                )
+            conn.execute(hot.delete().where(hot.c.subject_ref == ref, hot.c.seq < head.next_seq))
+        return new
+
+    def forget_segments(self, ref: str, names: Sequence[str]) -> None:
+        """Remove retired segments' rows once their objects are deleted."""
+        if not names:
+            return
+        seg = memory_segments
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                seg.delete().where(
+                    seg.c.subject_ref == ref,
+                    seg.c.name.in_(list(names)),
+                    seg.c.retired_at.is_not(None),
+                )
+            )
+
+    def drop(self, ref: str) -> int:
+        """Delete the subject's head, hot rows and segment rows; returns the number
+        of hot rows and segment rows there were."""
+        n = 0
+        with self._catalog.transaction() as conn:
+            for table in (memory_hot, memory_segments, memory_partitions):
+                count = conn.execute(table.delete().where(table.c.subject_ref == ref)).rowcount
+                if table is not memory_partitions:
+                    n += int(count)
+        return n
