@@ -134,8 +134,9 @@ class Generations:
                 target = open_target(
                     url,
                     fsync=self._settings.durability == "fsync",
-                    endpoint_url=self._settings.s3_endpoint_url,
-                    region=self._settings.s3_region,
+                    # The one [s3] section, unless the backup names its own.
+                    endpoint_url=self._settings.s3_endpoint_url or self._config.s3.endpoint_url,
+                    region=self._settings.s3_region or self._config.s3.region,
                     multipart_mb=self._settings.multipart_mb,
                 )
                 self._targets[url] = target

@@ -30,10 +30,15 @@ Generations made before the archive lineage existed were sealed under a live
 epoch; the live schedule keeps the oldest such epoch until they expire.
 
 A backup never decrypts or re-encrypts partitions: segments are copied as the
-ciphertext they are. Consistency comes from the freeze lock (see
-``keyshred.storage.freeze``): for one instant no partition writer runs; in it the
-catalog snapshot is pinned, the partition files are hard-linked into a staging
-folder and the key store is copied. Everything slow happens after.
+ciphertext they are. Consistency comes from the catalog snapshot: it lists the
+immutable segments (and holds the hot rows) of every subject's partition at one
+instant, whichever worker on whichever machine wrote them, and a segment a
+compaction retires after it stays ``storage.retired_grace_seconds``; the segments
+are copied by the size and SHA-256 the catalog recorded, server side on one S3
+service (``_copy_segments``). This process's freeze lock (``keyshred.storage.freeze``)
+holds its own writers for the instant in which the snapshot is pinned, the vector
+files are hard-linked into a staging folder and the key store is copied. Everything
+slow happens after.
 
 The manager is split by concern: ``generations`` (targets, listing, journals),
 ``maintenance`` (the KEK-epoch schedule, pruning, receipt coverage), ``restore``
@@ -80,13 +85,15 @@ from keyshred.backup.manifest import (
     gen_prefix,
 )
 from keyshred.backup.restore import RESTORE_POINTS, OpenCopy, Restore, RestoreReport
-from keyshred.backup.targets import BackupTarget, LocalTarget
+from keyshred.backup.targets import BackupTarget, LocalTarget, S3Target
 from keyshred.config import Config, redacted_dump
-from keyshred.errors import InvalidInput
+from keyshred.errors import InvalidInput, KeyshredError, NotFound
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
 from keyshred.storage.catalog import Catalog
+from keyshred.storage.hot import ListedSegment
 from keyshred.storage.objects import ObjectStore
+from keyshred.storage.partition import partition_prefix
 
 __all__ = [
     "RESTORE_POINTS",
@@ -99,6 +106,13 @@ __all__ = [
 ]
 
 _SKIP = {"LOCK", "FREEZE"}
+_ATTEMPTS = 3  # snapshots a backup takes when segments it listed vanish meanwhile
+
+
+class _SegmentGone(Exception):
+    """A segment the snapshot listed was deleted before the backup copied it."""
+
+
 _COPY_BELOW = 256 * 1024  # small files are copied; large immutable ones hard-linked
 
 
@@ -133,43 +147,29 @@ class BackupManager(Maintenance, Restore):
         self._flush_tokens = flush_tokens
         self._open_copy = open_copy
         self._catalog_file = catalog_file
-        # Memory partitions on an object store (storage.uri = s3://...): their
-        # segments are copied from there; a folder store is walked like the rest.
-        default = (path / "memories").resolve()
-        self._partitions = (
-            partitions
-            if partitions is not None
-            and (not partitions.local or Path(partitions.path("")) != default)
-            else None
-        )
+        # Where memory segments live (a folder or an S3 prefix): a backup copies
+        # the ones its catalog snapshot lists from there.
+        self._objects = partitions or ObjectStore.folder(path / "memories")
         self.on_restore_step = None
 
     # -- create --------------------------------------------------------------------
 
     def _capture(self, staging: Path) -> list[tuple[Path, str, str]]:
-        """Link or copy every partition file into ``staging`` (writers are frozen).
-        Returns (staged path, relative path, subject_ref)."""
-        root = self._path
+        """Link or copy every vector dataset file into ``staging`` (writers are
+        frozen). Returns (staged path, relative path, subject_ref). Memory segments
+        are not here: the catalog snapshot lists them (``_copy_segments``)."""
         out: list[tuple[Path, str, str]] = []
-        sources: list[tuple[Path, str]] = []
-        mem = root / "memories"
-        if mem.exists():
-            for part in mem.iterdir():
-                if part.is_dir() and part.name.startswith("subject="):
-                    sources.append((part, part.name.removeprefix("subject=")))
-        if self._partitions is not None:
-            out += self._capture_objects(self._partitions, staging)
         vec = self._vector_root()
-        if vec is not None and vec.exists():
-            for ds in vec.iterdir():
-                if ds.is_dir() and ds.name.endswith(".lance"):
-                    sources.append((ds, ds.name.removesuffix(".lance")))
-        for folder, ref in sources:
-            top = "memories" if folder.parent == mem else "vectors"
-            for src in folder.rglob("*"):
+        if vec is None or not vec.exists():
+            return out
+        for ds in vec.iterdir():
+            if not (ds.is_dir() and ds.name.endswith(".lance")):
+                continue
+            ref = ds.name.removesuffix(".lance")
+            for src in ds.rglob("*"):
                 if src.name in _SKIP or not src.is_file():
                     continue
-                rel = f"{top}/{src.relative_to(folder.parent).as_posix()}"
+                rel = f"vectors/{src.relative_to(vec).as_posix()}"
                 dst = staging / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 try:
@@ -186,28 +186,77 @@ class BackupManager(Maintenance, Restore):
                 out.append((dst, rel, ref))
         return out
 
-    @staticmethod
-    def _capture_objects(store: ObjectStore, staging: Path) -> list[tuple[Path, str, str]]:
-        """Copy every segment object of an object-store partition store into
-        ``staging`` (segments are immutable: a copy is the object). Returns what
-        ``_capture`` returns."""
-        out: list[tuple[Path, str, str]] = []
-        for key in store.list_keys(""):
-            folder, _, name = key.rpartition("/")
-            if not folder.startswith("subject=") or "/" in folder or not name:
-                continue
-            rel = f"memories/{key}"
-            dst = staging / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
+    def _copy_segments(
+        self,
+        tgt: BackupTarget,
+        listed: Sequence[ListedSegment],
+        staging: Path,
+        progress: Progress | None,
+    ) -> tuple[list[Segment], int, int]:
+        """Copy the memory segments a catalog snapshot lists into the target, as
+        the ciphertext objects they are, by the size and SHA-256 the catalog
+        recorded: object to object (server side when the partition store and the
+        target are the same S3 service), an object the target holds already
+        skipped. Returns (segments, bytes copied, objects copied). A listed
+        segment that is gone (retired longer ago than the grace period while this
+        ran) raises ``_SegmentGone``: the caller takes a new snapshot."""
+        store = self._objects
+        total = sum(item.segment.size or 0 for item in listed)
+        done = [0]
+        lock = threading.Lock()
+
+        def tick(n: int) -> None:
+            with lock:
+                done[0] += n
+                if progress is not None:
+                    progress("copy", done[0], total)
+
+        def one(item: ListedSegment) -> tuple[Segment, int]:
+            key = f"{partition_prefix(item.subject_ref)}/{item.segment.name}"
+            size, sha = item.segment.size, item.segment.sha256
+            fetched: Path | None = None
             try:
-                with store.fs.open_input_stream(store.path(key)) as src, dst.open("wb") as f:
-                    while chunk := src.read(1 << 20):
-                        f.write(chunk)
-            except FileNotFoundError:
-                dst.unlink(missing_ok=True)
-                continue  # retired meanwhile: the catalog snapshot names its successor
-            out.append((dst, rel, folder.removeprefix("subject=")))
-        return out
+                if size is None or sha is None or (not store.local and not self._same_s3(tgt)):
+                    # Written before revision 0005 (no digest in the catalog), or to
+                    # be uploaded from here: a local copy, hashed.
+                    fetched = staging / key
+                    fetched.parent.mkdir(parents=True, exist_ok=True)
+                    with store.open_stream(key) as src, fetched.open("wb") as f:
+                        while chunk := src.read(1 << 20):
+                            f.write(chunk)
+                    size, sha = fetched.stat().st_size, _sha256_file(fetched)
+                seg = Segment(
+                    path=f"memories/{key}", subject_ref=item.subject_ref, size=size, sha256=sha
+                )
+                if tgt.exists(seg.object):
+                    tick(size)
+                    return seg, 0
+                where = store.s3_object(key)
+                if fetched is None and where is not None and self._same_s3(tgt):
+                    assert isinstance(tgt, S3Target)  # noqa: S101 - _same_s3 says so
+                    tgt.copy_from(where[0], where[1], seg.object)
+                else:
+                    tgt.put_file(seg.object, fetched or Path(store.path(key)))
+                tick(size)
+                return seg, size
+            except (FileNotFoundError, NotFound):
+                raise _SegmentGone() from None
+            finally:
+                if fetched is not None:
+                    fetched.unlink(missing_ok=True)
+
+        with ThreadPoolExecutor(self._settings.workers) as pool:
+            results = list(pool.map(one, listed))
+        return [s for s, _ in results], sum(n for _, n in results), sum(1 for _, n in results if n)
+
+    def _same_s3(self, tgt: BackupTarget) -> bool:
+        """Whether ``tgt`` is on the S3 service the partitions are on."""
+        store = self._objects
+        return (
+            isinstance(tgt, S3Target)
+            and store.s3_object("") is not None
+            and tgt.endpoint_url == store.endpoint_url
+        )
 
     def _vector_root(self) -> Path | None:
         uri = self._config.vectors.uri
@@ -233,7 +282,19 @@ class BackupManager(Maintenance, Restore):
         now = now or self.clock()
         with self._creating():
             self._remember_target(tgt)
-            return self._create(tgt, klass, now, progress)
+            for _ in range(_ATTEMPTS - 1):
+                try:
+                    return self._create(tgt, klass, now, progress)
+                except _SegmentGone:
+                    continue  # a compaction's grace ran out mid-copy: a new snapshot
+            try:
+                return self._create(tgt, klass, now, progress)
+            except _SegmentGone:
+                raise KeyshredError(
+                    f"memory segments kept being deleted while the backup copied them "
+                    f"({_ATTEMPTS} attempts): storage.retired_grace_seconds is shorter "
+                    "than a backup's copy"
+                ) from None
 
     def _remember_target(self, tgt: BackupTarget) -> None:
         """Record a target other than the default before writing to it (under the
@@ -280,6 +341,9 @@ class BackupManager(Maintenance, Restore):
             with contextlib.ExitStack() as stack:
                 with self._freeze():
                     snapshot = stack.enter_context(self._catalog.snapshot())
+                    # The partitions at the snapshot's instant, in every process on
+                    # every machine: the catalog's list (segments are immutable).
+                    listed = snapshot.live_segments()
                     files = self._capture(staging / "files")
                     keystore = keyring.store.snapshot()
                 # Writers run again; the catalog export reads the pinned snapshot and
@@ -293,6 +357,11 @@ class BackupManager(Maintenance, Restore):
             archive_kek = keyring.archive_kek
             assert archive_kek is not None  # noqa: S101 - archive_copy needs it
             segments, uploaded, n_up, n_reused = self._upload(tgt, files, progress)
+            copied, copied_bytes, n_copied = self._copy_segments(
+                tgt, listed, staging / "segments", progress
+            )
+            n_reused += len(copied) - n_copied
+            segments, uploaded, n_up = segments + copied, uploaded + copied_bytes, n_up + n_copied
             prefix = gen_prefix(generation)
             catalog_sha = _sha256_file(catalog_path)
             tgt.put_file(f"{prefix}/catalog.db", catalog_path)

@@ -208,6 +208,7 @@ class S3Target(BackupTarget):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.endpoint_url = endpoint_url  # a copy from the same service is server side
         self._client = client or boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
         self._transfer = TransferConfig(
             multipart_threshold=multipart_mb << 20, multipart_chunksize=multipart_mb << 20
@@ -251,6 +252,18 @@ class S3Target(BackupTarget):
             Key=self._key(key),
             Config=self._transfer,
             Callback=progress,
+        )
+
+    def copy_from(self, bucket: str, source: str, key: str) -> None:
+        """Copy an object of the same service into ``key`` server side (nothing
+        passes through this process; multipart above ``multipart_mb``).
+        ``NotFound`` if the source is gone."""
+        self._call(
+            self._client.copy,
+            CopySource={"Bucket": bucket, "Key": source},
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Config=self._transfer,
         )
 
     def put_bytes(self, key: str, data: bytes) -> None:

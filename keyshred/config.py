@@ -227,6 +227,10 @@ class StorageSettings(_Model):
     # How deeply lists and dicts of a memory value may nest (ValueTooLarge beyond).
     max_value_depth: int = Field(100, ge=1, le=500)
     flush_records: int = Field(1000, ge=1)
+    # How long a segment a compaction replaced stays in the partition store: a
+    # reader in another process that listed it, or a backup copying what its
+    # catalog snapshot lists, may still need it. Deletions and erasures do not wait.
+    retired_grace_seconds: float = Field(300.0, ge=0, le=86_400)
     durability: Literal["fsync", "flush"] = "fsync"
     max_open_partitions: int = Field(256, ge=1)
     default_max_retention_days: int = Field(3650, ge=1)

@@ -139,6 +139,7 @@ class Keyshred:
             freeze=freeze,
             audit=self._audit,
             objects=partitions,
+            retired_grace_seconds=settings.retired_grace_seconds,
         )
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()
@@ -209,7 +210,7 @@ class Keyshred:
                 config,
                 catalog,
                 self._audit,
-                memories_root=path / "memories",
+                memories=self._memories,
                 checkpoints=self._checkpoints,
                 backups=self._backup,
                 erasures=self._erasure,

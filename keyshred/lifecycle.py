@@ -1,9 +1,11 @@
 """Data lifecycle: the retention scanner and consent withdrawal.
 
 ``ks.retention.run()`` finds memories past their retain-until *from plaintext
-metadata only*: DuckDB over every partition's Parquet segments (ids, subject_ref,
-retain_until are plaintext columns) plus the catalog (for writes still in a log).
-It never opens a key. Each subject's expired memories become one deletion request
+metadata only*: the catalog's assets, and the plaintext columns (ids, subject_ref,
+retain_until) of the Parquet segments the catalog lists whose earliest retain-until
+has passed (read through the partition store: a folder or S3). It never opens a
+key. The same run deletes segments compactions retired longer ago than
+``storage.retired_grace_seconds``. Each subject's expired memories become one deletion request
 scoped to exactly those assets, carried through the erasure state machine (derived
 assets built from them rebuilt, legal holds respected, a signed receipt of kind
 ``retention``). Reads hide a memory the moment its retain-until passes, so the
@@ -29,7 +31,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from keyshred.errors import KeyshredError, SubjectSuppressed
@@ -66,6 +67,14 @@ class Erasures(Protocol):
     def run(self, request_id: str) -> ErasureRequest: ...
 
 
+class MemorySegments(Protocol):
+    """The memory store as the retention run uses it (the facade wires it)."""
+
+    def expired_in_segments(self, now: datetime) -> dict[str, list[str]]: ...
+
+    def sweep_retired(self) -> int: ...
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -84,6 +93,7 @@ class RetentionReport:
     threads_deleted: int = 0
     audit_events_pruned: int = 0
     backup_generations_pruned: list[str] = field(default_factory=list)
+    retired_segments_deleted: int = 0
     scan_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,7 +111,7 @@ class Lifecycle:
         catalog: Catalog,
         audit: AuditLog,
         *,
-        memories_root: Path,
+        memories: MemorySegments,
         checkpoints: CheckpointStore,
         backups: BackupManager,
         erasures: Erasures,
@@ -111,7 +121,7 @@ class Lifecycle:
         self._config = config
         self._catalog = catalog
         self._audit = audit
-        self._memories_root = memories_root
+        self._memories = memories
         self._checkpoints = checkpoints
         self._backups = backups
         self._erasures = erasures
@@ -127,36 +137,11 @@ class Lifecycle:
         metadata: the Parquet segments (DuckDB) and the catalog. No key is used."""
         now = now or _now()
         found: dict[str, set[str]] = {}
-        for ref, ids in self._scan_segments(now).items():
+        for ref, ids in self._memories.expired_in_segments(now).items():
             found.setdefault(ref, set()).update(ids)
         for ref, ids in self._catalog.expired("memory", now).items():
             found.setdefault(ref, set()).update(ids)
         return {ref: sorted(ids) for ref, ids in found.items()}
-
-    def _scan_segments(self, now: datetime) -> dict[str, list[str]]:
-        root = self._memories_root
-        if not any(root.glob("subject=*/seg-*.parquet")):
-            return {}
-        import duckdb
-
-        pattern = str(root / "subject=*" / "seg-*.parquet")
-        query = (
-            "SELECT subject_ref, memory_id FROM read_parquet(?, union_by_name=true) "
-            "WHERE retain_until <= ?"
-        )
-        for attempt in range(3):
-            try:
-                with duckdb.connect() as db:
-                    rows = db.execute(query, [pattern, now]).fetchall()
-                break
-            except duckdb.IOException:
-                # A flush replaced a segment between the glob and the read: rescan.
-                if attempt == 2:
-                    raise KeyshredError("the partitions kept changing during the scan") from None
-        out: dict[str, list[str]] = {}
-        for ref, memory_id in rows:
-            out.setdefault(str(ref), []).append(str(memory_id))
-        return out
 
     def run(self, now: datetime | None = None) -> RetentionReport:
         """One retention run over every layer; see the module docstring."""
@@ -190,6 +175,7 @@ class Lifecycle:
             for ref in self._checkpoints.idle_threads(now - timedelta(days=days)):
                 report.threads_deleted += 1 if self._checkpoints.drop_thread_ref(ref) else 0
         report.exports_expired = self._expire_exports(now)
+        report.retired_segments_deleted = self._memories.sweep_retired()
         report.audit_events_pruned = self._audit.apply_retention()
         if self._backups.target_in_use():
             report.backup_generations_pruned = self._backups.prune(now=now)

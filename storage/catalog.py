@@ -17,10 +17,13 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+
+if TYPE_CHECKING:
+    from keyshred.storage.hot import ListedSegment
 
 from keyshred.db import Micros, create_engine, micros, sqlite_url, utc
 from keyshred.errors import ConfigError
@@ -268,6 +271,21 @@ class CatalogSnapshot:
     def __init__(self, conn: Connection | None, copy: sqlite3.Connection | None) -> None:
         self._conn = conn
         self._copy = copy
+
+    def live_segments(self) -> list[ListedSegment]:
+        """Every subject's live memory segments at the snapshot's instant."""
+        # Imported here: keyshred.storage.hot is built on this module.
+        from keyshred.storage.hot import live_segments
+
+        if self._conn is not None:
+            return live_segments(self._conn)
+        assert self._copy is not None  # noqa: S101 - one of the two is set
+        engine = sa.create_engine("sqlite://", creator=lambda: self._copy, poolclass=sa.StaticPool)
+        try:
+            with engine.connect() as conn:
+                return live_segments(conn)
+        finally:
+            engine.dispose(close=False)
 
     def export(self, path: str | os.PathLike[str]) -> None:
         """Write every table into a new SQLite catalog file at ``path``."""

@@ -29,7 +29,7 @@ from keyshred.errors import IntegrityError
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.schema import memory_hot, memory_partitions, memory_segments
 
-__all__ = ["EMPTY", "Head", "HotRecord", "HotTier", "Segment"]
+__all__ = ["EMPTY", "Head", "HotRecord", "HotTier", "ListedSegment", "Segment", "live_segments"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,19 @@ class Segment:
     scope: str
     rows: int
     key_id: str
+    # The object's size and SHA-256, its rows' earliest retain-until (microseconds);
+    # None for segments written before revision 0005.
+    size: int | None = None
+    sha256: str | None = None
+    retain_min: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListedSegment:
+    """A live segment of some subject, as a backup or the retention scan lists it."""
+
+    subject_ref: str
+    segment: Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +75,30 @@ class HotRecord:
 
 def _p(name: str) -> Any:
     return sa.bindparam(name)
+
+
+def _segment(r: Any) -> Segment:
+    return Segment(
+        r.name,
+        r.scope,
+        int(r.rows),
+        r.key_id,
+        None if r.size is None else int(r.size),
+        r.sha256,
+        None if r.retain_min is None else int(r.retain_min),
+    )
+
+
+def live_segments(conn: Any, *, expiring_by: int | None = None) -> list[ListedSegment]:
+    """Every subject's live segments on ``conn`` (a connection of the catalog or of
+    a snapshot of it); with ``expiring_by`` (microseconds) only those holding a row
+    whose retain-until is at or before it (or not known: written before 0005)."""
+    seg = memory_segments
+    query = sa.select(seg).where(seg.c.retired_at.is_(None))
+    if expiring_by is not None:
+        query = query.where(sa.or_(seg.c.retain_min.is_(None), seg.c.retain_min <= expiring_by))
+    rows = conn.execute(query.order_by(seg.c.subject_ref, seg.c.scope, seg.c.name))
+    return [ListedSegment(r.subject_ref, _segment(r)) for r in rows]
 
 
 class HotTier:
@@ -121,7 +158,7 @@ class HotTier:
                 segments = None
                 if since is None:
                     segments = [
-                        Segment(r.name, r.scope, int(r.rows), r.key_id)
+                        _segment(r)
                         for r in conn.execute(
                             sa.select(seg)
                             .where(seg.c.subject_ref == ref, seg.c.retired_at.is_(None))
@@ -149,6 +186,25 @@ class HotTier:
                 sa.select(seg.c.name, seg.c.retired_at).where(seg.c.subject_ref == ref)
             ).all()
         return {r.name: r.retired_at for r in rows}
+
+    def live(self, *, expiring_by: int | None = None) -> list[ListedSegment]:
+        """``live_segments`` of the catalog now."""
+        with self._catalog.transaction() as conn:
+            return live_segments(conn, expiring_by=expiring_by)
+
+    def retired_subjects(self, before_us: int) -> list[str]:
+        """Subjects with a segment retired at or before ``before_us`` whose object
+        may still exist (the sweep deletes them)."""
+        seg = memory_segments
+        with self._catalog.transaction() as conn:
+            return [
+                str(r)
+                for (r,) in conn.execute(
+                    sa.select(seg.c.subject_ref)
+                    .where(seg.c.retired_at.is_not(None), seg.c.retired_at <= before_us)
+                    .distinct()
+                )
+            ]
 
     def counts(self, ref: str, scope: str | None = None) -> tuple[int, int, int]:
         """(head rows, hot rows, segment rows) the catalog holds for ``ref``."""
@@ -232,6 +288,9 @@ class HotTier:
                             "rows": s.rows,
                             "key_id": s.key_id,
                             "retired_at": None,
+                            "size": s.size,
+                            "sha256": s.sha256,
+                            "retain_min": s.retain_min,
                         }
                         for s in segments
                     ],

@@ -61,8 +61,11 @@ class MemoryStoreBase:
         audit: AuditSink | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         objects: ObjectStore | None = None,
+        retired_grace_seconds: float = 300.0,
     ) -> None:
         self._root = root / "memories"
+        self._grace_seconds = retired_grace_seconds
+        self._grace_us = int(retired_grace_seconds * 1_000_000)
         # Where segments live (a folder by default, or an S3 prefix), and the
         # catalog's side of partitions: the truth every process shares.
         self._objects = objects or ObjectStore.folder(self._root)
@@ -120,6 +123,7 @@ class MemoryStoreBase:
             expected_ids=self._expected_ids if checked else None,
             finish_deletes=self._finish_deletes if checked else None,
             freeze=self._freeze,
+            retired_grace_seconds=self._grace_seconds,
         )
 
     def _partition(self, subject_ref: str) -> Partition:

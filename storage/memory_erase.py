@@ -16,12 +16,17 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from keyshred.errors import SubjectSuppressed
+import pyarrow as pa
+
+from keyshred.errors import IntegrityError, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.memory_read import ReadMixin
 from keyshred.storage.memory_types import DELETING, MEMORY_KIND, _key, _namespace, _vector_ids
-from keyshred.storage.partition import MemoryRow, Partition, partition_prefix
+from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, to_us
+
+# The plaintext columns the retention scan reads (never the encrypted ones).
+_SCAN_COLUMNS = ["subject_ref", "memory_id", "retain_until"]
 
 __all__ = ["EraseMixin"]
 
@@ -103,7 +108,10 @@ class EraseMixin(ReadMixin):
         for row in rows:
             part.append_delete(row)
         faults.reached("delete.after_log")
-        part.flush()
+        # The rewrite deletes the old segments at once, not after the grace period:
+        # "deleted" means the bytes are gone (a reader that listed one reads the
+        # list again).
+        part.flush(purge=True)
         faults.reached("delete.after_rewrite")
         indexed = [r.memory_id for r in rows if r.index]
         if indexed and self._vectors is not None:
@@ -127,6 +135,45 @@ class EraseMixin(ReadMixin):
                 if doomed:
                     self._delete_rows(ref, part, doomed)
                     n += len(doomed)
+        return n
+
+    def expired_in_segments(self, now: datetime) -> dict[str, list[str]]:
+        """Memory ids past their retain-until in the segments the catalog lists, by
+        subject_ref, from their plaintext columns (no key is opened); only segments
+        whose earliest retain-until has passed are read (a catalog fact)."""
+        cutoff = to_us(now)
+        out: dict[str, list[str]] = {}
+        for listed in self._hot.live(expiring_by=cutoff):
+            key = f"{partition_prefix(listed.subject_ref)}/{listed.segment.name}"
+            try:
+                table = self._objects.open_parquet(key).read(columns=_SCAN_COLUMNS)
+            except FileNotFoundError:
+                continue  # retired since the listing: its successor is read next run
+            except Exception as exc:  # noqa: BLE001 - a bad file, said as one
+                raise IntegrityError(
+                    f"segment {listed.segment.name} of partition {listed.subject_ref} "
+                    f"failed to read ({type(exc).__name__})"
+                ) from None
+            ids = table.column("memory_id").to_pylist()
+            until = table.column("retain_until").cast(pa.int64()).to_pylist()
+            refs = set(table.column("subject_ref").to_pylist())
+            if refs - {listed.subject_ref}:
+                raise IntegrityError(f"segment {listed.segment.name} holds another's rows")
+            found = [str(m) for m, u in zip(ids, until, strict=True) if u <= cutoff]
+            if found:
+                out.setdefault(listed.subject_ref, []).extend(found)
+        return out
+
+    def sweep_retired(self) -> int:
+        """Delete the objects of segments retired longer ago than the grace period,
+        for every subject (a compaction deletes its own on the subject's next
+        compaction; the retention run calls this for the rest); returns how many."""
+        n = 0
+        for ref in self._hot.retired_subjects(to_us(datetime.now(UTC)) - self._grace_us):
+            try:
+                n += self._partition(ref).sweep()
+            except SubjectSuppressed:
+                continue  # erased meanwhile: the erasure deleted everything
         return n
 
     # -- Erasable (keyshred.storage.erasable) ------------------------------------------

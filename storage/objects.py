@@ -14,6 +14,7 @@ it (the catalog then deletes the hot rows it folded) and made owner-only.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +39,10 @@ class ObjectStore:
         url: str,
         versions: Callable[[str], list[tuple[str, str]]] | None = None,
         purge_versions: Callable[[str], int] | None = None,
+        endpoint_url: str | None = None,
     ) -> None:
         self.fs = fs
+        self.endpoint_url = endpoint_url  # on S3: the service (None: AWS itself)
         self._base = base.rstrip("/")
         self.url = url  # what a receipt may name (no credentials: they never enter it)
         self.local = isinstance(fs, pafs.LocalFileSystem)
@@ -56,14 +59,25 @@ class ObjectStore:
     def path(self, key: str) -> str:
         return f"{self._base}/{key}" if key else self._base
 
-    def write_table(self, key: str, table: pa.Table, **kwargs: Any) -> None:
-        """Write ``table`` as one Parquet object (durable when this returns)."""
+    def write_table(self, key: str, table: pa.Table, **kwargs: Any) -> tuple[int, str]:
+        """Write ``table`` as one Parquet object (durable when this returns);
+        returns its size and SHA-256 (what a backup copies it by)."""
+        # Serialised in memory first: the digest is of exactly the bytes stored, and
+        # the object is one PUT (no multipart upload of a stream on a bucket).
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **kwargs)
+        data = sink.getvalue()
+        self.put_bytes(key, data)
+        return data.size, hashlib.sha256(memoryview(data)).hexdigest()
+
+    def put_bytes(self, key: str, data: pa.Buffer | bytes) -> None:
+        """Write one object (durable when this returns)."""
         path = self.path(key)
         if self.local:
             Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # One stream per object: no directory markers on a bucket, no rename.
         with self.fs.open_output_stream(path) as out:
-            pq.write_table(table, out, **kwargs)
+            out.write(data)
         if self.local:
             os.chmod(path, 0o600)
             fd = os.open(path, os.O_RDONLY)
@@ -76,6 +90,18 @@ class ObjectStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def open_stream(self, key: str) -> Any:
+        """A sequential reader of the object; ``FileNotFoundError`` if it is gone."""
+        return self.fs.open_input_stream(self.path(key))
+
+    def s3_object(self, key: str) -> tuple[str, str] | None:
+        """(bucket, object key) of ``key`` when the objects are on S3 (a backup to
+        the same service copies them server side), else None."""
+        if self.local or not self.url.startswith("s3://"):
+            return None
+        bucket, _, base = self.path(key).partition("/")
+        return bucket, base
 
     def open_parquet(self, key: str, **kwargs: Any) -> pq.ParquetFile:
         """A Parquet reader of the object; ``FileNotFoundError`` if it is gone."""

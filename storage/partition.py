@@ -133,8 +133,13 @@ class Partition:
         expected_ids: Callable[[str], set[str]] | None = None,
         finish_deletes: Callable[[Partition, set[str]], set[str]] | None = None,
         freeze: FreezeLock | None = None,
+        retired_grace_seconds: float = 300.0,
     ) -> None:
         self._objects = objects
+        # How long a retired segment's object outlives the compaction that retired
+        # it: a reader in another process that listed it just before may still be
+        # reading it, and a backup copies what its catalog snapshot lists.
+        self._grace_us = int(retired_grace_seconds * 1_000_000)
         self._prefix = partition_prefix(subject_ref)
         self._hot = hot
         self._locks = locks
@@ -458,28 +463,46 @@ class Partition:
             out.append(replace(row, namespace=ns, key=k, value=value))
         return out
 
-    def _leftovers(self) -> list[str]:
-        """Objects under the partition's prefix that no live segment row names:
-        retired ones not yet deleted, and those of a compaction that never
-        committed (a crash after writing its segment)."""
-        live = {seg.name for seg in self._segments.values()}
+    def _leftovers(self, *, purge: bool = False) -> tuple[list[str], list[str]]:
+        """Objects under the partition's prefix to delete, and the retired segment
+        rows to forget with them: objects no segment row names (a compaction that
+        never committed: a crash after writing its segment) and segments retired
+        longer ago than the grace period (a reader that listed one before its
+        compaction committed may still be reading it until then); with ``purge``
+        every retired one (a scope erasure: nobody may read them any more)."""
+        named = self._hot.segment_names(self.subject_ref)
+        cutoff = to_us_now() - (0 if purge else self._grace_us)
+        expired = {n for n, at in named.items() if at is not None and at <= cutoff}
         start = len(self._prefix) + 1
-        return [k[start:] for k in self._objects.list_keys(self._prefix) if k[start:] not in live]
+        objects = [
+            k[start:]
+            for k in self._objects.list_keys(self._prefix)
+            if k[start:] not in named or k[start:] in expired
+        ]
+        return objects, sorted(expired)
 
-    def _cleanup(self) -> None:
-        """Delete leftover objects and forget retired segments. Under the subject
-        lock only: a compaction writes its objects under it, so none is in flight."""
-        for name in self._leftovers():
+    def _cleanup(self, *, purge: bool = False) -> int:
+        """Delete leftover objects and forget retired segments past the grace
+        period; returns how many objects went. Under the subject lock only: a
+        compaction writes its objects under it, so none is in flight."""
+        objects, retired = self._leftovers(purge=purge)
+        for name in objects:
             self._objects.delete(f"{self._prefix}/{name}")
-        retired = [n for n, at in self._hot.segment_names(self.subject_ref).items() if at]
         self._hot.forget_segments(self.subject_ref, retired)
+        return len(objects)
+
+    def sweep(self) -> int:
+        """Delete the objects of segments retired longer ago than the grace period
+        (and any a killed compaction left); returns how many objects went."""
+        with self.flocked(refresh=False):
+            return self._cleanup()
 
     def inspect(self) -> tuple[list[MemoryRow], list[str]]:
         """Every row the partition holds and the names of leftover objects, with
         nothing removed (repair reports before it acts). Callers hold ``flocked``."""
         try:
             self._read_state(lenient=True)
-            return self.all_rows(), self._leftovers()
+            return self.all_rows(), self._leftovers()[0]
         finally:
             self.invalidate()
 
@@ -557,10 +580,11 @@ class Partition:
         """Rows written to the hot tier since the last compaction."""
         return self._pending
 
-    def flush(self) -> None:
+    def flush(self, *, purge: bool = False) -> None:
         """Compaction: write a new segment of every scope that changed, publish them
         and retire the old ones in one catalog transaction that deletes the folded
-        hot rows, then delete the retired objects."""
+        hot rows; retired objects are deleted after the grace period (``purge``:
+        at once)."""
         if not self._dirty and self._head.next_seq == self._head.base_seq:
             return
         by_scope: dict[str, list[MemoryRow]] = {}
@@ -576,8 +600,7 @@ class Partition:
             if not rows:
                 continue
             name = f"seg-{uuid.uuid4().hex}.parquet"
-            key_id = self._write_segment(name, scope, rows)
-            published.append(Segment(name, scope, len(rows), key_id))
+            published.append(self._write_segment(name, scope, rows))
             faults.reached("flush.after_segment")
         now_us = to_us_now()
         self._head = self._hot.publish(self.subject_ref, self._head, published, retire, now_us)
@@ -586,7 +609,7 @@ class Partition:
             self._segments.pop(scope, None)
         self._segments.update({seg.scope: seg for seg in published})
         self._dirty, self._pending = set(), 0
-        self._cleanup()
+        self._cleanup(purge=purge)
 
     def _read_segment(self, name: str, scope: str, *, path: str | None = None) -> list[MemoryRow]:
         """The rows of one segment object (or, with ``path``, of a local copy)."""
@@ -633,7 +656,7 @@ class Partition:
             raise IntegrityError(f"segment {name} holds a malformed row") from None
         return self._unseal(out)
 
-    def _write_segment(self, name: str, scope: str, rows: list[MemoryRow]) -> str:
+    def _write_segment(self, name: str, scope: str, rows: list[MemoryRow]) -> Segment:
         rows = sorted(rows, key=lambda r: r.memory_id)
         kwargs: dict[str, Any] = {"write_page_checksum": True}
         key_id = ""
@@ -678,8 +701,8 @@ class Partition:
             for f in SCHEMA
         ]
         table = pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata({_MAC_META: mac}))
-        self._objects.write_table(f"{self._prefix}/{name}", table, **kwargs)
-        return key_id
+        size, sha256 = self._objects.write_table(f"{self._prefix}/{name}", table, **kwargs)
+        return Segment(name, scope, n, key_id, size, sha256, min(r.retain_us for r in rows))
 
     # -- erasure -------------------------------------------------------------------
 
@@ -706,8 +729,10 @@ class Partition:
                 self.opaque.pop(r.lookup, None)
             self._dirty.add(scope)
             # Hot rows may hold this scope's records: a compaction folds what
-            # remains and deletes them, so no row or object keeps the scope's bytes.
-            self.flush()
+            # remains and deletes them, so no row or object keeps the scope's bytes
+            # (retired segments go at once, not after the grace period: a reader
+            # that listed one re-reads the list, ``_load``).
+            self.flush(purge=True)
             return len(doomed)
 
     def close(self) -> None:

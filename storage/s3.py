@@ -62,7 +62,14 @@ def open_partition_store(
     fs = pafs.S3FileSystem(**kwargs)
     base = f"{bucket}/{prefix}" if prefix else bucket
     versions = _Versions(bucket, prefix, endpoint_url, region, addressing_style)
-    return ObjectStore(fs, base, url=uri, versions=versions.list, purge_versions=versions.purge)
+    return ObjectStore(
+        fs,
+        base,
+        url=uri,
+        versions=versions.list,
+        purge_versions=versions.purge,
+        endpoint_url=endpoint_url,
+    )
 
 
 class _Versions:

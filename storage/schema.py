@@ -189,6 +189,13 @@ memory_segments = sa.Table(
     # None: part of the partition; else when a compaction replaced it (its object
     # is deleted once no reader can still need it).
     sa.Column("retired_at", sa.BigInteger, nullable=True),
+    # The object's size and SHA-256 (a backup copies it by them, never downloading
+    # it to hash) and its rows' earliest retain-until in microseconds (the retention
+    # scanner opens only segments with something expired). NULL: written before
+    # revision 0005.
+    sa.Column("size", sa.BigInteger, nullable=True),
+    sa.Column("sha256", sa.String(64), nullable=True),
+    sa.Column("retain_min", sa.BigInteger, nullable=True),
 )
 
 # -- LangGraph threads and checkpoints (keyshred.storage.checkpoints) ----------------

@@ -5,8 +5,10 @@ versioned bucket, and verification says it listed the bucket."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,10 @@ import boto3
 import pytest
 
 from keyshred import Config, Keyshred
-from keyshred.config import S3Settings, StorageSettings, VectorSettings
-from keyshred.errors import ConfigError, SubjectSuppressed
+from keyshred.config import BackupSettings, S3Settings, StorageSettings, VectorSettings
+from keyshred.errors import ConfigError, KeyshredError, SubjectSuppressed
 from keyshred.storage.erasable import ErasureTarget
+from keyshred.storage.objects import ObjectStore
 from keyshred.storage.s3 import open_partition_store
 from tests.servers import Server
 from tests.storage.test_vectors import bag_of_words
@@ -63,6 +66,12 @@ def versions(moto: Server, bucket: str, prefix: str) -> list[tuple[str, str]]:
     return out
 
 
+def _current(moto: Server, bucket: str, prefix: str) -> list[str]:
+    """Current objects under ``prefix`` (no folder markers, no older versions)."""
+    page = _client(moto).list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for o in page.get("Contents", []) if o["Key"][-1] != "/"]
+
+
 def test_segments_are_objects_in_the_bucket_and_nothing_local(
     ks: Keyshred, bucket: str, moto: Server, tmp_path: Path
 ) -> None:
@@ -74,9 +83,14 @@ def test_segments_are_objects_in_the_bucket_and_nothing_local(
     # prefix (a key ending in "/", no bytes); every other object is a segment.
     keys = [k for k, _ in versions(moto, bucket, f"parts/subject={ref}/") if k[-1] != "/"]
     assert keys and all(k.endswith(".parquet") and "/seg-" in k for k in keys)
-    current = _client(moto).list_objects_v2(Bucket=bucket, Prefix=f"parts/subject={ref}/")
-    live = [o["Key"] for o in current.get("Contents", []) if o["Key"][-1] != "/"]
-    assert len(live) == 1  # one scope, one live segment; the retired ones deleted
+    # One scope, one live segment; the ones compactions retired stay for the grace
+    # period (a reader in another process may have listed them): every object in the
+    # bucket is one the catalog names.
+    named = ks._memories._hot.segment_names(ref)
+    assert sum(1 for at in named.values() if at is None) == 1
+    assert sorted(_current(moto, bucket, f"parts/subject={ref}/")) == sorted(
+        f"parts/subject={ref}/{n}" for n in named
+    )
     assert not (tmp_path / "data" / "memories").exists()  # the local disk holds none
     got = ks.memories.get("alice", NS, "k3")
     assert got is not None and got.value == {"text": "alice likes kayaks 3"}
@@ -168,3 +182,119 @@ def test_a_backup_copies_the_segments_from_the_bucket_and_restores_them_locally(
         with pytest.raises(SubjectSuppressed):
             r.memories.get("hugo", NS, "k")
     assert versions(moto, bucket, "parts/") == before  # the restore touched no live object
+
+
+def test_retired_segments_outlive_their_compaction_by_the_grace_period_then_go(
+    catalog_url: str, bucket: str, moto: Server, tmp_path: Path
+) -> None:
+    cfg = s3_config(catalog_url, bucket, moto, flush_records=3, retired_grace_seconds=1.0)
+    with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
+        for i in range(9):  # three compactions: two retired segments
+            ks.memories.put("ida", NS, f"k{i}", {"i": i})
+        ref = ks.subject_ref("ida")
+        prefix = f"parts/subject={ref}/"
+        assert len(_current(moto, bucket, prefix)) == 3  # a reader's old list still reads
+        time.sleep(1.1)  # past the grace period
+        report = ks.retention.run()
+        assert report.retired_segments_deleted == 2
+        assert len(_current(moto, bucket, prefix)) == 1
+        assert ks._memories._hot.segment_names(ref).keys() == {
+            k.removeprefix(prefix) for k in _current(moto, bucket, prefix)
+        }
+        assert ks.memories.count("ida") == 9
+
+
+def test_a_deletion_leaves_no_retired_segment_behind(
+    ks: Keyshred, bucket: str, moto: Server
+) -> None:
+    for i in range(12):  # compactions: retired segments within their grace period
+        ks.memories.put("jan", NS, f"k{i}", {"i": i})
+    ref = ks.subject_ref("jan")
+    prefix = f"parts/subject={ref}/"
+    assert len(_current(moto, bucket, prefix)) > 1
+    assert ks.memories.delete("jan", NS, "k0")
+    # "Deleted" means the bytes are gone: the segments that held the row went at once.
+    assert len(_current(moto, bucket, prefix)) == 1
+    assert ks.memories.get("jan", NS, "k0") is None
+    assert ks.memories.count("jan") == 11
+
+
+def test_a_backup_to_the_same_service_copies_segments_server_side(
+    catalog_url: str, bucket: str, moto: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = s3_config(catalog_url, bucket, moto, flush_records=5)
+    cfg = cfg.model_copy(update={"backup": BackupSettings(target=f"s3://{bucket}/backups")})
+    with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
+        for i in range(12):
+            ks.memories.put("kim", NS, f"k{i}", {"i": i})
+
+        def no_download(self: ObjectStore, key: str) -> Any:
+            raise AssertionError("a segment passed through this process")
+
+        monkeypatch.setattr(ObjectStore, "open_stream", no_download)
+        gen = ks.backup.create()
+        segments = [
+            s for s in ks.backup.manifest(gen.generation).segments if s.path.startswith("memories/")
+        ]
+        live = [
+            n for n, at in ks._memories._hot.segment_names(ks.subject_ref("kim")).items() if not at
+        ]
+        assert sorted(s.path.rsplit("/", 1)[1] for s in segments) == sorted(live)
+        monkeypatch.undo()
+        again = ks.backup.create()  # nothing changed: every object is reused
+        assert again.objects_uploaded == 0
+        report = ks.backup.restore(gen.generation, tmp_path / "restored")
+        assert report.memories_verified == 12
+
+
+def test_a_backup_takes_a_new_snapshot_when_a_listed_segment_is_deleted_meanwhile(
+    catalog_url: str, bucket: str, moto: Server, tmp_path: Path
+) -> None:
+    cfg = s3_config(catalog_url, bucket, moto, flush_records=5)
+    cfg = cfg.model_copy(update={"backup": BackupSettings(workers=1)})
+    with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
+        for who in ("lea", "max"):
+            for i in range(6):
+                ks.memories.put(who, NS, f"k{i}", {"i": i})
+        deletions = iter(range(1, 6))
+        # Segments are copied in subject_ref order, one at a time (workers=1).
+        second = max(("lea", "max"), key=ks.subject_ref)
+
+        def meanwhile(phase: str, done: int, total: int) -> None:
+            # After the first segment is copied, a deletion rewrites the other
+            # partition: the segment the snapshot listed is gone before its copy.
+            if phase == "copy" and done and next(deletions, None) == 1:
+                ks.memories.delete(second, NS, "k5")
+
+        gen = ks.backup.create(progress=meanwhile)
+        report = ks.backup.restore(gen.generation, tmp_path / "restored")
+        assert report.memories_verified == 11  # max's deletion is in the new snapshot
+        n = [0]
+
+        def always(phase: str, done: int, total: int) -> None:
+            if phase == "copy" and done:
+                n[0] += 1
+                ks.memories.put(second, NS, f"new{n[0]}", {"n": n[0]})
+                ks.memories.delete(second, NS, f"new{n[0]}")
+
+        with pytest.raises(KeyshredError, match="kept being deleted"):
+            ks.backup.create(progress=always)
+
+
+def test_the_retention_scan_reads_the_listed_segments_that_hold_something_expired(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(6):  # one compacted segment of five, one hot row
+        ks.memories.put("nora", NS, f"k{i}", {"i": i})
+    ref = ks.subject_ref("nora")
+    later = datetime.now(UTC) + timedelta(days=365 * 30)
+    found = ks._memories.expired_in_segments(later)
+    assert list(found) == [ref] and len(found[ref]) == 5  # from the bucket's segment
+    assert ks.retention.expired(later)[ref] == sorted(ks._catalog.asset_ids(ref, "memory"))
+
+    def opened(self: ObjectStore, key: str, **kwargs: Any) -> Any:
+        raise AssertionError("a segment with nothing expired was read")
+
+    # Today nothing has expired: the catalog says so, and no segment is opened.
+    monkeypatch.setattr(ObjectStore, "open_parquet", opened)
+    assert ks._memories.expired_in_segments(datetime.now(UTC)) == {}
