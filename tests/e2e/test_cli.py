@@ -297,6 +297,12 @@ def test_every_command_has_help() -> None:
         proc = run(*args, "--help")
         assert proc.returncode == 0, (args, proc.stderr)
         assert "Usage" in proc.stdout
+        # Real metavars (SUBJECT, TEXT, PATH), not placeholders like {subject}, <str>
+        # or <bool> (typer 0.27+ prints those: the dependency is pinned below it).
+        for placeholder in ("<str>", "<bool>", "<path>", "{subject}", "{path}"):
+            assert placeholder not in proc.stdout, (args, placeholder)
+    put = run("put", "--help").stdout
+    assert "SUBJECT NAMESPACE KEY VALUE" in put and "PATH" in put
 
 
 def test_lifecycle_commands(tmp_path: Path) -> None:
