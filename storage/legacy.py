@@ -48,9 +48,7 @@ __all__ = ["LegacyFolder", "LegacySegment", "log_place"]
 MANIFEST = "MANIFEST"
 # Every name the old engine wrote in a partition folder (today's segments are
 # ``seg-<32 hex>.parquet``: no "g" after the dash, so the two never match).
-_NAMES = re.compile(
-    r"(MANIFEST|MANIFEST\.tmp|LOCK|log-\d{8}\.ksl|seg-g\d{8}-\d{3}\.(parquet|tmp))"
-)
+_NAMES = re.compile(r"(MANIFEST|MANIFEST\.tmp|LOCK|log-\d{8}\.ksl|seg-g\d{8}-\d{3}\.(parquet|tmp))")
 _SEGMENT = re.compile(r"seg-g\d{8}-\d{3}\.parquet")
 _LEN = struct.Struct(">I")
 _SCOPE = struct.Struct(">H")

@@ -24,7 +24,11 @@ A row whose owner-set key was destroyed is *opaque*: kept in ``Partition.opaque`
 (never in ``rows``, so no read, search or count sees it), written back byte for byte
 by a compaction, deletable by id without its key (``keyshred.storage.rowcodec``).
 
-Why one module of ~770 lines: ``Partition`` is the storage engine of one subject
+A folder of the layout before issue #21 (``keyshred.storage.legacy``) is imported on
+the first load under the subject lock, through ``flush``, and removed after the
+catalog commit (``_settle_legacy``).
+
+Why one module of ~900 lines: ``Partition`` is the storage engine of one subject
 (cache, catch-up, hot appends, compaction to PME segments, opaque rows, drops);
 every method relies on the same head and lock protocol, read and reviewed as one unit.
 """

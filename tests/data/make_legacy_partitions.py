@@ -75,13 +75,13 @@ def embed(texts: list[str]) -> list[list[float]]:
     return out
 
 
-def config() -> Any:
+def config(catalog_url: str | None = None) -> Any:
     from keyshred import Config
     from keyshred.config import ScopeSettings, StorageSettings
 
     return Config(
         # Never compact on our own: the log records stay in the log.
-        storage=StorageSettings(flush_records=1000),
+        storage=StorageSettings(flush_records=1000, catalog_url=catalog_url),
         scopes={
             "support/health": ScopeSettings(
                 purpose="support", categories=["health"], basis="contract"
@@ -106,7 +106,7 @@ def _old_tree_path(old: Path) -> Path:
 def _write(data: Path) -> None:
     from keyshred import Keyshred
 
-    ks = Keyshred.init(data, config(), embeddings=embed)
+    ks = Keyshred.init(data, config(os.environ.get("LEGACY_CATALOG_URL")), embeddings=embed)
     put = ks.memories.put
     # Compacted: ``flush`` compacts every open partition, so it comes first.
     a1 = put("alice", NS, "a1", "alice-probe-one")
@@ -166,6 +166,39 @@ def _tear_tail(data: Path) -> None:
         f.write(struct.pack(">I", 400) + b"\x00\x07default" + b"\x00" * 20)
 
 
+# The distributed profile of that release: the catalog on PostgreSQL, partitions in
+# the local folder. ``data-pg/`` holds the folder, its catalog is dumped (plain SQL,
+# the schema's name replaced by the tests) into ``data-pg/catalog.postgresql.sql``.
+PG_SCHEMA = "ks_legacy_fixture"
+PG_DUMP = "catalog.postgresql.sql"
+_PG = ["-h", "127.0.0.1", "-p", "5432", "-U", "postgres", "test"]
+
+
+def _pg_url() -> str:
+    subprocess.run(
+        [
+            "psql",
+            *_PG,
+            "-qc",
+            f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE; CREATE SCHEMA {PG_SCHEMA}",
+        ],
+        check=True,
+    )
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{PG_SCHEMA}"
+
+
+def _dump_pg(out: Path) -> None:
+    dump = subprocess.run(
+        ["pg_dump", *_PG, "--schema", PG_SCHEMA, "--inserts", "--no-owner", "--no-privileges"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    # Plain SQL only: pg_dump's psql meta-commands (``\\restrict``) are no statements.
+    out.write_text("".join(ln for ln in dump.splitlines(True) if not ln.startswith("\\")))
+    subprocess.run(["psql", *_PG, "-qc", f"DROP SCHEMA {PG_SCHEMA} CASCADE"], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old-tree", type=Path, help="a checkout of 70c7cef")
@@ -185,16 +218,21 @@ def main() -> None:
     tree = _old_tree_path(args.old_tree)
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "data"
-        me = [sys.executable, str(Path(__file__).resolve()), "--data", str(data), "--step"]
-        subprocess.run([*me, "write"], env=env, check=True)
-        killed = subprocess.run([*me, "kill"], env=env, check=False)
-        assert killed.returncode == -signal.SIGKILL, killed.returncode
-        subprocess.run([*me, "tear"], env=env, check=True)
+        for name, catalog_url in (("data", None), ("data-pg", _pg_url())):
+            data = Path(tmp) / name
+            me = [sys.executable, str(Path(__file__).resolve()), "--data", str(data), "--step"]
+            step_env = {**env, "LEGACY_CATALOG_URL": catalog_url or ""}
+            if catalog_url is None:
+                step_env.pop("LEGACY_CATALOG_URL")
+            subprocess.run([*me, "write"], env=step_env, check=True)
+            killed = subprocess.run([*me, "kill"], env=step_env, check=False)
+            assert killed.returncode == -signal.SIGKILL, killed.returncode
+            subprocess.run([*me, "tear"], env=step_env, check=True)
+        _dump_pg(Path(tmp) / "data-pg" / PG_DUMP)
         with tarfile.open(args.out, "w:gz") as tar:
             # Sorted, owner-less entries: the archive says nothing of this machine.
-            for path in sorted(data.rglob("*")):
-                info = tar.gettarinfo(str(path), arcname=str(path.relative_to(data.parent)))
+            for path in sorted(Path(tmp).rglob("*")):
+                info = tar.gettarinfo(str(path), arcname=str(path.relative_to(tmp)))
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 info.mtime = 0

@@ -1,7 +1,8 @@
 """Worker for the import's kill test: opens a folder of the layout before issue #21
 and imports every partition, SIGKILLing itself the first time POINT is reached.
 
-Usage: python legacy_import_worker.py DATA POINT
+Usage: python legacy_import_worker.py DATA POINT (the configuration to open DATA
+with in DATA/config.json: its catalog may be the test's PostgreSQL schema).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from keyshred import Keyshred
+from keyshred import Config, Keyshred
 from keyshred.storage import faults
 from tests.storage.test_legacy_import import MK
 
@@ -25,7 +26,8 @@ def main() -> None:
         if reached == point:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    ks = Keyshred.open(data, embeddings=MK.embed)
+    config = Config.model_validate_json((data / "config.json").read_text())
+    ks = Keyshred.open(data, config, embeddings=MK.embed)
     faults.hook = kill
     ks.memories.import_legacy()
     raise SystemExit(f"{point} was never reached")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -24,11 +26,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from keyshred import Keyshred
+from keyshred import Config, Keyshred
 from keyshred.cli import app
+from keyshred.config import load_config
 from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.migrations import VERSION_TABLE
 from keyshred.storage.legacy import is_legacy_name
+from tests.conftest import PG_DSN
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARCHIVE = DATA / "legacy_70c7cef.tar.gz"
@@ -48,9 +52,36 @@ NS, SUBJECTS, OPAQUE = MK.NS, MK.SUBJECTS, MK.OPAQUE
 
 
 def unpack(tmp_path: Path) -> Path:
+    """The folder of the embedded profile (its catalog in ``catalog/catalog.db``)."""
     with tarfile.open(ARCHIVE) as tar:
         tar.extractall(tmp_path, filter="data")
+    shutil.rmtree(tmp_path / "data-pg")
     return tmp_path / "data"
+
+
+def unpack_for(catalog_url: str, tmp_path: Path) -> tuple[Path, Config]:
+    """The folder the old release wrote with ``catalog_url``'s database: on
+    PostgreSQL its catalog's dump is loaded into the test's schema (the partitions
+    stayed in the folder: that release had no object store)."""
+    if not catalog_url.startswith("postgresql"):
+        data = unpack(tmp_path)
+        return data, load_config(data)
+    with tarfile.open(ARCHIVE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    data = tmp_path / "data-pg"
+    match = re.search(r"search_path%3D(\w+)", catalog_url)
+    assert match is not None
+    dump = (data / MK.PG_DUMP).read_text()
+    dump = re.sub(rf"^CREATE SCHEMA {MK.PG_SCHEMA};$", "", dump, flags=re.M)
+    dump = dump.replace(f"{MK.PG_SCHEMA}.", f"{match.group(1)}.")
+    (data / MK.PG_DUMP).unlink()
+    import psycopg
+
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(dump.encode())  # type: ignore[call-overload]
+    config = load_config(data)
+    storage = config.storage.model_copy(update={"catalog_url": catalog_url})
+    return data, config.model_copy(update={"storage": storage})
 
 
 def legacy_files(data: Path) -> list[str]:
@@ -91,19 +122,16 @@ def check_imported(ks: Keyshred, data: Path) -> None:
 
 
 def test_the_folder_opens_migrated_and_every_partition_imports_on_first_use(
-    tmp_path: Path,
+    catalog_url: str, tmp_path: Path
 ) -> None:
-    data = unpack(tmp_path)
+    data, config = unpack_for(catalog_url, tmp_path)
     before = legacy_files(data)
     assert any(f.endswith("MANIFEST") for f in before)
     assert any(f.endswith(".ksl") for f in before)
-    with Keyshred.open(data, embeddings=MK.embed) as ks:
-        # The catalog of revision 0003 was upgraded when the folder opened.
-        db = data / "catalog" / "catalog.db"
-        with sqlite3.connect(db) as conn:
-            assert conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
-                ("0004",)
-            ]
+    assert _revision(catalog_url, data) == "0003"
+    with Keyshred.open(data, config, embeddings=MK.embed) as ks:
+        # The catalog of revision 0003 was upgraded (0004 on) when the folder opened.
+        assert _revision(catalog_url, data) == _head()
         assert legacy_files(data) == before  # nothing read or removed yet
         check_imported(ks, data)
         # Scopes, the derived row's provenance, the log's update and the indexed row.
@@ -121,8 +149,37 @@ def test_the_folder_opens_migrated_and_every_partition_imports_on_first_use(
         ks.memories.flush()
         with pytest.raises((SubjectErased, SubjectSuppressed)):
             ks.memories.get("victim", NS, "v1")
-    with Keyshred.open(data, embeddings=MK.embed) as ks:
+    with Keyshred.open(data, config, embeddings=MK.embed) as ks:
         assert readable(ks, "alice") == {**SUBJECTS["alice"], "a5": "after the import"}
+
+
+def _head() -> str:
+    from alembic.config import Config as AlembicConfig
+    from alembic.script import ScriptDirectory
+
+    from keyshred.migrations import SCRIPT_LOCATION
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", SCRIPT_LOCATION)
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None and head >= "0004"
+    return head
+
+
+def _revision(catalog_url: str, data: Path) -> str:
+    if catalog_url.startswith("postgresql"):
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(catalog_url)
+        try:
+            with engine.connect() as conn:
+                return str(
+                    conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar()
+                )
+        finally:
+            engine.dispose()
+    with sqlite3.connect(data / "catalog" / "catalog.db") as conn:
+        return str(conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone()[0])
 
 
 def test_an_opaque_row_is_carried_over_byte_for_byte(tmp_path: Path) -> None:
@@ -132,12 +189,14 @@ def test_an_opaque_row_is_carried_over_byte_for_byte(tmp_path: Path) -> None:
         old_seg = next((data / "memories" / f"subject={ref}").glob("seg-g*.parquet"))
         pme = ks.memories._pme
         table = pq.ParquetFile(old_seg, decryption_properties=pme.decryption()).read()
-        old = dict(zip(table.column("memory_id").to_pylist(), table.column("value").to_pylist()))
+        ids, values = table.column("memory_id").to_pylist(), table.column("value").to_pylist()
+        old = dict(zip(ids, values, strict=True))
         assert readable(ks, "bob") == SUBJECTS["bob"]
         new = {}
         for path in (data / "memories" / f"subject={ref}").glob("seg-*.parquet"):
             t = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
-            new.update(zip(t.column("memory_id").to_pylist(), t.column("value").to_pylist()))
+            ids, values = t.column("memory_id").to_pylist(), t.column("value").to_pylist()
+            new.update(zip(ids, values, strict=True))
         live = {m.memory_id for m in ks.memories.search("bob", NS, limit=10)}
         shared = [mid for mid in old if mid not in live]
         assert len(shared) == 1  # b2, the segment's opaque row
@@ -158,12 +217,12 @@ def test_keyshred_migrate_imports_every_partition_at_once(tmp_path: Path) -> Non
 
 
 def test_an_erasure_of_a_subject_never_imported_removes_its_old_files_unread(
-    tmp_path: Path,
+    catalog_url: str, tmp_path: Path
 ) -> None:
     """Erin is suppressed before anything read her folder: no import runs (no
     row decrypted, no key created), the erasure drops the folder and verifies it."""
-    data = unpack(tmp_path)
-    with Keyshred.open(data, embeddings=MK.embed) as ks:
+    data, config = unpack_for(catalog_url, tmp_path)
+    with Keyshred.open(data, config, embeddings=MK.embed) as ks:
         ref = ks.subject_ref("erin")
         folder = data / "memories" / f"subject={ref}"
         ks.catalog.suppress(ref)  # an erasure killed after its suppression
@@ -258,24 +317,22 @@ KILL_POINTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory.mktemp("legacy"))
-
-
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_sigkill_inside_the_import_loses_and_duplicates_nothing(
-    point: str, template: Path, tmp_path: Path
+    point: str, catalog_url: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(template, data)
+    """Killed at each instant of the import (its compaction's two points too),
+    then opened again: the import runs again or finishes, every row once."""
+    data, config = unpack_for(catalog_url, tmp_path)
+    (data / "config.json").write_text(config.model_dump_json())
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(data), point],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-2000:]
-    with Keyshred.open(data, embeddings=MK.embed) as ks:
+    with Keyshred.open(data, config, embeddings=MK.embed) as ks:
         check_imported(ks, data)
