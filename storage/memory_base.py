@@ -121,11 +121,11 @@ class MemoryStoreBase:
             expected_ids=self._expected_ids if checked else None,
             finish_deletes=self._finish_deletes if checked else None,
             freeze=self._freeze,
-            legacy=self.legacy_folder(subject_ref),
+            legacy=self._legacy_folder(subject_ref),
             guard_status=self._guard_status,
         )
 
-    def legacy_folder(self, subject_ref: str) -> LegacyFolder:
+    def _legacy_folder(self, subject_ref: str) -> LegacyFolder:
         """The subject's folder as a release before issue #21 kept it (always in the
         data folder: those releases had no object store), imported on first load."""
         return LegacyFolder(self._root / partition_prefix(subject_ref), subject_ref)

@@ -156,7 +156,7 @@ class EraseMixin(ReadMixin):
             n = len(target.assets)
             return [StoreCheck("memories removed", not rows, f"{len(rows)} of {n} left")]
         # Files of the layout before issue #21 (a folder never imported) count too.
-        legacy = len(self.legacy_folder(ref).files())
+        legacy = len(self._legacy_folder(ref).files())
         if target.scope is not None:
             _, hot_rows, segments = self._hot.counts(ref, target.scope)
             scopes = self._hot_scopes(ref)

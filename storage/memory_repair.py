@@ -94,7 +94,7 @@ class RepairMixin(EraseMixin):
             ref = name.removeprefix("subject=")
             if not name.startswith("subject=") or not _SUBJECT_REF.fullmatch(ref):
                 continue
-            if not self.legacy_folder(ref).files():
+            if not self._legacy_folder(ref).files():
                 continue
             status = self._catalog.guard(ref).status
             if status not in (ACTIVE, ERASED):

@@ -231,7 +231,7 @@ def test_an_erasure_of_a_subject_never_imported_removes_its_old_files_unread(
         with part.flocked():
             assert not part.rows and not part.opaque
         assert sorted(p.name for p in folder.iterdir()) != []  # left to the erasure
-        assert ks.memories.legacy_folder(ref).files()
+        assert ks.memories._legacy_folder(ref).files()
         req = ks.erase("erin", requested_by="dpo", reason="test", probes=["erin-probe-logged"])
         assert req.state == "completed", req.state
         receipt = ks.erasure.receipt(req.request_id)
@@ -254,7 +254,7 @@ def test_an_erased_subjects_old_folder_is_removed_unread(tmp_path: Path) -> None
         assert ks.catalog.guard(victim).status == "erased"
         done, left = ks.memories.import_legacy()
         assert victim in done and left == []
-        assert ks.memories.legacy_folder(victim).files() == []
+        assert ks.memories._legacy_folder(victim).files() == []
         assert ks.memories._hot.counts(victim) == (0, 0, 0)
         assert ks.keyring.store.find(victim, "default", "") is None  # no key made
 
