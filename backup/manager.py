@@ -122,9 +122,11 @@ class BackupManager(Maintenance, Restore):
     Collaborators (the facade wires them): the data folder, the configuration, the
     keyring, the catalog and the audit log; ``freeze`` (the memory store's writer
     freeze, held for the instant of the snapshot); ``flush_tokens`` (tokens issued
-    before a backup belong in it); ``open_copy`` (opens a restored folder, see
-    ``keyshred.backup.restore``) and ``catalog_file`` (where a data folder keeps its
-    embedded catalog, relative to the folder)."""
+    before a backup belong in it); ``import_legacy`` (partitions in the layout of a
+    release before issue #21, which the catalog does not list until imported);
+    ``open_copy`` (opens a restored folder, see ``keyshred.backup.restore``) and
+    ``catalog_file`` (where a data folder keeps its embedded catalog, relative to the
+    folder)."""
 
     def __init__(
         self,
@@ -139,12 +141,14 @@ class BackupManager(Maintenance, Restore):
         open_copy: OpenCopy,
         catalog_file: PurePath,
         partitions: ObjectStore | None = None,
+        import_legacy: Callable[[], object] = lambda: None,
         clock: Callable[[], datetime] = _now,
     ) -> None:
         super().__init__(path, config, keyring, audit, clock=clock)
         self._catalog = catalog
         self._freeze = freeze
         self._flush_tokens = flush_tokens
+        self._import_legacy = import_legacy
         self._open_copy = open_copy
         self._catalog_file = catalog_file
         # Where memory segments live (a folder or an S3 prefix): a backup copies
@@ -337,6 +341,9 @@ class BackupManager(Maintenance, Restore):
         staging.mkdir(parents=True, mode=0o700)
         # Tokens issued before the backup belong in it, group commit or not.
         self._flush_tokens()
+        # A backup copies the segments the catalog lists: partitions a release before
+        # issue #21 left in the folder (imported on first use) are imported first.
+        self._import_legacy()
         try:
             with contextlib.ExitStack() as stack:
                 with self._freeze():

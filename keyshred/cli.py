@@ -1035,6 +1035,21 @@ def repair(
         raise typer.Exit(1)
 
 
+@app.command()
+def migrate(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Finish an upgrade now: the catalog's schema is migrated on every open; this also
+    imports every memory partition an earlier release kept as MANIFEST and log files
+    (each is imported on its first use anyway). Subjects under erasure are left to it."""
+    with Keyshred.open(path) as ks:
+        done, left = ks.memories.import_legacy()
+    if as_json:
+        typer.echo(json.dumps({"imported": done, "left_to_erasure": left}, sort_keys=True))
+        return
+    typer.echo(f"{len(done)} partitions of the earlier layout imported")
+    if left:
+        typer.echo(f"{len(left)} left to their erasure in progress: " + ", ".join(left))
+
+
 def main() -> None:
     """Console entry point: user errors become one line and exit code 2."""
     try:

@@ -179,6 +179,7 @@ class Keyshred:
             open_copy=self._open_restored,
             catalog_file=PurePath(CATALOG_DIR, CATALOG_FILE),
             partitions=partitions,
+            import_legacy=self._memories.import_legacy,
         )
         self.backup = self._guard(self._backup)
         # Every store holding personal data, in the order the erasure runs them

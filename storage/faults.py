@@ -30,6 +30,11 @@ POINTS = (
     # Partition.flush: the segment rewrite (compaction of log into segments)
     "flush.after_segment",  # a new segment file is written, the manifest is old
     "flush.after_manifest",  # the new manifest is committed, old files remain
+    # Partition._settle_legacy: the import of a folder of the layout before issue #21
+    # (its compaction passes the two flush points as well)
+    "import.after_read",  # the old files are read into the cache, nothing written
+    "import.after_commit",  # the catalog holds the partition, the old files remain
+    "import.after_first_file",  # one old file removed, the others not yet
     # Partition.drop: the erasure's removal of a whole partition folder
     "drop.after_first_file",
     # Each store's Erasable.erase (keyshred.storage.erasable): the store has acted,

@@ -25,6 +25,7 @@ from keyshred.storage.catalog import ACTIVE, Catalog
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.hot import HotTier
+from keyshred.storage.legacy import LegacyFolder
 from keyshred.storage.memory_types import DELETING, VECTOR_KIND, AuditSink, _storage_key
 from keyshred.storage.mentions import MentionFinder
 from keyshred.storage.objects import ObjectStore
@@ -124,7 +125,17 @@ class MemoryStoreBase:
             finish_deletes=self._finish_deletes if checked else None,
             freeze=self._freeze,
             retired_grace_seconds=self._grace_seconds,
+            legacy=self._legacy_folder(subject_ref),
+            guard_status=self._guard_status,
         )
+
+    def _legacy_folder(self, subject_ref: str) -> LegacyFolder:
+        """The subject's folder as a release before issue #21 kept it (always in the
+        data folder: those releases had no object store), imported on first load."""
+        return LegacyFolder(self._root / partition_prefix(subject_ref), subject_ref)
+
+    def _guard_status(self, subject_ref: str) -> str:
+        return self._catalog.guard(subject_ref).status
 
     def _partition(self, subject_ref: str) -> Partition:
         with self._lock:

@@ -202,21 +202,23 @@ class EraseMixin(ReadMixin):
             rows = self.rows_by_id(ref, target.assets)
             n = len(target.assets)
             return [StoreCheck("memories removed", not rows, f"{len(rows)} of {n} left")]
+        # Files of the layout before issue #21 (a folder never imported) count too.
+        legacy = len(self._legacy_folder(ref).files())
         if target.scope is not None:
             _, hot_rows, segments = self._hot.counts(ref, target.scope)
             scopes = self._hot_scopes(ref)
-            ok = not hot_rows and not segments
-            return [
-                StoreCheck(
-                    "scope segment removed", ok, f"scopes left: {len(scopes)}; listed the catalog"
-                )
-            ]
+            ok = not hot_rows and not segments and not legacy
+            detail = f"scopes left: {len(scopes)}; listed the catalog"
+            if legacy:
+                detail += f"; {legacy} files of the earlier layout left"
+            return [StoreCheck("scope segment removed", ok, detail)]
         heads, hot_rows, segments = self._hot.counts(ref)
         versions = self._objects.versions(partition_prefix(ref))
-        ok = not (heads or hot_rows or segments or versions)
+        ok = not (heads or hot_rows or segments or versions or legacy)
         detail = (
             f"{len(versions)} objects left (listed {self._objects.url}), "
-            f"{heads + hot_rows + segments} catalog rows left"
+            f"{heads + hot_rows + segments} catalog rows left, "
+            f"{legacy} files of the earlier layout left"
         )
         return [StoreCheck("memory partition removed", ok, detail)]
 

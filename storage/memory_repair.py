@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from keyshred.errors import InvalidInput, SubjectErased, SubjectSuppressed
+from keyshred.storage.catalog import ACTIVE, ERASED
 from keyshred.storage.memory_erase import EraseMixin
 from keyshred.storage.memory_types import (
     _SUBJECT_REF,
@@ -77,6 +78,33 @@ class RepairMixin(EraseMixin):
             except (SubjectSuppressed, SubjectErased):
                 continue
         return out
+
+    def import_legacy(self) -> tuple[list[str], list[str]]:
+        """Import now every memory partition a release before issue #21 left in the
+        data folder (``MANIFEST`` + segments + append log); each is imported on its
+        first load anyway, under its subject lock, so this only finishes an upgrade
+        at once (before moving ``storage.uri`` to S3, say, or to find a tampered
+        folder today rather than at its subject's next read). Returns the
+        subject_refs imported and those left to their erasure in progress (its drop
+        removes their folders unread)."""
+        done, left = [], []
+        root = self._root
+        names = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        for name in names:
+            ref = name.removeprefix("subject=")
+            if not name.startswith("subject=") or not _SUBJECT_REF.fullmatch(ref):
+                continue
+            if not self._legacy_folder(ref).files():
+                continue
+            status = self._catalog.guard(ref).status
+            if status not in (ACTIVE, ERASED):
+                left.append(ref)
+                continue
+            part = self._partition(ref)
+            with part.flocked():  # the load under the lock imports (or removes) it
+                pass
+            done.append(ref)
+        return done, left
 
     def partition_refs(self) -> list[str]:
         """Every subject_ref whose partition the catalog or the partition store

@@ -24,7 +24,11 @@ A row whose owner-set key was destroyed is *opaque*: kept in ``Partition.opaque`
 (never in ``rows``, so no read, search or count sees it), written back byte for byte
 by a compaction, deletable by id without its key (``keyshred.storage.rowcodec``).
 
-Why one module of ~770 lines: ``Partition`` is the storage engine of one subject
+A folder of the layout before issue #21 (``keyshred.storage.legacy``) is imported on
+the first load under the subject lock, through ``flush``, and removed after the
+catalog commit (``_settle_legacy``).
+
+Why one module of ~900 lines: ``Partition`` is the storage engine of one subject
 (cache, catch-up, hot appends, compaction to PME segments, opaque rows, drops);
 every method relies on the same head and lock protocol, read and reviewed as one unit.
 """
@@ -45,7 +49,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from keyshred.errors import (
-    ConfigError,
     IntegrityError,
     KeyNotFound,
     SubjectErased,
@@ -56,8 +59,10 @@ from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.envelope import Place
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
+from keyshred.storage.catalog_base import ACTIVE, ERASED
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.hot import EMPTY, Head, HotRecord, HotTier, Segment
+from keyshred.storage.legacy import LegacyFolder, is_legacy_name
 from keyshred.storage.objects import ObjectStore
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import INDEX_SCOPE
@@ -98,7 +103,6 @@ __all__ = [
 
 _MAC_LABEL = b"segment-mac"
 _MAC_META = b"keyshred.mac"
-_LEGACY_MANIFEST = "MANIFEST"  # the partition file of releases before issue #21
 _LOAD_ATTEMPTS = 5  # a reader racing compactions lists segments again this often
 
 
@@ -134,12 +138,19 @@ class Partition:
         finish_deletes: Callable[[Partition, set[str]], set[str]] | None = None,
         freeze: FreezeLock | None = None,
         retired_grace_seconds: float = 300.0,
+        legacy: LegacyFolder | None = None,
+        guard_status: Callable[[str], str] | None = None,
     ) -> None:
         self._objects = objects
         # How long a retired segment's object outlives the compaction that retired
         # it: a reader in another process that listed it just before may still be
         # reading it, and a backup copies what its catalog snapshot lists.
         self._grace_us = int(retired_grace_seconds * 1_000_000)
+        # The subject's folder in the layout of releases before issue #21, imported
+        # on the first load under the subject lock (``_settle_legacy``), and the
+        # guard's status of the subject, read before anything of it is decrypted.
+        self._legacy = legacy
+        self._guard_status = guard_status
         self._prefix = partition_prefix(subject_ref)
         self._hot = hot
         self._locks = locks
@@ -321,23 +332,121 @@ class Partition:
                     "holds (a truncated or replaced segment)"
                 )
 
-    def _read_state(self, *, lenient: bool = False) -> None:
-        if self._objects.local and self._objects.exists(f"{self._prefix}/{_LEGACY_MANIFEST}"):
-            # A folder of a release before the catalog held partitions: its rows are
-            # in files this version does not read. Said as what it is, not as the
-            # tamper alarm (rows the catalog holds and the partition lacks).
-            raise ConfigError(
-                f"partition {self.subject_ref} is in the layout of an earlier release "
-                "(MANIFEST and append log), which this version does not import"
-            )
+    def _read_state(self, *, lenient: bool = False, view: bool = False) -> None:
+        """Read the catalog's state; under the subject lock, first import a folder of
+        the old layout if there is one (``view``: read its rows into the cache,
+        commit and remove nothing — a dry-run repair)."""
         for _ in range(_LOAD_ATTEMPTS):
             try:
                 self._read_once(lenient=lenient)
-                return
+                break
             except _Vanished:
                 time.sleep(0.01)  # a compaction is publishing: read its list instead
-        self.invalidate()
-        raise IntegrityError(f"a segment of partition {self.subject_ref} is missing")
+        else:
+            self.invalidate()
+            raise IntegrityError(f"a segment of partition {self.subject_ref} is missing")
+        if self._legacy is not None and self.holds_flock:
+            try:
+                self._settle_legacy(self._legacy, view=view)
+            except BaseException:
+                self.invalidate()
+                raise
+
+    # -- the layout of releases before issue #21 ---------------------------------------
+
+    def _settle_legacy(self, legacy: LegacyFolder, *, view: bool) -> None:
+        """Import the subject's folder of the old layout (``keyshred.storage.legacy``)
+        into the catalog, then remove it. Callers hold the subject lock.
+
+        The catalog decides, so a kill at any instant leaves one layout that counts:
+        while the subject has no partition head the folder is the partition (an
+        import killed before its commit runs again from the folder; the objects it
+        wrote are leftovers the load removes); once the import's compaction has
+        published, the head exists and what is left of the folder is removed, never
+        read again. Nothing else writes the subject before that, under this lock.
+        """
+        if not legacy.files():
+            return
+        # Decided before anything is decrypted or written: an erasure in progress
+        # (suppressed) drops the folder itself, an erased subject's folder is
+        # residue and goes unread; no key is created on any path (compaction asks
+        # for keys with ``create=False``), so nothing erased comes back.
+        status = ACTIVE if self._guard_status is None else self._guard_status(self.subject_ref)
+        if status != ACTIVE:
+            if status == ERASED and not view:
+                legacy.remove()
+            return
+        if self._head != EMPTY or self._segments:
+            if not view:  # imported; killed before the folder went
+                legacy.remove()
+            return
+        rows, scopes = self._legacy_rows(legacy)
+        for row in rows:
+            self._keep(row)
+        if view:
+            return
+        self._pending = len(rows)
+        self._dirty |= scopes
+        faults.reached("import.after_read")
+        if self._dirty:
+            # The engine's own compaction: new segments (rows' crypto as every
+            # segment's; opaque rows byte for byte), published in one transaction.
+            self.flush()
+        if self._head == EMPTY:
+            # Nothing to carry (every row deleted or erased): the head alone says
+            # the import is done.
+            self._head = self._hot.publish(self.subject_ref, EMPTY, [], [], to_us_now())
+        faults.reached("import.after_commit")
+        legacy.remove(after_first=lambda: faults.reached("import.after_first_file"))
+
+    def _legacy_rows(self, legacy: LegacyFolder) -> tuple[list[MemoryRow], set[str]]:
+        """The rows the old reader returned for the folder (segments, then the log
+        replayed over them) and every scope named in it."""
+        gen, segments = legacy.manifest()
+        by_lookup: dict[str, MemoryRow] = {}
+        scopes: set[str] = set()
+        for seg in segments:
+            scopes.add(seg.scope)
+            try:
+                key = self._keyring.data_key_by_id(seg.key_id)
+            except SubjectErased:
+                continue  # the scope was crypto-erased: its rows are gone
+            except KeyNotFound:
+                raise IntegrityError(
+                    f"a legacy segment of partition {self.subject_ref} names an unknown key"
+                ) from None
+            if key.subject_ref != self.subject_ref or key.scope != seg.scope or key.owner_tag:
+                raise IntegrityError(
+                    f"a legacy segment of partition {self.subject_ref} names another's key"
+                )
+            try:
+                rows = self._read_segment(seg.path.name, seg.scope, path=str(seg.path), key=key)
+            except FileNotFoundError:
+                raise IntegrityError(
+                    f"a legacy segment of partition {self.subject_ref} is missing"
+                ) from None
+            except SubjectErased:
+                continue
+            for row in rows:
+                by_lookup[row.lookup] = row
+        for scope, payload in legacy.log(gen, self._sealer):
+            scopes.add(scope)
+            if payload is None:  # sealed under a destroyed scope key: erased
+                continue
+            try:
+                op, items = decode_record(payload)
+                if op == "put" and any(row.scope != scope for row in items):
+                    raise ValueError("row of another scope")
+            except (ValueError, KeyError, TypeError):
+                raise IntegrityError(
+                    f"legacy log of partition {self.subject_ref} holds a malformed record"
+                ) from None
+            if op == "put":
+                for row in self._unseal(items):
+                    by_lookup[row.lookup] = row
+            else:
+                by_lookup.pop(items[0], None)
+        return list(by_lookup.values()), scopes
 
     def _read_once(self, *, lenient: bool) -> None:
         """One read of the catalog's state and the segments it lists; ``lenient``
@@ -474,10 +583,13 @@ class Partition:
         cutoff = to_us_now() - (0 if purge else self._grace_us)
         expired = {n for n, at in named.items() if at is not None and at <= cutoff}
         start = len(self._prefix) + 1
+        names = [k[start:] for k in self._objects.list_keys(self._prefix)]
+        # In a folder, the old layout's files share the subject's folder: they go
+        # only with their import (``_settle_legacy``) or the subject's drop.
         objects = [
-            k[start:]
-            for k in self._objects.list_keys(self._prefix)
-            if k[start:] not in named or k[start:] in expired
+            n
+            for n in names
+            if (n not in named or n in expired) and not (self._objects.local and is_legacy_name(n))
         ]
         return objects, sorted(expired)
 
@@ -501,7 +613,7 @@ class Partition:
         """Every row the partition holds and the names of leftover objects, with
         nothing removed (repair reports before it acts). Callers hold ``flocked``."""
         try:
-            self._read_state(lenient=True)
+            self._read_state(lenient=True, view=True)
             return self.all_rows(), self._leftovers()[0]
         finally:
             self.invalidate()
@@ -611,13 +723,16 @@ class Partition:
         self._dirty, self._pending = set(), 0
         self._cleanup(purge=purge)
 
-    def _read_segment(self, name: str, scope: str, *, path: str | None = None) -> list[MemoryRow]:
-        """The rows of one segment object (or, with ``path``, of a local copy)."""
+    def _read_segment(
+        self, name: str, scope: str, *, path: str | None = None, key: DataKey | None = None
+    ) -> list[MemoryRow]:
+        """The rows of one segment object (or, with ``path``, of a local file),
+        authenticated with the scope's live key (or ``key``: a legacy segment's)."""
         kwargs: dict[str, Any] = {"page_checksum_verification": True}
         mac_key = b"\x00" * 32
         if self._pme is not None:
             kwargs["decryption_properties"] = self._pme.decryption()
-            dek = self._keyring.data_key(self.subject_ref, scope, create=False)
+            dek = key or self._keyring.data_key(self.subject_ref, scope, create=False)
             mac_key = dek.derive(_MAC_LABEL)
         try:
             if path is not None:
@@ -716,6 +831,10 @@ class Partition:
                 n += self._objects.delete_prefix(
                     self._prefix, after_first=lambda: faults.reached("drop.after_first_file")
                 )
+                if self._legacy is not None:
+                    # Not imported (the subject was suppressed first): never read,
+                    # removed with the rest (its folder may be apart from the store).
+                    n += self._legacy.remove()
                 self.dropped = True
             self.close()
             return n

@@ -89,7 +89,7 @@ def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
 
 # The vault's group-commit points are a flush's, not the erasure's (their crash test
 # is tests/vault/test_group.py).
-@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("vault.")])
+@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith(("vault.", "import."))])
 def test_sigkill_inside_a_step_then_resume(point: str, tmp_path: Path) -> None:
     """Killed inside drop_memories (the victim's folder half removed) or inside the
     derived step (a bystander's derived memory half deleted or half rebuilt): the

@@ -3,7 +3,9 @@ generation and hot sequence range), ``ks_mem_hot`` (sealed rows not yet compacte
 and ``ks_mem_segments`` (the immutable Parquet segments that make up a partition).
 
 The tables start empty: partitions a previous release kept in ``MANIFEST`` and log
-files are not imported by this revision.
+files are imported by the partition engine itself, each on its first load under its
+subject lock (``keyshred.storage.legacy``, ``Partition._settle_legacy``), not by
+this revision (it would need every subject's keys inside one migration).
 
 Revision ID: 0004
 Revises: 0003
