@@ -39,6 +39,7 @@ class ObjectStore:
         url: str,
         versions: Callable[[str], list[tuple[str, str]]] | None = None,
         purge_versions: Callable[[str], int] | None = None,
+        purge_object: Callable[[str], int] | None = None,
         endpoint_url: str | None = None,
     ) -> None:
         self.fs = fs
@@ -50,6 +51,7 @@ class ObjectStore:
         # deleted object's older versions are still there): see keyshred.storage.s3.
         self._versions = versions
         self._purge_versions = purge_versions
+        self._purge_object = purge_object
 
     @classmethod
     def folder(cls, root: Path) -> ObjectStore:
@@ -125,6 +127,11 @@ class ObjectStore:
         return [(key, "") for key in self.list_keys(prefix)]
 
     def delete(self, key: str) -> None:
+        """Delete one object; on a bucket every version of it (objects are never
+        overwritten, so older versions of a deleted name are only residue)."""
+        if self._purge_object is not None:
+            self._purge_object(key)
+            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(self.path(key))
 

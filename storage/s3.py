@@ -10,6 +10,7 @@ region and credentials chain.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -68,6 +69,7 @@ def open_partition_store(
         url=uri,
         versions=versions.list,
         purge_versions=versions.purge,
+        purge_object=versions.purge_object,
         endpoint_url=endpoint_url,
     )
 
@@ -117,22 +119,36 @@ class _Versions:
                 out.append((str(item["Key"])[start:], str(item["VersionId"])))
         return sorted(out)
 
-    def purge(self, prefix: str) -> int:
-        """Delete every version and delete marker under ``prefix``; returns how many."""
-        start = len(self._prefix) + 1 if self._prefix else 0
-        found = self.list(prefix)
+    def purge_object(self, key: str) -> int:
+        """Delete every version and delete marker of the one object ``key`` (a
+        segment is never overwritten: every version of its name is garbage once it
+        is deleted, and a plain delete on a versioned bucket keeps them all)."""
+        full = f"{self._prefix}/{key}" if self._prefix else key
+        found = []
+        pages = self._s3().get_paginator("list_object_versions")
+        for page in pages.paginate(Bucket=self._bucket, Prefix=full):
+            for item in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
+                if item["Key"] == full:
+                    found.append({"Key": full, "VersionId": str(item["VersionId"])})
+        return self._delete(found)
+
+    def _delete(self, batch_items: Sequence[dict[str, str]]) -> int:
         client = self._s3()
-        for i in range(0, len(found), _BATCH):
-            batch = [
-                {"Key": f"{self._prefix}/{key}" if start else key, "VersionId": version}
-                for key, version in found[i : i + _BATCH]
-            ]
+        for i in range(0, len(batch_items), _BATCH):
             answer = client.delete_objects(
-                Bucket=self._bucket, Delete={"Objects": batch, "Quiet": True}
+                Bucket=self._bucket,
+                Delete={"Objects": batch_items[i : i + _BATCH], "Quiet": True},
             )
             if answer.get("Errors"):
                 raise OSError(f"S3 refused to delete {len(answer['Errors'])} object versions")
-        return len(found)
+        return len(batch_items)
+
+    def purge(self, prefix: str) -> int:
+        """Delete every version and delete marker under ``prefix``; returns how many."""
+        full = (lambda key: f"{self._prefix}/{key}") if self._prefix else (lambda key: key)
+        return self._delete(
+            [{"Key": full(key), "VersionId": version} for key, version in self.list(prefix)]
+        )
 
 
 def s3_storage_options(

@@ -198,6 +198,10 @@ def test_retired_segments_outlive_their_compaction_by_the_grace_period_then_go(
         report = ks.retention.run()
         assert report.retired_segments_deleted == 2
         assert len(_current(moto, bucket, prefix)) == 1
+        # No noncurrent version of a retired segment is left on the versioned bucket.
+        assert [k for k, _ in versions(moto, bucket, prefix) if k[-1] != "/"] == _current(
+            moto, bucket, prefix
+        )
         assert ks._memories._hot.segment_names(ref).keys() == {
             k.removeprefix(prefix) for k in _current(moto, bucket, prefix)
         }
@@ -213,8 +217,12 @@ def test_a_deletion_leaves_no_retired_segment_behind(
     prefix = f"parts/subject={ref}/"
     assert len(_current(moto, bucket, prefix)) > 1
     assert ks.memories.delete("jan", NS, "k0")
-    # "Deleted" means the bytes are gone: the segments that held the row went at once.
+    # "Deleted" means the bytes are gone: the segments that held the row went at once,
+    # every version of them (a plain delete on a versioned bucket keeps them all).
     assert len(_current(moto, bucket, prefix)) == 1
+    assert [k for k, _ in versions(moto, bucket, prefix) if k[-1] != "/"] == _current(
+        moto, bucket, prefix
+    )
     assert ks.memories.get("jan", NS, "k0") is None
     assert ks.memories.count("jan") == 11
 
