@@ -284,6 +284,16 @@ class BackupSettings(_Model):
         return value
 
 
+class ErasureSettings(_Model):
+    """Erasure requests (``ks.erase``, ``keyshred erase``/``resume``)."""
+
+    # A worker runs a request under a lease in the catalog, renewed every third of
+    # this while it runs; another worker takes the request over once it runs out
+    # (a killed worker of the same machine: at once). A run that finds the request
+    # leased waits up to this long for it before returning it as it stands.
+    lease_seconds: float = Field(60.0, ge=1, le=3600)
+
+
 class RetentionSettings(_Model):
     """The retention scanner (``keyshred retention run``); per-scope retention of
     memories is in ``scopes``, of audit events in ``audit``, of backups in ``backup``."""
@@ -328,6 +338,7 @@ class Config(_Model):
     s3: S3Settings = S3Settings()
     vectors: VectorSettings = VectorSettings()
     audit: AuditSettings = AuditSettings()
+    erasure: ErasureSettings = ErasureSettings()
     backup: BackupSettings = BackupSettings()
     retention: RetentionSettings = RetentionSettings()
     tokens: TokenSettings = TokenSettings()

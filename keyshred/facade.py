@@ -202,6 +202,7 @@ class Keyshred:
             policy=self.policy,
             subject_ref=self._subject_ref,
             residue=self._residue_scan,
+            lease_seconds=config.erasure.lease_seconds,
         )
         self.erasure = self._guard(self._erasure)
         consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)

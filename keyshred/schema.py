@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from keyshred.db import Micros
 from keyshred.storage.schema import metadata
 
 __all__ = ["audit_anchor", "audit_events", "deletion_requests", "legal_holds"]
@@ -28,6 +29,10 @@ deletion_requests = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("doc", sa.Text, nullable=False),  # JSON: steps done, per-store details
     sa.Column("receipt", sa.Text, nullable=True),
+    # The worker running the request and until when (keyshred.erasure.lease): one
+    # worker at a time, a killed one's lease runs out. NULL: nobody runs it.
+    sa.Column("lease_owner", sa.String(64), nullable=True),
+    sa.Column("lease_until", Micros, nullable=True),
     sa.Index("ks_deletion_requests_subject", "subject_ref"),
 )
 

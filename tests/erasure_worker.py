@@ -9,6 +9,9 @@ erasure step of that name, or inside a step at a storage fault point
 on the store's own subject and SIGKILLs itself at POINT.
 ``python erasure_worker.py write DATA`` writes memories of the victim until the
 store refuses, then prints how many writes were acknowledged.
+``python erasure_worker.py resume DATA REQUEST_ID CATALOG_URL|- PAUSE`` resumes a
+request, pausing PAUSE seconds after each step (so that racing workers overlap),
+then prints its state.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +92,18 @@ def main() -> None:
     # An update flushes (flush_records=1), so flushes happen inside it too.
     flush_records = 1 if sys.argv[3:4] == ["update"] else 1000
     url = sys.argv[5] if mode == "erase" and len(sys.argv) > 5 else None
+    if mode == "resume":
+        url = None if sys.argv[4] == "-" else sys.argv[4]
     ks = Keyshred.open(data, make_config(url, flush_records=flush_records), embeddings=bag_of_words)
     register_producers(ks)
-    if mode == "erase":
+    if mode == "resume":
+        pause = float(sys.argv[5])
+        ks.erasure.on_step = lambda step, req: time.sleep(pause)
+        print("READY", flush=True)
+        sys.stdin.readline()  # the test starts every racer at once
+        req = ks.erasure.resume(sys.argv[3])
+        print(f"STATE {req.state}", flush=True)
+    elif mode == "erase":
         request_id, point = sys.argv[3], sys.argv[4]
         kill_at(ks, point)
         ks.erase(VICTIM, requested_by="dpo", reason="fault-injection", request_id=request_id)

@@ -20,6 +20,7 @@ from keyshred.config import (
     AuditSettings,
     AwsSettings,
     BackupSettings,
+    ErasureSettings,
     KekSettings,
     KeyringSettings,
     RetentionSettings,
@@ -265,6 +266,7 @@ def _everything_changed() -> Config:
             max_value_bytes=10,
             max_value_depth=5,
             flush_records=7,
+            retired_grace_seconds=7.0,
             durability="flush",
             max_open_partitions=3,
             default_max_retention_days=10,
@@ -291,6 +293,7 @@ def _everything_changed() -> Config:
             workers=1,
         ),
         retention=RetentionSettings(tokens_grace_days=2, checkpoints_days=9, interval_minutes=5.0),
+        erasure=ErasureSettings(lease_seconds=5.0),
         tokens=TokenSettings(group_commit_ms=0, max_text_bytes=100),
         scopes={
             "support": ScopeSettings(

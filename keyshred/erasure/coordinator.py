@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -53,6 +54,7 @@ from keyshred.audit import AuditLog
 from keyshred.db import utc
 from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
 from keyshred.erasure.holds import HoldsMixin
+from keyshred.erasure.lease import Lease, LeaseLost, claim
 from keyshred.erasure.receipt import build_receipt, found_data
 from keyshred.erasure.requests import (
     AUTHORIZED,
@@ -124,6 +126,7 @@ class ErasureCoordinator(HoldsMixin):
         residue: Callable[[Sequence[str], Sequence[str | os.PathLike[str]]], ResidueReport]
         | None = None,
         on_step: Callable[[str, ErasureRequest], None] | None = None,
+        lease_seconds: float = 60.0,
     ) -> None:
         names = [s.name for s in stores]
         if len(set(names)) != len(names):
@@ -139,6 +142,10 @@ class ErasureCoordinator(HoldsMixin):
         self._processors: list[ExternalProcessor] = []
         self.on_step = on_step
         self._lock = threading.Lock()
+        # Requests this process runs now, by id: their saves are conditional on the
+        # lease (keyshred.erasure.lease).
+        self._lease_seconds = lease_seconds
+        self._leases: dict[str, Lease] = {}
         self._probes: dict[str, list[str]] = {}
         drop = [s for s in stores if s.phase == DROP]
         rebuild = [s for s in stores if s.phase != DROP]
@@ -202,12 +209,14 @@ class ErasureCoordinator(HoldsMixin):
         }
         if receipt is not None:
             values["receipt"] = receipt
+        lease = self._leases.get(req.request_id)
+        where = deletion_requests.c.request_id == req.request_id if lease is None else lease.where()
         with self._catalog.transaction() as conn:
-            conn.execute(
-                deletion_requests.update()
-                .where(deletion_requests.c.request_id == req.request_id)
-                .values(**values)
-            )
+            saved = conn.execute(deletion_requests.update().where(where).values(**values)).rowcount
+        if lease is not None and (saved != 1 or lease.lost):
+            # Another worker holds the request now: record nothing more (its run
+            # records what this one did not).
+            raise LeaseLost()
 
     def _set_state(self, req: ErasureRequest, state: str, **data: Any) -> None:
         if req.state != state:
@@ -369,57 +378,77 @@ class ErasureCoordinator(HoldsMixin):
     # -- running -------------------------------------------------------------------
 
     def run(self, request_id: str) -> ErasureRequest:
-        """Run (or resume) a request until it completes, waits on a hold, or fails."""
+        """Run (or resume) a request until it completes, waits on a hold, or fails.
+        One worker at a time runs a request (its lease, ``keyshred.erasure.lease``):
+        while another holds it this waits up to ``erasure.lease_seconds`` for it to
+        finish or for its lease to run out (a killed worker), then returns the
+        request as it stands."""
         with self._lock:
-            req = self._load(request_id)
-            if req.state in (COMPLETED, REJECTED):
-                return req
-            if req.state == MANUAL_REVIEW and req.doc.get("review") != _REVIEW_PRODUCER:
-                return req
-            if req.state == REQUESTED:
-                self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
-            if "destroy_keys" not in req.steps_done and extent_of(self._w, req).holds_apply:
-                holds = self.holds(subject_ref=req.subject_ref, scope=req.scope)
-                if holds:
-                    req.doc["held"] = True
-                    self._set_state(req, "legal_hold", holds=[h.hold_id for h in holds])
+            deadline = time.monotonic() + self._lease_seconds + 1.0
+            while (lease := claim(self._catalog, request_id, self._lease_seconds)) is None:
+                req = self._load(request_id)  # NotFound for an unknown id
+                if req.state in (COMPLETED, REJECTED) or time.monotonic() > deadline:
                     return req
-            # A request waiting for a producer's rebuild function is not failing: its
-            # resumes before the application registers one use up no attempt.
-            if not (req.state == MANUAL_REVIEW and req.doc.get("review") == _REVIEW_PRODUCER):
-                req.attempts += 1
-            if req.attempts > 1:
-                self._metrics.retry()
-            if req.attempts > MAX_ATTEMPTS:
-                req.doc.pop("review", None)
-                self._set_state(req, MANUAL_REVIEW, why="too many attempts")
-                return req
-            self._save(req)
-            for step in self.steps:
-                if step in req.steps_done:
-                    continue
-                try:
-                    details = self._step(step, req)
-                except (VerificationFailed, ProducerUnknown) as exc:
-                    req.doc["error"] = str(exc)
-                    if isinstance(exc, ProducerUnknown):
-                        req.doc["review"] = _REVIEW_PRODUCER
-                    self._set_state(req, MANUAL_REVIEW, step=step)
-                    return req
-                except (KeyshredError, OSError, sa.exc.SQLAlchemyError) as exc:
-                    req.doc["error"] = f"{step}: {type(exc).__name__}"
-                    self._metrics.failure(step)
-                    self._set_state(req, RETRYABLE, step=step, error=type(exc).__name__)
-                    return req
-                req.doc["details"][step] = details
-                req.doc["done"].append(step)
-                req.doc.pop("error", None)
-                req.doc.pop("review", None)
-                self._save(req)
-                self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
-                if self.on_step is not None:
-                    self.on_step(step, req)
+                time.sleep(0.05)
+            self._leases[request_id] = lease
+            try:
+                return self._run_leased(request_id)
+            except LeaseLost:
+                return self._load(request_id)
+            finally:
+                del self._leases[request_id]
+                lease.release()
+
+    def _run_leased(self, request_id: str) -> ErasureRequest:
+        req = self._load(request_id)
+        if req.state in (COMPLETED, REJECTED):
             return req
+        if req.state == MANUAL_REVIEW and req.doc.get("review") != _REVIEW_PRODUCER:
+            return req
+        if req.state == REQUESTED:
+            self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
+        if "destroy_keys" not in req.steps_done and extent_of(self._w, req).holds_apply:
+            holds = self.holds(subject_ref=req.subject_ref, scope=req.scope)
+            if holds:
+                req.doc["held"] = True
+                self._set_state(req, "legal_hold", holds=[h.hold_id for h in holds])
+                return req
+        # A request waiting for a producer's rebuild function is not failing: its
+        # resumes before the application registers one use up no attempt.
+        if not (req.state == MANUAL_REVIEW and req.doc.get("review") == _REVIEW_PRODUCER):
+            req.attempts += 1
+        if req.attempts > 1:
+            self._metrics.retry()
+        if req.attempts > MAX_ATTEMPTS:
+            req.doc.pop("review", None)
+            self._set_state(req, MANUAL_REVIEW, why="too many attempts")
+            return req
+        self._save(req)
+        for step in self.steps:
+            if step in req.steps_done:
+                continue
+            try:
+                details = self._step(step, req)
+            except (VerificationFailed, ProducerUnknown) as exc:
+                req.doc["error"] = str(exc)
+                if isinstance(exc, ProducerUnknown):
+                    req.doc["review"] = _REVIEW_PRODUCER
+                self._set_state(req, MANUAL_REVIEW, step=step)
+                return req
+            except (KeyshredError, OSError, sa.exc.SQLAlchemyError) as exc:
+                req.doc["error"] = f"{step}: {type(exc).__name__}"
+                self._metrics.failure(step)
+                self._set_state(req, RETRYABLE, step=step, error=type(exc).__name__)
+                return req
+            req.doc["details"][step] = details
+            req.doc["done"].append(step)
+            req.doc.pop("error", None)
+            req.doc.pop("review", None)
+            self._save(req)
+            self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
+            if self.on_step is not None:
+                self.on_step(step, req)
+        return req
 
     # -- steps ---------------------------------------------------------------------
 
