@@ -922,9 +922,12 @@ def backup_maintain(
 @verify_app.command("residue")
 def verify_residue(
     paths: Annotated[
-        list[Path],
+        # Text, not Path: a Path folds the "//" of s3://bucket/prefix.
+        list[str],
         typer.Argument(
-            metavar="PATH", help="Folders or files to scan: a data folder, backups, exports."
+            metavar="PATH",
+            help="Folders or files to scan: a data folder (with its S3 prefixes and S3 "
+            "backup targets), backups, exports; or s3://bucket/prefix (through [s3]).",
         ),
     ],
     probe: Annotated[
@@ -949,9 +952,10 @@ def verify_residue(
     ] = Path("."),
     as_json: JsonOpt = False,
 ) -> None:
-    """Search files for probes, raw (UTF-8, UTF-16, hex, base64, JSON-escaped) and
-    decrypted with every key the live keyring still unwraps. Prints probe numbers,
-    never probes. Exits 0 when nothing is found, 1 when something is."""
+    """Search files and S3 objects (every version) for probes, raw (UTF-8, UTF-16,
+    hex, base64, JSON-escaped) and decrypted with every key the live keyring still
+    unwraps. Prints probe numbers, never probes. Exits 0 when nothing is found, 1
+    when something is."""
     probes = list(probe or [])
     if probes_file is not None:
         try:
@@ -971,10 +975,19 @@ def verify_residue(
             return ", ".join(f"{n} {k}" for k, n in sorted(which.items())) or "none"
 
         out.print(
-            f"residue scan: {report.files_scanned} files, {report.bytes_scanned} bytes, "
+            f"residue scan: {report.files_scanned} files, {report.objects_scanned} S3 object "
+            f"versions, {report.bytes_scanned} bytes, "
             f"{report.probes} probe(s) in {report.seconds:.2f} s",
             highlight=False,
         )
+        for store in report.object_stores:
+            listed = (
+                f"{store['objects']} current, {store['noncurrent']} noncurrent, "
+                f"{store['delete_markers']} delete markers"
+                if store.get("listed")
+                else "could not be listed"
+            )
+            out.print(f"S3 {store['role']} {store['url']}: {listed}", highlight=False, markup=False)
         out.print(f"decrypted with live keys: {counts(report.decrypted)}", highlight=False)
         out.print(f"undecryptable (erased): {counts(report.undecryptable)}", highlight=False)
         if report.unreadable:
@@ -982,9 +995,10 @@ def verify_residue(
         if report.locked:
             out.print(f"sealed to a recipient: {counts(report.locked)}", highlight=False)
         for h in report.hits:
+            version = f" (version {h.version})" if h.version else ""
             typer.echo(
                 f"HIT probe #{h.probe} {h.layer} {h.encoding} in {h.kind} "
-                f"{report.roots[h.root]}: {h.path}"
+                f"{report.roots[h.root]}: {h.path}{version}"
             )
         out.print(
             "[green]no probe found[/green]"

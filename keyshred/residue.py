@@ -26,18 +26,35 @@ strings (a phone number, an e-mail, a name) in two layers:
    behind. An export package needs its recipient's secret: only whether its subject
    key still exists is reported.
 
+Object stores are scanned too (issue 21): when the data folder is among the paths,
+every S3 prefix it uses (``storage.uri``, ``vectors.uri``, and every S3 backup target
+it has written to: ``backup.target`` and the targets remembered in
+``keyshred.backup.generations.TARGETS_FILE``), and any ``s3://bucket/prefix`` given
+as a path (reached through the ``[s3]`` section, credentials from the AWS chain).
+Every object *and every noncurrent version* is read: on a versioned bucket a deleted
+object's earlier versions stay retrievable, which is exactly what an attacker with
+the bucket would find. Each object's newest version with content is laid out under
+its key in a private temporary folder (mode 0700, removed when the prefix is done)
+and that folder is scanned like a local one (so segments, LanceDB datasets with
+every version their manifests name, and backup generations through their manifests
+decode as they do from files); each older version is then downloaded on its own,
+scanned raw and decoded by what its key says it is, and deleted. Hits name the
+object key relative to the prefix and its version id; PostgreSQL pages are not
+objects or files and stay out of reach (its live catalog's sealed columns are read).
+
 Nothing under the scanned folders is written (SQLite files are opened immutable or
 read-only beside their writer, LanceDB datasets read by version, files read in
-chunks, never mapped).
+chunks, never mapped); nothing is written to a bucket.
 
-The report holds counts, paths relative to the scanned root, kinds, encodings and
-probe *indexes*: never a probe, never plaintext (a path that itself holds a probe is
-replaced by a digest). Nothing here logs.
+The report holds counts, paths relative to the scanned root (object keys relative
+to the prefix, with version ids), kinds, encodings and probe *indexes*: never a
+probe, never plaintext (a path that itself holds a probe is replaced by a digest).
+Nothing here logs.
 
-Why one module of ~930 lines: the scan is one procedure an auditor reads top to bottom:
-the probe encodings, then one walk over every kind of file keyshred writes (SQLite
-pages and WAL, Parquet, Lance fragments, logs, backup archives, exports), all sharing
-one needle set and one report.
+Why one module of ~1,250 lines: the scan is one procedure an auditor reads top to
+bottom: the probe encodings, then one walk over every kind of file keyshred writes
+(SQLite pages and WAL, Parquet, Lance fragments, logs, backup archives, exports), on
+a disk or fetched from a bucket, all sharing one needle set and one report.
 """
 
 from __future__ import annotations
@@ -57,17 +74,22 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from keyshred._extras import require
+from keyshred.backup.generations import TARGETS_FILE
 from keyshred.errors import (
+    BackendUnavailable,
+    ConfigError,
     IntegrityError,
     InvalidInput,
     KekEpochDestroyed,
     KeyNotFound,
+    NotFound,
     SubjectErased,
 )
 from keyshred.keyring import _primitives as prim
@@ -79,6 +101,7 @@ from keyshred.storage.hot import HotTier
 from keyshred.storage.objects import ObjectStore
 from keyshred.storage.partition import MemoryRow, Partition, decode_record, hot_place
 from keyshred.storage.pme import PmeCrypto
+from keyshred.storage.s3 import split_s3_uri
 from keyshred.storage.schema import checkpoint_writes, checkpoints, memory_hot, threads
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.subject_lock import SubjectLocks
@@ -89,6 +112,7 @@ from keyshred.vault.rows import place_template as token_place
 from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
+    from keyshred.config import Config
     from keyshred.storage.catalog import Catalog
 
 __all__ = ["DataFolder", "ResidueHit", "ResidueReport", "probe_forms", "residue_scan"]
@@ -96,10 +120,13 @@ __all__ = ["DataFolder", "ResidueHit", "ResidueReport", "probe_forms", "residue_
 
 class DataFolder(Protocol):
     """What the scan needs of an open data folder (an open ``Keyshred`` is one):
-    where it is, the keyring that decrypts, and the catalog it checks."""
+    where it is, the keyring that decrypts, the catalog it checks, and its
+    configuration (where its object stores are)."""
 
     @property
     def path(self) -> Path: ...
+    @property
+    def config(self) -> Config: ...
     @property
     def keyring(self) -> Keyring: ...
     @property
@@ -125,6 +152,7 @@ EXPORT = "export"
 FILE = "file"
 FILE_NAME = "file_name"
 FOLDER = "folder"  # a folder the walk could not list (counted as unreadable)
+OBJECT_STORE = "object_store"  # an S3 prefix that could not be listed (unreadable)
 RAW = "raw"
 DECRYPTED = "decrypted"
 LIVE_CATALOG = "<live catalog>"
@@ -248,20 +276,31 @@ def _check_probes(probes: Any) -> list[str]:
     return out
 
 
-def _check_paths(paths: Any) -> list[Path]:
+def _check_paths(paths: Any) -> list[Path | str]:
+    """Folders and files as ``Path``; S3 prefixes (a ``str`` ``s3://bucket/prefix``:
+    a ``Path`` would fold its ``//``) as their normalized URL."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     if not isinstance(paths, Iterable):
         raise InvalidInput("paths is a list of folders or files")
-    out: list[Path] = []
+    out: list[Path | str] = []
     for p in paths:
         # bytes paths are refused too: the report names paths as text.
         if not isinstance(p, str | os.PathLike) or isinstance(os.fspath(p), bytes):
             raise InvalidInput("paths is a list of folders or files (str or Path)")
+        if isinstance(p, str) and p.startswith("s3://"):
+            try:
+                bucket, prefix = split_s3_uri(p)
+            except ConfigError:
+                raise InvalidInput("an S3 location to scan is s3://bucket/prefix") from None
+            out.append(_s3_url(bucket, prefix))
+            continue
         out.append(Path(p))
     if not out:
         raise InvalidInput("give at least one folder or file to scan")
     for p in out:
+        if isinstance(p, str):
+            continue  # reached when scanned (a bucket that does not exist: InvalidInput)
         try:
             # A NUL, a lone surrogate or a name too long is no file, not a crash.
             os.stat(p)
@@ -278,7 +317,8 @@ def _check_paths(paths: Any) -> list[Path]:
 @dataclass(frozen=True, slots=True, order=True)
 class ResidueHit:
     """One probe found: where (``root`` indexes ``ResidueReport.roots``; ``path`` is
-    relative to it), in what (``kind``), in which layer (``raw`` bytes or
+    relative to it: in an S3 root, the object key relative to the prefix, and
+    ``version`` its version id), in what (``kind``), in which layer (``raw`` bytes or
     ``decrypted`` plaintext), in which encoding, and which probe (its index)."""
 
     root: int
@@ -287,9 +327,10 @@ class ResidueHit:
     layer: str
     encoding: str
     probe: int
+    version: str = ""  # an object version id ("null" on an unversioned bucket)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "root": self.root,
             "path": self.path,
             "kind": self.kind,
@@ -297,6 +338,9 @@ class ResidueHit:
             "encoding": self.encoding,
             "probe": self.probe,
         }
+        if self.version:
+            out["version"] = self.version
+        return out
 
 
 @dataclass
@@ -305,11 +349,15 @@ class ResidueReport:
     plaintext). ``undecryptable`` counts ciphertexts whose key was destroyed (what
     an erasure leaves); ``unreadable`` those no live key is known for or that failed
     to decode; ``locked`` export packages whose key is live but that also need the
-    recipient's secret."""
+    recipient's secret. ``objects_scanned`` counts object versions read from S3
+    (``bytes_scanned`` counts files' and objects' bytes); ``object_stores`` says, for
+    each S3 prefix scanned (a root), why it was, what it held and every (key,
+    version) read."""
 
     roots: list[str]
     probes: int
     files_scanned: int = 0
+    objects_scanned: int = 0
     bytes_scanned: int = 0
     generations: int = 0  # backup generations read through their manifests
     decrypted: dict[str, int] = field(default_factory=dict)
@@ -317,6 +365,7 @@ class ResidueReport:
     unreadable: dict[str, int] = field(default_factory=dict)
     locked: dict[str, int] = field(default_factory=dict)
     hits: list[ResidueHit] = field(default_factory=list)
+    object_stores: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -329,6 +378,7 @@ class ResidueReport:
             "roots": list(self.roots),
             "probes": self.probes,
             "files_scanned": self.files_scanned,
+            "objects_scanned": self.objects_scanned,
             "bytes_scanned": self.bytes_scanned,
             "generations": self.generations,
             "decrypted": dict(sorted(self.decrypted.items())),
@@ -336,12 +386,14 @@ class ResidueReport:
             "unreadable": dict(sorted(self.unreadable.items())),
             "locked": dict(sorted(self.locked.items())),
             "hits": [h.as_dict() for h in self.hits],
+            "object_stores": [dict(store) for store in self.object_stores],
             "seconds": round(self.seconds, 3),
         }
 
     def __repr__(self) -> str:
         return (
-            f"ResidueReport(files_scanned={self.files_scanned}, hits={len(self.hits)}, "
+            f"ResidueReport(files_scanned={self.files_scanned}, "
+            f"objects_scanned={self.objects_scanned}, hits={len(self.hits)}, "
             f"decrypted={sum(self.decrypted.values())}, "
             f"undecryptable={sum(self.undecryptable.values())})"
         )
@@ -357,12 +409,40 @@ def residue_scan(
     ``ks`` can decrypt); see the module docstring."""
     checked = _check_probes(probes)
     roots = _check_paths(paths)
+    s3 = ks.config.s3
+    given = {
+        url: _S3Place.of(url, "path", s3.endpoint_url, s3.region, s3.addressing_style)
+        for url in roots
+        if isinstance(url, str)
+    }
+    # A bucket given to scan that does not exist is a wrong argument, like a missing
+    # folder: refused before any work.
+    for place in given.values():
+        reader = _S3Reader(place)
+        try:
+            reader.check()
+        finally:
+            reader.close()
     report = ResidueReport(roots=[str(r) for r in roots], probes=len(checked))
+    # The data folder's own object stores, when the data folder is scanned (as its
+    # live catalog is): the S3 prefixes it writes and every S3 backup target.
+    auto: list[_S3Place] = []
+    if any(isinstance(r, Path) and r.is_dir() and _inside(ks.path, r) for r in roots):
+        found, bad = _folder_places(ks)
+        auto = _uncovered(found, list(given.values()))
+        if bad:
+            report.unreadable[OBJECT_STORE] = bad
+    report.roots += [place.url for place in auto]
     started = time.monotonic()
     scanner = _Scanner(ks, _Needles(checked), report)
     try:
         for index, root in enumerate(roots):
-            scanner.scan_root(index, root)
+            if isinstance(root, str):
+                scanner.scan_s3(index, given[root])
+            else:
+                scanner.scan_root(index, root)
+        for index, place in enumerate(auto, start=len(roots)):
+            scanner.scan_s3(index, place)
     finally:
         scanner.close()
     # A folder given to scan may itself be named after a probe.
@@ -387,17 +467,37 @@ class _Object:
 class _Root:
     """The state of one scanned root: where hits are reported relative to, and what
     was already decoded (a content-addressed object shared by generations is
-    decoded once)."""
+    decoded once).
 
-    def __init__(self, index: int, path: Path) -> None:
+    A root of objects fetched from S3 (``remote``) is a private folder of local
+    copies; ``names`` maps a copy's relative path to the object key and version it
+    is reported as (a copy laid out under its key needs no entry but its version)."""
+
+    def __init__(
+        self,
+        index: int,
+        path: Path,
+        *,
+        remote: bool = False,
+        names: dict[str, tuple[str, str]] | None = None,
+    ) -> None:
         self.index = index
         self.path = path
         self.base = path if path.is_dir() else path.parent
         self.raw_done: set[Path] = set()
         self.decoded: set[Path] = set()
+        self.remote = remote
+        self._names = names or {}
+        self._versions = {key: version for key, version in self._names.values()}
 
     def rel(self, path: Path) -> str:
-        return os.path.relpath(path, self.base)
+        rel = os.path.relpath(path, self.base)
+        return self._names.get(rel, (rel, ""))[0]
+
+    def version(self, label: str) -> str:
+        """The version id of the object ``label`` names ("" for a file, or for a
+        LanceDB dataset: it is made of many objects, each listed in the report)."""
+        return self._versions.get(label, "")
 
 
 class _Scanner:
@@ -435,9 +535,10 @@ class _Scanner:
     def _hit(
         self, root: _Root, label: str, kind: str, layer: str, found: list[tuple[str, int]]
     ) -> None:
+        version = root.version(label)
         for encoding, probe in found:
             self._hits.add(
-                ResidueHit(root.index, self.safe_path(label), kind, layer, encoding, probe)
+                ResidueHit(root.index, self.safe_path(label), kind, layer, encoding, probe, version)
             )
 
     def _search_plain(self, root: _Root, label: str, kind: str, plain: bytes) -> None:
@@ -452,6 +553,12 @@ class _Scanner:
         failed: list[OSError] = []
         files = [path] if path.is_file() else sorted(_walk(path, failed.append))
         self._count(self._report.unreadable, FOLDER, len(failed))
+        self._scan_files(root, files)
+        self._live_catalog(root)
+
+    def _scan_files(self, root: _Root, files: list[Path]) -> None:
+        """Raw-search every file, then decode each by what it is (backup objects
+        through their generation's manifest)."""
         generations = self._generations(files)
         objects = self._objects(generations)
         kinds: dict[Path, str] = {}
@@ -464,7 +571,6 @@ class _Scanner:
         for file, kind in kinds.items():
             self._decode(root, file, kind)
         self._decode_backups(root, generations, objects)
-        self._live_catalog(root)
 
     def _raw(self, root: _Root, file: Path, kind: str) -> None:
         real = file.resolve()
@@ -491,7 +597,10 @@ class _Scanner:
             return
         finally:
             os.close(fd)
-        self._report.files_scanned += 1
+        if root.remote:
+            self._report.objects_scanned += 1
+        else:
+            self._report.files_scanned += 1
         self._report.bytes_scanned += size
         self._hit(root, rel, kind, RAW, found)
 
@@ -514,6 +623,111 @@ class _Scanner:
             self._token_journal(root, file)
         elif kind == EXPORT:
             self._export(file)
+
+    # -- object stores -----------------------------------------------------------------
+
+    def scan_s3(self, index: int, place: _S3Place) -> None:
+        """Every object and every noncurrent version under an S3 prefix: each
+        object's newest version with content laid out under its key in a private
+        folder and scanned like a local folder, then each older version (and an
+        object whose key cannot be a path there) on its own. Nothing stays on disk
+        after this returns; nothing is written to the bucket."""
+        summary: dict[str, Any] = {
+            "root": index,
+            "url": self.safe_path(place.url),
+            "role": place.role,
+            "listed": False,  # whether the prefix could be listed (else: unreadable)
+            "objects": 0,
+            "noncurrent": 0,
+            "delete_markers": 0,
+            "bytes": 0,
+            "versions": [],
+        }
+        self._report.object_stores.append(summary)
+        try:
+            reader = _S3Reader(place)
+        except BackendUnavailable:
+            self._count(self._report.unreadable, OBJECT_STORE)
+            return
+        try:
+            try:
+                listing, markers = reader.listing()
+            except (BackendUnavailable, NotFound):
+                # Counted, never skipped in silence: the scan read less than it was
+                # given (the report says which prefix).
+                self._count(self._report.unreadable, OBJECT_STORE)
+                return
+            summary["listed"] = True
+            summary["delete_markers"] = markers
+            summary["objects"] = sum(1 for v in listing if v.current)
+            summary["noncurrent"] = sum(1 for v in listing if not v.current)
+            summary["bytes"] = sum(v.size for v in listing)
+            summary["versions"] = [
+                {"key": self.safe_path(v.key), "version": v.version, "current": v.current}
+                for v in listing
+            ]
+            # tempfile's folders are created mode 0700; removed even if a reader fails.
+            with tempfile.TemporaryDirectory(prefix="keyshred-residue-") as tmp:
+                self._scan_listing(index, reader, listing, Path(tmp))
+        finally:
+            reader.close()
+
+    def _scan_listing(
+        self, index: int, reader: _S3Reader, listing: list[_Version], tmp: Path
+    ) -> None:
+        layout = tmp / "objects"
+        layout.mkdir(mode=0o700)
+        newest: dict[str, _Version] = {}
+        later: list[_Version] = []
+        for v in listing:  # newest first within a key
+            if v.key in newest:
+                later.append(v)
+            else:
+                newest[v.key] = v
+        names: dict[str, tuple[str, str]] = {}
+        for key, v in sorted(newest.items()):
+            dest = _local_path(layout, key)
+            if dest is None:  # a key that is no path here ("a" and "a/b"; "..")
+                later.append(v)
+                continue
+            if self._fetch(reader, v, dest):
+                names[key] = (key, v.version)
+        root = _Root(index, layout, remote=True, names=names)
+        self._scan_files(root, [layout / rel for rel in sorted(names)])
+        # One layout at a time on disk: the copies go before older versions come.
+        shutil.rmtree(layout)
+        for v in later:
+            self._scan_version(index, reader, v, tmp / "version")
+
+    def _scan_version(self, index: int, reader: _S3Reader, v: _Version, folder: Path) -> None:
+        """One object version on its own: searched raw, and decoded when it is
+        complete in itself (a segment, a SQLite catalog, a token journal, an
+        export); a LanceDB file's older version is only searched raw (a dataset is
+        read through its manifests, from the layout)."""
+        folder.mkdir(mode=0o700)
+        try:
+            dest = _local_path(folder, v.key) or folder / "object"
+            rel = os.path.relpath(dest, folder)
+            if not self._fetch(reader, v, dest):
+                return
+            root = _Root(index, folder, remote=True, names={rel: (v.key, v.version)})
+            kind = _kind_of(dest)
+            self._raw(root, dest, kind)
+            if kind in (SEGMENT, DATABASE, TOKEN_JOURNAL, EXPORT):
+                self._decode(root, dest, kind)
+        finally:
+            shutil.rmtree(folder)
+
+    def _fetch(self, reader: _S3Reader, v: _Version, dest: Path) -> bool:
+        """Download one version to ``dest`` (mode 0600); a version that cannot be
+        read (gone meanwhile, refused) is counted as unreadable."""
+        try:
+            reader.download(v, dest)
+        except (BackendUnavailable, NotFound, OSError):
+            dest.unlink(missing_ok=True)
+            self._count(self._report.unreadable, _kind_of(dest))
+            return False
+        return True
 
     # -- memory partitions -------------------------------------------------------------
 
@@ -884,6 +1098,208 @@ class _Scanner:
                 link.symlink_to(path)
             label = f"{root.rel(members[0][0].parent)}/[vectors/{top}]"
             self._dataset(root, dataset, top.removesuffix(".lance"), label)
+
+
+# -- S3 ---------------------------------------------------------------------------
+
+
+def _s3_url(bucket: str, prefix: str) -> str:
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
+@dataclass(frozen=True, slots=True)
+class _S3Place:
+    """An S3 prefix to scan, why (``role``), and how to reach it (credentials come
+    from the AWS chain, as for every other S3 client of keyshred)."""
+
+    url: str
+    bucket: str
+    prefix: str  # no slashes at its ends; "" is the whole bucket
+    role: str
+    endpoint_url: str | None
+    region: str | None
+    addressing_style: str | None  # None: boto3's default (what S3Target uses)
+
+    @classmethod
+    def of(
+        cls,
+        url: str,
+        role: str,
+        endpoint_url: str | None,
+        region: str | None,
+        addressing_style: str | None,
+    ) -> _S3Place:
+        bucket, prefix = split_s3_uri(url)
+        return cls(
+            _s3_url(bucket, prefix), bucket, prefix, role, endpoint_url, region, addressing_style
+        )
+
+    def covers(self, other: _S3Place) -> bool:
+        """Whether every object under ``other`` is under this prefix too."""
+        return (
+            self.endpoint_url == other.endpoint_url
+            and self.bucket == other.bucket
+            and (
+                not self.prefix
+                or other.prefix == self.prefix
+                or other.prefix.startswith(self.prefix + "/")
+            )
+        )
+
+
+def _folder_places(ks: DataFolder) -> tuple[list[_S3Place], int]:
+    """The S3 prefixes of an open data folder: its memory partitions, its vector
+    datasets and every S3 backup target it wrote to (the default target and those
+    the backup manager remembers); with how many remembered targets could not be
+    read or parsed (counted as unreadable object stores)."""
+    cfg = ks.config
+    s3 = cfg.s3
+    out: list[_S3Place] = []
+    bad = 0
+    for role, uri in (("storage.uri", cfg.storage.uri), ("vectors.uri", cfg.vectors.uri)):
+        if uri is not None and uri.startswith("s3://"):
+            out.append(_S3Place.of(uri, role, s3.endpoint_url, s3.region, s3.addressing_style))
+    urls = [cfg.backup.target or ""]
+    try:
+        urls += (ks.path / TARGETS_FILE).read_text("utf-8").splitlines()
+    except FileNotFoundError:
+        pass  # no backup ever went to another target
+    except (OSError, UnicodeDecodeError):
+        bad += 1
+    # The endpoint and region a backup target is opened with (BackupManager.target).
+    endpoint = cfg.backup.s3_endpoint_url or s3.endpoint_url
+    region = cfg.backup.s3_region or s3.region
+    for url in urls:
+        if not url.startswith("s3://"):
+            continue
+        try:
+            out.append(_S3Place.of(url, "backup target", endpoint, region, None))
+        except ConfigError:
+            bad += 1
+    return out, bad
+
+
+def _uncovered(found: list[_S3Place], given: list[_S3Place]) -> list[_S3Place]:
+    """``found`` without the prefixes another one (given or found) already covers:
+    each object is scanned once."""
+    kept: list[_S3Place] = []
+    for place in found:
+        if any(other.covers(place) for other in [*given, *kept]):
+            continue
+        kept = [k for k in kept if not place.covers(k)]
+        kept.append(place)
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class _Version:
+    """One version of an object with content (delete markers have none)."""
+
+    key: str  # relative to the prefix
+    version: str  # "null" on a bucket that was never versioned
+    current: bool
+    size: int
+
+
+class _S3Reader:
+    """Lists and downloads object versions under one prefix through boto3
+    (``keyshred[aws]``); S3's errors come out as ``NotFound`` (no such bucket) or
+    ``BackendUnavailable``, naming the error code, never a key."""
+
+    def __init__(self, place: _S3Place) -> None:
+        boto3 = require("boto3", extra="aws")
+        from botocore.config import Config as BotoConfig
+
+        self._errors = require("botocore.exceptions", extra="aws")
+        self._place = place
+        extra: dict[str, Any] = {}
+        if place.addressing_style:
+            extra["config"] = BotoConfig(s3=cast(Any, {"addressing_style": place.addressing_style}))
+        try:
+            self._client = boto3.client(
+                "s3", endpoint_url=place.endpoint_url, region_name=place.region, **extra
+            )
+        except (self._errors.BotoCoreError, ValueError) as exc:
+            raise BackendUnavailable(f"S3 client failed: {type(exc).__name__}") from None
+        self._full = f"{place.prefix}/" if place.prefix else ""
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except self._errors.ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", "error"))
+            if code in ("404", "NoSuchBucket"):
+                raise NotFound(f"{self._place.url} does not exist") from None
+            raise BackendUnavailable(f"S3 refused to be read: {code}") from None
+        except self._errors.BotoCoreError as exc:
+            raise BackendUnavailable(f"S3 is unreachable: {type(exc).__name__}") from None
+
+    def check(self) -> None:
+        """``InvalidInput`` if the bucket does not exist; other failures are left
+        to the scan, which counts the prefix as unreadable."""
+        try:
+            with self._translated():
+                self._client.head_bucket(Bucket=self._place.bucket)
+        except NotFound:
+            raise InvalidInput(f"{self._place.url} does not exist") from None
+        except BackendUnavailable:
+            pass
+
+    def listing(self) -> tuple[list[_Version], int]:
+        """Every version with content under the prefix, by key and newest first
+        within a key, and how many delete markers there are. Folder markers
+        (empty keys ending in ``/``) hold nothing and are left out."""
+        start = len(self._full)
+        out: list[tuple[str, bool, float, _Version]] = []
+        markers = 0
+        with self._translated():
+            pages = self._client.get_paginator("list_object_versions")
+            for page in pages.paginate(Bucket=self._place.bucket, Prefix=self._full):
+                markers += len(page.get("DeleteMarkers", []))
+                for item in page.get("Versions", []):
+                    key, size = str(item["Key"])[start:], int(item.get("Size", 0))
+                    if (not key or key.endswith("/")) and size == 0:
+                        continue
+                    current = bool(item.get("IsLatest"))
+                    v = _Version(key, str(item["VersionId"]), current, size)
+                    out.append((key, not current, -item["LastModified"].timestamp(), v))
+        out.sort(key=lambda t: t[:3])
+        return [t[3] for t in out], markers
+
+    def download(self, v: _Version, dest: Path) -> None:
+        """Stream one version into a new file of mode 0600 (never following a link,
+        never over an existing file)."""
+        args: dict[str, Any] = {"Bucket": self._place.bucket, "Key": self._full + v.key}
+        if not (v.version == "null" and v.current):
+            args["VersionId"] = v.version
+        with self._translated():
+            body = self._client.get_object(**args)["Body"]
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            with os.fdopen(os.open(dest, flags, 0o600), "wb") as out, contextlib.closing(body):
+                while chunk := body.read(_CHUNK):
+                    out.write(chunk)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+
+def _local_path(folder: Path, key: str) -> Path | None:
+    """Where an object key is laid out under ``folder`` (its parent folders made,
+    mode 0700), or None if it cannot be: a part that is empty, ``.`` or ``..``, a
+    name the file system refuses, or a place an earlier key took."""
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts) or "\x00" in key:
+        return None
+    dest = folder.joinpath(*parts)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if os.path.lexists(dest):
+            return None
+    except (OSError, ValueError):
+        return None
+    return dest
 
 
 @contextlib.contextmanager
