@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -102,6 +102,47 @@ class AuditLog:
                 )
             ).inserted_primary_key[0]
         return AuditEvent(int(seq), at, event, subject_ref, request_id, data, last, digest)
+
+    def record_many(
+        self, event: str, items: Sequence[Mapping[str, Any]], *, subject_ref: str | None = None
+    ) -> int:
+        """Record one ``event`` per item of ``items`` (each the event's data), chained
+        in order, in one transaction (a batch deletion of thousands of memories
+        would otherwise commit thousands of times); returns how many."""
+        bodies = []
+        for data in items:
+            _check_metadata(data)
+            bodies.append(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str))
+        if not bodies:
+            return 0
+        with self._lock, self._catalog.transaction() as conn:
+            last = conn.execute(
+                sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
+            ).scalar()
+            if last is None:
+                last = conn.execute(sa.select(audit_anchor.c.last_hash)).scalar() or GENESIS
+            rows = []
+            for body in bodies:
+                at = datetime.now(UTC)
+                digest = hashlib.sha256(
+                    last.encode() + _canonical(at, event, subject_ref, None, body)
+                ).hexdigest()
+                rows.append(
+                    {
+                        "at": at,
+                        "event": event,
+                        "subject_ref": subject_ref,
+                        "request_id": None,
+                        "data": body,
+                        "prev_hash": last,
+                        "hash": digest,
+                    }
+                )
+                last = digest
+            # One statement per row, in order: the chain follows the sequence numbers.
+            for row in rows:
+                conn.execute(audit_events.insert().values(**row))
+        return len(rows)
 
     def events(
         self,

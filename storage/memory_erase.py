@@ -12,6 +12,7 @@ and every object under the subject's prefix in the partition store.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,15 @@ from keyshred.errors import IntegrityError, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.memory_read import ReadMixin
-from keyshred.storage.memory_types import DELETING, MEMORY_KIND, _key, _namespace, _vector_ids
+from keyshred.storage.memory_types import (
+    _VERSION_SEP,
+    DELETING,
+    HISTORY,
+    MEMORY_KIND,
+    _key,
+    _namespace,
+    _vector_ids,
+)
 from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, to_us
 
 # The plaintext columns the retention scan reads (never the encrypted ones).
@@ -58,6 +67,48 @@ class EraseMixin(ReadMixin):
                 "memory.deleted", subject_ref=ref, asset_id=row.memory_id, versions=len(doomed)
             )
         return True
+
+    def delete_many(self, subject: Any, names: Iterable[tuple[Sequence[str] | str, str]]) -> int:
+        """Delete the memories named by (namespace, key) physically, with every
+        earlier version of each, in one rewrite (one hot transaction, one compaction,
+        one vector delete, one catalog delete): time linear in their number. Names
+        with nothing stored are skipped; returns how many memories went."""
+        ref = self._ref(subject)
+        self._catalog.check_guard(ref)
+        wanted = {(_namespace(ns), _key(k)) for ns, k in names}
+        part = self._partition(ref)
+        with part.flocked():
+            found: list[MemoryRow] = []
+            for ns, k in wanted:
+                lookup = part.lookup(ns, k) if part.rows or part.opaque else None
+                row = None if lookup is None else part.rows.get(lookup) or part.opaque.get(lookup)
+                if row is not None:
+                    found.append(row)
+            if not found:
+                return 0
+            # Every earlier version of each, in one pass over the partition (keys hold
+            # no control character, so a version's key is its key, the separator, a
+            # number).
+            names_found = {(r.namespace, r.key) for r in found}
+            history = [
+                r
+                for r in part.rows.values()
+                if r.namespace[:1] == (HISTORY,)
+                and (r.namespace[1:], r.key.partition(_VERSION_SEP)[0]) in names_found
+                and _VERSION_SEP in r.key
+            ]
+            self._delete_rows(ref, part, [*found, *history])
+        if self._audit is not None:
+            earlier = Counter((r.namespace[1:], r.key.partition(_VERSION_SEP)[0]) for r in history)
+            self._audit.record_many(
+                "memory.deleted",
+                [
+                    {"asset_id": r.memory_id, "versions": 1 + earlier[(r.namespace, r.key)]}
+                    for r in found
+                ],
+                subject_ref=ref,
+            )
+        return len(found)
 
     def delete_ids(self, ref: str, memory_ids: Iterable[str]) -> int:
         """Physically delete memories of ``ref`` by id in one rewrite (the retention
@@ -105,8 +156,7 @@ class EraseMixin(ReadMixin):
         ids = [a for r in rows for a in (r.memory_id, *_vector_ids(r))]
         self._catalog.update_assets(ids, status=DELETING)
         faults.reached("delete.after_mark")
-        for row in rows:
-            part.append_delete(row)
+        part.append_deletes(rows)  # one transaction, however many rows
         faults.reached("delete.after_log")
         # The rewrite deletes the old segments at once, not after the grace period:
         # "deleted" means the bytes are gone (a reader that listed one reads the

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -256,6 +256,10 @@ class AuditSink(Protocol):
     """Where the store records events (``keyshred.audit.AuditLog``)."""
 
     def record(self, event: str, **fields: Any) -> Any: ...
+
+    def record_many(
+        self, event: str, items: Sequence[Mapping[str, Any]], *, subject_ref: str | None = None
+    ) -> int: ...
 
 
 def text_at(value: Any, path: str) -> str:

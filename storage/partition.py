@@ -658,13 +658,26 @@ class Partition:
             self._keep(r)
             self._dirty.add(r.scope)
 
-    def append_delete(self, row: MemoryRow) -> None:
+    def append_deletes(self, rows: Sequence[MemoryRow]) -> None:
+        """Add one hot delete record per row, in one catalog transaction."""
         seq = self._head.next_seq
-        sealed = self._sealer.seal(encode_delete(row), hot_place(self.subject_ref, row.scope, seq))
-        self._write([HotRecord(seq, row.scope, sealed)], commit=True)
-        self.rows.pop(row.lookup, None)
-        self.opaque.pop(row.lookup, None)
-        self._dirty.add(row.scope)
+        records = [
+            HotRecord(
+                seq + n,
+                row.scope,
+                self._sealer.seal(
+                    encode_delete(row), hot_place(self.subject_ref, row.scope, seq + n)
+                ),
+            )
+            for n, row in enumerate(rows)
+        ]
+        if not records:
+            return
+        self._write(records, commit=True)
+        for row in rows:
+            self.rows.pop(row.lookup, None)
+            self.opaque.pop(row.lookup, None)
+            self._dirty.add(row.scope)
 
     def _write(self, records: list[HotRecord], *, commit: bool) -> None:
         if self._staged is not None:
