@@ -115,7 +115,7 @@ class IndexMixin(MemoryStoreBase):
             # side; the same function wrapped twice (two stores) is fine.
             raise InvalidInput(
                 f"embedding space {embedder.space!r} is already used by another embedding "
-                "function in this process: name each function's space differently"
+                "function on this handle: name each function's space differently"
             )
         return embedder, tag
 

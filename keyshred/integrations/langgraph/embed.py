@@ -83,7 +83,7 @@ def space_name(embed: Any) -> str:
     """The embedding space an ``embed`` is named after when the store is given no
     ``embedding_space``: a name of configuration (the model or the function), never
     data. Two different functions may not share one (the memory store refuses a
-    second function under a name already in use in the process)."""
+    second function under a name already in use on the handle)."""
     if isinstance(embed, str):
         return embed
     target = embed
