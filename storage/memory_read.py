@@ -192,7 +192,9 @@ class ReadMixin(IndexMixin):
         if unscored and len(out) < limit:
             have = vectors.memory_ids(ref, space) if indexed else set()
             rest = [r for r in candidates if r.memory_id not in have]
-            out += [Memory(r) for r in _insertion_order(rest, limit - len(out))]
+            # Namespaces ordered by their first candidate, ranked or not.
+            picked = _insertion_order(rest, limit - len(out), among=candidates)
+            out += [Memory(r) for r in picked]
         return out
 
     def count(self, subject: Any) -> int:
@@ -312,11 +314,13 @@ class ReadMixin(IndexMixin):
         return hits
 
 
-def _insertion_order(rows: list[MemoryRow], n: int) -> list[MemoryRow]:
+def _insertion_order(
+    rows: list[MemoryRow], n: int, *, among: list[MemoryRow] | None = None
+) -> list[MemoryRow]:
     """The first ``n`` rows oldest first, namespaces in the order they first
-    appeared (LangGraph's ``InMemoryStore`` order)."""
+    appeared (LangGraph's ``InMemoryStore`` order) among ``among`` (default: ``rows``)."""
     first: dict[tuple[str, ...], int] = {}
-    for r in rows:
+    for r in rows if among is None else among:
         ns_first = first.get(r.namespace)
         if ns_first is None or r.created_us < ns_first:
             first[r.namespace] = r.created_us

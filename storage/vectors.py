@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from keyshred._handle import is_disk_full
 from keyshred.errors import IntegrityError, InvalidInput, KeyshredError, SubjectErased
@@ -247,10 +248,13 @@ class VectorIndex:
         widths may differ; within a space they may not)."""
         if table.num_rows == 0:
             return {}
-        spaces = [space_of(v) for v in table.column("vec_id").to_pylist()]
-        first = spaces[0]
-        if all(s == first for s in spaces):  # the usual case: one space, no copy
-            return {first: self._open_all(ref, table)}
+        ids = table.column("vec_id")
+        if not pc.any(pc.match_substring(ids, _SPACE_SEP)).as_py():
+            # The usual case: the handle's space only (found in C++, no copy).
+            return {DEFAULT_SPACE: self._open_all(ref, table)}
+        spaces = [space_of(v) for v in ids.to_pylist()]
+        if len(set(spaces)) == 1:
+            return {spaces[0]: self._open_all(ref, table)}
         rows: dict[str, list[int]] = {}
         for i, space in enumerate(spaces):
             rows.setdefault(space, []).append(i)

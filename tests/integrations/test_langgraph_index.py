@@ -354,3 +354,18 @@ def test_own_index_dollar_embeds_the_value(ks: Keyshred) -> None:
     reference.put(("u", "ivy"), "cfg", {"text": "sailing boats", "n": 2})
     (want,) = reference.search(("u", "ivy"), query="sailing", limit=1)
     assert hits[0].score == pytest.approx(want.score, abs=1e-5)
+
+
+def test_unscored_items_follow_in_namespace_order(ks: Keyshred) -> None:
+    """Items without a vector fill the page in InMemoryStore's order: namespaces in
+    the order they first appeared (whatever their first item scored), then items."""
+    index = {"dims": DIMS, "embed": hash_embed, "fields": ["text"]}
+    stores = [KeyshredStore(ks, subject_from=1, index=index), InMemoryStore(index=index)]  # type: ignore[arg-type]
+    for store in stores:
+        store.put(("u", "jo", "a"), "a1", {"text": "sailing"})
+        store.put(("u", "jo", "b"), "b1", {"text": "not indexed"}, index=False)
+        store.put(("u", "jo", "a"), "a2", {"text": "not indexed either"}, index=False)
+        store.put(("u", "jo", "b"), "b2", {"other": "nothing to embed"})
+    got, want = (s.search(("u", "jo"), query="sailing", limit=10) for s in stores)
+    assert [i.key for i in want] == ["a1", "a2", "b1", "b2"]
+    same([got], [want])

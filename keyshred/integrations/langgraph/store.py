@@ -388,7 +388,8 @@ class KeyshredStore(BaseStore):
             scored = [t for t in out if t[0] is not None]
             scored.sort(key=lambda t: (-(t[0] or 0.0), t[1]))
             rest = [t for t in out if t[0] is None]
-            rest.sort(key=lambda t: t[1])
+            if len(refs) > 1:  # (one subject's come in the memory store's order)
+                rest.sort(key=lambda t: t[1])
             picked = scored[op.offset : op.offset + op.limit]
             if len(picked) < op.limit:
                 picked += rest[: op.limit - len(picked)]
