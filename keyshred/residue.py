@@ -853,16 +853,20 @@ class _Scanner:
             # The store's own bulk reader: its places, its owner checks. A key that
             # was destroyed raises, or (where the vector store keeps such rows as
             # unreadable) leaves its rows out of what comes back.
-            opened = self._vectors._open_all(ref, table)
+            # One matrix per embedding space: spaces of different widths share a
+            # key group (a LangGraph store's own embedder beside the handle's).
+            spaces = self._vectors._open_spaces(ref, table)
         except _ERASED:
             self._count(self._report.undecryptable, VECTOR, len(group))
             return
         except _UNREADABLE:
             self._count(self._report.unreadable, VECTOR, len(group))
             return
-        self._count(self._report.decrypted, VECTOR, len(opened.vec_ids))
-        self._count(self._report.undecryptable, VECTOR, len(group) - len(opened.vec_ids))
-        self._search_plain(root, label, VECTOR, bytes(opened.matrix.tobytes()))
+        opened = sum(len(c.vec_ids) for c in spaces.values())
+        self._count(self._report.decrypted, VECTOR, opened)
+        self._count(self._report.undecryptable, VECTOR, len(group) - opened)
+        for cached in spaces.values():
+            self._search_plain(root, label, VECTOR, bytes(cached.matrix.tobytes()))
 
     # -- catalogs ----------------------------------------------------------------------
 

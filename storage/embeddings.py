@@ -23,9 +23,12 @@ import numpy as np
 from keyshred._extras import require
 from keyshred.errors import ConfigError, InvalidInput
 
-__all__ = ["Embedder", "MiniLM", "as_embedder"]
+__all__ = ["Embedder", "MiniLM", "TextsAt", "as_embedder"]
 
 EmbedFunc = Callable[[list[str]], Any]
+# The texts to embed for one JSON path of a value (none, one, or several: one
+# vector each); ``None`` on an ``Embedder``: the memory store's own ``text_at``.
+TextsAt = Callable[[Any, str], list[str]]
 
 
 @runtime_checkable
@@ -35,7 +38,17 @@ class _LangChainEmbeddings(Protocol):
 
 
 class Embedder:
-    """Turns texts into unit-length float32 vectors of a fixed dimension."""
+    """Turns texts into unit-length float32 vectors of a fixed dimension.
+
+    ``space`` names the embedding space of an embedder given to the memory store
+    beside the handle's own (``put(..., embedder=)``, ``search(..., embedder=)``):
+    its vectors are kept and searched apart from every other space's, so a query is
+    only ever compared with vectors of the same function. Name it after the model
+    and change the name when the function changes (``"openai:text-embedding-3-small"``,
+    ``"my-embedder-v2"``); it is configuration, never personal data. ``source`` is
+    the object the embedder wraps (what ``as_embedder`` was given), ``texts`` how a
+    value's JSON path becomes texts (``None``: the memory store's ``text_at``).
+    """
 
     def __init__(
         self,
@@ -44,11 +57,27 @@ class Embedder:
         *,
         dims: int | None = None,
         name: str = "custom",
+        space: str | None = None,
+        source: Any = None,
+        texts: TextsAt | None = None,
     ) -> None:
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0):
+            raise InvalidInput("dims is a positive number of dimensions")
+        if space is not None and not isinstance(space, str):
+            raise InvalidInput("an embedding space is named by a string")
         self._documents = documents
         self._query = query
         self.dims = dims
         self.name = name
+        self.space = space
+        self.source = source
+        self.texts = texts
+
+    @property
+    def origin(self) -> Any:
+        """What the embedder wraps (``source``, else its documents function): two
+        embedders of one origin make the same vectors."""
+        return self.source if self.source is not None else self._documents
 
     def _normalize(self, raw: Any, n: int) -> np.ndarray[Any, Any]:
         try:
@@ -351,8 +380,12 @@ def as_embedder(value: Any, dims: int | None = None) -> Embedder:
         return value
     if isinstance(value, _LangChainEmbeddings):
         return Embedder(
-            value.embed_documents, value.embed_query, dims=dims, name=type(value).__name__
+            value.embed_documents,
+            value.embed_query,
+            dims=dims,
+            name=type(value).__name__,
+            source=value,
         )
     if callable(value):
-        return Embedder(value, dims=dims, name=getattr(value, "__name__", "callable"))
+        return Embedder(value, dims=dims, name=getattr(value, "__name__", "callable"), source=value)
     raise InvalidInput("embeddings are a callable on a list of texts or a LangChain Embeddings")

@@ -75,6 +75,9 @@ class MemoryStoreBase:
         self._vectors = vectors
         self._embedder_factory = embedder
         self._embedder: Embedder | None = None
+        # Embedders of other spaces this handle has written or searched with, by
+        # space tag: an erasure's semantic probes run in each (memory_index._space).
+        self._spaces: dict[str, Embedder] = {}
         self._catalog = catalog
         self._keyring = keyring
         self._policy = policy

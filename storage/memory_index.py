@@ -3,6 +3,16 @@
 Embedding (one call per batch), registration of rows and their vectors as catalog
 assets in one transaction, and the re-embedding of stale vectors that a semantic
 search does before it ranks (``_repair``).
+
+Embedding spaces (``keyshred.storage.vectors``): a write or a search names the
+embedder it uses (``embedder=``; ``None`` is the handle's own, the default space).
+A row records which fields are indexed (``row.index``), not by which function: the
+row is the source, and each space's vectors are derived from it by that space's
+embedder. A write embeds in its own space and removes what other spaces held of the
+memory (embedded from a value it no longer has); a search in space S first embeds,
+with S's embedder, the candidates S has no current vectors of (``_repair``). So an
+update, a correction or an erasure's rebuild through the handle leaves other spaces
+to re-embed on their next search, and no space ever holds another's vectors.
 """
 
 from __future__ import annotations
@@ -13,13 +23,18 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from keyshred.errors import KeyshredError
+from keyshred.errors import InvalidInput, KeyshredError
 from keyshred.storage.catalog import ASSET_COLUMNS, AssetRow
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_base import MemoryStoreBase
 from keyshred.storage.memory_types import MEMORY_KIND, VECTOR_KIND, _storage_key, text_at
 from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id
-from keyshred.storage.vectors import VectorIndex, VectorItem
+from keyshred.storage.vectors import DEFAULT_SPACE, VectorIndex, VectorItem, space_tag
+
+# One memory's embedded texts: (field label, vector), in field order. A path gives
+# one vector (labelled by the path), several (``path.0``, ``path.1``: an embedder
+# whose ``texts`` finds several) or none.
+Embedded = list[tuple[str, Any]]
 
 __all__ = ["IndexMixin"]
 
@@ -44,6 +59,12 @@ if _ASSET_ORDER != ASSET_COLUMNS:  # pragma: no cover - a schema edit
     raise ImportError("keyshred.storage.memory_index does not match the ks_assets columns")
 
 
+def _same_origin(a: Embedder, b: Embedder) -> bool:
+    """Whether two embedders wrap the same function (a provider string by value)."""
+    x, y = a.origin, b.origin
+    return x is y or (isinstance(x, str) and x == y)
+
+
 class IndexMixin(MemoryStoreBase):
     """Embeddings, vectors and catalog registration of memory rows."""
 
@@ -58,6 +79,46 @@ class IndexMixin(MemoryStoreBase):
             self._embedder = self._embedder_factory()
         return self._embedder
 
+    def _space(self, embedder: Embedder | None) -> tuple[Embedder, str]:
+        """The embedder to use and the tag of its space. ``None`` (or the handle's
+        own) is the default space; another embedder names its space, and only one
+        wrapping the handle's own function may claim the default space."""
+        if embedder is None:
+            return self.embedder, DEFAULT_SPACE
+        if not isinstance(embedder, Embedder):
+            raise InvalidInput("embedder is a keyshred.storage.embeddings.Embedder")
+        if embedder is self._embedder:
+            return embedder, DEFAULT_SPACE
+        if embedder.space is None:
+            raise InvalidInput(
+                "an embedder other than the handle's names its embedding space "
+                "(Embedder(..., space='model-name'))"
+            )
+        if embedder.space == DEFAULT_SPACE:
+            own = self.embedder
+            if own.source is None or not _same_origin(embedder, own):
+                raise InvalidInput(
+                    "only the handle's own embedding function writes the default space"
+                )
+            if embedder.dims is not None and own.dims is not None and embedder.dims != own.dims:
+                raise InvalidInput(
+                    f"the handle's embeddings have {own.dims} dimensions, not {embedder.dims}"
+                )
+            return embedder, DEFAULT_SPACE
+        if embedder.dims is None:
+            raise InvalidInput("an embedding space has fixed dims (Embedder(..., dims=N))")
+        tag = space_tag(embedder.space, embedder.dims)
+        with self._lock:
+            known = self._spaces.setdefault(tag, embedder)
+        if known is not embedder and not _same_origin(known, embedder):
+            # Two functions under one name would put incomparable vectors side by
+            # side; the same function wrapped twice (two stores) is fine.
+            raise InvalidInput(
+                f"embedding space {embedder.space!r} is already used by another embedding "
+                "function on this handle: name each function's space differently"
+            )
+        return embedder, tag
+
     def _vector_store(self) -> VectorIndex:
         if self._vectors is None:
             raise KeyshredError("this store has no vector index")
@@ -65,28 +126,52 @@ class IndexMixin(MemoryStoreBase):
 
     # -- indexing ----------------------------------------------------------------------
 
-    def _embed_rows(
-        self, prepared: Sequence[tuple[Any, ...]], fields: Sequence[tuple[str, ...]]
-    ) -> list[list[Any]]:
-        """One embedding call for every field of every item of the batch."""
-        texts: list[str] = []
-        spans: list[tuple[int, int]] = []
-        for (_, _, raw, *_), paths in zip(prepared, fields, strict=True):
-            start = len(texts)
-            value = json.loads(raw) if paths else None
-            texts += [text_at(value, p) for p in paths]
-            spans.append((start, len(texts)))
-        if not texts:
-            return [[] for _ in prepared]
-        matrix = self.embedder.embed(texts)
-        return [[matrix[i] for i in range(a, b)] for a, b in spans]
+    @staticmethod
+    def _texts(embedder: Embedder, value: Any, paths: Sequence[str]) -> list[tuple[str, str]]:
+        """(field label, text) for every text the paths of a value give."""
+        out: list[tuple[str, str]] = []
+        for path in paths:
+            if embedder.texts is None:
+                out.append((path, text_at(value, path)))
+                continue
+            texts = embedder.texts(value, path)
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise InvalidInput("an embedder's texts are a list of strings")
+            if len(texts) == 1:
+                out.append((path, texts[0]))
+            else:  # (LangGraph's labels for a path that gives several texts)
+                out += [(f"{path}.{i}", text) for i, text in enumerate(texts)]
+        return out
 
-    def _embed_one(self, raw: bytes, paths: tuple[str, ...]) -> list[Any]:
+    def _embed_rows(
+        self,
+        prepared: Sequence[tuple[Any, ...]],
+        fields: Sequence[tuple[str, ...]],
+        embedder: Embedder,
+    ) -> list[Embedded]:
+        """One embedding call for every text of every item of the batch (each
+        distinct text once)."""
+        labelled: list[list[tuple[str, str]]] = []
+        for (_, _, raw, *_), paths in zip(prepared, fields, strict=True):
+            labelled.append(self._texts(embedder, json.loads(raw), paths) if paths else [])
+        return self._embed_labelled(labelled, embedder)
+
+    def _embed_labelled(
+        self, labelled: Sequence[Sequence[tuple[str, str]]], embedder: Embedder
+    ) -> list[Embedded]:
+        unique: dict[str, int] = {}
+        for texts in labelled:
+            for _, text in texts:
+                unique.setdefault(text, len(unique))
+        if not unique:
+            return [[] for _ in labelled]
+        matrix = embedder.embed(list(unique))
+        return [[(label, matrix[unique[text]]) for label, text in texts] for texts in labelled]
+
+    def _embed_one(self, raw: bytes, paths: tuple[str, ...], embedder: Embedder) -> Embedded:
         if not paths:
             return []
-        value = json.loads(raw)
-        matrix = self.embedder.embed([text_at(value, p) for p in paths])
-        return [matrix[i] for i in range(len(paths))]
+        return self._embed_labelled([self._texts(embedder, json.loads(raw), paths)], embedder)[0]
 
     def _register_rows(
         self,
@@ -191,29 +276,48 @@ class IndexMixin(MemoryStoreBase):
         )
 
     def _repair(
-        self, ref: str, part: Partition, indexed: dict[str, MemoryRow], vectors: VectorIndex
+        self,
+        ref: str,
+        part: Partition,
+        indexed: dict[str, MemoryRow],
+        vectors: VectorIndex,
+        *,
+        embedder: Embedder,
+        space: str = DEFAULT_SPACE,
     ) -> None:
-        """Embed indexed memories whose vectors are missing or stale: embedded from
-        another version of the memory than the row's (``updated_us``). A kill between
-        an update's log append and its vector write leaves the old value's vectors;
-        so does a failed write rolled back after its vectors were replaced. Searching
-        them would rank the memory by a meaning it no longer has."""
-        versions = vectors.versions(ref)
+        """Embed, in ``space``, indexed memories whose vectors there are missing or
+        stale: embedded from another version of the memory than the row's
+        (``updated_us``). A kill between an update's log append and its vector write
+        leaves the old value's vectors; so does a failed write rolled back after its
+        vectors were replaced, and a write through another space (it removed this
+        space's vectors of the memory). Searching them would rank the memory by a
+        meaning it no longer has. Other spaces' vectors are left as they are."""
+        versions = vectors.versions(ref, space)
         missing = [r for mid, r in indexed.items() if versions.get(mid) != r.updated_us]
         if not missing:
             return
+        # Texts first, outside the lock: a memory whose paths give no text (an
+        # embedder that skips missing fields) has no vector to make, and must not
+        # take the lock on every search.
+        labelled = [self._texts(embedder, json.loads(r.value), r.index) for r in missing]
+        todo = [
+            (r, texts)
+            for r, texts in zip(missing, labelled, strict=True)
+            if texts or r.memory_id in versions
+        ]
+        if not todo:
+            return
         with part.flocked():
+            embedded = self._embed_labelled([texts for _, texts in todo], embedder)
             items = [
                 # Stamped with the row's version, which they are now embedded from,
                 # and sealed under the row's own (owner-set) key.
-                VectorItem(r.memory_id, i, f, r.scope, r.updated_us, vec, row_key_id(r))
-                for r in missing
-                for i, (f, vec) in enumerate(
-                    zip(r.index, self._embed_one(r.value, r.index), strict=True)
-                )
+                VectorItem(r.memory_id, i, f, r.scope, r.updated_us, vec, row_key_id(r), space)
+                for (r, _), vecs in zip(todo, embedded, strict=True)
+                for i, (f, vec) in enumerate(vecs)
             ]
-            vectors.upsert(ref, items, replace=[r.memory_id for r in missing])
+            vectors.upsert(ref, items, replace=[r.memory_id for r, _ in todo], only=space)
             times: dict[int, datetime] = {}
             self._catalog.register(
-                [self._vector_asset(ref, r, i, times) for r in missing for i in range(len(r.index))]
+                [self._vector_asset(ref, r, i, times) for r, _ in todo for i in range(len(r.index))]
             )

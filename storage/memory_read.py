@@ -14,6 +14,7 @@ from typing import Any
 
 from keyshred._validate import check_count, check_filter, check_text
 from keyshred.errors import InvalidInput, SubjectSuppressed
+from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _VERSION_SEP,
@@ -26,6 +27,7 @@ from keyshred.storage.memory_types import (
     _prefix,
 )
 from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
+from keyshred.storage.vectors import DEFAULT_SPACE
 
 __all__ = ["ReadMixin", "compile_filter"]
 
@@ -67,12 +69,14 @@ class ReadMixin(IndexMixin):
         category: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        embedder: Embedder | None = None,
     ) -> list[Memory]:
         """Memories under a namespace prefix, with metadata filters (scope, purpose,
         category) and value filters (``{"field": value}`` or ``{"field": {"$gt": 3}}``)
         applied first. Without ``query``: newest first. With ``query``: ranked by
         cosine similarity inside this subject's own vectors (only indexed memories
-        match), each result carrying its ``score``."""
+        match), each result carrying its ``score``; ``embedder`` searches the
+        vectors of its embedding space (see ``put``) instead of the handle's."""
         return self.search_ref(
             self._ref(subject),
             namespace_prefix,
@@ -83,6 +87,7 @@ class ReadMixin(IndexMixin):
             category=category,
             limit=limit,
             offset=offset,
+            embedder=embedder,
         )
 
     def search_ref(
@@ -98,9 +103,14 @@ class ReadMixin(IndexMixin):
         limit: int = 10,
         offset: int = 0,
         order: str = "newest",
+        embedder: Embedder | None = None,
+        unscored: bool = False,
     ) -> list[Memory]:
         """``search`` by subject_ref (guard-checked); ``order="insertion"`` lists
-        without a query oldest first, namespace by namespace."""
+        without a query oldest first, namespace by namespace. With a query and
+        ``unscored``, candidates without a vector in the space (not indexed, or
+        nothing to embed) fill what the ranked ones leave of ``limit``, in insertion
+        order with no score (LangGraph's ``InMemoryStore`` does so)."""
         check_count(limit, "limit")
         check_count(offset, "offset")
         check_filter(filter)
@@ -132,19 +142,20 @@ class ReadMixin(IndexMixin):
                 continue
             hits.append(row)
         if query is not None:
-            return self._semantic(ref, part, hits, query, limit=limit, offset=offset)
+            return self._semantic(
+                ref,
+                part,
+                hits,
+                query,
+                limit=limit,
+                offset=offset,
+                embedder=embedder,
+                unscored=unscored,
+            )
         if order == "insertion":
             # Oldest first, namespaces in the order they first appeared (LangGraph's
             # InMemoryStore order); only the slice asked for becomes Memory objects.
-            first: dict[tuple[str, ...], int] = {}
-            for r in hits:
-                ns_first = first.get(r.namespace)
-                if ns_first is None or r.created_us < ns_first:
-                    first[r.namespace] = r.created_us
-            top = heapq.nsmallest(
-                offset + limit, hits, key=lambda r: (first[r.namespace], r.created_us, r.key)
-            )
-            return [_memory(r) for r in top[offset:]]
+            return [_memory(r) for r in _insertion_order(hits, offset + limit)[offset:]]
         # Only the first offset + limit are wanted: a bounded heap, not a full sort.
         top = heapq.nlargest(offset + limit, hits, key=_newest_first)
         return [_memory(r) for r in top[offset:]]
@@ -158,20 +169,33 @@ class ReadMixin(IndexMixin):
         *,
         limit: int,
         offset: int,
+        embedder: Embedder | None = None,
+        unscored: bool = False,
     ) -> list[Memory]:
         if not isinstance(query, str):
             raise InvalidInput("a query is a string")
         vectors = self._vector_store()
         indexed = {r.memory_id: r for r in candidates if r.index}
-        if not indexed or limit == 0:
+        if limit == 0 or not (indexed or (unscored and candidates)):
             return []
         if part.take_foreign_change():
             # Another worker wrote this subject: its vectors are not in our cache.
             vectors.evict(ref)
-        self._repair(ref, part, indexed, vectors)
-        q = self.embedder.embed_query(query)
-        ranked = vectors.search(ref, q, offset + limit, allowed=set(indexed))
-        return [Memory(indexed[mid], score) for mid, score in ranked[offset:]]
+        out: list[Memory] = []
+        space = DEFAULT_SPACE
+        if indexed:
+            embed_with, space = self._space(embedder)
+            self._repair(ref, part, indexed, vectors, embedder=embed_with, space=space)
+            q = embed_with.embed_query(query)
+            ranked = vectors.search(ref, q, offset + limit, allowed=set(indexed), space=space)
+            out = [Memory(indexed[mid], score) for mid, score in ranked[offset:]]
+        if unscored and len(out) < limit:
+            have = vectors.memory_ids(ref, space) if indexed else set()
+            rest = [r for r in candidates if r.memory_id not in have]
+            # Namespaces ordered by their first candidate, ranked or not.
+            picked = _insertion_order(rest, limit - len(out), among=candidates)
+            out += [Memory(r) for r in picked]
+        return out
 
     def count(self, subject: Any) -> int:
         ref = self._ref(subject)
@@ -273,14 +297,34 @@ class ReadMixin(IndexMixin):
         rows = self.live_rows(ref)
         hits = sum(1 for r in rows for p in probes if p.encode() in r.value)
         indexed = [r for r in rows if r.index]
-        if indexed and self._vectors is not None and self._vectors.count(ref):
+        if not indexed or self._vectors is None:
+            return hits
+        # Every space ``ref`` has vectors in whose embedder this process knows (the
+        # handle's, and those stores wrote or searched with); by value above for all.
+        for space in sorted(self._vectors.spaces(ref)):
+            embedder = self.embedder if space == DEFAULT_SPACE else self._spaces.get(space)
+            if embedder is None:
+                continue
             for probe in probes:
-                q = self.embedder.embed_query(probe)
-                for mid, _ in self._vectors.search(ref, q, 5):
+                q = embedder.embed_query(probe)
+                for mid, _ in self._vectors.search(ref, q, 5, space=space):
                     row = next((r for r in indexed if r.memory_id == mid), None)
                     if row is not None and any(p.encode() in row.value for p in probes):
                         hits += 1
         return hits
+
+
+def _insertion_order(
+    rows: list[MemoryRow], n: int, *, among: list[MemoryRow] | None = None
+) -> list[MemoryRow]:
+    """The first ``n`` rows oldest first, namespaces in the order they first
+    appeared (LangGraph's ``InMemoryStore`` order) among ``among`` (default: ``rows``)."""
+    first: dict[tuple[str, ...], int] = {}
+    for r in rows if among is None else among:
+        ns_first = first.get(r.namespace)
+        if ns_first is None or r.created_us < ns_first:
+            first[r.namespace] = r.created_us
+    return heapq.nsmallest(n, rows, key=lambda r: (first[r.namespace], r.created_us, r.key))
 
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {

@@ -27,6 +27,7 @@ from keyshred.errors import (
 from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.keystore import owner_token
 from keyshred.storage import faults
+from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _JSON,
@@ -40,7 +41,7 @@ from keyshred.storage.memory_types import (
     _vector_ids,
 )
 from keyshred.storage.partition import MemoryRow, Partition, row_key_id, seal_row, to_us
-from keyshred.storage.vectors import VectorItem
+from keyshred.storage.vectors import DEFAULT_SPACE, VectorItem
 
 __all__ = ["WriteMixin"]
 
@@ -80,33 +81,43 @@ class WriteMixin(IndexMixin):
         mentions: Iterable[Any] = (),
         index: bool | Sequence[str] | None = None,
         epoch: int | None = None,
+        embedder: Embedder | None = None,
     ) -> Memory:
         """Create or replace the memory at (namespace, key) of ``subject``.
 
         ``index`` embeds the value for semantic search: ``True`` the whole value,
         a list of JSON paths (``"text"``, ``"a.b"``, ``"$"``) those fields, ``False``
         nothing (removing earlier vectors); ``None`` keeps what an existing memory had.
+        ``embedder``: an ``Embedder`` naming its own embedding space, to embed with
+        instead of the handle's (search with the same one); the memory's vectors in
+        other spaces are removed (they embed its previous value) and re-made by
+        their space's next search.
         """
         if isinstance(mentions, str) or not isinstance(mentions, Iterable):
             raise InvalidInput("mentions is a list of subjects")
         item = PutItem(
             namespace, key, value, scope, purpose, category, sources, tuple(mentions), index
         )
-        return self.put_many(subject, [item], epoch=epoch)[0]
+        return self.put_many(subject, [item], epoch=epoch, embedder=embedder)[0]
 
     def put_many(
-        self, subject: Any, items: Sequence[PutItem], *, epoch: int | None = None
+        self,
+        subject: Any,
+        items: Sequence[PutItem],
+        *,
+        epoch: int | None = None,
+        embedder: Embedder | None = None,
     ) -> list[Memory]:
         """Write a batch for one subject: one catalog transaction (its rows and their
         assets), one commit. All-or-nothing: a bad item fails the batch before
-        anything is written."""
+        anything is written. ``embedder`` as for ``put``."""
         if not isinstance(items, Sequence):
             raise InvalidInput("put_many takes a list of PutItem")
         for item in items:
             if _namespace(_checked(item).namespace)[0].startswith("~"):
                 raise InvalidInput("namespaces starting with '~' are keyshred's own")
         ref = self._ref(subject)
-        return self._put_rows(ref, items, epoch=epoch)
+        return self._put_rows(ref, items, epoch=epoch, embedder=embedder)
 
     def _put_rows(
         self,
@@ -118,6 +129,7 @@ class WriteMixin(IndexMixin):
         produced_by: tuple[str, str | None, str | None] | None = None,
         carried_detected: frozenset[str] = frozenset(),
         kept_sources: Collection[str] = (),
+        embedder: Embedder | None = None,
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
         mentions as refs already, ``produced_by`` the assets' (kind, producer,
@@ -205,7 +217,10 @@ class WriteMixin(IndexMixin):
         ]
         index_key = part.lookup_key_id
         fields = [self._fields(part, lookups[n], item) for n, (*_, item) in enumerate(prepared)]
-        vectors = self._embed_rows(prepared, fields)
+        # The space's embedder (the handle's unless the caller brought one).
+        embed_with, space = self._space(embedder) if any(fields) else (None, DEFAULT_SPACE)
+        vectors = self._embed_rows(prepared, fields, embed_with) if embed_with else []
+        vectors += [[] for _ in range(len(prepared) - len(vectors))]
         with part.flocked():
             # Again under the lock: the erasure coordinator destroys keys and drops
             # partitions under this lock, after suppressing. A writer that gets here
@@ -225,7 +240,9 @@ class WriteMixin(IndexMixin):
                 replaced = replaced or old is not None
                 if item.index is None and old is not None and old.index != fields[n]:
                     fields[n] = old.index
-                    vectors[n] = self._embed_one(raw, old.index)
+                    if embed_with is None:
+                        embed_with, space = self._space(embedder)
+                    vectors[n] = self._embed_one(raw, old.index, embed_with)
                 row = MemoryRow(
                     memory_id=old.memory_id if old else _new_id(now_us),
                     namespace=ns,
@@ -254,9 +271,9 @@ class WriteMixin(IndexMixin):
             }
             stale = [v for p in previous.values() if p is not None for v in _vector_ids(p)]
             vec_items = [
-                VectorItem(r.memory_id, i, f, r.scope, now_us, vecs[i], row_key_id(r))
+                VectorItem(r.memory_id, i, f, r.scope, now_us, vec, row_key_id(r), space)
                 for r, vecs in zip(rows, vectors, strict=True)
-                for i, f in enumerate(r.index)
+                for i, (f, vec) in enumerate(vecs)
             ]
             # Staged: the hot rows go in with the assets, in one transaction.
             part.append_puts(rows, commit=False)

@@ -16,6 +16,18 @@ target: ``evict`` drops it) and ranks by cosine similarity with NumPy, restricte
 the memory ids the caller allows (filters first, then ranking). No other subject's
 vectors are ever loaded for a search: isolation is the layout, not a filter.
 
+**Embedding spaces.** Vectors made by one embedding function are only ever compared
+with queries made by the same function. The handle's own embedder writes the default
+space (``DEFAULT_SPACE``, vec ids ``<memory id>/<n>`` as they always were); any other
+embedder names its space, and its vectors carry the space's tag in their vec id
+(``<memory id>/<n>@<tag>``, the tag a digest of the space's name and dimensions:
+``space_tag``). The vec id is in each vector's associated data, so a vector moved to
+another space fails to decrypt like one moved to another row. The spaces of a subject
+share its one dataset (the ciphertext column is binary, so their dimensions may
+differ): deleting a memory, dropping the dataset on erasure and verifying it cover
+every space at once. A search, a repair and the counts name one space; the cache
+holds each space's matrix apart.
+
 Every LanceDB call runs under ``_lance_call``: a dataset that fails to decode
 (damaged or tampered files) is an ``IntegrityError`` on writes, deletes and
 compaction as on reads; a full disk passes through for the facade to type.
@@ -28,6 +40,7 @@ vector's ciphertext is in no file afterwards.
 from __future__ import annotations
 
 import gc
+import hashlib
 import threading
 import warnings
 from collections import OrderedDict
@@ -39,9 +52,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from keyshred._handle import is_disk_full
-from keyshred.errors import IntegrityError, KeyshredError, SubjectErased
+from keyshred.errors import IntegrityError, InvalidInput, KeyshredError, SubjectErased
 from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
@@ -49,7 +63,7 @@ from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, St
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.objects import ObjectStore
 
-__all__ = ["VEC_SCHEMA", "VectorIndex", "VectorItem"]
+__all__ = ["DEFAULT_SPACE", "VEC_SCHEMA", "VectorIndex", "VectorItem", "space_of", "space_tag"]
 
 VEC_SCHEMA = pa.schema(
     [
@@ -64,6 +78,28 @@ VEC_SCHEMA = pa.schema(
 _TABLE = "vectors"
 _COLUMN = "embedding"
 
+# The handle's own embedding function: vec ids without a tag (every vector written
+# before spaces existed is in it).
+DEFAULT_SPACE = ""
+_SPACE_SEP = "@"  # memory ids are hex and field numbers digits: never in either
+
+
+def space_tag(name: str, dims: int) -> str:
+    """The tag of the embedding space ``name`` with ``dims`` dimensions: 16 hex digits
+    of SHA-256. A digest, not the name: the name is configuration (a model or function
+    name), but a vec id column is no place for free text, and the dimensions are part
+    of the identity (the same model truncated to fewer dimensions is another space)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("an embedding space has a non-empty name")
+    if isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0:
+        raise InvalidInput("an embedding space has a positive number of dimensions")
+    return hashlib.sha256(f"{name}\0{dims}".encode()).hexdigest()[:16]
+
+
+def space_of(vec_id: str) -> str:
+    """The space tag of a vec id (``DEFAULT_SPACE`` for an untagged one)."""
+    return vec_id.partition(_SPACE_SEP)[2]
+
 
 @dataclass(frozen=True, slots=True)
 class VectorItem:
@@ -77,10 +113,13 @@ class VectorItem:
     # key): a vector is about the same subjects as its memory, so it is sealed
     # under the same key and erased with any of them.
     key_id: bytes | None = None
+    # The embedding space (``space_tag``) of the function that made the vector.
+    space: str = DEFAULT_SPACE
 
     @property
     def vec_id(self) -> str:
-        return f"{self.memory_id}/{self.field_no}"
+        base = f"{self.memory_id}/{self.field_no}"
+        return f"{base}{_SPACE_SEP}{self.space}" if self.space else base
 
     def __repr__(self) -> str:
         return f"VectorItem(vec_id={self.vec_id!r}, scope={self.scope!r})"
@@ -115,6 +154,10 @@ class _Cached:
         self.fields = [self.fields[i] for i in keep]
         self.updated = [self.updated[i] for i in keep]
         self.matrix = self.matrix[keep]
+
+    @property
+    def dims(self) -> int | None:
+        return int(self.matrix.shape[1]) if self.matrix.shape[0] else None
 
     def add(self, items: Sequence[VectorItem]) -> None:
         if not items:
@@ -155,7 +198,8 @@ class VectorIndex:
         self._storage_options = storage_options
         self._db: Any = None
         self._lock = threading.RLock()
-        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        # subject_ref -> space tag -> that space's decrypted vectors.
+        self._cache: OrderedDict[str, dict[str, _Cached]] = OrderedDict()
         self._writes: dict[str, int] = {}
 
     # -- LanceDB plumbing ----------------------------------------------------------
@@ -198,6 +242,26 @@ class VectorIndex:
         if item.key_id is not None:
             return self._keyring.data_key_by_id(item.key_id).seal(raw, place)
         return self._keyring.seal(raw, place)
+
+    def _open_spaces(self, ref: str, table: pa.Table) -> dict[str, _Cached]:
+        """Every space's vectors of a dataset, decrypted, one matrix per space (their
+        widths may differ; within a space they may not)."""
+        if table.num_rows == 0:
+            return {}
+        ids = table.column("vec_id")
+        if not pc.any(pc.match_substring(ids, _SPACE_SEP)).as_py():
+            # The usual case: the handle's space only (found in C++, no copy).
+            return {DEFAULT_SPACE: self._open_all(ref, table)}
+        spaces = [space_of(v) for v in ids.to_pylist()]
+        if len(set(spaces)) == 1:
+            return {spaces[0]: self._open_all(ref, table)}
+        rows: dict[str, list[int]] = {}
+        for i, space in enumerate(spaces):
+            rows.setdefault(space, []).append(i)
+        return {
+            space: self._open_all(ref, table.take(pa.array(idx, pa.int64())))
+            for space, idx in rows.items()
+        }
 
     def _open_all(self, ref: str, table: pa.Table) -> _Cached:
         vec_ids = table.column("vec_id").to_pylist()
@@ -316,7 +380,8 @@ class VectorIndex:
 
     # -- cache ---------------------------------------------------------------------
 
-    def _cached(self, ref: str) -> _Cached | None:
+    def _cached(self, ref: str) -> dict[str, _Cached]:
+        """The subject's decrypted vectors by space (loaded on first use)."""
         with self._lock:
             entry = self._cache.get(ref)
             if entry is not None:
@@ -324,7 +389,7 @@ class VectorIndex:
                 return entry
         table = self._table(ref, create=False)
         if table is None:
-            entry = _empty()
+            entry = {}
         else:
             # Loading makes tens of thousands of small objects at once; the cyclic
             # GC would walk the whole heap for nothing (they hold no cycles).
@@ -333,16 +398,16 @@ class VectorIndex:
             try:
                 with _lance_call(ref):
                     arrow = table.to_arrow()
-                entry = self._open_all(ref, arrow)
+                entry = self._open_spaces(ref, arrow)
             finally:
                 if enabled:
                     gc.enable()
         with self._lock:
             self._cache[ref] = entry
-            total = sum(len(c.vec_ids) for c in self._cache.values())
+            total = sum(_size(c) for c in self._cache.values())
             while total > self._cache_max and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
-                total -= len(old.vec_ids)
+                total -= _size(old)
         return entry
 
     def evict(self, ref: str | None = None) -> None:
@@ -355,23 +420,47 @@ class VectorIndex:
 
     # -- writes --------------------------------------------------------------------
 
-    def upsert(self, ref: str, items: Sequence[VectorItem], replace: Iterable[str] = ()) -> None:
-        """Replace every vector of the ``replace`` memory ids, then add ``items``."""
+    def upsert(
+        self,
+        ref: str,
+        items: Sequence[VectorItem],
+        replace: Iterable[str] = (),
+        *,
+        only: str | None = None,
+    ) -> None:
+        """Replace the vectors of the ``replace`` memory ids (and of the items'), then
+        add ``items``. The vectors replaced are those of every space (a memory
+        written anew: what other spaces embedded is of its old value), or with
+        ``only`` those of that space (a repair in one space leaves the others be)."""
         replace = set(replace) | {it.memory_id for it in items}
+        dims = _dims_by_space(items)
+        if only is not None and any(space != only for space in dims):
+            raise InvalidInput("vectors of another space than the one being replaced")
         with self._lock:
+            entry = self._cache.get(ref)
+            for space, width in dims.items():
+                # The space's width is fixed by its first vector; a cached space
+                # tells it without a read (the dataset would refuse to load).
+                have = entry[space].dims if entry is not None and space in entry else None
+                if have is not None and have != width:
+                    raise InvalidInput(
+                        f"vectors of {width} dimensions in a space of {have} dimensions"
+                    )
             table = self._table(ref, create=bool(items))
             if table is None:
                 return
             rows = self._sealed_rows(ref, items) if items else None
             with _lance_call(ref):
                 if replace and self._has_rows(table):
-                    table.delete(_in("memory_id", replace))
+                    table.delete(_in("memory_id", replace) + _space_filter(only))
                 if rows is not None:
                     table.add(rows)
-            entry = self._cache.get(ref)
             if entry is not None:
-                entry.remove(replace)
-                entry.add(items)
+                for space, cached in entry.items():
+                    if only is None or space == only:
+                        cached.remove(replace)
+                for space in dims:
+                    entry.setdefault(space, _empty()).add([it for it in items if it.space == space])
             self._writes[ref] = self._writes.get(ref, 0) + 1
             if self._writes[ref] >= self._compact_every:
                 self._compact(ref, table)
@@ -416,8 +505,8 @@ class VectorIndex:
                 removed = int(before - table.count_rows())
             self._compact(ref, table)
             entry = self._cache.get(ref)
-            if entry is not None:
-                entry.remove(ids)
+            for cached in (entry or {}).values():
+                cached.remove(ids)
             return removed
 
     def delete_scope(self, ref: str, scope: str) -> int:
@@ -451,30 +540,42 @@ class VectorIndex:
 
     # -- reads ---------------------------------------------------------------------
 
-    def memory_ids(self, ref: str) -> set[str]:
-        entry = self._cached(ref)
-        return set(entry.memory_ids) if entry else set()
+    def spaces(self, ref: str) -> set[str]:
+        """The tags of the spaces the subject has readable vectors in."""
+        return {space for space, c in self._cached(ref).items() if c.vec_ids}
 
-    def versions(self, ref: str) -> dict[str, int]:
-        """memory id -> the version (``updated_us``) of the memory its vectors were
-        embedded from; a memory whose fields disagree maps to -1 (never a version)."""
+    def _in_space(self, ref: str, space: str | None) -> list[_Cached]:
         entry = self._cached(ref)
+        if space is None:
+            return list(entry.values())
+        cached = entry.get(space)
+        return [cached] if cached is not None else []
+
+    def memory_ids(self, ref: str, space: str | None = None) -> set[str]:
+        """Memories with vectors (in ``space``, or in any)."""
+        return {m for c in self._in_space(ref, space) for m in c.memory_ids}
+
+    def versions(self, ref: str, space: str = DEFAULT_SPACE) -> dict[str, int]:
+        """memory id -> the version (``updated_us``) of the memory its vectors in
+        ``space`` were embedded from; a memory whose fields disagree maps to -1
+        (never a version)."""
         out: dict[str, int] = {}
-        if entry is None:
-            return out
-        for memory_id, version in zip(entry.memory_ids, entry.updated, strict=True):
-            out[memory_id] = version if out.get(memory_id, version) == version else -1
+        for entry in self._in_space(ref, space):
+            for memory_id, version in zip(entry.memory_ids, entry.updated, strict=True):
+                out[memory_id] = version if out.get(memory_id, version) == version else -1
         return out
 
-    def fields_of(self, ref: str, memory_id: str) -> list[str]:
-        entry = self._cached(ref)
-        if entry is None:
-            return []
-        return [f for m, f in zip(entry.memory_ids, entry.fields, strict=True) if m == memory_id]
+    def fields_of(self, ref: str, memory_id: str, space: str = DEFAULT_SPACE) -> list[str]:
+        return [
+            f
+            for entry in self._in_space(ref, space)
+            for m, f in zip(entry.memory_ids, entry.fields, strict=True)
+            if m == memory_id
+        ]
 
-    def count(self, ref: str) -> int:
-        entry = self._cached(ref)
-        return len(entry.vec_ids) if entry else 0
+    def count(self, ref: str, space: str | None = None) -> int:
+        """How many readable vectors (in ``space``, or in every space)."""
+        return sum(len(c.vec_ids) for c in self._in_space(ref, space))
 
     def search(
         self,
@@ -482,13 +583,16 @@ class VectorIndex:
         query: np.ndarray[Any, Any],
         k: int,
         allowed: set[str] | None = None,
+        *,
+        space: str = DEFAULT_SPACE,
     ) -> list[tuple[str, float]]:
-        """Top ``k`` memory ids by cosine similarity (a memory scores its best field)."""
-        entry = self._cached(ref)
+        """Top ``k`` memory ids by cosine similarity among the vectors of ``space``
+        (a memory scores its best field)."""
+        entry = self._cached(ref).get(space)
         if entry is None or not entry.vec_ids or k <= 0:
             return []
         if entry.matrix.shape[1] != query.shape[0]:
-            raise KeyshredError(
+            raise InvalidInput(
                 f"query has {query.shape[0]} dimensions, the index {entry.matrix.shape[1]}"
             )
         scores = entry.matrix @ query.astype(np.float32)
@@ -574,6 +678,31 @@ def _lance_call(ref: str) -> Iterator[None]:
 
 def _empty() -> _Cached:
     return _Cached([], [], [], [], np.zeros((0, 0), dtype=np.float32))
+
+
+def _size(spaces: dict[str, _Cached]) -> int:
+    return sum(len(c.vec_ids) for c in spaces.values())
+
+
+def _dims_by_space(items: Sequence[VectorItem]) -> dict[str, int]:
+    """Each space's width among ``items`` (``InvalidInput`` if one space has two)."""
+    dims: dict[str, int] = {}
+    for it in items:
+        width = int(np.asarray(it.vector).shape[-1]) if np.ndim(it.vector) == 1 else -1
+        if width <= 0 or dims.setdefault(it.space, width) != width:
+            raise InvalidInput("the vectors of one embedding space have one length")
+    return dims
+
+
+def _space_filter(only: str | None) -> str:
+    """The LanceDB predicate that keeps a delete inside one space (tags are hex)."""
+    if only is None:
+        return ""
+    if only == DEFAULT_SPACE:
+        return f" AND vec_id NOT LIKE '%{_SPACE_SEP}%'"
+    if not only.isalnum():
+        raise InvalidInput("a space tag is alphanumeric")
+    return f" AND vec_id LIKE '%{_SPACE_SEP}{only}'"
 
 
 def _unreadable(ref: str, exc: BaseException) -> IntegrityError:

@@ -9,6 +9,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -234,3 +235,133 @@ def test_semantic_probe_with_the_real_model(catalog_url: str, tmp_path: Path) ->
             found = ks.memories.search(subject, (), query=query, limit=10)
             assert all("peanut" not in str(h.value) for h in found)
         assert ks.memories.embedder.dims == 384
+
+
+# -- embedding spaces ---------------------------------------------------------------
+
+
+def hashed(dims: int) -> Any:
+    """Another embedding function (and dimension) than the handle's bag_of_words."""
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        out = []
+        for text in texts:
+            vec = [0.0] * dims
+            for word in re.findall(r"[a-z0-9]+", text.lower()):
+                h = hashlib.sha256(b"other" + word.encode()).digest()
+                vec[h[0] % dims] += 1.0 + h[1] / 255
+            out.append(vec)
+        return out
+
+    return embed
+
+
+def test_spaces_share_the_dataset_and_never_mix(vks: Keyshred) -> None:
+    """One subject's dataset holds the handle's space (64 dims) and another (16):
+    each search sees its own space's vectors only, a write through one space drops
+    the memory's vectors in the others and their next search re-embeds it."""
+    from keyshred.storage.embeddings import Embedder
+    from keyshred.storage.vectors import space_of, space_tag
+
+    calls: list[list[str]] = []
+    fn = hashed(16)
+
+    def counted(texts: list[str]) -> list[list[float]]:
+        calls.append(list(texts))
+        return fn(texts)
+
+    other = Embedder(counted, dims=16, space="hashed-16")
+    tag = space_tag("hashed-16", 16)
+    ref = vks.subject_ref("alice")
+    a = vks.memories.put("alice", NS, "a", {"text": "sailing on the lake"}, index=["text"])
+    b = vks.memories.put(
+        "alice", NS, "b", {"text": "cooking pasta"}, index=["text"], embedder=other
+    )
+    assert vks.vectors.spaces(ref) == {"", tag}
+    assert vks.vectors.memory_ids(ref, "") == {a.memory_id}
+    assert vks.vectors.memory_ids(ref, tag) == {b.memory_id}
+    vks.vectors.evict(ref)  # both widths load from the one dataset
+    rows = vks.vectors._table(ref, create=False).to_arrow().to_pylist()
+    assert sorted(space_of(r["vec_id"]) for r in rows) == ["", tag]
+    # A search in the other space first embeds, with its function, what it lacks.
+    calls.clear()
+    got = vks.memories.search("alice", (), query="sailing", embedder=other, limit=5)
+    assert [h.key for h in got] == ["a", "b"]
+    assert calls == [["sailing on the lake"], ["sailing"]]
+    assert vks.vectors.memory_ids(ref, tag) == {a.memory_id, b.memory_id}
+    assert vks.vectors.memory_ids(ref, "") == {a.memory_id}  # left as it was
+    # And the handle's space does likewise with the handle's function.
+    got = vks.memories.search("alice", (), query="pasta", limit=5)
+    assert [h.key for h in got] == ["b", "a"]
+    assert got[0].score == pytest.approx(1.0 / np.sqrt(2), abs=1e-5)  # bag_of_words
+    assert vks.vectors.count(ref) == 4 and vks.vectors.count(ref, tag) == 2
+    # An update through the handle: the other space's vectors of it are gone, and
+    # re-made (from the new value) by its next search.
+    vks.memories.update("alice", NS, "a", {"text": "pasta with friends"})
+    assert vks.vectors.memory_ids(ref, tag) == {b.memory_id}
+    calls.clear()
+    got = vks.memories.search("alice", (), query="pasta", embedder=other, limit=5)
+    assert calls == [["pasta with friends"], ["pasta"]]
+    q = np.asarray(fn(["pasta"])[0], dtype=np.float32)
+    v = np.asarray(fn(["pasta with friends"])[0], dtype=np.float32)
+    want = float(q @ v / np.linalg.norm(q) / np.linalg.norm(v))
+    assert {h.key: h.score for h in got}["a"] == pytest.approx(want, abs=1e-5)
+    # Deleting a memory removes it from every space.
+    assert vks.memories.delete("alice", NS, "a")
+    vks.vectors.evict(ref)
+    assert vks.vectors.memory_ids(ref) == {b.memory_id}
+
+
+def test_space_tag_is_bound_into_the_ciphertext(vks: Keyshred) -> None:
+    """A vector relabelled into another space (its vec id's tag changed) fails to
+    decrypt, as one moved to another row does."""
+    from keyshred.storage.embeddings import Embedder
+
+    other = Embedder(hashed(64), dims=64, space="hashed-64")  # same width: only the tag
+    vks.memories.put("alice", NS, "a", "first fact", index=True, embedder=other)
+    ref = vks.subject_ref("alice")
+    table = vks.vectors._table(ref, create=False)
+    (row,) = table.to_arrow().to_pylist()
+    table.delete("true")
+    moved = {**row, "vec_id": row["vec_id"].partition("@")[0]}  # into the default space
+    table.add(pa.Table.from_pylist([moved], schema=table.schema))
+    vks.vectors.evict(ref)
+    with pytest.raises(IntegrityError):
+        vks.vectors.count(ref)
+
+
+def test_space_checks(vks: Keyshred) -> None:
+    from keyshred.errors import InvalidInput
+    from keyshred.storage.embeddings import Embedder
+    from keyshred.storage.vectors import VectorItem, space_tag
+
+    with pytest.raises(InvalidInput):  # an embedder of its own names its space
+        vks.memories.put("alice", NS, "k", "x", index=True, embedder=Embedder(hashed(8)))
+    with pytest.raises(InvalidInput):  # ... has fixed dims
+        vks.memories.put("alice", NS, "k", "x", index=True, embedder=Embedder(hashed(8), space="s"))
+    with pytest.raises(InvalidInput):  # ... and may not claim the handle's space
+        vks.memories.put(
+            "alice", NS, "k", "x", index=True, embedder=Embedder(hashed(64), dims=64, space="")
+        )
+    with pytest.raises(InvalidInput):  # vectors of another length than dims
+        vks.memories.put(
+            "alice", NS, "k", "x", index=True, embedder=Embedder(hashed(8), dims=4, space="s4")
+        )
+    vks.memories.put(
+        "alice", NS, "k", "x y", index=True, embedder=Embedder(hashed(8), dims=8, space="s8")
+    )
+    with pytest.raises(InvalidInput):  # a second function under a name in use
+        vks.memories.search(
+            "alice", (), query="x", embedder=Embedder(hashed(8), dims=8, space="s8")
+        )
+    ref = vks.subject_ref("alice")
+    tag = space_tag("s8", 8)
+    vks.vectors.count(ref)  # cached: the space's width is known
+    bad = VectorItem("f" * 32, 0, "$", "default", 1, np.ones(5, np.float32), space=tag)
+    with pytest.raises(InvalidInput):
+        vks.vectors.upsert(ref, [bad])
+    with pytest.raises(InvalidInput):  # a query of another width than the space's
+        vks.vectors.search(ref, np.ones(3, np.float32), 1, space=tag)
+    for name, dims in (("", 4), ("s", 0), ("s", True)):
+        with pytest.raises(InvalidInput):
+            space_tag(name, dims)  # type: ignore[arg-type]

@@ -7,7 +7,9 @@ default the first label; ``subject_from=1`` for ``("memories", user_id)``), so t
 item's namespace, key, value and vectors are ciphertext under that subject's keys
 and go with the subject's erasure. What LangGraph's stores lack: ``delete_prefix``
 (a whole namespace prefix in one call) and ``erase_subject`` (the erasure
-coordinator, with a signed receipt).
+coordinator, with a signed receipt). Its ``index`` is LangGraph's ``IndexConfig``
+(``dims``, ``embed``, ``fields``), honoured as ``InMemoryStore`` honours it, in an
+embedding space of the store's own (``keyshred.integrations.langgraph.embed``).
 
 The saver keeps each thread under the user its config names (``subject_id``, then
 ``user_id``, then LangGraph auth's user; or a ``subject`` resolver), recorded at the

@@ -34,7 +34,14 @@ from langgraph.store.base import (  # noqa: E402
     SearchItem,
     SearchOp,
     TTLConfig,
-    ensure_embeddings,
+)
+
+from keyshred.integrations.langgraph.embed import (  # noqa: E402
+    StoreIndex,
+    embed_ahead,
+    langgraph_texts,
+    precomputed,
+    store_index,
 )
 
 if TYPE_CHECKING:
@@ -53,10 +60,6 @@ SubjectFrom = int | Callable[[tuple[str, ...]], str]
 SHARED_SUBJECT = "keyshred.shared-knowledge"
 
 
-def _index_paths(fields: Sequence[str] | None) -> list[str]:
-    return list(fields) if fields is not None else ["$"]
-
-
 class KeyshredStore(BaseStore):
     """A LangGraph ``BaseStore`` over ``ks.memories``; see the module docstring.
 
@@ -68,9 +71,14 @@ class KeyshredStore(BaseStore):
     who allowed it. (A shared item naming a person registered in ``ks.subjects`` is
     co-owned by that person as any memory is: erasing them removes it.)
 
-    ``index``: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``); the
-    embedding function must be the one the ``Keyshred`` was opened with (pass it
-    there as ``embeddings=``), or ``None`` to use that one. ``ttl``: a ``TTLConfig``
+    ``index``: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``), as
+    ``InMemoryStore`` takes it: ``embed`` is a function on a list of texts (sync or
+    async), a LangChain ``Embeddings`` or a ``"provider:model"`` string; items are
+    embedded with it and searched with it, in an embedding space of the store's own
+    (``embedding_space`` names it, else the function does: see
+    ``keyshred.integrations.langgraph.embed``), never compared with vectors of
+    another function. Without ``embed`` (or with the very function the ``Keyshred``
+    was opened with) the store uses the handle's embedder. ``ttl``: a ``TTLConfig``
     (minutes); a TTL shortens the item's retention (never beyond policy), expired
     items are invisible at once and deleted by ``sweep_ttl`` (or the sweeper thread
     ``start_ttl_sweeper`` runs every ``sweep_interval_minutes``).
@@ -87,6 +95,7 @@ class KeyshredStore(BaseStore):
         ttl: TTLConfig | None = None,
         scope: str = "default",
         shared: Sequence[Sequence[str]] = (),
+        embedding_space: str | None = None,
     ) -> None:
         self._ks = ks
         self._subject_from = subject_from
@@ -97,11 +106,10 @@ class KeyshredStore(BaseStore):
         self._scope = scope
         self.ttl_config = ttl
         self.index_config = index
-        self._fields: list[str] | None = None
-        if index is not None:
-            self._fields = _index_paths(index.get("fields"))
-            if index.get("embed") is not None:
-                self.embeddings = ensure_embeddings(index.get("embed"))
+        self._index: StoreIndex | None = store_index(ks, index, embedding_space=embedding_space)
+        self._embedder = self._index.embedder if self._index is not None else None
+        if self._index is not None and self._index.embeddings is not None:
+            self.embeddings = self._index.embeddings
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -118,7 +126,8 @@ class KeyshredStore(BaseStore):
         """A store on a keyshred handle of its own, closed on exit, as LangGraph's
         ``PostgresStore.from_conn_string``: ``conn_string`` is a PostgreSQL URL or a
         data folder (``keyshred.integrations.langgraph.connect``); ``kwargs`` go to
-        the store (``index``, ``ttl``, ``subject_from``, ``scope``)."""
+        the store (``index``, ``ttl``, ``subject_from``, ``scope``,
+        ``embedding_space``)."""
         from keyshred.integrations.langgraph.connect import open_conn_string
 
         ks = open_conn_string(conn_string, path=path, config=config)
@@ -261,7 +270,35 @@ class KeyshredStore(BaseStore):
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        return await asyncio.to_thread(self.batch, list(ops))
+        """``batch`` in a worker thread; the embeddings of its puts and queries are
+        awaited first on this loop (``aembed_*``, as ``InMemoryStore.abatch``)."""
+        ops = list(ops)
+        embeddings = self._index.embeddings if self._index is not None else None
+        if embeddings is None:
+            return await asyncio.to_thread(self.batch, ops)
+        texts, queries = self._texts_of(ops)
+        ahead = await embed_ahead(embeddings, texts, queries) if texts or queries else {}
+        with precomputed(ahead):  # (to_thread runs in a copy of this context)
+            return await asyncio.to_thread(self.batch, ops)
+
+    def _texts_of(self, ops: Sequence[Op]) -> tuple[list[str], list[str]]:
+        """The texts a batch will embed and the queries it will embed (malformed
+        operations are left to ``batch`` to refuse)."""
+        texts: list[str] = []
+        queries: list[str] = []
+        last: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for op in ops:
+            if isinstance(op, SearchOp) and isinstance(op.query, str) and op.query:
+                queries.append(op.query)
+            elif isinstance(op, PutOp) and isinstance(op.namespace, tuple):
+                last[(op.namespace, str(op.key))] = op
+        for op in last.values():
+            if not isinstance(op.value, dict):
+                continue
+            for path in self._index_for(op) or ():
+                if isinstance(path, str):
+                    texts += langgraph_texts(op.value, path)
+        return texts, queries
 
     # -- operations ----------------------------------------------------------------
 
@@ -307,7 +344,7 @@ class KeyshredStore(BaseStore):
         out: list[tuple[float | None, tuple[int, int, str], Memory]] = []
         want = op.offset + op.limit
         refs = self._refs(prefix)
-        semantic = bool(op.query and self.index_config)
+        semantic = bool(op.query and self._index is not None)
         if len(refs) == 1 and not semantic:
             # One subject: the memory store already returns insertion order; no merge.
             found = self._ks.memories.search_ref(
@@ -324,11 +361,14 @@ class KeyshredStore(BaseStore):
                 found = self._ks.memories.search_ref(
                     ref,
                     prefix,
-                    query=op.query if op.query and self.index_config else None,
+                    query=op.query if semantic else None,
                     filter=op.filter,
                     limit=want,
                     offset=0,
                     order="insertion",
+                    embedder=self._embedder,
+                    # Items with no vector fill what the ranked leave (InMemoryStore).
+                    unscored=semantic,
                 )
             except (SubjectSuppressed, SubjectErased):
                 if len(prefix) > (self._subject_from if isinstance(self._subject_from, int) else 0):
@@ -344,10 +384,12 @@ class KeyshredStore(BaseStore):
                 order = (first[ns], int(m.created_at.timestamp() * 1e6), m.key)
                 out.append((m.score, order, m))
         if semantic:
+            # Best score first, ties in insertion order (InMemoryStore's stable sort).
             scored = [t for t in out if t[0] is not None]
-            scored.sort(key=lambda t: -(t[0] or 0.0))
+            scored.sort(key=lambda t: (-(t[0] or 0.0), t[1]))
             rest = [t for t in out if t[0] is None]
-            rest.sort(key=lambda t: t[1])
+            if len(refs) > 1:  # (one subject's come in the memory store's order)
+                rest.sort(key=lambda t: t[1])
             picked = scored[op.offset : op.offset + op.limit]
             if len(picked) < op.limit:
                 picked += rest[: op.limit - len(picked)]
@@ -409,13 +451,17 @@ class KeyshredStore(BaseStore):
                     )
                 )
             if items:
-                self._ks.memories.put_many(subject, items)
+                self._ks.memories.put_many(subject, items, embedder=self._embedder)
 
-    def _index_for(self, op: PutOp) -> bool | list[str]:
-        if self.index_config is None or op.index is False:
+    def _index_for(self, op: PutOp) -> Literal[False] | list[str]:
+        """The paths a put embeds: its own ``index``, else the config's ``fields``;
+        nothing without an index config (``InMemoryStore`` ignores ``index`` then)."""
+        if self._index is None or op.index is False:
             return False
         if op.index is None:
-            return list(self._fields or ["$"])
+            return list(self._index.fields)
+        if isinstance(op.index, str) or not isinstance(op.index, list | tuple):
+            raise InvalidInput("a put's index is False or a list of JSON paths")
         return list(op.index)
 
     def _refuse_personal(self, op: PutOp) -> None:
