@@ -286,8 +286,8 @@ def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[An
             raise unavailable(exc, what) from None
         raise
     try:
-        conn = fairy.driver_connection
-        cur = conn.cursor()  # type: ignore[union-attr]
+        conn: Any = fairy.driver_connection
+        cur = conn.cursor()
         try:
             if dialect == "sqlite" and not write:
                 yield cur
