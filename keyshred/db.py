@@ -270,11 +270,14 @@ def _restyled(dialect: Dialect, style: str) -> Dialect:
 def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[Any]:
     """A DBAPI cursor on a connection checked out of ``engine``'s pool for one
     operation, in a transaction for writes (``BEGIN IMMEDIATE`` on SQLite, committed
-    when the block ends, rolled back on an error); on SQLite a read runs in
-    autocommit (one SELECT is atomic by itself), on PostgreSQL in a transaction the
-    block ends. The connection goes back to the pool however the block ends; one the
-    driver found broken is dropped, and "cannot be reached" is ``BackendUnavailable``
-    as for every other statement."""
+    when the block ends, rolled back on an error). A read runs in autocommit on both
+    databases (one SELECT is atomic by itself, and under PostgreSQL's READ COMMITTED
+    every statement of a transaction takes its own snapshot anyway): on PostgreSQL a
+    transaction around it would cost a BEGIN and a COMMIT, two round trips, for
+    nothing, and a session lock taken on such a cursor would sit idle in a
+    transaction. The connection goes back to the pool however the block ends (out of
+    autocommit again); one the driver found broken is dropped, and "cannot be
+    reached" is ``BackendUnavailable`` as for every other statement."""
     dialect, dbapi = engine.dialect.name, engine.dialect.dbapi
     try:
         fairy = engine.raw_connection()
@@ -283,11 +286,20 @@ def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[An
             raise unavailable(exc, what) from None
         raise
     try:
-        conn = fairy.driver_connection
-        cur = conn.cursor()  # type: ignore[union-attr]
+        conn: Any = fairy.driver_connection
+        cur = conn.cursor()
         try:
             if dialect == "sqlite" and not write:
                 yield cur
+            elif not write and _autocommit(conn):
+                try:
+                    yield cur
+                finally:
+                    try:
+                        conn.autocommit = False  # as the pool's other users expect it
+                    except Exception:
+                        fairy.invalidate()  # never back into the pool in autocommit
+                        raise
             else:
                 yield from _in_transaction(dialect, conn, cur)
         finally:
@@ -301,6 +313,19 @@ def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[An
         raise unavailable(exc, what) from None
     finally:
         fairy.close()
+
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connection
+
+
+def _autocommit(conn: Any) -> bool:
+    """Put an idle pooled psycopg connection in autocommit for a read (no round
+    trip: the driver sends nothing until the next statement); False if it is not
+    idle, and the read then runs in a transaction as a write does."""
+    if conn.info.transaction_status != _IDLE:
+        return False
+    conn.autocommit = True
+    return True
 
 
 def _in_transaction(dialect: str, conn: Any, cur: Any) -> Iterator[Any]:
