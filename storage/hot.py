@@ -19,6 +19,9 @@ is a lock that was not held, refused as ``IntegrityError`` rather than merged).
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +109,15 @@ class HotTier:
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
+        # SQLite: a connection kept only to ask ``PRAGMA data_version``, which changes
+        # whenever another connection (this process's pool, another process) commits
+        # to the file; a reader whose partition is loaded skips the head statement
+        # while it does not change (``change_token``). Opened lazily, per process.
+        self._watch: sqlite3.Connection | None = None
+        self._watch_pid = 0
+        self._watch_lock = threading.Lock()
+        database = catalog.engine.url.database if catalog.dialect == "sqlite" else None
+        self._watch_path = database if database and database != ":memory:" else None
         h, hot = memory_partitions, memory_hot
         self._sql = catalog.compile(
             {
@@ -129,6 +141,22 @@ class HotTier:
         )
 
     # -- reads -------------------------------------------------------------------------
+
+    def change_token(self) -> int | None:
+        """A number that stays the same while nothing was committed to the catalog
+        by anyone (SQLite's ``data_version`` seen from a connection that never
+        writes); None where there is none (PostgreSQL: the head is read instead)."""
+        if self._watch_path is None:
+            return None
+        with self._watch_lock:
+            if self._watch is None or self._watch_pid != os.getpid():
+                # A connection must not cross a fork: a child opens its own.
+                self._watch = sqlite3.connect(
+                    self._watch_path, check_same_thread=False, isolation_level=None
+                )
+                self._watch_pid = os.getpid()
+            row = self._watch.execute("PRAGMA data_version").fetchone()
+        return int(row[0])
 
     def head(self, ref: str) -> Head | None:
         """The subject's head (None: no partition); one statement."""

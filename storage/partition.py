@@ -182,6 +182,8 @@ class Partition:
         # Another process changed the partition since ``take_foreign_change`` was last
         # asked: caches built beside it (decrypted vectors) are stale.
         self._foreign = False
+        # The catalog's change token when the cache last caught up (None: unknown).
+        self._token: int | None = None
 
     @property
     def holds_flock(self) -> bool:
@@ -221,10 +223,19 @@ class Partition:
         """Forget the cache: the next use reads the catalog again."""
         with self.lock:
             self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
+            self._token = None
             self._head, self._segments, self._dirty, self._pending = EMPTY, {}, set(), 0
 
     def _refresh(self) -> None:
-        """Catch up with what another process committed since we last looked."""
+        """Catch up with what another process committed since we last looked (on
+        SQLite nothing to ask while nobody committed anything: ``change_token``)."""
+        token = self._hot.change_token()
+        if token is not None and token == self._token and self.loaded:
+            return
+        self._refresh_from_head()
+        self._token = token  # read before the head: a later commit changes it again
+
+    def _refresh_from_head(self) -> None:
         if not self.loaded:
             self._load()
             return
