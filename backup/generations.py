@@ -30,6 +30,26 @@ from keyshred.keyring.keystore import Tombstone
 __all__ = ["STAGING", "TARGETS_FILE", "Generation", "Generations", "Progress"]
 
 Progress = Callable[[str, int, int], None]
+
+
+class Ticker:
+    """A running total of bytes done, reported as one phase to a ``Progress``
+    callback; safe to call from the threads of a transfer pool."""
+
+    def __init__(self, progress: Progress | None, phase: str, total: int) -> None:
+        self._progress = progress
+        self._phase = phase
+        self._total = total
+        self._done = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self._done += n
+            if self._progress is not None:
+                self._progress(self._phase, self._done, self._total)
+
+
 """``progress(phase, done, total)``: phases ``hash``, ``upload``, ``download`` (bytes)."""
 
 STAGING = ".backup-staging"

@@ -69,6 +69,7 @@ from keyshred.backup.generations import (
     TARGETS_FILE,
     Generation,
     Progress,
+    Ticker,
     _generation_id,
     _now,
     _sha256_file,
@@ -205,15 +206,7 @@ class BackupManager(Maintenance, Restore):
         segment that is gone (retired longer ago than the grace period while this
         ran) raises ``_SegmentGone``: the caller takes a new snapshot."""
         store = self._objects
-        total = sum(item.segment.size or 0 for item in listed)
-        done = [0]
-        lock = threading.Lock()
-
-        def tick(n: int) -> None:
-            with lock:
-                done[0] += n
-                if progress is not None:
-                    progress("copy", done[0], total)
+        tick = Ticker(progress, "copy", sum(item.segment.size or 0 for item in listed))
 
         def one(item: ListedSegment) -> tuple[Segment, int]:
             key = f"{partition_prefix(item.subject_ref)}/{item.segment.name}"

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from keyshred.backup import staging as restore_staging
-from keyshred.backup.generations import STAGING, Generations, Progress, _sha256_file
+from keyshred.backup.generations import STAGING, Generations, Progress, Ticker, _sha256_file
 from keyshred.backup.manifest import Manifest, Segment
 from keyshred.backup.targets import BackupTarget
 from keyshred.config import Config, save_config
@@ -215,15 +214,7 @@ class Restore(Generations):
         # 2. Segments, each checked against its hash. A subject erased since the
         #    snapshot is not downloaded at all (its keys are gone already).
         erased = {t.subject_ref for t in tombstones if t.scope is None}
-        total = sum(s.size for s in manifest.segments)
-        done = [0]
-        lock = threading.Lock()
-
-        def tick(n: int) -> None:
-            with lock:
-                done[0] += n
-                if progress is not None:
-                    progress("download", done[0], total)
+        tick = Ticker(progress, "download", sum(s.size for s in manifest.segments))
 
         def fetch(seg: Segment) -> int:
             dst = staging / seg.path

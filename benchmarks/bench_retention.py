@@ -3,10 +3,11 @@ of 1,000 subjects.
 
 keyshred: ``ks.retention.expired(now)`` — the catalog's index of assets, and the
 plaintext metadata columns (no key is touched) of the segments the catalog lists
-whose earliest retain-until has passed, read through the partition store. Baseline on the same data: a full decrypt-and-check scan —
-open every subject's partition (unwrap its keys, decrypt every segment and log
-record and hot row, authenticate) and check each memory's retain-until. Both must find the same
-set; half of the subjects have 10% of their memories in a 1-day scope.
+whose earliest retain-until has passed, read through the partition store. Baseline
+on the same data: a full decrypt-and-check scan — open every subject's partition
+(unwrap its keys, decrypt every segment and hot row, authenticate) and check each
+memory's retain-until. Both must find the same set; half of the subjects have 10%
+of their memories in a 1-day scope.
 
 Run: ``.venv/bin/python benchmarks/bench_retention.py``
 """

@@ -61,6 +61,17 @@ def _check_metadata(data: Mapping[str, Any]) -> None:
             raise InvalidInput(f"audit field {key!r} holds a non-metadata value")
 
 
+def _last_hash(conn: Any) -> str:
+    """The hash the next event chains to: the newest event's, or after a prune the
+    anchor's (or the genesis value of an empty log)."""
+    last = conn.execute(
+        sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
+    ).scalar()
+    if last is None:
+        last = conn.execute(sa.select(audit_anchor.c.last_hash)).scalar() or GENESIS
+    return str(last)
+
+
 class AuditLog:
     """Hash-chained events in the catalog database."""
 
@@ -81,11 +92,7 @@ class AuditLog:
         _check_metadata(data)
         body = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         with self._lock, self._catalog.transaction() as conn:
-            last = conn.execute(
-                sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
-            ).scalar()
-            if last is None:
-                last = conn.execute(sa.select(audit_anchor.c.last_hash)).scalar() or GENESIS
+            last = _last_hash(conn)
             at = datetime.now(UTC)
             digest = hashlib.sha256(
                 last.encode() + _canonical(at, event, subject_ref, request_id, body)
@@ -116,11 +123,7 @@ class AuditLog:
         if not bodies:
             return 0
         with self._lock, self._catalog.transaction() as conn:
-            last = conn.execute(
-                sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
-            ).scalar()
-            if last is None:
-                last = conn.execute(sa.select(audit_anchor.c.last_hash)).scalar() or GENESIS
+            last = _last_hash(conn)
             rows = []
             for body in bodies:
                 at = datetime.now(UTC)
