@@ -63,7 +63,10 @@ def _check_metadata(data: Mapping[str, Any]) -> None:
 
 def _last_hash(conn: Any) -> str:
     """The hash the next event chains to: the newest event's, or after a prune the
-    anchor's (or the genesis value of an empty log)."""
+    anchor's (or the genesis value of an empty log). On PostgreSQL the transaction
+    first takes the chain's lock: writers in other processes wait for its commit."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7741207360620623204)")  # "ks-audit"
     last = conn.execute(
         sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
     ).scalar()

@@ -592,7 +592,7 @@ class Partition:
         every retired one (a scope erasure: nobody may read them any more)."""
         named = self._hot.segment_names(self.subject_ref)
         cutoff = to_us_now() - (0 if purge else self._grace_us)
-        expired = {n for n, at in named.items() if at is not None and at <= cutoff}
+        expired = {n for n, at in named.items() if at is not None and (purge or at <= cutoff)}
         start = len(self._prefix) + 1
         names = [k[start:] for k in self._objects.list_keys(self._prefix)]
         # In a folder, the old layout's files share the subject's folder: they go
