@@ -88,7 +88,7 @@ from keyshred.backup.manifest import (
 from keyshred.backup.restore import RESTORE_POINTS, OpenCopy, Restore, RestoreReport
 from keyshred.backup.targets import BackupTarget, LocalTarget, S3Target
 from keyshred.config import Config, redacted_dump
-from keyshred.errors import InvalidInput, KeyshredError, NotFound
+from keyshred.errors import IntegrityError, InvalidInput, KeyshredError, NotFound
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
 from keyshred.storage.catalog import Catalog
@@ -228,7 +228,24 @@ class BackupManager(Maintenance, Restore):
                 if tgt.exists(seg.object):
                     tick(size)
                     return seg, 0
+                # An object enters the target under its content address once, and
+                # every later generation reuses it: check it is the object the
+                # catalog recorded before it goes in (a damaged or replaced segment
+                # is refused here, not found at a restore).
                 where = store.s3_object(key)
+                recorded = (item.segment.size, item.segment.sha256)
+                if fetched is not None:
+                    ok = recorded[1] is None or (size, sha) == recorded
+                elif where is None:  # a folder: hashed as it is read
+                    local = Path(store.path(key))
+                    ok = local.stat().st_size == size and _sha256_file(local) == sha
+                else:  # a server-side copy: the size, which S3 states without a read
+                    ok = store.size(key) == size
+                if not ok:
+                    raise IntegrityError(
+                        f"segment {item.segment.name} of partition {item.subject_ref} is not "
+                        "the object the catalog recorded (damaged or replaced): not backed up"
+                    )
                 if fetched is None and where is not None and self._same_s3(tgt):
                     assert isinstance(tgt, S3Target)  # noqa: S101 - _same_s3 says so
                     tgt.copy_from(where[0], where[1], seg.object)

@@ -116,6 +116,13 @@ class ObjectStore:
         start = len(self._base) + 1
         return sorted(info.path[start:] for info in self.fs.get_file_info(selector) if info.is_file)
 
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ``FileNotFoundError`` if it is gone."""
+        info = self.fs.get_file_info(self.path(key))
+        if not info.is_file:
+            raise FileNotFoundError(key)
+        return int(info.size)
+
     def exists(self, key: str) -> bool:
         return bool(self.fs.get_file_info(self.path(key)).is_file)
 

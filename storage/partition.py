@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import threading
 import time
@@ -471,7 +472,7 @@ class Partition:
                 raise IntegrityError(f"partition {self.subject_ref} lists two segments of a scope")
             self._segments[seg.scope] = seg
             try:
-                rows = self._read_segment(seg.name, seg.scope)
+                rows = self._read_segment(seg.name, seg.scope, digest=(seg.size, seg.sha256))
             except _Vanished:
                 if not lenient:
                     raise
@@ -748,10 +749,19 @@ class Partition:
         self._cleanup(purge=purge)
 
     def _read_segment(
-        self, name: str, scope: str, *, path: str | None = None, key: DataKey | None = None
+        self,
+        name: str,
+        scope: str,
+        *,
+        path: str | None = None,
+        key: DataKey | None = None,
+        digest: tuple[int | None, str | None] = (None, None),
     ) -> list[MemoryRow]:
         """The rows of one segment object (or, with ``path``, of a local file),
-        authenticated with the scope's live key (or ``key``: a legacy segment's)."""
+        authenticated with the scope's live key (or ``key``: a legacy segment's).
+        ``digest``: the size and SHA-256 the catalog recorded for the object; an
+        object that does not match them (an older copy of the segment put back under
+        its name, whose MAC is as good) is refused before it is parsed."""
         kwargs: dict[str, Any] = {"page_checksum_verification": True}
         mac_key = b"\x00" * 32
         if self._pme is not None:
@@ -761,7 +771,16 @@ class Partition:
         try:
             if path is not None:
                 table = pq.ParquetFile(path, **kwargs).read()
-            else:
+            elif digest[1] is not None:
+                with self._objects.open_stream(f"{self._prefix}/{name}") as src:
+                    data = src.read()
+                if len(data) != digest[0] or hashlib.sha256(data).hexdigest() != digest[1]:
+                    raise IntegrityError(
+                        f"segment {name} of partition {self.subject_ref} is not the object "
+                        "the catalog recorded (replaced or rolled back)"
+                    )
+                table = pq.ParquetFile(pa.BufferReader(data), **kwargs).read()
+            else:  # written before the catalog recorded digests (revision 0005)
                 table = self._objects.open_parquet(f"{self._prefix}/{name}", **kwargs).read()
         except (SubjectErased, IntegrityError):
             raise

@@ -562,14 +562,24 @@ class ErasureCoordinator(HoldsMixin):
             return {"at": iso(completed)}
         store_steps = list(self._store_steps)
         req.doc["found_data"] = found_data(d, store_steps)
-        backups = extent.backup_coverage(
-            datetime.fromisoformat(keys["at"]), d.get("backups", {}).get("objects_deleted", 0)
-        )
-        receipt = build_receipt(req, store_steps, completed, backups)
-        signed = sign_receipt(receipt, self._keyring.signer())
-        extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
-        self._save(req, receipt=signed.to_json())
-        self._metrics.completion_latency((completed - req.created_at).total_seconds())
+        signed_before = self.receipt(req.request_id)
+        if signed_before is not None:
+            # A run before this one signed and saved the receipt, then died (or lost
+            # its lease) before recording the step: the receipt stands, signed once;
+            # only what that run may not have logged yet is logged now.
+            extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
+            if self._audit.events(request_id=req.request_id, event="erasure.completed"):
+                return {"at": iso(signed_before.completed_at)}
+            completed = signed_before.completed_at
+        else:
+            backups = extent.backup_coverage(
+                datetime.fromisoformat(keys["at"]), d.get("backups", {}).get("objects_deleted", 0)
+            )
+            receipt = build_receipt(req, store_steps, completed, backups)
+            signed = sign_receipt(receipt, self._keyring.signer())
+            extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
+            self._save(req, receipt=signed.to_json())
+            self._metrics.completion_latency((completed - req.created_at).total_seconds())
         derived = sum(len(d[s].get("actions", [])) for s in store_steps if s in d)
         self._audit.record(
             "erasure.completed",

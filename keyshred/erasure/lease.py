@@ -21,11 +21,9 @@ import os
 import socket
 import threading
 import uuid
-from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from keyshred.erasure.requests import now
 from keyshred.schema import deletion_requests
 from keyshred.storage.catalog import Catalog
 
@@ -60,7 +58,7 @@ class Lease:
                     renewed = conn.execute(
                         _T.update()
                         .where(_T.c.request_id == self.request_id, _T.c.lease_owner == self.owner)
-                        .values(lease_until=_until(self._seconds))
+                        .values(lease_until=_until(self._catalog.dialect, self._seconds))
                     ).rowcount
             except Exception:  # noqa: BLE001, S112 - the database is away: try again next beat
                 continue
@@ -84,8 +82,19 @@ class Lease:
             return
 
 
-def _until(seconds: float) -> datetime:
-    return now() + timedelta(seconds=seconds)
+def _db_now_us(dialect: str) -> sa.ColumnElement[int]:
+    """The database's clock in microseconds since 1970 (``lease_until``'s unit):
+    every worker dates leases by the one clock they share, so a worker whose own
+    clock runs ahead cannot take over a live lease."""
+    if dialect == "postgresql":
+        sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
+    else:
+        sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    return sa.literal_column(sql, sa.BigInteger)
+
+
+def _until(dialect: str, seconds: float) -> sa.ColumnElement[int]:
+    return _db_now_us(dialect) + int(seconds * 1_000_000)
 
 
 def _host() -> str:
@@ -114,7 +123,8 @@ def claim(catalog: Catalog, request_id: str, seconds: float) -> Lease | None:
     """The request's lease if nobody holds it (or its holder's ran out, or its
     holder was a process of this machine that died), else None."""
     owner = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:16]}"
-    free = sa.or_(_T.c.lease_owner.is_(None), _T.c.lease_until < now())
+    dialect = catalog.dialect
+    free = sa.or_(_T.c.lease_owner.is_(None), _T.c.lease_until < _db_now_us(dialect))
     with catalog.transaction() as conn:
         holder = conn.execute(
             sa.select(_T.c.lease_owner).where(_T.c.request_id == request_id)
@@ -124,6 +134,6 @@ def claim(catalog: Catalog, request_id: str, seconds: float) -> Lease | None:
         claimed = conn.execute(
             _T.update()
             .where(_T.c.request_id == request_id, free)
-            .values(lease_owner=owner, lease_until=_until(seconds))
+            .values(lease_owner=owner, lease_until=_until(dialect, seconds))
         ).rowcount
     return Lease(catalog, request_id, owner, seconds) if claimed == 1 else None

@@ -43,7 +43,9 @@ def test_backup_refuses_a_segment_that_does_not_match_its_catalog_digest(
             data = (root / seg.object).read_bytes()
             if hashlib.sha256(data).hexdigest() != seg.sha256 or len(data) != seg.size:
                 bad.append(seg.path)
-        assert not bad, f"backup {gen.generation} holds objects whose bytes are not their hash: {bad}"
+        assert not bad, (
+            f"backup {gen.generation} holds objects whose bytes are not their hash: {bad}"
+        )
 
 
 def gen_manifest_segments(ks: Keyshred, generation: str):  # type: ignore[no-untyped-def]

@@ -1,7 +1,7 @@
-"""Attack: leases are dated by each worker's own clock (``lease.now()``), not the
-database's: a worker whose clock runs ahead by more than the lease takes over a
-request another worker holds and renews (its heartbeat running), and both run
-steps until the first one's next save."""
+"""Attack (fixed: leases are dated by the database's clock now): leases were dated
+by each worker's own clock (``lease.now()``): a worker whose clock ran ahead by more
+than the lease took over a request another worker held and renewed (its heartbeat
+running), and both ran steps until the first one's next save."""
 
 from __future__ import annotations
 
@@ -25,8 +25,12 @@ def test_a_live_lease_is_not_taken_by_a_worker_with_a_clock_ahead(
         held = lease_mod.claim(ks._catalog, "q", 60.0)  # alive, heartbeat running
         assert held is not None
         try:
-            real = lease_mod.now
-            monkeypatch.setattr(lease_mod, "now", lambda: real() + timedelta(seconds=90))
+            # This worker's clock runs 90 s ahead (leases are dated by the database's).
+            from keyshred.erasure import requests
+
+            real = requests.now
+            monkeypatch.setattr(requests, "now", lambda: real() + timedelta(seconds=90))
+            monkeypatch.setattr(lease_mod, "now", requests.now, raising=False)
             thief = lease_mod.claim(ks._catalog, "q", 60.0)
             if thief is not None:
                 thief.release()
