@@ -79,6 +79,8 @@ def late_writes(ks: Keyshred) -> None:
 def store_op(ks: Keyshred, op: str) -> None:
     if op == "delete":
         ks.memories.delete(OWNER, *TARGET)
+    elif op == "delete_many":  # the batched path (a store's batch of deletions)
+        ks.memories.delete_many(OWNER, [TARGET, (("m",), "never-stored")])
     elif op == "update":
         ks.memories.update(OWNER, *TARGET, UPDATED)
     elif op == "compact":

@@ -9,9 +9,7 @@ around a single SELECT, two round trips each for nothing."""
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +19,8 @@ from psycopg.pq import TransactionStatus
 
 from keyshred import Config, Keyshred
 from keyshred.config import KeyringSettings, StorageSettings
-from tests.conftest import PG_DSN
 
 NS = ("notes",)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    try:
-        admin = psycopg.connect(PG_DSN, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is not reachable: {exc}")
-    admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-    finally:
-        admin.execute(f"DROP SCHEMA {schema} CASCADE")
-        admin.close()
 
 
 @pytest.fixture
@@ -69,11 +51,14 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return counts
 
 
+@pytest.mark.parametrize("catalog_url", ["postgres"], indirect=True)
 def test_a_warm_put_is_one_transaction_and_a_warm_get_none(
-    pg_url: str, tmp_path: Path, counted: Counter[str]
+    catalog_url: str, tmp_path: Path, counted: Counter[str]
 ) -> None:
+    # The shared fixture's PostgreSQL case: a schema of its own.
     config = Config(
-        storage=StorageSettings(catalog_url=pg_url), keyring=KeyringSettings(store_url=pg_url)
+        storage=StorageSettings(catalog_url=catalog_url),
+        keyring=KeyringSettings(store_url=catalog_url),
     )
     with Keyshred.init(tmp_path / "data", config) as ks:
         for i in range(3):  # the subject, its keys and its partition exist: warm
