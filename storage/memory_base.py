@@ -98,6 +98,9 @@ class MemoryStoreBase:
         )
         self._partitions: OrderedDict[str, Partition] = OrderedDict()
         self._lock = threading.Lock()
+        # (subject_ref, space) -> the partition generation, the vector cache entry
+        # (weakly) and the change position of the last vector check (``_fresh_vectors``).
+        self._vector_checks: dict[tuple[str, str], tuple[int, Any, int]] = {}
         # Held shared by every partition write (and the vector index's drops),
         # exclusive by a backup's snapshot (``frozen``).
         self._freeze = freeze or FreezeLock(root / "FREEZE")

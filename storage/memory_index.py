@@ -18,7 +18,8 @@ to re-embed on their next search, and no space ever holds another's vectors.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -28,7 +29,7 @@ from keyshred.storage.catalog import ASSET_COLUMNS, AssetRow
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_base import MemoryStoreBase
 from keyshred.storage.memory_types import MEMORY_KIND, VECTOR_KIND, _storage_key, text_at
-from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id
+from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
 from keyshred.storage.vectors import DEFAULT_SPACE, VectorIndex, VectorItem, space_tag
 
 # One memory's embedded texts: (field label, vector), in field order. A path gives
@@ -37,6 +38,8 @@ from keyshred.storage.vectors import DEFAULT_SPACE, VectorIndex, VectorItem, spa
 Embedded = list[tuple[str, Any]]
 
 __all__ = ["IndexMixin"]
+
+_CHECKS_KEPT = 4096  # subjects and spaces whose last vector check is remembered
 
 # ``_register_rows`` binds memory assets as tuples in the catalog's column order.
 _ASSET_ORDER = (
@@ -275,6 +278,56 @@ class IndexMixin(MemoryStoreBase):
             mentions=row.mentions,
         )
 
+    def _fresh_vectors(
+        self,
+        ref: str,
+        part: Partition,
+        vectors: VectorIndex,
+        *,
+        embedder: Embedder,
+        space: str,
+        hidden: frozenset[str],
+    ) -> None:
+        """Make the subject's vectors in ``space`` match its memories (``_repair``),
+        looking only at what changed since the last check: the partition lists the
+        memory ids written or removed since it was loaded (``Partition.changed``),
+        and a check is remembered with the partition's generation and the vector
+        cache entry it was made against (a weak reference: remembering it keeps no
+        decrypted vector alive). Anything else (a reload of either, another
+        process's write, a suppressed scope) checks every memory, once."""
+        key = (ref, space)
+        entry, _ = vectors.version_map(ref, space)
+        memo = self._vector_checks.get(key)
+        since: int | None = None
+        if memo is not None and not hidden and entry is not None:
+            generation, seen, position = memo
+            if generation == part.generation and seen() is entry:
+                since = position
+        by_id = part.by_id
+        if since is None:
+            rows: Iterable[MemoryRow] = by_id.values()
+        else:
+            changed = dict.fromkeys(part.changed[since:])
+            rows = [by_id[m] for m in changed if m in by_id]
+        now_us = to_us(self._clock())
+        todo = {
+            r.memory_id: r
+            for r in rows
+            if r.index
+            and r.scope not in hidden
+            and r.retain_us > now_us
+            and not r.namespace[0].startswith("~")
+        }
+        if todo:
+            self._repair(ref, part, todo, vectors, embedder=embedder, space=space)
+        entry, _ = vectors.version_map(ref, space)
+        if hidden or entry is None:
+            self._vector_checks.pop(key, None)
+            return
+        self._vector_checks[key] = (part.generation, weakref.ref(entry), len(part.changed))
+        while len(self._vector_checks) > _CHECKS_KEPT:
+            self._vector_checks.pop(next(iter(self._vector_checks)))
+
     def _repair(
         self,
         ref: str,
@@ -292,7 +345,7 @@ class IndexMixin(MemoryStoreBase):
         vectors were replaced, and a write through another space (it removed this
         space's vectors of the memory). Searching them would rank the memory by a
         meaning it no longer has. Other spaces' vectors are left as they are."""
-        versions = vectors.versions(ref, space)
+        _, versions = vectors.version_map(ref, space)
         missing = [r for mid, r in indexed.items() if versions.get(mid) != r.updated_us]
         if not missing:
             return

@@ -124,34 +124,35 @@ class ReadMixin(IndexMixin):
         n = len(prefix)
         hidden = guard.scopes  # suppressed scopes: invisible, as if already erased
         now_us = to_us(self._clock())
-        hits = []
         test = compile_filter(filter) if filter else None
         own = bool(prefix) and prefix[0].startswith("~")  # keyshred's own namespaces asked for
-        for row in list(part.rows.values()):
+
+        def wanted(row: MemoryRow) -> bool:
             if row.namespace[:n] != prefix or row.scope in hidden or row.retain_us <= now_us:
-                continue
+                return False
             if not own and row.namespace[0].startswith("~"):
-                continue  # history versions are not search results
+                return False  # history versions are not search results
             if scope is not None and row.scope != scope:
-                continue
+                return False
             if purpose is not None and row.purpose != purpose:
-                continue
+                return False
             if category is not None and row.category != category:
-                continue
-            if test is not None and not test(part.parsed_value(row)):
-                continue
-            hits.append(row)
+                return False
+            return test is None or bool(test(part.parsed_value(row)))
+
         if query is not None:
             return self._semantic(
                 ref,
                 part,
-                hits,
+                wanted,
                 query,
+                hidden=hidden,
                 limit=limit,
                 offset=offset,
                 embedder=embedder,
                 unscored=unscored,
             )
+        hits = [row for row in list(part.rows.values()) if wanted(row)]
         if order == "insertion":
             # Oldest first, namespaces in the order they first appeared (LangGraph's
             # InMemoryStore order); only the slice asked for becomes Memory objects.
@@ -164,33 +165,44 @@ class ReadMixin(IndexMixin):
         self,
         ref: str,
         part: Partition,
-        candidates: list[MemoryRow],
+        wanted: Callable[[MemoryRow], bool],
         query: str,
         *,
+        hidden: frozenset[str],
         limit: int,
         offset: int,
         embedder: Embedder | None = None,
         unscored: bool = False,
     ) -> list[Memory]:
+        """Rank the subject's vectors in the space, then keep the rows ``wanted``
+        as they come up in rank order: the filter costs what the ranking reaches,
+        not a pass over every memory of the subject (issue 25)."""
         if not isinstance(query, str):
             raise InvalidInput("a query is a string")
-        vectors = self._vector_store()
-        indexed = {r.memory_id: r for r in candidates if r.index}
-        if limit == 0 or not (indexed or (unscored and candidates)):
+        if limit == 0:
             return []
+        vectors = self._vector_store()
         if part.take_foreign_change():
             # Another worker wrote this subject: its vectors are not in our cache.
             vectors.evict(ref)
+        embed_with, space = self._space(embedder)
+        self._fresh_vectors(ref, part, vectors, embedder=embed_with, space=space, hidden=hidden)
         out: list[Memory] = []
-        space = DEFAULT_SPACE
-        if indexed:
-            embed_with, space = self._space(embedder)
-            self._repair(ref, part, indexed, vectors, embedder=embed_with, space=space)
+        by_id = part.by_id
+        if vectors.count(ref, space):
+
+            def accept(memory_id: str) -> bool:
+                row = by_id.get(memory_id)
+                return row is not None and bool(row.index) and wanted(row)
+
             q = embed_with.embed_query(query)
-            ranked = vectors.search(ref, q, offset + limit, allowed=set(indexed), space=space)
-            out = [Memory(indexed[mid], score) for mid, score in ranked[offset:]]
+            ranked = vectors.search(ref, q, offset + limit, space=space, accept=accept)
+            out = [Memory(by_id[mid], score) for mid, score in ranked[offset:]]
         if unscored and len(out) < limit:
-            have = vectors.memory_ids(ref, space) if indexed else set()
+            # Fewer ranked results than asked: every wanted memory with vectors is
+            # in ``out`` already, the rest fill up in insertion order.
+            candidates = [r for r in part.rows.values() if wanted(r)]
+            have = vectors.memory_ids(ref, space)
             rest = [r for r in candidates if r.memory_id not in have]
             # Namespaces ordered by their first candidate, ranked or not.
             picked = _insertion_order(rest, limit - len(out), among=candidates)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import itertools
 import json
 import threading
 import time
@@ -105,6 +106,10 @@ __all__ = [
 _MAC_LABEL = b"segment-mac"
 _MAC_META = b"keyshred.mac"
 _LOAD_ATTEMPTS = 5  # a reader racing compactions lists segments again this often
+# Generations are unique in the process, so a partition reopened after the LRU let
+# it go never repeats one an earlier object of the same subject had.
+_GENERATIONS = itertools.count(1)
+_CHANGES_KEPT = 4096  # changed memory ids kept before a new generation starts
 
 
 def partition_prefix(subject_ref: str) -> str:
@@ -164,6 +169,14 @@ class Partition:
         self._pme = pme
         self.lock = threading.RLock()
         self.rows: dict[str, MemoryRow] = {}
+        # ``rows`` by memory id (semantic search maps ranked vectors back to rows).
+        self.by_id: dict[str, MemoryRow] = {}
+        # What changed since the cache was (re)loaded, for caches kept beside it that
+        # check only what changed (the vector staleness check): ``generation`` counts
+        # reloads; ``changed`` lists the memory ids written or removed since, in
+        # order (reset, with a new generation, when it grows long).
+        self.generation = next(_GENERATIONS)
+        self.changed: list[str] = []
         # Rows whose owner-set key was destroyed, by lookup: in the files, in no read.
         self.opaque: dict[str, MemoryRow] = {}
         self._head: Head = EMPTY
@@ -224,6 +237,8 @@ class Partition:
         """Forget the cache: the next use reads the catalog again."""
         with self.lock:
             self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
+            self.by_id, self.changed = {}, []
+            self.generation = next(_GENERATIONS)
             self._token = None
             self._head, self._segments, self._dirty, self._pending = EMPTY, {}, set(), 0
 
@@ -519,8 +534,7 @@ class Partition:
                     self._keep(row)
                 self._pending += len(items)
             else:
-                self.rows.pop(items[0], None)
-                self.opaque.pop(items[0], None)
+                self._forget(items[0])
             self._dirty.add(rec.scope)
 
     def all_rows(self) -> list[MemoryRow]:
@@ -529,12 +543,31 @@ class Partition:
 
     def _keep(self, row: MemoryRow) -> None:
         """File a row read or written: opaque rows apart from the readable ones."""
+        old = self.rows.pop(row.lookup, None)
+        if old is not None:
+            self.by_id.pop(old.memory_id, None)
+            self._changed(old.memory_id)
         if row.opaque:
-            self.rows.pop(row.lookup, None)
             self.opaque[row.lookup] = row
         else:
             self.opaque.pop(row.lookup, None)
             self.rows[row.lookup] = row
+            self.by_id[row.memory_id] = row
+        self._changed(row.memory_id)
+
+    def _forget(self, lookup: str) -> None:
+        """Remove the row at ``lookup`` (readable or opaque) from the cache."""
+        old = self.rows.pop(lookup, None)
+        if old is not None:
+            self.by_id.pop(old.memory_id, None)
+            self._changed(old.memory_id)
+        self.opaque.pop(lookup, None)
+
+    def _changed(self, memory_id: str) -> None:
+        if len(self.changed) >= _CHANGES_KEPT:
+            # Readers compare generations first: a new one makes them check all.
+            self.changed, self.generation = [], next(_GENERATIONS)
+        self.changed.append(memory_id)
 
     def _unseal(self, rows: list[MemoryRow]) -> list[MemoryRow]:
         """Open the sealed rows among ``rows`` (as stored: ``value`` is the
@@ -687,8 +720,7 @@ class Partition:
             return
         self._write(records, commit=True)
         for row in rows:
-            self.rows.pop(row.lookup, None)
-            self.opaque.pop(row.lookup, None)
+            self._forget(row.lookup)
             self._dirty.add(row.scope)
 
     def _write(self, records: list[HotRecord], *, commit: bool) -> None:
@@ -887,8 +919,7 @@ class Partition:
         with self.flocked():
             doomed = [r for r in self.all_rows() if r.scope == scope]
             for r in doomed:
-                self.rows.pop(r.lookup, None)
-                self.opaque.pop(r.lookup, None)
+                self._forget(r.lookup)
             self._dirty.add(scope)
             # Hot rows may hold this scope's records: a compaction folds what
             # remains and deletes them, so no row or object keeps the scope's bytes

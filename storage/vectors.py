@@ -44,7 +44,7 @@ import hashlib
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -129,7 +129,7 @@ class _Cached:
     """One subject's decrypted vectors: rows of ``matrix`` match ``vec_ids``;
     ``updated`` is the version (``updated_us``) of the memory each was embedded from."""
 
-    __slots__ = ("fields", "matrix", "memory_ids", "updated", "vec_ids")
+    __slots__ = ("__weakref__", "_versions", "fields", "matrix", "memory_ids", "updated", "vec_ids")
 
     def __init__(
         self,
@@ -144,11 +144,26 @@ class _Cached:
         self.fields = fields
         self.updated = updated
         self.matrix = matrix
+        self._versions: dict[str, int] | None = None
+
+    def versions(self) -> dict[str, int]:
+        """memory id -> the version its vectors were embedded from (-1: fields of
+        two versions); built once, then kept up to date by ``add`` and ``remove``.
+        The caller must not change it."""
+        if self._versions is None:
+            out: dict[str, int] = {}
+            for memory_id, version in zip(self.memory_ids, self.updated, strict=True):
+                out[memory_id] = version if out.get(memory_id, version) == version else -1
+            self._versions = out
+        return self._versions
 
     def remove(self, memory_ids: set[str]) -> None:
         keep = [i for i, m in enumerate(self.memory_ids) if m not in memory_ids]
         if len(keep) == len(self.memory_ids):
             return
+        if self._versions is not None:
+            for memory_id in memory_ids:
+                self._versions.pop(memory_id, None)
         self.vec_ids = [self.vec_ids[i] for i in keep]
         self.memory_ids = [self.memory_ids[i] for i in keep]
         self.fields = [self.fields[i] for i in keep]
@@ -166,6 +181,11 @@ class _Cached:
         self.memory_ids += [it.memory_id for it in items]
         self.fields += [it.field for it in items]
         self.updated += [it.updated_us for it in items]
+        if self._versions is not None:
+            have = self._versions
+            for it in items:
+                old = have.get(it.memory_id, it.updated_us)
+                have[it.memory_id] = it.updated_us if old == it.updated_us else -1
         new = np.stack([it.vector for it in items]).astype(np.float32)
         self.matrix = new if self.matrix.shape[0] == 0 else np.vstack([self.matrix, new])
 
@@ -559,11 +579,17 @@ class VectorIndex:
         """memory id -> the version (``updated_us``) of the memory its vectors in
         ``space`` were embedded from; a memory whose fields disagree maps to -1
         (never a version)."""
-        out: dict[str, int] = {}
-        for entry in self._in_space(ref, space):
-            for memory_id, version in zip(entry.memory_ids, entry.updated, strict=True):
-                out[memory_id] = version if out.get(memory_id, version) == version else -1
-        return out
+        entries = self._in_space(ref, space)
+        return dict(entries[0].versions()) if entries else {}
+
+    def version_map(self, ref: str, space: str = DEFAULT_SPACE) -> tuple[object, dict[str, int]]:
+        """``versions`` without the copy, and the cache entry it belongs to (its
+        identity changes when the subject's vectors are read afresh): for a caller
+        that remembers what it checked. The map must not be changed."""
+        entries = self._in_space(ref, space)
+        if not entries:
+            return None, {}
+        return entries[0], entries[0].versions()
 
     def fields_of(self, ref: str, memory_id: str, space: str = DEFAULT_SPACE) -> list[str]:
         return [
@@ -585,9 +611,13 @@ class VectorIndex:
         allowed: set[str] | None = None,
         *,
         space: str = DEFAULT_SPACE,
+        accept: Callable[[str], bool] | None = None,
     ) -> list[tuple[str, float]]:
         """Top ``k`` memory ids by cosine similarity among the vectors of ``space``
-        (a memory scores its best field)."""
+        (a memory scores its best field). ``allowed`` restricts the ranking to
+        those ids; ``accept`` is asked about ids as they come up in rank order (a
+        filter applied after ranking: it costs what the ranking reaches, not one
+        call per vector)."""
         entry = self._cached(ref).get(space)
         if entry is None or not entry.vec_ids or k <= 0:
             return []
@@ -603,6 +633,7 @@ class VectorIndex:
             scores = np.where(mask, scores, -np.inf)
         n = scores.shape[0]
         take = min(n, k * 4)
+        verdicts: dict[str, bool] = {}
         while True:
             top = np.argpartition(-scores, take - 1)[:take] if take < n else np.arange(n)
             top = top[np.argsort(-scores[top], kind="stable")]
@@ -611,7 +642,14 @@ class VectorIndex:
                 score = float(scores[i])
                 if score == -np.inf:
                     break
-                best.setdefault(entry.memory_ids[i], score)
+                memory_id = entry.memory_ids[i]
+                if accept is not None:
+                    ok = verdicts.get(memory_id)
+                    if ok is None:
+                        ok = verdicts[memory_id] = accept(memory_id)
+                    if not ok:
+                        continue
+                best.setdefault(memory_id, score)
                 if len(best) == k:
                     break
             if len(best) == k or take >= n:
