@@ -171,7 +171,7 @@ class OpenBaoFileServer:
             headers=headers,
             method=method,
         )
-        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - a loaded machine
             raw = resp.read()
         return json.loads(raw) if raw else {}
 

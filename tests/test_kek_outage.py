@@ -212,29 +212,141 @@ def test_a_process_opens_while_openbao_is_down_and_serves_what_needs_no_key(
         ks.close()
 
 
-def test_an_outage_during_verify_fails_the_step_retryably(
+def test_a_warm_process_erases_to_the_end_while_openbao_is_down(
     bao: OpenBaoFileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A warm process (ref key and live epoch key unwrapped) erases while OpenBao
-    is down: suppression, crypto-erasure and the partitions need no KEK; the probes'
-    search and the receipt's signing key do, so the request stops retryably and is
-    completed by a resume once OpenBao is back, never passed by mistake."""
+    """A process that holds the live epoch key needs no provider call for a new
+    subject, a read or a whole erasure (keys, verification, receipt): it keeps
+    serving through the outage; counted, not assumed."""
     monkeypatch.setenv("VAULT_TOKEN", bao.token)
-    folder = tmp_path / "data"
-    ks = Keyshred.init(folder, _vault_config(bao), embeddings=bag_of_words)
+    ks = Keyshred.init(tmp_path / "data", _vault_config(bao), embeddings=bag_of_words)
     try:
         ks.memories.put("carol", NS, "k0", {"text": "carol PROBE-7Q"}, index=True)
         ks.memories.put("dan", NS, "k0", {"text": "dan likes rowing"}, index=True)
-        ref = ks.subject_ref("carol")
+        kek = ks._keyring.kek
         bao.kill()
-        # Warm: a new subject and a read need no provider call at all.
+        kek.reset_counts()
         ks.memories.put("erin", NS, "k0", {"text": "erin is new"})
         assert ks.memories.get("dan", NS, "k0") is not None
         req = ks.erase("carol", requested_by="dpo", reason="art17", probes=["PROBE-7Q"])
+        assert req.state == "completed", req
+        assert ks.erasure.receipt(req.request_id) is not None
+        assert kek.total_calls() == 0, kek.counts()
+    finally:
+        ks.close()
+
+
+def test_an_outage_during_verify_fails_the_step_retryably(
+    bao: OpenBaoFileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verification's "keys fail to unwrap" check asks the keyring for every key
+    the erasure destroyed: a destroyed key is answered by its tombstone, with no
+    KEK call (an erasure verifies while OpenBao is down). A key that survived
+    (the fault the check exists for, planted here) does need the KEK: if OpenBao
+    is down then, the step fails retryably; it is never taken for "fails to
+    unwrap". Once OpenBao is back, the surviving key is found: manual review."""
+    from keyshred.erasure import coordinator
+
+    monkeypatch.setenv("VAULT_TOKEN", bao.token)
+    ks = Keyshred.init(tmp_path / "data", _vault_config(bao), embeddings=bag_of_words)
+    real = coordinator.verify
+    planted: list[str] = []
+
+    def verify_after_outage(w: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        if not planted:
+            planted.append(ks._keyring.data_key(ks.subject_ref("dan"), "default").key_id.hex())
+            req.doc["details"]["destroy_keys"]["key_ids"].append(planted[0])
+            bao.kill()
+            ks._keyring.cache.clear()  # as an eviction or another process's rotation
+            ks._keyring.live.forget()
+        return real(w, req, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator, "verify", verify_after_outage)
+    try:
+        ks.memories.put("carol", NS, "k0", {"text": "carol likes kayaks"})
+        ks.memories.put("dan", NS, "k0", {"text": "dan likes rowing"})
+        req = ks.erase("carol", requested_by="dpo", reason="art17")
+        assert planted, "the verify step never ran"
         assert req.state == "retryable_failure", req
-        assert "Kek" in (req.error or "")
-        assert "destroy_keys" in req.steps_done
-        assert ks.keyring.store.for_subject(ref, None) == []
+        assert (req.error or "").startswith("verify: Kek"), req.error
+        assert "verify" not in req.steps_done and "destroy_keys" in req.steps_done
+        assert ks.erasure.receipt(req.request_id) is None
+        bao.start()
+        done = _until(lambda: ks.erasure.resume(req.request_id), "resume")
+        assert done.state == "manual_review", done
+        assert "keys fail to unwrap" in (done.error or ""), done.error
+    finally:
+        if not bao.running:
+            bao.start()
+        ks.close()
+
+
+def test_a_warm_process_verifies_an_erasure_with_no_kek_call(
+    bao: OpenBaoFileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same erasure without the planted key, OpenBao killed as verify starts
+    and the key caches dropped: verification needs no KEK call and completes."""
+    from keyshred.erasure import coordinator
+
+    monkeypatch.setenv("VAULT_TOKEN", bao.token)
+    ks = Keyshred.init(tmp_path / "data", _vault_config(bao), embeddings=bag_of_words)
+    real = coordinator.verify
+    calls: list[int] = []
+
+    def verify_after_outage(*args: Any, **kwargs: Any) -> Any:
+        bao.kill()
+        ks._keyring.cache.clear()
+        ks._keyring.live.forget()
+        ks._keyring.kek.reset_counts()
+        out = real(*args, **kwargs)
+        calls.append(ks._keyring.kek.total_calls())
+        return out
+
+    monkeypatch.setattr(coordinator, "verify", verify_after_outage)
+    try:
+        ks.memories.put("carol", NS, "k0", {"text": "carol PROBE-7Q"}, index=True)
+        req = ks.erase("carol", requested_by="dpo", reason="art17", probes=["PROBE-7Q"])
+        assert calls == [0]
+        assert req.state == "completed", req
+    finally:
+        bao.start()
+        ks.close()
+
+
+def test_a_cold_process_resuming_an_erasure_stops_where_the_kek_is_needed(
+    bao: OpenBaoFileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request resumed by a process that opened while OpenBao is down runs the
+    steps that need no key and stops retryably at the first that signs (the
+    backup tombstone journal needs the receipt key): never completed unverified."""
+    from keyshred.erasure.requests import ExternalAnswer
+
+    class Vendor:
+        name = "crm"
+        calls = 0
+
+        def delete(self, subject_ref: str, scope: str | None) -> ExternalAnswer:
+            Vendor.calls += 1
+            if Vendor.calls == 1:
+                raise OSError("vendor timeout")
+            return ExternalAnswer(True, "ok")
+
+    monkeypatch.setenv("VAULT_TOKEN", bao.token)
+    folder = tmp_path / "data"
+    config = _vault_config(bao)
+    with Keyshred.init(folder, config, embeddings=bag_of_words) as ks:
+        ks.memories.put("carol", NS, "k0", {"text": "carol PROBE-7Q"}, index=True)
+        ks.erasure.register_processor(Vendor())
+        req = ks.erase("carol", requested_by="dpo", reason="art17", probes=["PROBE-7Q"])
+        assert req.state == "retryable_failure" and "external" in (req.error or "")
+    bao.kill()
+    ks = Keyshred.open(folder, config, embeddings=bag_of_words)
+    try:
+        ks.erasure.register_processor(Vendor())
+        stopped = ks.erasure.resume(req.request_id)
+        assert stopped.state == "retryable_failure", stopped
+        assert (stopped.error or "").startswith("backups: Kek"), stopped.error
+        assert "external" in stopped.steps_done and "verify" not in stopped.steps_done
         bao.start()
         done = _until(lambda: ks.erasure.resume(req.request_id), "resume")
         assert done.state == "completed", done

@@ -143,6 +143,9 @@ class VaultKek(KekProvider):
             else:
                 resp = self._http.request(method, url, body=data, headers=self._headers)
         except urllib3.exceptions.HTTPError:
+            # Drop the pooled connections: after a server restart every one of them
+            # is dead, and a retry must open a new one rather than try the next.
+            self._http.clear()
             raise KekUnavailable(f"cannot reach Vault/OpenBao at {self._url}") from None
         if resp.status in (401, 403):
             raise KekUnavailable("Vault/OpenBao refused the token for the transit key")
