@@ -119,7 +119,7 @@ def bao(tmp_path: Path) -> Iterator[OpenBaoFileServer]:
         yield server
 
 
-def _vault_config(bao: OpenBaoFileServer, **extra: Any) -> Config:
+def _vault_config(bao: OpenBaoFileServer, store_url: str | None = None, **extra: Any) -> Config:
     return Config.model_validate(
         {
             "kek": {
@@ -132,6 +132,7 @@ def _vault_config(bao: OpenBaoFileServer, **extra: Any) -> Config:
             },
             # Small numbers so the test sees the circuit open without waiting long.
             "keyring": {
+                "store_url": store_url,
                 "kek_retries": 2,
                 "kek_retry_max_seconds": 1.0,
                 "kek_circuit_failures": 3,
@@ -390,6 +391,7 @@ def test_openbao_killed_and_restarted_during_a_shared_workload(
     options = f"options=-csearch_path%3D{schema}"
     config = _vault_config(
         bao,
+        f"postgresql://{PG}?{options}",
         profile="distributed",
         storage={
             "catalog_url": f"postgresql+psycopg://{PG}?{options}",
@@ -399,7 +401,6 @@ def test_openbao_killed_and_restarted_during_a_shared_workload(
         vectors={"uri": f"s3://{bucket}/vectors"},
         s3={"endpoint_url": moto.url, "region": "us-east-1"},
     )
-    config.keyring.store_url = f"postgresql://{PG}?{options}"
     raw = config.model_dump_json()
     stop = tmp_path / "stop"
     procs: list[subprocess.Popen[str]] = []
