@@ -166,6 +166,9 @@ class ResilientKek(KekProvider):
         self._budget = retry_max_seconds
         self._clock = clock
         self._sleep = sleep
+        # tenacity's full-jitter wait; the loop is ours, to put the circuit
+        # between attempts and bound the total time (a wait past it is not taken).
+        self._retrying = tenacity.Retrying()
         self._jitter = tenacity.wait_random_exponential(
             multiplier=retry_initial_seconds, max=retry_cap_seconds
         )
@@ -255,7 +258,7 @@ class ResilientKek(KekProvider):
 
     def _wait(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(cap, initial * 2**(attempt-1)) ]."""
-        state = tenacity.RetryCallState(None, None, (), {})
+        state = tenacity.RetryCallState(self._retrying, None, (), {})
         state.attempt_number = attempt
         return float(self._jitter(state))
 
