@@ -235,11 +235,11 @@ class ResilientKek(KekProvider):
                 raise
             except KekUnavailable:
                 self._attempted_and_failed(op)
-                self.circuit.failed()
+                opened = self.circuit.failed()  # then no retry: it would fail fast
                 attempt += 1
                 wait = self._wait(attempt)
                 elapsed = self._clock() - started
-                if attempt > self._retries or elapsed + wait > self._budget:
+                if opened or attempt > self._retries or elapsed + wait > self._budget:
                     self._note(op, "error")
                     raise
                 self._note(op, "retry")
