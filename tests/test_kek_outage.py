@@ -211,6 +211,7 @@ def test_a_process_opens_while_openbao_is_down_and_serves_what_needs_no_key(
         with pytest.raises(SubjectSuppressed):
             ks.catalog.check_guard(alice)
         assert [r.state for r in ks.erasure.requests(subject_ref=alice)] == ["retryable_failure"]
+        assert ks.erasure.status(req.request_id).state == "retryable_failure"
 
         bao.start()  # back, same keys: the same process is served again, no restart
         got = _until(lambda: ks.memories.get("bob", NS, "k0"), "read")
