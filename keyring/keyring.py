@@ -36,6 +36,7 @@ together; the pieces that stand alone live beside it (``envelope``, ``epochs``,
 from __future__ import annotations
 
 import base64
+import contextlib
 import struct
 import threading
 import uuid
@@ -51,6 +52,7 @@ from keyshred.errors import (
     InvalidInput,
     KekEpochDestroyed,
     KekMismatch,
+    KekUnavailable,
     KeyNotFound,
     KeyshredError,
     SubjectErased,
@@ -292,7 +294,13 @@ class Keyring:
         self.cache = KeyCache(cache_max_entries, cache_ttl_seconds)
         self._clock = clock
         self._create_lock = threading.Lock()
-        self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
+        # The subject-ref key is read at once, so a keyring on another KEK's store
+        # says so at open (KekMismatch); while the KEK service is down it is read at
+        # the first subject_ref instead, so the process opens and serves what needs
+        # no key (requests, status, guard checks by subject_ref, crypto-erasure).
+        self._ref_key: bytes | None = None
+        with contextlib.suppress(KekUnavailable):
+            self._ref_key = self._load_ref_key()
         self._signer: Signer | None = None
         self._token_ids: TokenIds | None = None
         self._identifier_keys: dict[int, bytes] = {}
@@ -346,6 +354,9 @@ class Keyring:
                 f"epoch {record.kek_epoch}), or the key store was altered; configure that "
                 "KEK (kek.provider and its settings)"
             ) from None
+
+    def _load_ref_key(self) -> bytes:
+        return self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
 
     def signer(self) -> Signer:
         """The receipt signing key (created on first use)."""
@@ -432,7 +443,10 @@ class Keyring:
             t, s = tenant.encode("utf-8"), subject_id.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: not text any store can keep
             raise InvalidInput("a subject id and a tenant are valid Unicode text") from None
-        mac = prim.hmac_sha256(self._ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
+        ref_key = self._ref_key
+        if ref_key is None:
+            ref_key = self._ref_key = self._load_ref_key()
+        mac = prim.hmac_sha256(ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
         # 20 bytes encode to 32 base32 characters, of which the first 26 are kept.
         ref = base64.b32encode(mac[:20]).decode("ascii").lower()[:_REF_CHARS]
         if len(self._refs) >= _REF_CACHE:

@@ -9,6 +9,7 @@ from keyshred.config import Config
 from keyshred.errors import ConfigError
 from keyshred.keyring.kek import KekProvider
 from keyshred.keyring.kek.local import LocalKek
+from keyshred.keyring.kek.resilient import ResilientKek
 from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore, SqlKeyStore
 
 __all__ = ["KEYS_DIR", "make_archive_kek", "make_kek", "make_keystore"]
@@ -19,10 +20,26 @@ ARCHIVE_KEK_FILE = "kek.archive.json"
 KEYSTORE_FILE = "keystore.db"
 
 
-def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False) -> KekProvider:
+def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False) -> ResilientKek:
     """The live lineage's provider, or with ``archive`` the archive lineage's: a
     second key file, transit key (``<key>-archive``) or alias prefix
-    (``<alias_prefix>-archive``) of the same provider."""
+    (``<alias_prefix>-archive``) of the same provider; behind retries and a circuit
+    breaker (``keyring.kek_*`` settings), its calls counted (``ResilientKek``)."""
+    k = config.keyring
+    return ResilientKek(
+        _make_provider(config, root, create=create, archive=archive),
+        retries=k.kek_retries,
+        retry_max_seconds=k.kek_retry_max_seconds,
+        retry_initial_seconds=k.kek_retry_initial_seconds,
+        retry_cap_seconds=k.kek_retry_cap_seconds,
+        circuit_failures=k.kek_circuit_failures,
+        circuit_reset_seconds=k.kek_circuit_reset_seconds,
+    )
+
+
+def _make_provider(config: Config, root: Path, *, create: bool, archive: bool) -> KekProvider:
+    """The provider itself. Building one makes no call to a remote service (the
+    first use does), so a process opens while its KEK service is down."""
     settings = config.kek
     # The two lineages must be two keys: one shared would let the archive schedule
     # destroy live epochs (every live key with them) and the live one end backups.
@@ -83,7 +100,7 @@ def make_kek(config: Config, root: Path, *, create: bool, archive: bool = False)
     )
 
 
-def make_archive_kek(config: Config, root: Path) -> KekProvider:
+def make_archive_kek(config: Config, root: Path) -> ResilientKek:
     return make_kek(config, root, create=True, archive=True)
 
 

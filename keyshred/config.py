@@ -177,6 +177,18 @@ class KeyringSettings(_Model):
     # leave it for one more interval, past the date a receipt states).
     # (Capped at the period.)
     maintain_every_minutes: float = Field(5.0, gt=0)
+    # Calls to the KEK provider (keyring/kek/resilient.py): a transient failure (the
+    # service unreachable, sealed, restarting) is retried this many times with
+    # exponential backoff and full jitter from ``kek_retry_initial_seconds`` up to
+    # ``kek_retry_cap_seconds`` a wait, never past ``kek_retry_max_seconds`` from the
+    # first attempt; after ``kek_circuit_failures`` failures in a row calls fail fast
+    # (KekCircuitOpen) for ``kek_circuit_reset_seconds``, then one trial call goes.
+    kek_retries: int = Field(3, ge=0, le=100)
+    kek_retry_max_seconds: float = Field(5.0, ge=0, le=600)
+    kek_retry_initial_seconds: float = Field(0.05, gt=0, le=60)
+    kek_retry_cap_seconds: float = Field(1.0, gt=0, le=600)
+    kek_circuit_failures: int = Field(5, ge=1, le=10_000)
+    kek_circuit_reset_seconds: float = Field(10.0, gt=0, le=3600)
 
 
 Basis = Literal["consent", "contract", "legitimate_interest", "legal_obligation"]

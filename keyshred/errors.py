@@ -36,6 +36,8 @@ class (or a branch of it) and never see a backend's own exception type::
     ├── EpochInUse                  a KEK epoch to destroy still seals retained backups
     ├── KekError                    the KEK provider failed
     │   ├── KekUnavailable          the provider cannot be reached (server down, auth)
+    │   │   └── KekCircuitOpen      too many calls in a row failed: calls fail fast until
+    │   │                           ``retry_at``, then one trial call is let through
     │   └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
     ├── HandleClosed                the ``Keyshred`` handle was closed; nothing was done
     └── StorageFull                 the disk, a quota or a file size limit is full (ENOSPC,
@@ -49,6 +51,8 @@ are raised ``from None`` so the chain cannot leak it either.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 __all__ = [
     "BackendUnavailable",
     "ConfigError",
@@ -57,6 +61,7 @@ __all__ = [
     "HandleClosed",
     "IntegrityError",
     "InvalidInput",
+    "KekCircuitOpen",
     "KekEpochDestroyed",
     "KekError",
     "KekMismatch",
@@ -138,6 +143,16 @@ class KekError(KeyshredError):
 
 class KekUnavailable(KekError):
     """The KEK provider cannot be reached or refused our credentials."""
+
+
+class KekCircuitOpen(KekUnavailable):
+    """The KEK service is down: the last calls failed in a row, so calls fail fast
+    (no network round trip) until ``retry_at`` (UTC); then one trial call is sent
+    and, if it succeeds, calls flow again. Nothing was changed; retry after it."""
+
+    def __init__(self, message: str, retry_at: datetime) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
 
 
 class KekEpochDestroyed(KekError):

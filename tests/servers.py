@@ -1,4 +1,7 @@
-"""Real servers for the tests: the OpenBao dev server and moto's standalone server.
+"""Real servers for the tests: the OpenBao dev server, an OpenBao server
+with storage on disk
+(``OpenBaoFileServer``: killed and restarted by the KEK outage tests) and moto's
+standalone server.
 
 Each starts as a subprocess on a free loopback port, is polled until it answers, and
 is stopped at the end of the session. A server that cannot start fails the tests that
@@ -7,6 +10,7 @@ need it with the reason and the tail of its log; it never skips them.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +133,122 @@ def moto_server() -> Iterator[Server]:
     argv = [_tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
     with _process(argv, f"{url}/moto-api/", "moto") as log:
         yield Server(url, "", log)
+
+
+class OpenBaoFileServer:
+    """A real (non-dev) OpenBao server with storage on disk: its keys survive a kill
+    and a restart, as a production server's do (the dev server keeps them in
+    memory). ``kill`` SIGKILLs it; ``start`` starts it again on the same port and
+    storage and unseals it; the root token and transit keys are the same."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        cluster = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = ""
+        self._unseal_key = ""
+        self.log = folder / "openbao.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        (folder / "data").mkdir(parents=True, exist_ok=True)
+        self._config = folder / "openbao.hcl"
+        self._config.write_text(
+            # OpenBao keeps only integrated storage (raft) on disk: one node here.
+            f'storage "raft" {{\n  path = "{folder / "data"}"\n  node_id = "keyshred-test"\n}}\n'
+            f'listener "tcp" {{\n  address = "127.0.0.1:{self.port}"\n  tls_disable = true\n'
+            f'  cluster_address = "127.0.0.1:{cluster}"\n}}\n'
+            f'api_addr = "{self.url}"\ncluster_addr = "http://127.0.0.1:{cluster}"\n'
+            "ui = false\n"
+        )
+
+    def _api(self, method: str, path: str, body: dict[str, object] | None = None) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["X-Vault-Token"] = self.token
+        req = urllib.request.Request(  # noqa: S310 - loopback
+            f"{self.url}/v1/{path}",
+            data=None if body is None else json.dumps(body).encode("utf-8"),
+            headers=headers,
+            method=method,
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - a loaded machine
+            raw = resp.read()
+        return json.loads(raw) if raw else {}
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start (or restart) the server, initialise it the first time, unseal it
+        and, the first time, mount the transit engine."""
+        assert not self.running
+        with self.log.open("ab") as fh:
+            self._proc = subprocess.Popen(
+                [_tool("bao"), "server", f"-config={self._config}"],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HOME": str(self.folder)},
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            if self._proc.poll() is not None:
+                pytest.fail(
+                    f"openbao exited with {self._proc.returncode}; log:\n"
+                    + self.log.read_text(errors="replace")[-2000:]
+                )
+            try:
+                status = self._api("GET", "sys/seal-status")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        "openbao did not answer within 60 s; log:\n"
+                        + self.log.read_text(errors="replace")[-2000:]
+                    )
+                time.sleep(0.1)
+        first = not status.get("initialized")
+        if first:
+            init = self._api("PUT", "sys/init", {"secret_shares": 1, "secret_threshold": 1})
+            self._unseal_key, self.token = init["keys_base64"][0], init["root_token"]
+        self._api("PUT", "sys/unseal", {"key": self._unseal_key})
+        while True:  # active once unsealed: wait for the health endpoint to say so
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/sys/health", timeout=2):  # noqa: S310
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        "openbao did not become active; log:\n"
+                        + self.log.read_text(errors="replace")[-2000:]
+                    )
+                time.sleep(0.1)
+        if first:
+            self._api("POST", "sys/mounts/transit", {"type": "transit"})
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown: as a crash or an OOM kill)."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                self._proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait(timeout=30)
+
+
+@contextmanager
+def openbao_file_server(folder: Path) -> Iterator[OpenBaoFileServer]:
+    """A started, unsealed ``OpenBaoFileServer`` in ``folder``, stopped at the end."""
+    server = OpenBaoFileServer(folder)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

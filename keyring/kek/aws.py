@@ -43,6 +43,7 @@ __all__ = ["AwsKmsKek"]
 
 boto3 = require("boto3", extra="aws")
 botocore_exceptions = require("botocore.exceptions", extra="aws", package="boto3")
+botocore_config = require("botocore.config", extra="aws", package="boto3")
 
 # Calls whose request or answer holds key material: botocore logs neither.
 _KEY_OPERATIONS = frozenset({"encrypt", "decrypt", "re_encrypt", "generate_data_key"})
@@ -71,15 +72,36 @@ class AwsKmsKek(KekProvider):
             raise InvalidInput("KMS pending deletion windows are 7 to 30 days")
         self._prefix = alias_prefix.rstrip("/") + "/epoch-"
         self._window = pending_window_days
-        self._kms = client or boto3.client("kms", region_name=region, endpoint_url=endpoint_url)
+        # One attempt per call: retries with backoff and the circuit breaker are
+        # keyshred's (keyring/kek/resilient.py), not stacked on botocore's own.
+        self._kms = client or boto3.client(
+            "kms",
+            region_name=region,
+            endpoint_url=endpoint_url,
+            config=botocore_config.Config(retries={"total_max_attempts": 1}),
+        )
         self._lock = threading.Lock()
         self._epochs: dict[int, str] = {}  # epoch -> key id
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ks-kms")
-        self._refresh()
-        if not self._epochs:
-            if not create:
-                raise ConfigError(f"no KMS key behind {self._prefix}*")
-            self._create_epoch(1)
+        # Nothing is asked of KMS here (the first call that needs an epoch lists the
+        # aliases and, if asked, creates epoch 1), so a process opens while KMS is
+        # unreachable and is served once it is back, without a restart.
+        self._create = create
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def _prepare(self) -> None:
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            self._refresh()
+            if not self._epochs:
+                if not self._create:
+                    raise ConfigError(f"no KMS key behind {self._prefix}*")
+                self._create_epoch(1)
+            self._ready = True
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -131,6 +153,7 @@ class AwsKmsKek(KekProvider):
         self._refresh()
 
     def _key_for(self, epoch: int) -> str:
+        self._prepare()
         key_id = self._epochs.get(epoch)
         if key_id is None:
             self._refresh()
@@ -142,11 +165,13 @@ class AwsKmsKek(KekProvider):
     # -- provider interface --------------------------------------------------------
 
     def current_epoch(self) -> int:
+        self._prepare()
         if not self._epochs:
             self._refresh()
         return max(self._epochs)
 
     def epochs(self) -> list[EpochInfo]:
+        self._prepare()
         self._refresh()
         out = []
         for epoch, key_id in sorted(self._epochs.items()):
@@ -184,12 +209,14 @@ class AwsKmsKek(KekProvider):
         return list(self._pool.map(lambda item: self.unwrap(*item), items))
 
     def rotate(self) -> int:
+        self._prepare()
         self._refresh()
         epoch = max(self._epochs, default=0) + 1
         self._create_epoch(epoch)
         return epoch
 
     def destroy_epochs_before(self, epoch: int) -> list[DestroyedEpoch]:
+        self._prepare()
         self._refresh()
         if epoch not in self._epochs:
             raise ConfigError(f"epoch {epoch} is not a live epoch of the KMS provider")

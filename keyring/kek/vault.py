@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -117,9 +118,12 @@ class VaultKek(KekProvider):
         self._headers = {"X-Vault-Token": token, "Content-Type": "application/json"}
         if namespace:
             self._headers["X-Vault-Namespace"] = namespace
-        if create:
-            self._ensure_key()
-        self._refresh()
+        # Nothing is asked of the server here: the first call that needs the key
+        # (creates it if asked and) reads it, so a process opens while the service
+        # is down and is served once it is back, without a restart.
+        self._create = create
+        self._ready = False
+        self._ready_lock = threading.Lock()
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -139,6 +143,9 @@ class VaultKek(KekProvider):
             else:
                 resp = self._http.request(method, url, body=data, headers=self._headers)
         except urllib3.exceptions.HTTPError:
+            # Drop the pooled connections: after a server restart every one of them
+            # is dead, and a retry must open a new one rather than try the next.
+            self._http.clear()
             raise KekUnavailable(f"cannot reach Vault/OpenBao at {self._url}") from None
         if resp.status in (401, 403):
             raise KekUnavailable("Vault/OpenBao refused the token for the transit key")
@@ -164,7 +171,18 @@ class VaultKek(KekProvider):
                     f"no transit engine mounted at {self._mount!r} on {self._url}"
                 ) from None
 
+    def _prepare(self) -> None:
+        """The first use: create the transit key if asked (once per process)."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if not self._ready:
+                if self._create:
+                    self._ensure_key()
+                self._ready = True
+
     def _read_key(self) -> dict[str, Any]:
+        self._prepare()
         try:
             doc = self._request("GET", f"keys/{self._key}")
         except _TransitRefused:
@@ -226,6 +244,8 @@ class VaultKek(KekProvider):
         return list(self._pool.map(fn, chunks))
 
     def wrap_many(self, items: Sequence[tuple[bytes, Context]]) -> list[WrappedKey]:
+        self._prepare()
+
         def run(chunk: range) -> list[WrappedKey]:
             batch = [
                 {
@@ -251,6 +271,7 @@ class VaultKek(KekProvider):
         return [w for part in self._map_chunks(run, len(items)) for w in part]
 
     def unwrap_many(self, items: Sequence[tuple[WrappedKey, Context]]) -> list[bytes]:
+        self._prepare()
         for wrapped, _ in items:
             self._check_epoch(wrapped.epoch)
 
@@ -276,6 +297,7 @@ class VaultKek(KekProvider):
         return [k for part in self._map_chunks(run, len(items)) for k in part]
 
     def rotate(self) -> int:
+        self._prepare()
         try:
             self._request("POST", f"keys/{self._key}/rotate")
         except _TransitRefused:

@@ -99,11 +99,13 @@ def test_unreachable_servers_raise_kek_unavailable(tmp_path: object) -> None:
     from keyshred.keyring.kek.vault import VaultKek
     from tests.servers import free_port
 
+    # Built without a call (a process opens while its KEK is down); the first
+    # call says the service cannot be reached.
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(KekUnavailable):
-        VaultKek(dead, "token", timeout=2)
+        VaultKek(dead, "token", timeout=2).current_epoch()
     with pytest.raises(KekUnavailable):
-        AwsKmsKek(endpoint_url=dead, region="us-east-1")
+        AwsKmsKek(endpoint_url=dead, region="us-east-1").current_epoch()
 
 
 def test_vault_wrong_token_is_unavailable_not_integrity(openbao: object) -> None:
@@ -111,7 +113,7 @@ def test_vault_wrong_token_is_unavailable_not_integrity(openbao: object) -> None
     from keyshred.keyring.kek.vault import VaultKek
 
     with pytest.raises(KekUnavailable):
-        VaultKek(openbao.url, "wrong-token")  # type: ignore[attr-defined]
+        VaultKek(openbao.url, "wrong-token").current_epoch()  # type: ignore[attr-defined]
 
 
 def test_vault_destroy_trims_key_material_on_the_server(openbao: object) -> None:
@@ -136,6 +138,7 @@ def test_aws_destroy_disables_and_schedules_deletion(moto: object) -> None:
 
     url = moto.url  # type: ignore[attr-defined]
     kek = AwsKmsKek(alias_prefix="alias/keyshred-test/sched", region="us-east-1", endpoint_url=url)
+    assert kek.current_epoch() == 1  # the first use makes epoch 1
     client = boto3.client("kms", region_name="us-east-1", endpoint_url=url)
     aliases = {a["AliasName"]: a["TargetKeyId"] for a in client.list_aliases()["Aliases"]}
     first = aliases["alias/keyshred-test/sched/epoch-000001"]
