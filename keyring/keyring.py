@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 _REF_KEY = "subject-ref-key"
-_SIGNING_KEY = "receipt-signing-key"
+_SIGNING_KEY = "receipt-signing-key"  # its version 1; version n > 1 is "...key.v<n>"
 _TOKEN_ID_KEY = "token-id-key"  # noqa: S105 - a secret's name, not a secret
 _IDENTIFIER_KEY = "identifier-key"  # its version 1; version n > 1 is "identifier-key.v<n>"
 _REF_DOMAIN = b"keyshred/subject-ref\x00"
@@ -169,10 +169,20 @@ def _identifier_secret(version: int) -> str:
 
 def _identifier_version(name: str) -> int | None:
     """The identifier key version a secret's name stands for (None: another secret)."""
-    if name == _IDENTIFIER_KEY:
+    return _version_of(_IDENTIFIER_KEY, name)
+
+
+def _signing_secret(version: int) -> str:
+    return _SIGNING_KEY if version == 1 else f"{_SIGNING_KEY}.v{version}"
+
+
+def _version_of(base: str, name: str) -> int | None:
+    """The version of the versioned secret ``base`` a secret's name stands for
+    (``base`` is version 1, ``base.v<n>`` version n; None: another secret)."""
+    if name == base:
         return 1
     head, _, tail = name.partition(".v")
-    if head == _IDENTIFIER_KEY and tail.isdigit():
+    if head == base and tail.isdigit():
         return int(tail)
     return None
 
@@ -348,13 +358,38 @@ class Keyring:
             ) from None
 
     def signer(self) -> Signer:
-        """The receipt signing key (created on first use)."""
+        """The receipt signing key: its newest version (version 1 created on first
+        use). A process that opened the store before another one rotated keeps
+        signing with the version it loaded, which stays published (see below)."""
         if self._signer is None:
-            raw = self._system_secret(
-                _SIGNING_KEY, lambda: prim.ed25519_private_bytes(prim.ed25519_generate())
-            )
-            self._signer = Signer(raw)
+            self._signer = self._signing_key(max(self._signing_versions(), default=1))
         return self._signer
+
+    def rotate_signer(self) -> Signer:
+        """Make a new receipt signing key version and sign with it from now on.
+        Older versions stay in the key store, wrapped like every secret and never
+        used to sign again: receipts are kept for good, and every key that signed
+        one is published (``signing_public_keys``) so that receipt keeps verifying."""
+        self._signer = self._signing_key(max(self._signing_versions(), default=0) + 1)
+        return self._signer
+
+    def signing_public_keys(self) -> list[bytes]:
+        """The public key of every receipt signing key version, oldest first (the
+        current one created if there was none)."""
+        self.signer()
+        return [self._signing_key(v).public_key for v in sorted(self._signing_versions())]
+
+    def _signing_versions(self) -> list[int]:
+        names = (_version_of(_SIGNING_KEY, r.name) for r in self.store.secrets())
+        return [v for v in names if v is not None]
+
+    def _signing_key(self, version: int) -> Signer:
+        return Signer(
+            self._system_secret(
+                _signing_secret(version),
+                lambda: prim.ed25519_private_bytes(prim.ed25519_generate()),
+            )
+        )
 
     def token_ids(self) -> TokenIds:
         """The cipher of the vault's token ids (its key created on first use)."""

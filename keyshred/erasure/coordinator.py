@@ -578,7 +578,7 @@ class ErasureCoordinator(HoldsMixin):
             receipt = build_receipt(req, store_steps, completed, backups)
             signed = sign_receipt(receipt, self._keyring.signer())
             extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
-            self._save(req, receipt=signed.to_json())
+            self._save(req, receipt=signed.serialize())
             self._metrics.completion_latency((completed - req.created_at).total_seconds())
         derived = sum(len(d[s].get("actions", [])) for s in store_steps if s in d)
         self._audit.record(
