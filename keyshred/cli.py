@@ -477,7 +477,7 @@ def _receipt_text(text: str) -> str:
 
 
 @receipt_app.command("verify")
-def receipt_verify(
+def receipt_verify(  # noqa: PLR0917 - typer maps every parameter to an argument or option
     file: Annotated[Path, typer.Argument(help="A receipt: its JWS or (older) JSON form.")],
     path: Annotated[
         Path | None, typer.Option("--path", "-p", help="Trust this data folder's signing keys.")

@@ -226,9 +226,7 @@ def verify_compact(token: str, typ: str, keys: Sequence[Jwk]) -> CompactJws:
     if key is None:
         raise UntrustedSigner("the receipt was signed by another key than the trusted one(s)")
     try:
-        Ed25519PublicKey.from_public_bytes(key.public_key).verify(
-            jws.signature, jws.signing_input
-        )
+        Ed25519PublicKey.from_public_bytes(key.public_key).verify(jws.signature, jws.signing_input)
     except InvalidSignature:
         raise IntegrityError("signature does not verify") from None
     return jws

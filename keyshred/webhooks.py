@@ -54,7 +54,7 @@ __all__ = [
     "verify",
 ]
 
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the format's prefix, not a secret
 DEFAULT_TOLERANCE_SECONDS = 300  # the specification's 5 minutes
 _MIN_SECRET_BYTES = 16
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -105,7 +105,9 @@ def verify(
     stamp = lower.get("webhook-timestamp")
     given = lower.get("webhook-signature")
     if not msg_id or not stamp or not given:
-        raise WebhookRefused("the webhook-id, webhook-timestamp or webhook-signature header is missing")
+        raise WebhookRefused(
+            "the webhook-id, webhook-timestamp or webhook-signature header is missing"
+        )
     if not stamp.isascii() or not stamp.isdigit():
         raise WebhookRefused("the webhook-timestamp header is not whole seconds")
     current = time.time() if now is None else now
@@ -221,7 +223,12 @@ def _signature(key: bytes, msg_id: str, stamp: str, body: bytes) -> str:
 
 def _check_id(msg_id: str) -> None:
     # The id is part of the signed content, delimited by "."; header-safe ASCII only.
-    if not isinstance(msg_id, str) or not msg_id or not msg_id.isascii() or not msg_id.isprintable():
+    if (
+        not isinstance(msg_id, str)
+        or not msg_id
+        or not msg_id.isascii()
+        or not msg_id.isprintable()
+    ):
         raise InvalidInput("a webhook message id is non-empty printable ASCII")
     if "." in msg_id or " " in msg_id or "," in msg_id:
         raise InvalidInput("a webhook message id holds no '.', ',' or space")

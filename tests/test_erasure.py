@@ -21,11 +21,11 @@ from keyshred.errors import (
     SubjectErased,
     SubjectSuppressed,
 )
-from keyshred.keyring.envelope import Place
 from keyshred.jose import b64url_decode, b64url_encode
+from keyshred.keyring.envelope import Place
 from keyshred.receipts import load_receipt, verify_receipt
-from tests.receipt_forms import sign_json_form
 from keyshred.storage.erasable import ErasureTarget
+from tests.receipt_forms import sign_json_form
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 

@@ -101,8 +101,10 @@ def test_joserfc_agrees_the_invalid_vectors_are_not_receipts(case: dict[str, str
     except (JoseError, ValueError, KeyError, TypeError):
         return
     header = obj.headers()
-    assert header.get("typ") != JWS_TYPE or set(header) != {"alg", "kid", "typ"} or (
-        "extra" in json.loads(obj.payload)
+    assert (
+        header.get("typ") != JWS_TYPE
+        or set(header) != {"alg", "kid", "typ"}
+        or ("extra" in json.loads(obj.payload))
     ), case["reason"]
 
 
@@ -154,7 +156,9 @@ def test_a_real_receipt_verifies_with_joserfc_against_the_jwks(ks: Keyshred) -> 
     )
     assert OKPKey.import_key(member).thumbprint() == member["kid"]
 
-    obj = jose_jws.deserialize_compact(token, KeySet.import_key_set(published), algorithms=["EdDSA"])
+    obj = jose_jws.deserialize_compact(
+        token, KeySet.import_key_set(published), algorithms=["EdDSA"]
+    )
     assert obj.headers() == {"alg": "EdDSA", "kid": member["kid"], "typ": JWS_TYPE}
     fields = {k: v for k, v in json.loads(receipt.to_json()).items() if k != "signature"}
     assert json.loads(obj.payload) == fields
@@ -183,7 +187,10 @@ def test_tampering_with_a_real_receipt_is_refused_with_typed_errors(ks: Keyshred
         return f"{h}.{payload}.{signature}"
 
     cases = {
-        "a flipped payload byte": (f"{head}.{b64url_encode(bytes(raw))}.{signature}", IntegrityError),
+        "a flipped payload byte": (
+            f"{head}.{b64url_encode(bytes(raw))}.{signature}",
+            IntegrityError,
+        ),
         "a wrong kid": (with_header(kid=jwk_thumbprint(fresh.public_key)), UntrustedSigner),
         "alg none": (
             f"{b64url_encode(json.dumps({'alg': 'none', 'typ': JWS_TYPE}).encode())}.{payload}.",
@@ -197,7 +204,9 @@ def test_tampering_with_a_real_receipt_is_refused_with_typed_errors(ks: Keyshred
         assert type(caught.value) is error, (name, caught.value)
         # ... and a JOSE library keyshred does not use refuses it as well.
         with pytest.raises((JoseError, ValueError)):
-            jose_jws.deserialize_compact(token, KeySet.import_key_set(published), algorithms=["EdDSA"])
+            jose_jws.deserialize_compact(
+                token, KeySet.import_key_set(published), algorithms=["EdDSA"]
+            )
 
     # A copy of the loaded receipt with an edited field keeps the token: refused.
     edited = receipt.model_copy(update={"requested_by": "nobody"})

@@ -88,7 +88,10 @@ def test_verify_refuses_with_typed_errors() -> None:
         ({**good, "webhook-signature": other}, WebhookRefused),
         ({**good, "webhook-id": "msg_2"}, WebhookRefused),  # the id is signed
         ({**good, "webhook-timestamp": str(stamp + 1)}, WebhookRefused),  # so is the time
-        ({**good, "webhook-signature": good["webhook-signature"].replace("v1,", "v2,")}, WebhookRefused),
+        (
+            {**good, "webhook-signature": good["webhook-signature"].replace("v1,", "v2,")},
+            WebhookRefused,
+        ),
         ({**good, "webhook-timestamp": "1.8e9"}, WebhookRefused),
         ({k: v for k, v in good.items() if k != "webhook-signature"}, WebhookRefused),
         ({k: v for k, v in good.items() if k != "webhook-id"}, WebhookRefused),

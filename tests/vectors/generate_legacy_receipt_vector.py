@@ -24,7 +24,9 @@ def main() -> None:
     old = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = old  # pydantic resolves the annotations through it
     spec.loader.exec_module(old)
-    fields = json.loads(json.loads((HERE / "receipt_jws.json").read_text("utf-8"))["valid"]["payload"])
+    fields = json.loads(
+        json.loads((HERE / "receipt_jws.json").read_text("utf-8"))["valid"]["payload"]
+    )
     fields["request_id"] = "req-legacy-1"
     # As a receipt signed before these fields existed: they are absent, not null.
     for name in ("found_data", "shared_keys", "live_residue_until"):

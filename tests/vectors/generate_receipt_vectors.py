@@ -69,7 +69,7 @@ RECEIPT: dict[str, Any] = {
     "subject_ref": "abcdefghijklmnopqrstuvwxyz",
     "scope": None,
     "requested_by": "dpo@example.com",
-    "reason": "Art. 17 DSGVO – Löschung \u00e9\u4e2d\U0001f600 \"quoted\" \\ \n",
+    "reason": 'Art. 17 DSGVO – Löschung \u00e9\u4e2d\U0001f600 "quoted" \\ \n',
     "requested_at": "2026-12-02T18:00:00Z",
     "suppressed_at": "2026-12-02T18:00:01Z",
     "keys_destroyed_at": "2026-12-02T18:00:02.123456Z",
@@ -119,7 +119,11 @@ def main() -> None:
     hs256_sig = hmac.new(public(signer), hs256_input.encode(), hashlib.sha256).digest()
     invalid = [
         ("payload byte flipped", f"{head_b64}.{b64u(bytes(flipped))}.{sig_b64}", "IntegrityError"),
-        ("signature bit flipped", f"{head_b64}.{payload_b64}.{b64u(bytes(bad_sig))}", "IntegrityError"),
+        (
+            "signature bit flipped",
+            f"{head_b64}.{payload_b64}.{b64u(bytes(bad_sig))}",
+            "IntegrityError",
+        ),
         (
             "kid altered to a key not in the JWKS",
             token({**header, "kid": thumbprint(key("nobody"))}, payload, signer),
@@ -135,13 +139,21 @@ def main() -> None:
             token({**header, "kid": thumbprint(key("intruder"))}, payload, key("intruder")),
             "UntrustedSigner",
         ),
-        ("alg none, empty signature", f"{b64u(jcs({'alg': 'none', 'typ': TYP}))}.{payload_b64}.", "IntegrityError"),
+        (
+            "alg none, empty signature",
+            f"{b64u(jcs({'alg': 'none', 'typ': TYP}))}.{payload_b64}.",
+            "IntegrityError",
+        ),
         (
             "alg none with the kid",
             f"{b64u(jcs({'alg': 'none', 'kid': kid, 'typ': TYP}))}.{payload_b64}.",
             "IntegrityError",
         ),
-        ("alg HS256 keyed with the public key", f"{hs256_input}.{b64u(hs256_sig)}", "IntegrityError"),
+        (
+            "alg HS256 keyed with the public key",
+            f"{hs256_input}.{b64u(hs256_sig)}",
+            "IntegrityError",
+        ),
         ("typ JWT", token({**header, "typ": "JWT"}, payload, signer), "IntegrityError"),
         ("no typ", token({"alg": "EdDSA", "kid": kid}, payload, signer), "IntegrityError"),
         ("no kid", token({"alg": "EdDSA", "typ": TYP}, payload, signer), "IntegrityError"),
@@ -150,10 +162,18 @@ def main() -> None:
             token({**header, "jwk": jwk(key("intruder"))}, payload, signer),
             "IntegrityError",
         ),
-        ("crit header", token({**header, "crit": ["exp"], "exp": 1}, payload, signer), "IntegrityError"),
+        (
+            "crit header",
+            token({**header, "crit": ["exp"], "exp": 1}, payload, signer),
+            "IntegrityError",
+        ),
         ("padded base64url", f"{head_b64}.{payload_b64}.{sig_b64}==", "IntegrityError"),
         ("two segments", f"{head_b64}.{payload_b64}", "IntegrityError"),
-        ("JWS JSON serialization", json.dumps({"payload": payload_b64, "signatures": []}), "IntegrityError"),
+        (
+            "JWS JSON serialization",
+            json.dumps({"payload": payload_b64, "signatures": []}),
+            "IntegrityError",
+        ),
         (
             "signed payload is not a receipt",
             token(header, jcs({**RECEIPT, "extra": 1}), signer),
