@@ -237,7 +237,12 @@ def sign_receipt(receipt: Receipt, signer: Signer) -> Receipt:
     return _with_jws(unsigned, token)
 
 
-def verify_receipt(receipt: Receipt, trusted: bytes | Mapping[str, Any]) -> None:
+def verify_receipt(
+    receipt: Receipt,
+    trusted: bytes | Mapping[str, Any] | None = None,
+    *,
+    public_key: bytes | None = None,
+) -> None:
     """Raise unless the receipt is intact and signed by a key the verifier trusts:
     ``trusted`` is the issuing store's JWKS (``ks.receipts_jwks()``, or the document
     it publishes, pinned earlier) or one raw 32-byte Ed25519 public key
@@ -246,8 +251,12 @@ def verify_receipt(receipt: Receipt, trusted: bytes | Mapping[str, Any]) -> None
     A key named inside the receipt is never trusted by itself: anyone can edit a
     receipt and re-sign it with a fresh key of their own. Raises ``UntrustedSigner``
     when the signing key is not trusted, ``IntegrityError`` when the receipt is
-    unsigned, altered or malformed, ``InvalidInput`` when ``trusted`` is not keys."""
-    keys = trusted_keys(trusted)
+    unsigned, altered or malformed, ``InvalidInput`` when ``trusted`` is not keys.
+    ``public_key=`` is the keyword of releases before JWS receipts (one raw key)."""
+    given = trusted if trusted is not None else public_key
+    if given is None or (trusted is not None and public_key is not None):
+        raise TypeError("verify_receipt needs the trusted keys: a JWKS or one public key")
+    keys = trusted_keys(given)
     if receipt.jws is not None:
         jws = verify_compact(receipt.jws, JWS_TYPE, keys)
         signed = _from_payload(jws.payload)
