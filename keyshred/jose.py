@@ -15,6 +15,10 @@ algorithm negotiation (``alg: none``, HMAC with a public key as secret, embedded
 that shape is refused before any signature is checked. Anyone else verifies the
 tokens with the JOSE library of their choice (the tests use ``joserfc``).
 
+Why ``EdDSA`` and not RFC 9864's fully specified ``Ed25519``: every JOSE library
+in use verifies ``EdDSA`` (RFC 8037); few know ``Ed25519`` yet. With one key type
+the two mean the same signature, so the choice is only about who can verify.
+
 Every refusal is an ``IntegrityError`` (``UntrustedSigner`` when the token is
 well formed but its key is not one the verifier trusts); messages never carry the
 payload.

@@ -22,6 +22,9 @@ from keyshred.schema import deletion_requests
 from tests.e2e.test_cli import run
 from tests.receipt_forms import sign_json_form
 
+# joserfc notes that RFC 9864 deprecates "EdDSA" for the fully specified "Ed25519";
+# receipts keep "EdDSA", which every JOSE library verifies (see keyshred/jose.py).
+pytestmark = pytest.mark.filterwarnings("ignore:EdDSA is deprecated")
 README = Path(__file__).parents[1] / "README.md"
 PROBE = "cli-receipt-subject-4b2a"
 
