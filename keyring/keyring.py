@@ -304,6 +304,7 @@ class Keyring:
         self._create_lock = threading.Lock()
         self._ref_key = self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
         self._signer: Signer | None = None
+        self._receipt_signer: Signer | None = None
         self._token_ids: TokenIds | None = None
         self._identifier_keys: dict[int, bytes] = {}
         # Set by the mention finder (keyshred.storage.mentions): re-hashes every
@@ -358,24 +359,37 @@ class Keyring:
             ) from None
 
     def signer(self) -> Signer:
-        """The receipt signing key: its newest version (version 1 created on first
-        use). A process that opened the store before another one rotated keeps
-        signing with the version it loaded, which stays published (see below)."""
+        """The store's signing key, version 1 of the signing secret (created on
+        first use): backups' manifests and tombstone records are signed and checked
+        with it, and receipts were until ``rotate_receipt_signer``. It does not
+        rotate: a retained generation's manifest must keep verifying."""
         if self._signer is None:
-            self._signer = self._signing_key(max(self._signing_versions(), default=1))
+            self._signer = self._signing_key(1)
         return self._signer
 
-    def rotate_signer(self) -> Signer:
-        """Make a new receipt signing key version and sign with it from now on.
+    def receipt_signer(self) -> Signer:
+        """The key receipts are signed with: the newest signing key version (version
+        1, ``signer()``, until the first rotation). A process that opened the store
+        before another one rotated keeps signing with the version it loaded, which
+        stays published (``signing_public_keys``)."""
+        if self._receipt_signer is None:
+            newest = max(self._signing_versions(), default=1)
+            self._receipt_signer = self.signer() if newest == 1 else self._signing_key(newest)
+        return self._receipt_signer
+
+    def rotate_receipt_signer(self) -> Signer:
+        """Make a new signing key version and sign receipts with it from now on.
         Older versions stay in the key store, wrapped like every secret and never
-        used to sign again: receipts are kept for good, and every key that signed
-        one is published (``signing_public_keys``) so that receipt keeps verifying."""
-        self._signer = self._signing_key(max(self._signing_versions(), default=0) + 1)
-        return self._signer
+        used for receipts again: receipts are kept for good, and every key that
+        signed one is published (``signing_public_keys``) so it keeps verifying."""
+        self.signer()  # version 1 exists first: it signs backups whatever happens here
+        newest = max(self._signing_versions(), default=1)
+        self._receipt_signer = self._signing_key(newest + 1)
+        return self._receipt_signer
 
     def signing_public_keys(self) -> list[bytes]:
-        """The public key of every receipt signing key version, oldest first (the
-        current one created if there was none)."""
+        """The public key of every signing key version, oldest first: every key that
+        signed a receipt (version 1 created if there was none)."""
         self.signer()
         return [self._signing_key(v).public_key for v in sorted(self._signing_versions())]
 

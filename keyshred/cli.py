@@ -566,7 +566,7 @@ def keys_public_key(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None
     from keyshred.jose import jwk_thumbprint
 
     with Keyshred.open(path) as ks:
-        raw = ks.keyring.signer().public_key
+        raw = ks.keyring.receipt_signer().public_key
     key = base64.b64encode(raw).decode()
     _emit({"public_key": key, "kid": jwk_thumbprint(raw)}, as_json, key)
 
@@ -589,7 +589,7 @@ def keys_rotate_signing_key(path: PathOpt = Path("."), as_json: JsonOpt = False)
     from keyshred.jose import jwk_thumbprint
 
     with Keyshred.open(path) as ks:
-        kid = jwk_thumbprint(ks.keyring.rotate_signer().public_key)
+        kid = jwk_thumbprint(ks.keyring.rotate_receipt_signer().public_key)
         count = len(ks.receipts_jwks()["keys"])
     _emit({"kid": kid, "keys": count}, as_json, f"receipts are now signed by key {kid}")
 

@@ -229,7 +229,7 @@ class Receipt(_Model):
 
 def sign_receipt(receipt: Receipt, signer: Signer) -> Receipt:
     """The receipt issued as a JWS signed by ``signer`` (the keyring's receipt key:
-    ``keyring.signer()``; its private half never leaves the keyring)."""
+    ``keyring.receipt_signer()``; its private half never leaves the keyring)."""
     unsigned = receipt.model_copy(update={"signature": None})
     token = sign_compact(
         unsigned.payload(), JWS_TYPE, jwk_thumbprint(signer.public_key), signer.sign
@@ -246,7 +246,7 @@ def verify_receipt(
     """Raise unless the receipt is intact and signed by a key the verifier trusts:
     ``trusted`` is the issuing store's JWKS (``ks.receipts_jwks()``, or the document
     it publishes, pinned earlier) or one raw 32-byte Ed25519 public key
-    (``ks.keyring.signer().public_key``).
+    (``ks.keyring.receipt_signer().public_key``).
 
     A key named inside the receipt is never trusted by itself: anyone can edit a
     receipt and re-sign it with a fresh key of their own. Raises ``UntrustedSigner``

@@ -241,10 +241,17 @@ def test_rotation_keeps_every_signing_key_published(
 ) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, every level: scanned below
     first = erased_receipt(ks, "bob")
-    old_key = ks.keyring.signer().public_key
-    new_key = ks.keyring.rotate_signer().public_key
+    old_key = ks.keyring.receipt_signer().public_key
+    assert old_key == ks.keyring.signer().public_key  # one key until the first rotation
+    before = ks.backup.create()
+    new_key = ks.keyring.rotate_receipt_signer().public_key
     assert new_key != old_key
     second = erased_receipt(ks, "carl-" + PROBE)
+    # Backups keep the first key: a generation signed before the rotation still lists
+    # (its manifest verifies), and one made after is signed by the same key.
+    assert ks.keyring.signer().public_key == old_key
+    after = ks.backup.create()
+    assert {before.generation, after.generation} <= {g.generation for g in ks.backup.generations()}
     assert first.kid != second.kid == jwk_thumbprint(new_key)
     published = ks.receipts_jwks()
     assert [k["kid"] for k in published["keys"]] == [first.kid, second.kid]  # current last
@@ -258,13 +265,14 @@ def test_rotation_keeps_every_signing_key_published(
     data = tmp_path / "data"
     ks.close()
     with Keyshred.open(data) as reopened:
-        assert reopened.keyring.signer().public_key == new_key  # the newest version signs
+        assert reopened.keyring.receipt_signer().public_key == new_key  # the newest signs
+        assert reopened.keyring.signer().public_key == old_key  # backups' key
         assert reopened.receipts_jwks() == published
         # A KEK rotation re-wraps every version; all stay readable.
         reopened.keyring.rotate_kek()
         assert reopened.receipts_jwks() == published
         # The private halves are nowhere in what is published or printed.
-        text = json.dumps(published) + repr(reopened.keyring.signer()) + caplog.text
+        text = json.dumps(published) + repr(reopened.keyring.receipt_signer()) + caplog.text
         text += first.serialize() + second.serialize() + repr(second)
         assert PROBE not in text
         for version in ("receipt-signing-key", "receipt-signing-key.v2"):
