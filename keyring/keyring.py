@@ -85,7 +85,7 @@ __all__ = [
 ]
 
 _REF_KEY = "subject-ref-key"
-_SIGNING_KEY = "receipt-signing-key"
+_SIGNING_KEY = "receipt-signing-key"  # its version 1; version n > 1 is "...key.v<n>"
 _TOKEN_ID_KEY = "token-id-key"  # noqa: S105 - a secret's name, not a secret
 _IDENTIFIER_KEY = "identifier-key"  # its version 1; version n > 1 is "identifier-key.v<n>"
 _REF_DOMAIN = b"keyshred/subject-ref\x00"
@@ -171,10 +171,20 @@ def _identifier_secret(version: int) -> str:
 
 def _identifier_version(name: str) -> int | None:
     """The identifier key version a secret's name stands for (None: another secret)."""
-    if name == _IDENTIFIER_KEY:
+    return _version_of(_IDENTIFIER_KEY, name)
+
+
+def _signing_secret(version: int) -> str:
+    return _SIGNING_KEY if version == 1 else f"{_SIGNING_KEY}.v{version}"
+
+
+def _version_of(base: str, name: str) -> int | None:
+    """The version of the versioned secret ``base`` a secret's name stands for
+    (``base`` is version 1, ``base.v<n>`` version n; None: another secret)."""
+    if name == base:
         return 1
     head, _, tail = name.partition(".v")
-    if head == _IDENTIFIER_KEY and tail.isdigit():
+    if head == base and tail.isdigit():
         return int(tail)
     return None
 
@@ -302,6 +312,7 @@ class Keyring:
         with contextlib.suppress(KekUnavailable):
             self._ref_key = self._load_ref_key()
         self._signer: Signer | None = None
+        self._receipt_signer: Signer | None = None
         self._token_ids: TokenIds | None = None
         self._identifier_keys: dict[int, bytes] = {}
         # Set by the mention finder (keyshred.storage.mentions): re-hashes every
@@ -359,13 +370,51 @@ class Keyring:
         return self._system_secret(_REF_KEY, lambda: prim.random_bytes(32))
 
     def signer(self) -> Signer:
-        """The receipt signing key (created on first use)."""
+        """The store's signing key, version 1 of the signing secret (created on
+        first use): backups' manifests and tombstone records are signed and checked
+        with it, and receipts were until ``rotate_receipt_signer``. It does not
+        rotate: a retained generation's manifest must keep verifying."""
         if self._signer is None:
-            raw = self._system_secret(
-                _SIGNING_KEY, lambda: prim.ed25519_private_bytes(prim.ed25519_generate())
-            )
-            self._signer = Signer(raw)
+            self._signer = self._signing_key(1)
         return self._signer
+
+    def receipt_signer(self) -> Signer:
+        """The key receipts are signed with: the newest signing key version (version
+        1, ``signer()``, until the first rotation). A process that opened the store
+        before another one rotated keeps signing with the version it loaded, which
+        stays published (``signing_public_keys``)."""
+        if self._receipt_signer is None:
+            newest = max(self._signing_versions(), default=1)
+            self._receipt_signer = self.signer() if newest == 1 else self._signing_key(newest)
+        return self._receipt_signer
+
+    def rotate_receipt_signer(self) -> Signer:
+        """Make a new signing key version and sign receipts with it from now on.
+        Older versions stay in the key store, wrapped like every secret and never
+        used for receipts again: receipts are kept for good, and every key that
+        signed one is published (``signing_public_keys``) so it keeps verifying."""
+        self.signer()  # version 1 exists first: it signs backups whatever happens here
+        newest = max(self._signing_versions(), default=1)
+        self._receipt_signer = self._signing_key(newest + 1)
+        return self._receipt_signer
+
+    def signing_public_keys(self) -> list[bytes]:
+        """The public key of every signing key version, oldest first: every key that
+        signed a receipt (version 1 created if there was none)."""
+        self.signer()
+        return [self._signing_key(v).public_key for v in sorted(self._signing_versions())]
+
+    def _signing_versions(self) -> list[int]:
+        names = (_version_of(_SIGNING_KEY, r.name) for r in self.store.secrets())
+        return [v for v in names if v is not None]
+
+    def _signing_key(self, version: int) -> Signer:
+        return Signer(
+            self._system_secret(
+                _signing_secret(version),
+                lambda: prim.ed25519_private_bytes(prim.ed25519_generate()),
+            )
+        )
 
     def token_ids(self) -> TokenIds:
         """The cipher of the vault's token ids (its key created on first use)."""

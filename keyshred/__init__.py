@@ -56,7 +56,11 @@ if TYPE_CHECKING:
         TokenSubjectMismatch,
         UnknownScope,
         UnknownToken,
+        UntrustedSigner,
         ValueTooLarge,
+        WebhookDeliveryFailed,
+        WebhookRefused,
+        WebhookTimestampInvalid,
     )
     from keyshred.export import ExportResult
     from keyshred.facade import Keyshred
@@ -133,7 +137,11 @@ _LAZY = {
     "TokenSubjectMismatch": "keyshred.errors",
     "UnknownScope": "keyshred.errors",
     "UnknownToken": "keyshred.errors",
+    "UntrustedSigner": "keyshred.errors",
     "ValueTooLarge": "keyshred.errors",
+    "WebhookDeliveryFailed": "keyshred.errors",
+    "WebhookRefused": "keyshred.errors",
+    "WebhookTimestampInvalid": "keyshred.errors",
 }
 
 __all__ = [
@@ -193,9 +201,13 @@ __all__ = [
     "Tombstone",
     "UnknownScope",
     "UnknownToken",
+    "UntrustedSigner",
     "ValueTooLarge",
     "VaultStatus",
     "VerificationFailed",
+    "WebhookDeliveryFailed",
+    "WebhookRefused",
+    "WebhookTimestampInvalid",
 ]
 
 

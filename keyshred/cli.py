@@ -404,33 +404,55 @@ def receipt_show(
     request_id: Annotated[str, typer.Argument()],
     path: PathOpt = Path("."),
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the receipt as JSON (the default too).")
+        bool,
+        typer.Option("--json", help="A JSON document: form, kid, the JWS and the fields."),
     ] = False,
 ) -> None:
-    """Print the signed receipt of a completed request (JSON, with or without --json:
-    the receipt is a JSON document; save it to verify it later)."""
-    del as_json  # accepted like every command's --json; the output is JSON either way
+    """Print the signed receipt of a completed request as issued: a compact JWS
+    (verify it with 'keyshred receipt verify' or any JOSE library against 'keyshred
+    keys jwks'), or the JSON document of a receipt issued before receipts were JWS.
+    Save it to verify it later."""
     with Keyshred.open(path) as ks:
         receipt = ks.erasure.receipt(request_id)
     if receipt is None:
         raise KeyshredError(f"request {request_id} has no receipt yet")
-    typer.echo(receipt.to_json())
+    if not as_json:
+        typer.echo(receipt.serialize())
+        return
+    doc = {
+        "form": receipt.form,
+        "kid": receipt.kid,
+        "jws": receipt.jws,
+        "receipt": json.loads(receipt.to_json()),
+    }
+    typer.echo(json.dumps(doc, indent=2, sort_keys=True))
 
 
-def _trusted_key(path: Path | None, public_key: str | None, key_file: Path | None) -> bytes:
-    """The one public key a receipt must be signed by; the key inside the receipt
-    proves nothing (anyone can re-sign an edited receipt with a fresh key)."""
+def _trusted_keys(
+    path: Path | None, public_key: str | None, key_file: Path | None, jwks_file: Path | None
+) -> bytes | dict[str, Any]:
+    """The keys a receipt must be signed by; a key inside the receipt proves nothing
+    (anyone can re-sign an edited receipt with a fresh key)."""
     import base64
 
-    given = [g for g in (path, public_key, key_file) if g is not None]
+    given = [g for g in (path, public_key, key_file, jwks_file) if g is not None]
     if len(given) != 1:
         raise KeyshredError(
-            "give the key to trust, exactly one of: --path DATA (the store that signed "
-            "it), --public-key KEY or --public-key-file FILE (from 'keyshred keys public-key')"
+            "give the keys to trust, exactly one of: --path DATA (the store that signed "
+            "it), --jwks FILE (from 'keyshred keys jwks'), --public-key KEY or "
+            "--public-key-file FILE (from 'keyshred keys public-key')"
         )
     if path is not None:
         with Keyshred.open(path) as ks:
-            return ks.keyring.signer().public_key
+            return ks.receipts_jwks()
+    if jwks_file is not None:
+        try:
+            jwks = json.loads(jwks_file.read_text("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            raise KeyshredError(f"cannot read a JWKS document from {jwks_file}") from None
+        if not isinstance(jwks, dict):
+            raise KeyshredError(f"{jwks_file} is not a JWKS document")
+        return jwks
     if key_file is not None:
         try:
             public_key = key_file.read_text("utf-8").strip()
@@ -442,11 +464,26 @@ def _trusted_key(path: Path | None, public_key: str | None, key_file: Path | Non
         raise KeyshredError("the trusted public key is not base64") from None
 
 
+def _receipt_text(text: str) -> str:
+    """What 'receipt show' printed: the JWS or old JSON receipt as issued, or (with
+    --json) the document around it."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a compact JWS
+    if isinstance(doc, dict) and set(doc) == {"form", "kid", "jws", "receipt"}:
+        return doc["jws"] if isinstance(doc["jws"], str) else json.dumps(doc["receipt"])
+    return text
+
+
 @receipt_app.command("verify")
-def receipt_verify(
-    file: Annotated[Path, typer.Argument(help="A receipt JSON file.")],
+def receipt_verify(  # noqa: PLR0917 - typer maps every parameter to an argument or option
+    file: Annotated[Path, typer.Argument(help="A receipt: its JWS or (older) JSON form.")],
     path: Annotated[
-        Path | None, typer.Option("--path", "-p", help="Trust this data folder's signing key.")
+        Path | None, typer.Option("--path", "-p", help="Trust this data folder's signing keys.")
+    ] = None,
+    jwks_file: Annotated[
+        Path | None, typer.Option("--jwks", help="Trust the keys of this JWKS document.")
     ] = None,
     public_key: Annotated[
         str | None, typer.Option("--public-key", help="Trust this signer (base64).")
@@ -456,27 +493,33 @@ def receipt_verify(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Verify a receipt offline: intact and signed by the key you trust (exit 1 if not)."""
+    """Verify a receipt offline, in either form (a JWS, or the JSON form of receipts
+    issued before): intact and signed by a key you trust (exit 1 if not)."""
     from keyshred.errors import IntegrityError, InvalidInput
-    from keyshred.receipts import load_receipt, verify_receipt
+    from keyshred.receipts import verify_receipt_text
 
     try:
         text = file.read_text("utf-8")
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         raise KeyshredError(f"cannot read {file}") from None
-    key = _trusted_key(path, public_key, key_file)
+    trusted = _trusted_keys(path, public_key, key_file, jwks_file)
     try:
-        receipt = load_receipt(text)
-        verify_receipt(receipt, key)
-    except InvalidInput:
-        raise KeyshredError("the trusted public key is not an Ed25519 public key") from None
+        receipt = verify_receipt_text(_receipt_text(text), trusted)
+    except InvalidInput as exc:
+        raise KeyshredError(f"the trusted keys are not Ed25519 public keys: {exc}") from None
     except IntegrityError as exc:
         _emit({"valid": False, "error": str(exc)}, as_json, f"[red]receipt NOT valid[/red]: {exc}")
         raise typer.Exit(1) from None
     _emit(
-        {"valid": True, "request_id": receipt.request_id, "subject_ref": receipt.subject_ref},
+        {
+            "valid": True,
+            "form": receipt.form,
+            "kid": receipt.kid,
+            "request_id": receipt.request_id,
+            "subject_ref": receipt.subject_ref,
+        },
         as_json,
-        f"receipt {receipt.request_id} is valid",
+        f"receipt {receipt.request_id} is valid ({receipt.form} form, key {receipt.kid})",
     )
 
 
@@ -516,12 +559,39 @@ def metrics(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
 
 @keys_app.command("public-key")
 def keys_public_key(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
-    """The receipt signing key's public half (base64), to pin in verifiers."""
+    """The current receipt signing key's public half (base64), to pin in verifiers
+    ('keyshred keys jwks' lists every signing key, rotated ones included)."""
     import base64
 
+    from keyshred.jose import jwk_thumbprint
+
     with Keyshred.open(path) as ks:
-        key = base64.b64encode(ks.keyring.signer().public_key).decode()
-    _emit({"public_key": key}, as_json, key)
+        raw = ks.keyring.receipt_signer().public_key
+    key = base64.b64encode(raw).decode()
+    _emit({"public_key": key, "kid": jwk_thumbprint(raw)}, as_json, key)
+
+
+@keys_app.command("jwks")
+def keys_jwks(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """The receipt signing keys as a JWKS document (RFC 7517; OKP/Ed25519, kid the
+    RFC 7638 thumbprint): every key that signed a receipt kept here. Publish it;
+    any JOSE library verifies the receipts against it. JSON either way (--json:
+    on one line)."""
+    with Keyshred.open(path) as ks:
+        doc = ks.receipts_jwks()
+    typer.echo(json.dumps(doc, sort_keys=True) if as_json else json.dumps(doc, indent=2))
+
+
+@keys_app.command("rotate-signing-key")
+def keys_rotate_signing_key(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """Make a new receipt signing key; receipts from now on are signed by it. The
+    older keys stay in the JWKS, so the receipts they signed keep verifying."""
+    from keyshred.jose import jwk_thumbprint
+
+    with Keyshred.open(path) as ks:
+        kid = jwk_thumbprint(ks.keyring.rotate_receipt_signer().public_key)
+        count = len(ks.receipts_jwks()["keys"])
+    _emit({"kid": kid, "keys": count}, as_json, f"receipts are now signed by key {kid}")
 
 
 SubjectArg = Annotated[str, typer.Argument(help="The subject id (never printed back).")]

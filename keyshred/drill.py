@@ -142,7 +142,7 @@ def run_drill(
     try:
         report = _drill(path, subjects, records, embeddings, progress)
         if tmp is not None and report.receipt_file:
-            keep = (receipt_dir or Path.cwd()) / f"keyshred-drill-receipt-{report.request_id}.json"
+            keep = (receipt_dir or Path.cwd()) / f"keyshred-drill-receipt-{report.request_id}.jws"
             shutil.copyfile(report.receipt_file, keep)
             report.receipt_file = str(keep)
         return report
@@ -285,9 +285,9 @@ def _drill(
         )
     )
     if receipt is not None:
-        file = path / "receipts" / f"{req.request_id}.json"
+        file = path / "receipts" / f"{req.request_id}.jws"
         file.parent.mkdir(exist_ok=True)
-        file.write_text(receipt.to_json(), "utf-8")
+        file.write_text(receipt.serialize(), "utf-8")
         report.receipt_file = str(file)
 
     def receipt_valid() -> str:

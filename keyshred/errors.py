@@ -15,8 +15,13 @@ class (or a branch of it) and never see a backend's own exception type::
     │                               (``storage.max_value_bytes``, ``storage.max_value_depth``,
     │                               ``tokens.max_text_bytes``)
     ├── IntegrityError              a ciphertext, file or signature failed authentication:
-    │                               unknown format, truncated, flipped, or moved elsewhere.
-    │                               Deliberately opaque: it never says which check failed
+    │   │                           unknown format, truncated, flipped, or moved elsewhere.
+    │   │                           Deliberately opaque: it never says which check failed
+    │   ├── UntrustedSigner         a well-formed receipt (JWS or JSON) whose signing key is
+    │   │                           not one the verifier trusts (unknown or altered kid)
+    │   └── WebhookRefused          a webhook's signature headers are missing or malformed,
+    │       │                       or its signature is not by the shared secret
+    │       └── WebhookTimestampInvalid  its timestamp is outside the tolerance (a replay)
     ├── SubjectErased               the subject's key was destroyed; nothing is decrypted
     ├── KeyNotFound                 no key of that id/subject/scope exists (never erased)
     ├── NotFound                    no memory (or other record) under that name
@@ -40,6 +45,8 @@ class (or a branch of it) and never see a backend's own exception type::
     │   │                           ``retry_at``, then one trial call is let through
     │   └── KekEpochDestroyed       the KEK epoch that wrapped the key was destroyed
     ├── HandleClosed                the ``Keyshred`` handle was closed; nothing was done
+    ├── WebhookDeliveryFailed       a webhook was not accepted: every bounded attempt failed
+    │                               (5xx, timeout, connection) or the receiver answered 4xx
     └── StorageFull                 the disk, a quota or a file size limit is full (ENOSPC,
                                     EDQUOT, EFBIG, SQLITE_FULL): the call failed, data
                                     acknowledged before it is intact
@@ -80,7 +87,11 @@ __all__ = [
     "TokenSubjectMismatch",
     "UnknownScope",
     "UnknownToken",
+    "UntrustedSigner",
     "ValueTooLarge",
+    "WebhookDeliveryFailed",
+    "WebhookRefused",
+    "WebhookTimestampInvalid",
 ]
 
 
@@ -121,6 +132,20 @@ class IntegrityError(KeyshredError):
 
     def __init__(self, message: str = "ciphertext failed authentication") -> None:
         super().__init__(message)
+
+
+class UntrustedSigner(IntegrityError):
+    """The signature is well formed but by a key the verifier does not trust: the
+    ``kid`` names no trusted key (another issuer, a rotated-out key, or an edit)."""
+
+
+class WebhookRefused(IntegrityError):
+    """A webhook's ``webhook-id``/``webhook-timestamp``/``webhook-signature`` headers
+    are missing or malformed, or no signature in them is by the shared secret."""
+
+
+class WebhookTimestampInvalid(WebhookRefused):
+    """The webhook's timestamp is too far from now (a replayed or delayed message)."""
 
 
 class KekMismatch(ConfigError, IntegrityError):
@@ -212,6 +237,18 @@ class TokenSubjectMismatch(TokenError):
 
 class HandleClosed(KeyshredError):
     """The ``Keyshred`` handle was closed; the call was refused before doing anything."""
+
+
+class WebhookDeliveryFailed(KeyshredError):
+    """A webhook was not accepted: the receiver answered 4xx (not retried), or every
+    one of the bounded attempts failed with 5xx, a timeout or a connection error.
+    ``attempts`` says how many were made, ``status`` the last HTTP status (None:
+    no answer)."""
+
+    def __init__(self, message: str, attempts: int, status: int | None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.status = status
 
 
 class StorageFull(KeyshredError):

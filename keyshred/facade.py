@@ -24,6 +24,7 @@ from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, Erasu
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
+from keyshred.jose import jwks
 from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
 from keyshred.lifecycle import Consent, Lifecycle
@@ -413,6 +414,14 @@ class Keyshred:
             return self._keyring.subject_ref(subject, self.config.tenant)
         s: Subject = as_subject(subject, self.config.tenant)
         return self._keyring.subject_ref(s.id, s.tenant)
+
+    def receipts_jwks(self) -> dict[str, list[dict[str, str]]]:
+        """The receipt signing keys as a JWK Set (RFC 7517): one OKP/Ed25519 JWK
+        (``kid`` its RFC 7638 thumbprint, ``use: sig``, ``alg: EdDSA``) for every
+        key that signed a receipt this store keeps, the current one last. Public
+        halves only; publish it wherever verifiers fetch keys from."""
+        check_open(self._closed)
+        return jwks(self._keyring.signing_public_keys())
 
     def deletion_epoch(self, subject: SubjectLike) -> int:
         """The subject's current deletion epoch; jobs carry it into their writes

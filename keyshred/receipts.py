@@ -1,23 +1,44 @@
 """Erasure receipts: what was done, when, and what backups still hold — signed.
 
-A receipt names the subject only by subject_ref. It is a pydantic model serialized
-as JSON; the signature is Ed25519 over the canonical JSON of every other field
-(sorted keys, no whitespace), made with the keyring's receipt key. ``verify`` needs
-the receipt and the public key the verifier trusts (never the one inside the
-receipt), and runs offline: ``keyshred receipt verify FILE --public-key KEY``, or
-``--path DATA`` for the issuing store's own key.
+A receipt names the subject only by subject_ref. It is issued as a JWS (RFC 7515,
+compact serialization) that any JOSE library verifies against the store's JWKS:
+
+- protected header ``{"alg": "EdDSA", "kid": <RFC 7638 thumbprint of the signing
+  key>, "typ": "keyshred-receipt+jws"}``;
+- payload: the receipt's fields as RFC 8785 (JCS) canonical JSON (the ``rfc8785``
+  package: the receipt holds only strings, integers, booleans, nulls, lists and
+  objects — datetimes are ISO 8601 strings — but JCS's key order and string escapes
+  are easy to get subtly wrong by hand, and other verifiers re-canonicalise);
+- signature: Ed25519 by the keyring's receipt key (pyca ``cryptography``; see
+  ``keyshred.jose`` for why keyshred uses no JOSE library itself).
+
+``ks.receipts_jwks()`` (``keyshred keys jwks``) publishes the signing keys: every
+key that signed a receipt the store still keeps. Receipts issued before (the JSON
+form: a pydantic document with an embedded ``signature`` over the sorted-key JSON of
+the other fields) keep loading and verifying. ``load_receipt`` reads either form;
+``Receipt.serialize()`` gives back the form it was issued in; ``Receipt.form``
+says which.
+
+``verify_receipt`` needs the keys the verifier trusts (a JWKS, or one 32-byte
+public key), never a key named inside the receipt, and runs offline:
+``keyshred receipt verify FILE --jwks JWKS`` (or ``--public-key``, or ``--path DATA``
+for the issuing store's own keys). It raises (``IntegrityError``, ``UntrustedSigner``
+for a key not trusted); it never returns a bool.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import rfc8785
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from keyshred.errors import IntegrityError, InvalidInput
+from keyshred.errors import IntegrityError, InvalidInput, UntrustedSigner
+from keyshred.jose import jwk_thumbprint, parse_compact, sign_compact, trusted_keys, verify_compact
 from keyshred.keyring.keyring import Signer, verify_signature
 
 __all__ = [
@@ -26,16 +47,19 @@ __all__ = [
     "DerivedAction",
     "ExternalCall",
     "Receipt",
+    "ReceiptForm",
     "SharedKey",
     "Signature",
     "StoreAction",
     "load_receipt",
     "sign_receipt",
     "verify_receipt",
+    "verify_receipt_text",
 ]
 
 FORMAT = "keyshred-receipt/1"
-_ED25519_PUBLIC_BYTES = 32
+JWS_TYPE = "keyshred-receipt+jws"
+ReceiptForm = Literal["jws", "json", "unsigned"]
 
 
 class _Model(BaseModel):
@@ -102,6 +126,9 @@ class BackupCoverage(_Model):
 
 
 class Signature(_Model):
+    """The signature of a receipt in the JSON form (issued before receipts were
+    JWS): Ed25519 over ``Receipt.canonical()``."""
+
     algorithm: Literal["Ed25519"] = "Ed25519"
     public_key: str  # base64
     value: str  # base64
@@ -141,9 +168,52 @@ class Receipt(_Model):
     # PITR archives could still be unwrapped by the live keyring; after it, none.
     # None in receipts issued before the field existed, and when no key was destroyed.
     live_residue_until: datetime | None = None
+    # The JSON form's signature; None in a JWS receipt (the JWS carries it).
     signature: Signature | None = None
+    # The compact JWS this receipt was issued as (None: the JSON form, or unsigned).
+    # Private, so it is in no dump of the fields; a copy with edited fields keeps
+    # it, and then no longer verifies.
+    _jws: str | None = PrivateAttr(default=None)
+
+    @property
+    def jws(self) -> str | None:
+        """The compact JWS this receipt was issued as (None for the JSON form)."""
+        return self._jws
+
+    @property
+    def form(self) -> ReceiptForm:
+        """``jws`` (issued today), ``json`` (issued before JWS receipts), or
+        ``unsigned`` (built, not signed yet)."""
+        if self._jws is not None:
+            return "jws"
+        return "json" if self.signature is not None else "unsigned"
+
+    @property
+    def kid(self) -> str | None:
+        """The RFC 7638 thumbprint of the key that signed it (the JWS ``kid``; for
+        the JSON form, computed from its embedded key). None: unsigned."""
+        if self._jws is not None:
+            return parse_compact(self._jws, JWS_TYPE).kid
+        if self.signature is not None:
+            try:
+                return jwk_thumbprint(_b64(self.signature.public_key))
+            except (IntegrityError, InvalidInput):
+                return None
+        return None
+
+    def payload(self) -> bytes:
+        """The JWS payload: every field but the JSON form's ``signature``, as RFC
+        8785 canonical JSON (nulls included)."""
+        body = self.model_dump(mode="json", exclude={"signature"})
+        return rfc8785.dumps(body)
+
+    def serialize(self) -> str:
+        """The receipt as issued and stored: its compact JWS, or for a receipt of
+        the JSON form that JSON document (``to_json``)."""
+        return self._jws if self._jws is not None else self.to_json()
 
     def canonical(self) -> bytes:
+        """What the JSON form's signature covers (sorted keys, no whitespace)."""
         # Fields added later are left out while unset, so older receipts verify.
         unset = {
             name
@@ -158,22 +228,42 @@ class Receipt(_Model):
 
 
 def sign_receipt(receipt: Receipt, signer: Signer) -> Receipt:
-    signature = Signature(
-        public_key=base64.b64encode(signer.public_key).decode("ascii"),
-        value=base64.b64encode(signer.sign(receipt.canonical())).decode("ascii"),
+    """The receipt issued as a JWS signed by ``signer`` (the keyring's receipt key:
+    ``keyring.receipt_signer()``; its private half never leaves the keyring)."""
+    unsigned = receipt.model_copy(update={"signature": None})
+    token = sign_compact(
+        unsigned.payload(), JWS_TYPE, jwk_thumbprint(signer.public_key), signer.sign
     )
-    return receipt.model_copy(update={"signature": signature})
+    return _with_jws(unsigned, token)
 
 
-def verify_receipt(receipt: Receipt, public_key: bytes) -> None:
-    """Raise ``IntegrityError`` unless the receipt is intact and signed by
-    ``public_key``, the key the verifier trusts: the signing key of the store that
-    issued it (``ks.keyring.signer().public_key``) or one pinned from it earlier.
+def verify_receipt(
+    receipt: Receipt,
+    trusted: bytes | Mapping[str, Any] | None = None,
+    *,
+    public_key: bytes | None = None,
+) -> None:
+    """Raise unless the receipt is intact and signed by a key the verifier trusts:
+    ``trusted`` is the issuing store's JWKS (``ks.receipts_jwks()``, or the document
+    it publishes, pinned earlier) or one raw 32-byte Ed25519 public key
+    (``ks.keyring.receipt_signer().public_key``).
 
-    The key written inside the receipt is never trusted by itself: anyone can edit
-    a receipt and re-sign it with a fresh key of their own."""
-    if not isinstance(public_key, bytes) or len(public_key) != _ED25519_PUBLIC_BYTES:
-        raise InvalidInput("verify_receipt needs the trusted Ed25519 public key (32 bytes)")
+    A key named inside the receipt is never trusted by itself: anyone can edit a
+    receipt and re-sign it with a fresh key of their own. Raises ``UntrustedSigner``
+    when the signing key is not trusted, ``IntegrityError`` when the receipt is
+    unsigned, altered or malformed, ``InvalidInput`` when ``trusted`` is not keys.
+    ``public_key=`` is the keyword of releases before JWS receipts (one raw key)."""
+    given = trusted if trusted is not None else public_key
+    if given is None or (trusted is not None and public_key is not None):
+        raise TypeError("verify_receipt needs the trusted keys: a JWKS or one public key")
+    keys = trusted_keys(given)
+    if receipt.jws is not None:
+        jws = verify_compact(receipt.jws, JWS_TYPE, keys)
+        signed = _from_payload(jws.payload)
+        # A copy of a loaded receipt with edited fields keeps the original token.
+        if receipt.signature is not None or _fields(signed) != _fields(receipt):
+            raise IntegrityError("the receipt differs from what was signed")
+        return
     if receipt.signature is None:
         raise IntegrityError("the receipt is not signed")
     try:
@@ -181,13 +271,54 @@ def verify_receipt(receipt: Receipt, public_key: bytes) -> None:
         value = base64.b64decode(receipt.signature.value, validate=True)
     except ValueError:
         raise IntegrityError("the receipt's signature is malformed") from None
-    if key != public_key:
-        raise IntegrityError("the receipt was signed by another key than the trusted one")
-    verify_signature(public_key, value, receipt.canonical())
+    if all(key != k.public_key for k in keys):
+        raise UntrustedSigner("the receipt was signed by another key than the trusted one(s)")
+    verify_signature(key, value, receipt.canonical())
+
+
+def verify_receipt_text(text: str, trusted: bytes | Mapping[str, Any]) -> Receipt:
+    """``load_receipt`` then ``verify_receipt``: the receipt, once it verified."""
+    receipt = load_receipt(text)
+    verify_receipt(receipt, trusted)
+    return receipt
 
 
 def load_receipt(text: str) -> Receipt:
+    """A receipt in either form: a compact JWS (issued today), or the JSON document
+    of receipts issued before. Nothing is verified here (``verify_receipt``), but a
+    JWS of any other shape than keyshred issues (``alg`` other than EdDSA, ``none``
+    included; another ``typ``; extra header members) is refused at once."""
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        jws = parse_compact(stripped, JWS_TYPE)
+        return _with_jws(_from_payload(jws.payload), stripped)
     try:
-        return Receipt.model_validate_json(text)
+        return Receipt.model_validate_json(stripped)
     except ValidationError:
         raise IntegrityError("not a keyshred receipt (or it was altered)") from None
+
+
+def _from_payload(payload: bytes) -> Receipt:
+    try:
+        receipt = Receipt.model_validate_json(payload)
+    except ValidationError:
+        raise IntegrityError("not a keyshred receipt (or it was altered)") from None
+    if receipt.signature is not None:
+        raise IntegrityError("not a keyshred receipt (or it was altered)")
+    return receipt
+
+
+def _with_jws(receipt: Receipt, token: str) -> Receipt:
+    receipt._jws = token
+    return receipt
+
+
+def _fields(receipt: Receipt) -> dict[str, Any]:
+    return receipt.model_dump(mode="json", exclude={"signature"})
+
+
+def _b64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise IntegrityError("the receipt's signature is malformed") from None

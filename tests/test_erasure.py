@@ -21,9 +21,11 @@ from keyshred.errors import (
     SubjectErased,
     SubjectSuppressed,
 )
+from keyshred.jose import b64url_decode, b64url_encode
 from keyshred.keyring.envelope import Place
 from keyshred.receipts import load_receipt, verify_receipt
 from keyshred.storage.erasable import ErasureTarget
+from tests.receipt_forms import sign_json_form
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -222,12 +224,14 @@ def test_receipt_tampering_and_cli_verification(ks: Keyshred, tmp_path: Path) ->
     req = ks.erase("hal", requested_by="dpo", reason="request")
     receipt = ks.erasure.receipt(req.request_id)
     assert receipt is not None
-    text = receipt.to_json()
-    doc = json.loads(text)
+    text = receipt.serialize()  # the JWS
+    head, payload, signature = text.split(".")
+    doc = json.loads(b64url_decode(payload))
     doc["completed_at"] = "2020-01-01T00:00:00Z"
+    edited = f"{head}.{b64url_encode(json.dumps(doc).encode())}.{signature}"
     trusted = ks.keyring.signer().public_key
     with pytest.raises(IntegrityError):
-        verify_receipt(load_receipt(json.dumps(doc)), trusted)
+        verify_receipt(load_receipt(edited), trusted)
     with pytest.raises(IntegrityError):
         verify_receipt(receipt, public_key=b"\x00" * 32)
     verify_receipt(load_receipt(text), trusted)
@@ -384,7 +388,6 @@ def test_erasing_an_id_never_stored_says_no_data_found(ks: Keyshred) -> None:
 
 def test_a_receipt_from_before_found_data_still_verifies(ks: Keyshred) -> None:
     """Receipts signed before the field existed lack it: they load and verify."""
-    from keyshred.receipts import sign_receipt
 
     ks.memories.put("kai", NS, "k", 1)
     receipt = ks.erasure.receipt(ks.erase("kai", requested_by="dpo", reason="r").request_id)
@@ -393,7 +396,7 @@ def test_a_receipt_from_before_found_data_still_verifies(ks: Keyshred) -> None:
     old = receipt.model_copy(
         update={"found_data": None, "live_residue_until": None, "signature": None}
     )
-    doc = json.loads(sign_receipt(old, ks.keyring.signer()).to_json())
+    doc = json.loads(sign_json_form(old, ks.keyring.signer()).to_json())
     del doc["found_data"]
     del doc["live_residue_until"]
     verify_receipt(load_receipt(json.dumps(doc)), ks.keyring.signer().public_key)

@@ -74,9 +74,13 @@ PUBLIC = [
     "Tombstone",
     "UnknownScope",
     "UnknownToken",
+    "UntrustedSigner",
     "ValueTooLarge",
     "VaultStatus",
     "VerificationFailed",
+    "WebhookDeliveryFailed",
+    "WebhookRefused",
+    "WebhookTimestampInvalid",
 ]
 
 # Components an application reaches as attributes (``ks.memories`` ...): their

@@ -576,9 +576,9 @@ class ErasureCoordinator(HoldsMixin):
                 datetime.fromisoformat(keys["at"]), d.get("backups", {}).get("objects_deleted", 0)
             )
             receipt = build_receipt(req, store_steps, completed, backups)
-            signed = sign_receipt(receipt, self._keyring.signer())
+            signed = sign_receipt(receipt, self._keyring.receipt_signer())
             extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
-            self._save(req, receipt=signed.to_json())
+            self._save(req, receipt=signed.serialize())
             self._metrics.completion_latency((completed - req.created_at).total_seconds())
         derived = sum(len(d[s].get("actions", [])) for s in store_steps if s in d)
         self._audit.record(

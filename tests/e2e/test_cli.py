@@ -41,7 +41,7 @@ def test_drill_prints_a_table_and_keeps_the_receipt(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "all checks passed" in proc.stdout
     assert "byte scan" in proc.stdout
-    (receipt,) = tmp_path.glob("keyshred-drill-receipt-*.json")
+    (receipt,) = tmp_path.glob("keyshred-drill-receipt-*.jws")
     unpinned = run("receipt", "verify", str(receipt), "--json")  # no key to trust
     assert unpinned.returncode == 2 and "--public-key" in unpinned.stderr
 
@@ -130,12 +130,14 @@ def test_erasure_commands(tmp_path: Path) -> None:
     )
     receipt = run("receipt", "show", "r1", "--path", str(data))
     assert receipt.returncode == 0
-    file = tmp_path / "receipt.json"
+    file = tmp_path / "receipt.jws"
     file.write_text(receipt.stdout)
     key = json.loads(run("keys", "public-key", "--path", str(data), "--json").stdout)
     ok = run("receipt", "verify", str(file), "--public-key", key["public_key"], "--json")
     assert json.loads(ok.stdout)["valid"] is True
-    file.write_text(receipt.stdout.replace('"completed_at": "', '"completed_at": "1'))
+    head, payload, signature = receipt.stdout.strip().split(".")
+    edited = payload[:10] + ("A" if payload[10] != "A" else "B") + payload[11:]
+    file.write_text(f"{head}.{edited}.{signature}")
     bad = run("receipt", "verify", str(file), "--path", str(data))
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     audit = json.loads(run("audit", "verify", "--path", str(data), "--json").stdout)
@@ -369,11 +371,11 @@ def test_receipt_verify_pins_the_signing_key(tmp_path: Path) -> None:
         ks.erase("pin-subject", requested_by="dpo", reason="gdpr-art17", request_id="r1")
         receipt = ks.erasure.receipt("r1")
     assert receipt is not None
-    genuine, forged = tmp_path / "genuine.json", tmp_path / "forged.json"
-    genuine.write_text(receipt.to_json())
-    edited = load_receipt(receipt.to_json()).model_copy(update={"requested_by": "nobody"})
+    genuine, forged = tmp_path / "genuine.jws", tmp_path / "forged.jws"
+    genuine.write_text(receipt.serialize())
+    edited = load_receipt(receipt.serialize()).model_copy(update={"requested_by": "nobody"})
     fresh = Signer(prim.ed25519_private_bytes(prim.ed25519_generate()))
-    forged.write_text(sign_receipt(edited, fresh).to_json())
+    forged.write_text(sign_receipt(edited, fresh).serialize())
     key = json.loads(run("keys", "public-key", "--path", str(data), "--json").stdout)
     key_file = tmp_path / "signer.pub"
     key_file.write_text(key["public_key"] + "\n")
