@@ -254,10 +254,14 @@ def test_requests_list_by_state_through_the_cli(tmp_path: Path) -> None:
     assert VICTIM not in result.output
     both = runner.invoke(
         app,
-        ["requests", "list", "-p", str(data), "--state", "requested", "--state", "completed"],
+        ["requests", "list", "-p", str(data), "--state", "requested", "--state", "completed"]
+        + ["--json"],
     )
     assert both.exit_code == 0, both.output
-    assert "req-w" in both.output and "req-d" in both.output and "succeeded" in both.output
+    listed = {r["request_id"]: r["job_state"] for r in json.loads(both.output)["requests"]}
+    assert listed == {"req-w": "queued", "req-d": "succeeded"}
+    table = runner.invoke(app, ["requests", "list", "-p", str(data)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "req-w" in table.output and "succeeded" in table.output
     jobs = runner.invoke(app, ["jobs", "list", "-p", str(data), "--state", "queued", "--json"])
     assert jobs.exit_code == 0, jobs.output
     (job,) = json.loads(jobs.output)["jobs"]
