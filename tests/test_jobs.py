@@ -178,9 +178,7 @@ def test_no_job_row_holds_a_subject_id_or_a_probe(catalog_url: str, tmp_path: Pa
         ks.jobs.queue.enqueue("test.kind", {"subject_ref": ks.subject_ref("bob")})
         Worker(ks).enqueue_periodic()
         with ks._catalog.engine.connect() as conn:
-            rows = [
-                "|".join(str(v) for v in r) for r in conn.execute(sa.select(jobs)).all()
-            ]
+            rows = ["|".join(str(v) for v in r) for r in conn.execute(sa.select(jobs)).all()]
         assert len(rows) >= 3
         for row in rows:
             assert VICTIM not in row and PROBE not in row and "victim" not in row
