@@ -423,7 +423,7 @@ class JobRunner:
         ``reraise``: settle a failed run, then raise its error (a caller running
         its own job sees what it always saw)."""
         beat = self.queue.heartbeat(job)
-        failure: Exception | None = None
+        failure: BaseException | None = None
         try:
             handler = self._handlers.get(job.kind)
             if handler is None:
