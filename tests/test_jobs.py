@@ -367,3 +367,31 @@ def test_the_worker_metrics_endpoint_serves_process_and_queue_metrics(ks: Keyshr
     assert "keyshred_jobs_oldest_queued_seconds" in text
     assert 'keyshred_erasure_requests_total{state="requested"} 1.0' in text  # the process's
     assert VICTIM not in text and ks.subject_ref(VICTIM) not in text
+
+
+def test_requests_an_earlier_release_left_unfinished_get_their_job(
+    catalog_url: str, tmp_path: Path
+) -> None:
+    from keyshred.storage.schema import VERSION_TABLE
+
+    data = tmp_path / "data"
+    with _store(catalog_url, data) as ks:
+        for subject in (VICTIM, "bob"):
+            ks.memories.put(subject, ("m",), "k", "note")
+        ks.erasure.submit(VICTIM, requested_by="dpo", reason="x", request_id="req-old")
+        ks.erase("bob", requested_by="dpo", reason="x", request_id="req-done")
+        config = ks.config
+        url = str(ks._catalog.engine.url.render_as_string(hide_password=False))
+    engine = sa.create_engine(url)
+    try:  # the catalog as revision 0006 left it: no job table
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE ks_jobs"))
+            conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0006'"))
+    finally:
+        engine.dispose()
+    with Keyshred.open(data, config, embeddings=bag_of_words) as ks:
+        job = ks.jobs.queue.find("erasure:req-old")
+        assert job is not None and (job.state, job.payload) == ("queued", {"request_id": "req-old"})
+        assert ks.jobs.queue.find("erasure:req-done") is None  # nothing left to do
+        assert ks.jobs.run_pending() == 1
+        assert ks.erasure.status("req-old").state == "completed"

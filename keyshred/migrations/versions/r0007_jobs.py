@@ -1,12 +1,19 @@
 """Jobs in the catalog: erasure requests, retention runs and backup maintenance run
 as leased jobs (``keyshred.jobs``, issue 22).
 
+Every request an earlier release left unfinished gets its ``erasure`` job here, due
+at once, so a worker finishes it (before, only a ``resume`` would).
+
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-02
 """
 
 from __future__ import annotations
+
+import json
+import time
+import uuid
 
 import sqlalchemy as sa
 from alembic import op
@@ -38,6 +45,50 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
     op.create_index("ks_jobs_due", "ks_jobs", ["state", "run_after"])
+    _backfill()
+
+
+# Request states nothing is left to do for (keyshred.erasure.requests).
+_SETTLED = ("completed", "rejected", "legal_hold")
+
+
+def _backfill() -> None:
+    bind = op.get_bind()
+    requests = sa.table("ks_deletion_requests", sa.column("request_id"), sa.column("state"))
+    jobs = sa.table(
+        "ks_jobs",
+        *(
+            sa.column(c)
+            for c in (
+                "job_id", "kind", "payload", "state", "attempts", "max_attempts",
+                "run_after", "dedupe_key", "created_at", "updated_at",
+            )
+        ),
+    )  # fmt: skip
+    ids = bind.execute(
+        sa.select(requests.c.request_id).where(requests.c.state.not_in(_SETTLED))
+    ).scalars()
+    now = int(time.time() * 1_000_000)
+    rows = [
+        {
+            "job_id": uuid.uuid4().hex,
+            "kind": "erasure",
+            "payload": json.dumps({"request_id": str(request_id)}, sort_keys=True),
+            "state": "queued",
+            "attempts": 0,
+            "max_attempts": 5,
+            "run_after": 0,
+            "dedupe_key": f"erasure:{request_id}",
+            "created_at": now,
+            "updated_at": now,
+        }
+        for request_id in ids
+        # A request id the job payload cannot carry (an "@" or a space) stays
+        # for ``resume``, as before.
+        if not set(str(request_id)) & {"@", " ", '"', "\\"}
+    ]
+    if rows:
+        bind.execute(jobs.insert(), rows)
 
 
 def downgrade() -> None:
