@@ -336,6 +336,17 @@ class JobQueue:
             return self.requeue(job, outcome.delay)
         return self.retry(job, outcome.error or "Error")
 
+    def reopen(self, dedupe_key: str) -> None:
+        """Queue the finished job of ``dedupe_key`` again, due now, its attempts
+        reset (what it waited for is over: a released legal hold)."""
+        now = db_now_us(self._dialect)
+        with self._catalog.transaction() as conn:
+            conn.execute(
+                _T.update()
+                .where(_T.c.dedupe_key == dedupe_key, _T.c.state.in_([SUCCEEDED, MANUAL_REVIEW]))
+                .values(state=QUEUED, attempts=0, run_after=now, last_error=None, updated_at=now)
+            )
+
     def finish_queued(self, dedupe_key: str) -> None:
         """Mark the queued job of ``dedupe_key`` succeeded: its work was done by a
         caller directly (a resume, a replay), so no worker need claim it."""

@@ -395,3 +395,18 @@ def test_requests_an_earlier_release_left_unfinished_get_their_job(
         assert ks.jobs.queue.find("erasure:req-done") is None  # nothing left to do
         assert ks.jobs.run_pending() == 1
         assert ks.erasure.status("req-old").state == "completed"
+
+
+def test_a_released_hold_queues_its_requests_again(ks: Keyshred) -> None:
+    ks.memories.put(VICTIM, ("m",), "k", "note")
+    hold = ks.erasure.place_hold(VICTIM, reason="case-7", owner="legal")
+    req = ks.erasure.submit(VICTIM, requested_by="dpo", reason="x")
+    assert ks.jobs.run_pending() == 1
+    assert ks.erasure.status(req.request_id).state == "legal_hold"
+    job = ks.jobs.queue.find(f"erasure:{req.request_id}")
+    assert job is not None and job.state == "succeeded"
+    ks.erasure.release_hold(hold.hold_id)
+    job = ks.jobs.queue.find(f"erasure:{req.request_id}")
+    assert job is not None and (job.state, job.attempts) == ("queued", 0)
+    assert ks.jobs.run_pending() == 1
+    assert ks.erasure.status(req.request_id).state == "completed"

@@ -95,7 +95,7 @@ from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
 from keyshred.receipts import Receipt, load_receipt, sign_receipt
-from keyshred.schema import deletion_requests
+from keyshred.schema import deletion_requests, legal_holds
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.erasable import DROP, Erasable, StoreErasure
 from keyshred.storage.policy import Policy
@@ -368,6 +368,20 @@ class ErasureCoordinator(HoldsMixin):
             request_id=request_id,
             block=block,
         )
+
+    def release_hold(self, hold_id: str) -> None:
+        """Release a hold; the requests it held go back to the workers (their jobs
+        are queued again), so none waits for a ``resume``."""
+        with self._catalog.engine.connect() as conn:
+            held = conn.execute(
+                sa.select(legal_holds.c.subject_ref).where(legal_holds.c.hold_id == hold_id)
+            ).scalar()
+        super().release_hold(hold_id)
+        if self._jobs is None or held is None:
+            return
+        for req in self.requests(subject_ref=str(held)):
+            if req.state == LEGAL_HOLD:
+                self._jobs.reopen(job_key(req.request_id))
 
     def job_id(self, request_id: str) -> str | None:
         """The id of the request's job (None: recorded before jobs, or no queue)."""
