@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from keyshred.export import ExportResult
     from keyshred.facade import Keyshred
     from keyshred.ids import Subject
+    from keyshred.jobs import Job, JobOutcome
     from keyshred.keyring.kek import DestroyedEpoch
     from keyshred.keyring.keystore import Tombstone
     from keyshred.lifecycle import RetentionReport
@@ -103,6 +104,8 @@ _LAZY = {
     "ExportResult": "keyshred.export",
     "ResidueReport": "keyshred.residue",
     "AuditEvent": "keyshred.audit",
+    "Job": "keyshred.jobs",
+    "JobOutcome": "keyshred.jobs",
     "RetentionReport": "keyshred.lifecycle",
     "Generation": "keyshred.backup.generations",
     "LiveStatus": "keyshred.backup.maintenance",
@@ -167,6 +170,8 @@ __all__ = [
     "Hold",
     "IntegrityError",
     "InvalidInput",
+    "Job",
+    "JobOutcome",
     "KekEpochDestroyed",
     "KekError",
     "KekMismatch",
