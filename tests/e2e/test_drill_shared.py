@@ -1,0 +1,114 @@
+"""``keyshred drill --profile shared`` as a user runs it: a subprocess that starts
+OpenBao and moto itself, uses the machine's PostgreSQL, erases through worker
+processes and SIGKILLs one inside an erasure step.
+
+Every process the drill starts (servers, workers, the holder) inherits its
+environment, so a marker variable finds any of them left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PG_DSN
+
+KEYSHRED = str(Path(sys.executable).parent / "keyshred")
+psycopg = pytest.importorskip("psycopg")
+
+CHECKS = (
+    "caches warm in the holder and the drill process",
+    "a worker SIGKILLed inside an erasure step",
+    "the request finished by another worker",
+    "exactly one receipt and one erasure.completed",
+    "every process's caches evicted",
+    "erased keys no longer unwrap",
+    "no object version left in the bucket",
+    "catalog clean",
+    "key and semantic search find nothing, mentions dropped",
+    "tokens no longer resolve",
+    "other subjects intact",
+    "byte scan of every folder, log and catalog table",
+    "residue scan (S3 versions, live catalog)",
+    "audit chain verifies",
+)
+
+
+def _drill(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    marker = uuid.uuid4().hex
+    proc = subprocess.run(
+        [KEYSHRED, "drill", "--profile", "shared", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "KEYSHRED_TEST_DRILL_MARK": marker},
+        check=False,
+    )
+    return proc, marker
+
+
+def _left_running(marker: str) -> list[int]:
+    """Processes still running with the run's marker in their environment."""
+    found = []
+    needle = f"KEYSHRED_TEST_DRILL_MARK={marker}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _drill_schemas() -> set[str]:
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT schema_name FROM information_schema.schemata "
+            "WHERE schema_name LIKE 'ks_drill_%'"
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_shared_drill_kills_a_worker_mid_erasure_and_every_check_passes(tmp_path: Path) -> None:
+    schemas = _drill_schemas()
+    proc, marker = _drill(
+        tmp_path, "--json", "--workers", "3", "--subjects", "4", "--memories", "6",
+        "--receipt-dir", str(tmp_path),
+    )  # fmt: skip
+    assert proc.stdout, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    failed = {n: c["detail"] for n, c in checks.items() if not c["passed"]}
+    assert not failed, failed
+    assert set(CHECKS) <= set(checks)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["passed"] is True
+    # The kill happened inside the request, and someone else finished it.
+    killed = checks["a worker SIGKILLed inside an erasure step"]["detail"]
+    assert "SIGKILLed worker pid" in killed and "'destroy_keys'" in killed
+    assert (
+        "completed by worker pid(s)" in checks["the request finished by another worker"]["detail"]
+    )
+    receipt = Path(report["receipt_file"])
+    assert receipt.parent == tmp_path and receipt.exists()
+    assert json.loads(receipt.read_text())["request_id"] == report["request_id"]
+    # Nothing of the run is left: no process, no schema.
+    assert _left_running(marker) == []
+    assert _drill_schemas() == schemas
+
+
+def test_shared_drill_stops_its_servers_when_postgres_is_unreachable(tmp_path: Path) -> None:
+    """OpenBao and moto start before the database is tried: a refused connection
+    exits 2 with one line naming the cause, and leaves no server running."""
+    proc, marker = _drill(tmp_path, "--postgres-url", "postgresql+psycopg://postgres@127.0.0.1:1/x")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "PostgreSQL" in proc.stderr and "Traceback" not in proc.stderr
+    assert _left_running(marker) == []
