@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from keyshred.receipts import BackupCoverage, Receipt
     from keyshred.residue import ResidueReport
     from keyshred.storage.catalog import ConsentRecord
+    from keyshred.jobs import Job, JobOutcome
     from keyshred.storage.erasable import Erasable, ErasureTarget, StoreCheck, StoreErasure
     from keyshred.storage.memories import Memory, PutItem, RepairReport
     from keyshred.vault.detect import Finding
@@ -99,6 +100,8 @@ _LAZY = {
     "ExportResult": "keyshred.export",
     "ResidueReport": "keyshred.residue",
     "AuditEvent": "keyshred.audit",
+    "Job": "keyshred.jobs",
+    "JobOutcome": "keyshred.jobs",
     "RetentionReport": "keyshred.lifecycle",
     "Generation": "keyshred.backup.generations",
     "LiveStatus": "keyshred.backup.maintenance",
@@ -159,6 +162,8 @@ __all__ = [
     "Hold",
     "IntegrityError",
     "InvalidInput",
+    "Job",
+    "JobOutcome",
     "KekEpochDestroyed",
     "KekError",
     "KekMismatch",

@@ -44,6 +44,10 @@ consent_app = typer.Typer(no_args_is_help=True, help="Consent records: grant, re
 app.add_typer(consent_app, name="consent")
 retention_app = typer.Typer(no_args_is_help=True, help="Retention: run the scanner, show settings.")
 app.add_typer(retention_app, name="retention")
+requests_app = typer.Typer(no_args_is_help=True, help="Erasure requests: list them.")
+app.add_typer(requests_app, name="requests")
+jobs_app = typer.Typer(no_args_is_help=True, help="Jobs in the catalog: list them.")
+app.add_typer(jobs_app, name="jobs")
 verify_app = typer.Typer(
     no_args_is_help=True, help="Checks anyone can run: residue of erased data in files."
 )
@@ -544,11 +548,169 @@ def metrics(path: PathOpt = Path("."), as_json: JsonOpt = False) -> None:
     from keyshred.store_metrics import StoreMetrics
 
     with Keyshred.open(path) as ks:
-        metrics = StoreMetrics(ks.catalog, ks.keyring.store)
+        metrics = StoreMetrics(ks.catalog, ks.keyring.store, ks.jobs.queue)
         if as_json:
             typer.echo(json.dumps({"samples": metrics.samples()}, sort_keys=True))
         else:
             typer.echo(metrics.render(), nl=False)
+
+
+class _Collectors:
+    """Several registries' families as one collector (one metrics endpoint)."""
+
+    def __init__(self, *registries: Any) -> None:
+        self._registries = registries
+
+    def collect(self) -> Iterator[Any]:
+        for registry in self._registries:
+            yield from registry.collect()
+
+
+def _serve_metrics(ks: Keyshred, port: int) -> Any:
+    """Serve this process's metrics and the store's on 127.0.0.1:``port``."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from keyshred.store_metrics import StoreMetrics
+
+    store = StoreMetrics(ks.catalog, ks.keyring.store, ks.jobs.queue)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collectors(ks.metrics.registry, store.registry))  # type: ignore[arg-type]
+    try:
+        return start_http_server(port, addr="127.0.0.1", registry=registry)
+    except OSError as exc:
+        raise KeyshredError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}") from None
+
+
+@app.command()
+def worker(  # noqa: PLR0917 - typer maps every parameter to an option
+    path: PathOpt = Path("."),
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Jobs run at once (1 on SQLite).")
+    ] = 1,
+    once: Annotated[
+        bool, typer.Option("--once", help="Run the jobs due now, then exit.")
+    ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run jobs (erasure requests, retention, backup maintenance) until stopped.
+    SIGTERM or SIGINT finishes the erasure step in progress, then exits 0; the
+    request is left for the next worker."""
+    import signal
+    import threading
+
+    from keyshred.worker import Worker
+
+    stop = threading.Event()
+    with Keyshred.open(path) as ks:
+        runner = Worker(ks, concurrency=concurrency)
+        served = None if metrics_port is None else _serve_metrics(ks, metrics_port)
+        try:
+            if once:
+                ran = runner.run_once(stop)
+            else:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: stop.set())
+                typer.echo("worker running", err=True)
+                runner.run(stop)
+                ran = runner.ran
+        finally:
+            if isinstance(served, tuple):
+                served[0].shutdown()
+    _emit({"ran": ran}, as_json, f"worker stopped: {ran} job(s) run")
+
+
+def _current_step(req: Any, steps: tuple[str, ...]) -> str | None:
+    """The step a request is at: the first not done (None once completed)."""
+    if req.state == "completed":
+        return None
+    return next((s for s in steps if s not in req.steps_done), None)
+
+
+@requests_app.command("list")
+def requests_list(
+    state: Annotated[
+        list[str] | None, typer.Option("--state", help="Only these states (repeat).")
+    ] = None,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Erasure requests (oldest first): id, subject_ref, state, step, attempts,
+    last update and their job's state. Stuck ones: --state propagating."""
+    from keyshred.erasure.coordinator import job_key
+
+    with Keyshred.open(path) as ks:
+        reqs = [r for r in ks.erasure.requests() if not state or r.state in state]
+        jobs = ks.jobs.queue.by_keys([job_key(r.request_id) for r in reqs])
+        steps = ks.erasure.steps
+    rows = []
+    for r in reqs:
+        job = jobs.get(job_key(r.request_id))
+        rows.append(
+            {
+                "request_id": r.request_id,
+                "subject_ref": r.subject_ref,
+                "scope": r.scope,
+                "state": r.state,
+                "step": _current_step(r, steps),
+                "attempts": r.attempts,
+                "updated_at": r.updated_at.isoformat(),
+                "job_state": None if job is None else job.state,
+                "job_attempts": None if job is None else job.attempts,
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps({"requests": rows}, sort_keys=True))
+        return
+    table = Table(title="erasure requests")
+    for col in ("request", "subject_ref", "state", "step", "attempts", "updated", "job"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["request_id"],
+            row["subject_ref"],
+            row["state"],
+            row["step"] or "-",
+            str(row["attempts"]),
+            row["updated_at"],
+            row["job_state"] or "-",
+        )
+    out.print(table)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    state: Annotated[
+        list[str] | None, typer.Option("--state", help="Only these states (repeat).")
+    ] = None,
+    path: PathOpt = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Jobs (oldest first): id, kind, state, attempts, last error, payload (ids)."""
+    from dataclasses import asdict
+
+    with Keyshred.open(path) as ks:
+        found = ks.jobs.queue.list(state or None)
+        depth = ks.jobs.queue.depth()
+    if as_json:
+        typer.echo(json.dumps({"jobs": [asdict(j) for j in found], "depth": depth}, sort_keys=True))
+        return
+    table = Table(title="jobs " + ", ".join(f"{k}: {n}" for k, n in depth.items()))
+    for col in ("job", "kind", "state", "attempts", "last error", "payload"):
+        table.add_column(col)
+    for j in found:
+        table.add_row(
+            j.job_id,
+            j.kind,
+            j.state,
+            f"{j.attempts}/{j.max_attempts}",
+            j.last_error or "-",
+            json.dumps(j.payload, sort_keys=True),
+        )
+    out.print(table)
 
 
 @keys_app.command("public-key")

@@ -42,6 +42,7 @@ __all__ = [
     "AwsSettings",
     "BackupSettings",
     "Config",
+    "JobSettings",
     "KekSettings",
     "KeyringSettings",
     "RetentionSettings",
@@ -294,6 +295,26 @@ class ErasureSettings(_Model):
     lease_seconds: float = Field(60.0, ge=1, le=3600)
 
 
+class JobSettings(_Model):
+    """Jobs in the catalog (``keyshred.jobs``) and the workers that run them
+    (``keyshred worker``)."""
+
+    # A worker holds a job under a lease renewed every third of this while it runs;
+    # a killed worker's job is taken by another once it runs out (same machine: at once).
+    lease_seconds: float = Field(60.0, ge=1, le=3600)
+    # Runs of a job before it goes to manual_review (dead letter).
+    max_attempts: int = Field(5, ge=1, le=100)
+    # A failed run waits a random time in [0, min(max, base * 2**(attempts-1))]
+    # (exponential backoff, full jitter) before the job is due again.
+    backoff_base_seconds: float = Field(2.0, ge=0, le=3600)
+    backoff_max_seconds: float = Field(300.0, ge=0, le=86_400)
+    # How long an idle worker sleeps before it looks for due jobs again.
+    poll_seconds: float = Field(1.0, gt=0, le=60)
+    # Periodic jobs the workers enqueue, one per period across all workers (0: off).
+    retention_every_seconds: float = Field(3600.0, ge=0)
+    backup_maintain_every_seconds: float = Field(300.0, ge=0)
+
+
 class RetentionSettings(_Model):
     """The retention scanner (``keyshred retention run``); per-scope retention of
     memories is in ``scopes``, of audit events in ``audit``, of backups in ``backup``."""
@@ -339,6 +360,7 @@ class Config(_Model):
     vectors: VectorSettings = VectorSettings()
     audit: AuditSettings = AuditSettings()
     erasure: ErasureSettings = ErasureSettings()
+    jobs: JobSettings = JobSettings()
     backup: BackupSettings = BackupSettings()
     retention: RetentionSettings = RetentionSettings()
     tokens: TokenSettings = TokenSettings()

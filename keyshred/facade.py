@@ -24,6 +24,7 @@ from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, Erasu
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
+from keyshred.jobs import Job, JobQueue, JobRunner, JobOutcome
 from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
 from keyshred.lifecycle import Consent, Lifecycle
@@ -48,6 +49,8 @@ MEMORIES_DIR = "memories"  # the default partition store: a folder
 CATALOG_FILE = "catalog.db"
 JOURNAL_DIR = "tokens"  # the vault's group-commit journals (keyshred.vault.journal)
 T = TypeVar("T")
+# Request states a run of the caller's own job returns as they are.
+_SETTLED = ("completed", "rejected", "legal_hold", "retryable_failure", "manual_review")
 
 
 class Keyshred:
@@ -182,6 +185,9 @@ class Keyshred:
             import_legacy=self._memories.import_legacy,
         )
         self.backup = self._guard(self._backup)
+        # Work that outlives a call (keyshred.jobs): every erasure request is
+        # recorded with its job; workers (keyshred.worker) run them.
+        self._jobs = JobRunner(JobQueue(catalog, config.jobs))
         # Every store holding personal data, in the order the erasure runs them
         # (keyshred.storage.erasable); the coordinator never sees this handle.
         self._erasure = ErasureCoordinator(
@@ -203,24 +209,34 @@ class Keyshred:
             subject_ref=self._subject_ref,
             residue=self._residue_scan,
             lease_seconds=config.erasure.lease_seconds,
+            jobs=self._jobs.queue,
         )
         self.erasure = self._guard(self._erasure)
         consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)
         self.consent = self._guard(consent)
-        self.retention = self._guard(
-            Lifecycle(
-                config,
-                catalog,
-                self._audit,
-                memories=self._memories,
-                checkpoints=self._checkpoints,
-                backups=self._backup,
-                erasures=self._erasure,
-                expire_exports=lambda now: expire_exports(self, now),
-                consent=consent,
-            )
+        self._lifecycle = Lifecycle(
+            config,
+            catalog,
+            self._audit,
+            memories=self._memories,
+            checkpoints=self._checkpoints,
+            backups=self._backup,
+            erasures=self._erasure,
+            expire_exports=lambda now: expire_exports(self, now),
+            consent=consent,
         )
+        self.retention = self._guard(self._lifecycle)
         keyring.epoch_users = self._backup.epoch_users
+        self._jobs.register("erasure", self._erasure.run_job)
+        self._jobs.register("retention", self._lifecycle.run_job)
+        self._jobs.register("backup.maintain", self._maintain_job)
+        self.jobs = self._guard(self._jobs)
+
+    def _maintain_job(self, job: Job, stop: object) -> JobOutcome:
+        """The ``backup.maintain`` job (one per period): ``keyshred maintain``."""
+        del stop  # one unit
+        self._backup.maintain(job.payload.get("target"))
+        return JobOutcome.done()
 
     def _is_closed(self) -> bool:
         return self._closed
@@ -251,6 +267,10 @@ class Keyshred:
         An erasure that finds nothing of the subject says so (``req.found_data`` is
         False, and so is the receipt's) and leaves the id free for later writes;
         ``block=True`` keeps it ``erased`` until re-admitted all the same.
+
+        The request is recorded with its job (``keyshred.jobs``) and this call runs
+        that job itself: a caller killed halfway leaves the job to any worker
+        (``keyshred worker``); ``ks.erasure.submit`` records without running.
         """
         check_open(self._closed)
         req = self.erasure.request(
@@ -262,6 +282,13 @@ class Keyshred:
             probes=probes,
             block=block,
         )
+        job_id = self._erasure.job_id(req.request_id)
+        if job_id is not None and self._jobs.run_id(job_id) is not None:
+            req = self.erasure.status(req.request_id)
+            if req.state in _SETTLED:
+                return req
+        # No job to claim (a worker holds it, or the request predates jobs), or
+        # another worker ran the request meanwhile: wait for it as run does.
         return self.erasure.run(req.request_id)
 
     def _residue_scan(self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]) -> Any:

@@ -34,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from keyshred.errors import KeyshredError, SubjectSuppressed
+from keyshred.jobs import Job, JobOutcome
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.consent import ConsentApi
 from keyshred.storage.policy import Policy
@@ -187,6 +188,14 @@ class Lifecycle:
             tokens=report.tokens_deleted,
         )
         return report
+
+    def run_job(self, job: Job, stop: Callable[[], bool]) -> JobOutcome:
+        """The ``retention`` job's handler (one per period, enqueued by the
+        workers): one run; its requests are jobs of their own, so a run killed
+        halfway leaves each request it recorded to the workers."""
+        del job, stop  # the payload names the period only; a run is one unit
+        self.run()
+        return JobOutcome.done()
 
     def _request(self, ref: str, ids: list[str]) -> ErasureRequest:
         # Idempotent: the same expired set is the same request (a held one resumes).

@@ -1,5 +1,5 @@
-"""The services' tables in the catalog database: erasure requests, legal holds and
-the audit log (``keyshred.erasure``, ``keyshred.audit``).
+"""The services' tables in the catalog database: erasure requests, legal holds,
+the audit log and jobs (``keyshred.erasure``, ``keyshred.audit``, ``keyshred.jobs``).
 
 They are defined on the catalog database's ``metadata`` (``keyshred.storage.schema``),
 so snapshots and the migrations see them with the storage and vault tables; schema
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from keyshred.db import Micros
 from keyshred.storage.schema import metadata
 
-__all__ = ["audit_anchor", "audit_events", "deletion_requests", "legal_holds"]
+__all__ = ["audit_anchor", "audit_events", "deletion_requests", "jobs", "legal_holds"]
 
 deletion_requests = sa.Table(
     "ks_deletion_requests",
@@ -69,4 +69,26 @@ legal_holds = sa.Table(
     sa.Column("placed_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("released_at", sa.DateTime(timezone=True), nullable=True),
     sa.Index("ks_legal_holds_subject", "subject_ref"),
+)
+
+# Work that outlives a call (keyshred.jobs). Times are integer microseconds by the
+# database's clock (keyshred.leases), so every worker reads "due" and "expired" alike.
+jobs = sa.Table(
+    "ks_jobs",
+    metadata,
+    sa.Column("job_id", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),  # JSON: ids and subject_refs only
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("run_after", sa.BigInteger, nullable=False),
+    sa.Column("lease_owner", sa.String(64), nullable=True),
+    sa.Column("lease_until", sa.BigInteger, nullable=True),
+    sa.Column("last_error", sa.String(128), nullable=True),  # an exception class name
+    # One job per key (one retention run per period, one job per erasure request).
+    sa.Column("dedupe_key", sa.String(200), nullable=True, unique=True),
+    sa.Column("created_at", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+    sa.Index("ks_jobs_due", "state", "run_after"),
 )

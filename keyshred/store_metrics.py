@@ -10,7 +10,10 @@ scrape from the catalog and the key store, so any process reports the same numbe
 - ``keyshred_audit_events{event}``: audit events recorded, by event name;
 - ``keyshred_keys{kind}``: data keys (``dek``, of which ``shared``), tombstones and
   secrets in the key store;
-- ``keyshred_tokens_stored``: vault tokens in the catalog.
+- ``keyshred_tokens_stored``: vault tokens in the catalog;
+- ``keyshred_jobs{state}``: jobs in each state now (``keyshred.jobs``);
+- ``keyshred_jobs_oldest_queued_seconds``: how long the oldest queued job has
+  waited (the database's clock), 0 with none queued.
 
 Labels are state, event and kind names only: never a subject id, a subject_ref or
 a value. The completion histogram reads two timestamps per completed request; at
@@ -32,6 +35,7 @@ from prometheus_client.core import (
 )
 
 from keyshred.db import utc
+from keyshred.jobs import JobQueue
 from keyshred.metrics import BUCKETS
 from keyshred.schema import audit_events, deletion_requests
 from keyshred.storage.catalog import Catalog
@@ -43,9 +47,10 @@ __all__ = ["StoreMetrics"]
 class StoreMetrics:
     """The store's persisted state as Prometheus families (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, keystore: Any) -> None:
+    def __init__(self, catalog: Catalog, keystore: Any, jobs: JobQueue | None = None) -> None:
         self._catalog = catalog
         self._keystore = keystore
+        self._jobs = jobs
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # a collector: it has collect()
 
@@ -94,6 +99,16 @@ class StoreMetrics:
         yield GaugeMetricFamily(
             "keyshred_tokens_stored", "Vault tokens stored in the catalog", value=stored_tokens or 0
         )
+        if self._jobs is not None:
+            depth = GaugeMetricFamily("keyshred_jobs", "Jobs in each state", labels=["state"])
+            for state, n in self._jobs.depth().items():
+                depth.add_metric([state], float(n))
+            yield depth
+            yield GaugeMetricFamily(
+                "keyshred_jobs_oldest_queued_seconds",
+                "How long the oldest queued job has waited since it was enqueued",
+                value=self._jobs.oldest_queued_age_seconds(),
+            )
 
     def samples(self) -> list[dict[str, object]]:
         """Every sample (name, labels, value), for ``keyshred metrics --json``."""

@@ -40,6 +40,8 @@ PUBLIC = [
     "Hold",
     "IntegrityError",
     "InvalidInput",
+    "Job",
+    "JobOutcome",
     "KekEpochDestroyed",
     "KekError",
     "KekMismatch",

@@ -36,10 +36,18 @@ resumes where it stopped and nothing becomes readable again:
 
 Three kinds of request run these steps (``keyshred.erasure.extent``): a subject or
 scope erasure, the retention scanner's listed memories and a replayed tombstone.
+
+Every request is recorded with its ``erasure`` job (``keyshred.jobs``) in one
+transaction, so no request exists that no worker would finish: ``submit`` records
+and leaves it to the workers, ``ks.erase`` runs its own job in the caller, and a
+caller killed mid-run leaves a job any worker takes over. ``run_job`` is the job's
+handler; a worker's stop check is consulted between steps, so a stopping worker
+finishes the step it is in and leaves the request to the next one.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -60,6 +68,7 @@ from keyshred.erasure.requests import (
     AUTHORIZED,
     COMPLETED,
     LEGACY_STEPS,
+    LEGAL_HOLD,
     MANUAL_REVIEW,
     MAX_ATTEMPTS,
     PROPAGATING,
@@ -81,6 +90,7 @@ from keyshred.erasure.requests import (
 from keyshred.erasure.steps import closure, verify
 from keyshred.errors import InvalidInput, KeyshredError, NotFound
 from keyshred.ids import SubjectLike
+from keyshred.jobs import Job, JobQueue, JobOutcome
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
@@ -95,7 +105,7 @@ if TYPE_CHECKING:
 
     from keyshred.residue import ResidueReport
 
-__all__ = ["ErasureCoordinator"]
+__all__ = ["JOB_KIND", "ErasureCoordinator", "job_key"]
 
 _STATE_AFTER = {
     "suppress": SUPPRESSED,
@@ -106,6 +116,18 @@ _STATE_AFTER = {
 }
 # Why a request in manual_review may continue: a producer registered since.
 _REVIEW_PRODUCER = "producer"
+# The job kind of every request, and how soon a job whose request another worker
+# runs now is due again (its run ends the job anyway; this one then sees the end).
+JOB_KIND = "erasure"
+_BUSY_DELAY = 1.0
+# How a run ended, for its job: ran (to a state), busy (another worker holds the
+# request), lost (its lease was taken over), stopped (the worker is stopping).
+_RAN, _BUSY, _LOST, _STOPPED = "ran", "busy", "lost", "stopped"
+
+
+def job_key(request_id: str) -> str:
+    """The dedupe key of a request's job: one job per request."""
+    return f"erasure:{request_id}"
 
 
 class ErasureCoordinator(HoldsMixin):
@@ -127,6 +149,7 @@ class ErasureCoordinator(HoldsMixin):
         | None = None,
         on_step: Callable[[str, ErasureRequest], None] | None = None,
         lease_seconds: float = 60.0,
+        jobs: JobQueue | None = None,
     ) -> None:
         names = [s.name for s in stores]
         if len(set(names)) != len(names):
@@ -141,6 +164,10 @@ class ErasureCoordinator(HoldsMixin):
         self._residue = residue
         self._processors: list[ExternalProcessor] = []
         self.on_step = on_step
+        # Called after a step acted and before it is recorded (fault tests kill
+        # a worker there: inside the step, its effects done, its record not).
+        self.on_step_acted: Callable[[str, ErasureRequest], None] | None = None
+        self._jobs = jobs
         self._lock = threading.Lock()
         # Requests this process runs now, by id: their saves are conditional on the
         # lease (keyshred.erasure.lease).
@@ -299,6 +326,14 @@ class ErasureCoordinator(HoldsMixin):
                     receipt=None,
                 )
             )
+            if self._jobs is not None:
+                # The transactional outbox: the request and its job commit together.
+                self._jobs.enqueue(
+                    JOB_KIND,
+                    {"request_id": request_id},
+                    dedupe_key=job_key(request_id),
+                    conn=conn,
+                )
         self._audit.record(
             "erasure.requested",
             subject_ref=subject_ref,
@@ -311,6 +346,35 @@ class ErasureCoordinator(HoldsMixin):
         if not valid:
             self._set_state(req, REJECTED, why="requested_by and reason must be plain metadata")
         return req
+
+    def submit(
+        self,
+        subject: SubjectLike,
+        scope: str | None = None,
+        *,
+        requested_by: str,
+        reason: str,
+        request_id: str | None = None,
+        block: bool = False,
+    ) -> ErasureRequest:
+        """Record an erasure request and its job, and return it without running it:
+        a worker (``keyshred worker``, ``ks.jobs.run_pending()``) runs it. What the
+        HTTP API calls. Idempotent by ``request_id``."""
+        return self.request(
+            self._ref(subject),
+            scope,
+            requested_by=requested_by,
+            reason=reason,
+            request_id=request_id,
+            block=block,
+        )
+
+    def job_id(self, request_id: str) -> str | None:
+        """The id of the request's job (None: recorded before jobs, or no queue)."""
+        if self._jobs is None:
+            return None
+        job = self._jobs.find(job_key(request_id))
+        return None if job is None else job.job_id
 
     def status(self, request_id: str) -> ErasureRequest:
         return self._load(request_id)
@@ -377,34 +441,69 @@ class ErasureCoordinator(HoldsMixin):
 
     # -- running -------------------------------------------------------------------
 
-    def run(self, request_id: str) -> ErasureRequest:
+    def run(self, request_id: str, *, stop: Callable[[], bool] | None = None) -> ErasureRequest:
         """Run (or resume) a request until it completes, waits on a hold, or fails.
         One worker at a time runs a request (its lease, ``keyshred.erasure.lease``):
         while another holds it this waits up to ``erasure.lease_seconds`` for it to
         finish or for its lease to run out (a killed worker), then returns the
-        request as it stands."""
+        request as it stands. ``stop`` is consulted between steps: once it says so,
+        the run returns the request as it stands (resumable)."""
+        req, how = self._run(request_id, stop=stop, wait=True)
+        if how == _RAN and self._jobs is not None and req.state in (
+            COMPLETED,
+            REJECTED,
+            LEGAL_HOLD,
+        ):
+            # Run here directly (a resume, a replay): its queued job has nothing left.
+            self._jobs.finish_queued(job_key(request_id))
+        return req
+
+    def run_job(self, job: Job, stop: Callable[[], bool]) -> JobOutcome:
+        """The ``erasure`` job's handler: run the request, say how the job ends."""
+        request_id = job.payload["request_id"]
+        req, how = self._run(request_id, stop=stop, wait=False)
+        if how == _STOPPED:
+            return JobOutcome.later(0.0)
+        if how in (_BUSY, _LOST):
+            return JobOutcome.later(_BUSY_DELAY)
+        if req.state in (COMPLETED, LEGAL_HOLD, REJECTED):
+            return JobOutcome.done()
+        if req.state == MANUAL_REVIEW:
+            review = "ProducerUnknown" if req.doc.get("review") == _REVIEW_PRODUCER else None
+            return JobOutcome.review(review or "ManualReview")
+        if req.state == RETRYABLE:
+            return JobOutcome.retry(str(req.error or "Error"))
+        return JobOutcome.later(_BUSY_DELAY)
+
+    def _run(
+        self, request_id: str, *, stop: Callable[[], bool] | None, wait: bool
+    ) -> tuple[ErasureRequest, str]:
         with self._lock:
             deadline = time.monotonic() + self._lease_seconds + 1.0
             while (lease := claim(self._catalog, request_id, self._lease_seconds)) is None:
                 req = self._load(request_id)  # NotFound for an unknown id
-                if req.state in (COMPLETED, REJECTED) or time.monotonic() > deadline:
-                    return req
+                if req.state in (COMPLETED, REJECTED):
+                    return req, _RAN
+                if not wait or time.monotonic() > deadline:
+                    return req, _BUSY
                 time.sleep(0.05)
             self._leases[request_id] = lease
             try:
-                return self._run_leased(request_id)
+                return self._run_leased(request_id, stop)
             except LeaseLost:
-                return self._load(request_id)
+                return self._load(request_id), _LOST
             finally:
                 del self._leases[request_id]
                 lease.release()
 
-    def _run_leased(self, request_id: str) -> ErasureRequest:
+    def _run_leased(
+        self, request_id: str, stop: Callable[[], bool] | None
+    ) -> tuple[ErasureRequest, str]:
         req = self._load(request_id)
         if req.state in (COMPLETED, REJECTED):
-            return req
+            return req, _RAN
         if req.state == MANUAL_REVIEW and req.doc.get("review") != _REVIEW_PRODUCER:
-            return req
+            return req, _RAN
         if req.state == REQUESTED:
             self._set_state(req, AUTHORIZED, requested_by=req.requested_by)
         if "destroy_keys" not in req.steps_done and extent_of(self._w, req).holds_apply:
@@ -412,7 +511,7 @@ class ErasureCoordinator(HoldsMixin):
             if holds:
                 req.doc["held"] = True
                 self._set_state(req, "legal_hold", holds=[h.hold_id for h in holds])
-                return req
+                return req, _RAN
         # A request waiting for a producer's rebuild function is not failing: its
         # resumes before the application registers one use up no attempt.
         if not (req.state == MANUAL_REVIEW and req.doc.get("review") == _REVIEW_PRODUCER):
@@ -422,24 +521,28 @@ class ErasureCoordinator(HoldsMixin):
         if req.attempts > MAX_ATTEMPTS:
             req.doc.pop("review", None)
             self._set_state(req, MANUAL_REVIEW, why="too many attempts")
-            return req
+            return req, _RAN
         self._save(req)
         for step in self.steps:
             if step in req.steps_done:
                 continue
+            if stop is not None and stop():
+                return req, _STOPPED  # between steps: the next run resumes here
             try:
                 details = self._step(step, req)
+                if self.on_step_acted is not None:
+                    self.on_step_acted(step, req)
             except (VerificationFailed, ProducerUnknown) as exc:
                 req.doc["error"] = str(exc)
                 if isinstance(exc, ProducerUnknown):
                     req.doc["review"] = _REVIEW_PRODUCER
                 self._set_state(req, MANUAL_REVIEW, step=step)
-                return req
+                return req, _RAN
             except (KeyshredError, OSError, sa.exc.SQLAlchemyError) as exc:
                 req.doc["error"] = f"{step}: {type(exc).__name__}"
                 self._metrics.failure(step)
                 self._set_state(req, RETRYABLE, step=step, error=type(exc).__name__)
-                return req
+                return req, _RAN
             req.doc["details"][step] = details
             req.doc["done"].append(step)
             req.doc.pop("error", None)
@@ -448,7 +551,7 @@ class ErasureCoordinator(HoldsMixin):
             self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
             if self.on_step is not None:
                 self.on_step(step, req)
-        return req
+        return req, _RAN
 
     # -- steps ---------------------------------------------------------------------
 
@@ -503,7 +606,7 @@ class ErasureCoordinator(HoldsMixin):
         for processor in self._processors:
             if processor.name in answered:
                 continue
-            answer = processor.delete(req.subject_ref, req.scope)
+            answer = _call_processor(processor, req)
             calls.append(
                 {
                     "processor": processor.name,
@@ -590,6 +693,23 @@ class ErasureCoordinator(HoldsMixin):
             found_data=bool(req.doc["found_data"]),
         )
         return {"at": iso(completed)}
+
+
+def _call_processor(processor: ExternalProcessor, req: ErasureRequest) -> Any:
+    """Ask a processor to delete, with the request id as its idempotency key when
+    its ``delete`` takes one (``idempotency_key=``): a request resumed after a
+    crash between the vendor's answer and its record asks again with the same key,
+    so the vendor acts once. A processor written before takes two arguments."""
+    try:
+        params = inspect.signature(processor.delete).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_key = "idempotency_key" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+    if takes_key:
+        return processor.delete(req.subject_ref, req.scope, idempotency_key=req.request_id)  # type: ignore[call-arg]
+    return processor.delete(req.subject_ref, req.scope)
 
 
 # What the stores' steps recorded before they were ``Erasable`` (keyshred 0.1): the
