@@ -12,9 +12,9 @@ processes, each with its own data folder; wait until every request is completed.
 Printed per worker count: requests/s over the active span (the first request
 authorized to the last ``erasure.completed``, from the audit events' database
 times: worker start-up excluded), the wall time from starting the workers (start-up
-included), and the ratio to 1 worker. The workers are ``keyshred worker`` when this
-install has it, else the drill's runner (``python -m keyshred.drill_shared runner``:
-a loop over unfinished requests); the output says which.
+included), and the ratio to 1 worker. The workers are ``keyshred worker
+--concurrency 1`` processes, the erasures submitted to the job queue
+(``ks.erasure.submit``).
 
 Run: ``.venv/bin/python benchmarks/bench_erasure_workers.py [--subjects 40]
 [--memories 5] [--workers 1,2,4] [--postgres-url URL]``.
@@ -85,7 +85,7 @@ def _round(  # noqa: PLR0917 - one call site
             for folder in folders:
                 Keyshred.init(folder, config, embeddings=embed).close()
             start = time.perf_counter()
-            kind = workers.start(folders)
+            workers.start(folders)
             states = [wait_done(ks, rid, 600) for rid in ids]
             wall = time.perf_counter() - start
             bad = [s for s in states if s != "completed"]
@@ -100,7 +100,7 @@ def _round(  # noqa: PLR0917 - one call site
                     sa.select(sa.func.max(t.at)).where(t.event == "erasure.completed")
                 ).scalar()
             span = (last - first).total_seconds()
-            return {"kind": kind, "span": span, "wall": wall, "rps": m / span, "wall_rps": m / wall}
+            return {"span": span, "wall": wall, "rps": m / span, "wall_rps": m / wall}
         finally:
             workers.stop()
             ks.close()
@@ -128,7 +128,7 @@ def main() -> None:
             results[n] = _round(tmp, args.postgres_url, bao, s3, n, args.subjects, args.memories)
             r = results[n]
             print(
-                f"{n} worker(s) [{r['kind']}]: {r['rps']:.2f} requests/s over the active span "
+                f"{n} worker(s): {r['rps']:.2f} requests/s over the active span "
                 f"({r['span']:.2f} s), {r['wall_rps']:.2f}/s wall incl. start-up "
                 f"({r['wall']:.2f} s)",
                 flush=True,

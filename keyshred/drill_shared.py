@@ -30,9 +30,8 @@ dropped afterwards). Every process has its own data folder with the same
    schema, the residue scan (raw and decrypted, S3 versions and the live catalog),
    the audit chain.
 
-The workers are ``keyshred worker`` when this install has it (``keyshred.worker``);
-without it they are this module's ``runner`` (``python -m keyshred.drill_shared runner
-FOLDER``: a loop that resumes every unfinished request), and the report says so.
+The workers are ``keyshred worker --concurrency 1`` processes (``keyshred.worker``):
+the erasures are submitted to the job queue (``ks.erasure.submit``) and run there.
 
 Why ~600 lines: like the embedded drill, the workload, the processes and the checks
 that undo each write stay in one file; the servers are in ``keyshred.drill_servers``.
@@ -41,7 +40,6 @@ that undo each write stay in one file; the servers are in ``keyshred.drill_serve
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import secrets
@@ -76,11 +74,19 @@ from keyshred.receipts import verify_receipt
 from keyshred.schema import deletion_requests
 from keyshred.storage.memories import PutItem
 
-__all__ = ["DEFAULT_POSTGRES_URL", "WorkerKind", "run_shared_drill", "worker_command"]
+__all__ = [
+    "DEFAULT_POSTGRES_URL",
+    "Workers",
+    "make_bucket",
+    "run_shared_drill",
+    "shared_config",
+    "submit",
+    "wait_done",
+    "worker_command",
+]
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 _DONE = ("completed", "rejected", "manual_review", "legal_hold")
-WorkerKind = str  # "keyshred worker" or "drill runner (no keyshred worker installed)"
 
 
 def _require(condition: bool, message: str) -> None:
@@ -175,30 +181,15 @@ def _versions(s3: LocalServer, bucket: str, prefix: str) -> list[str]:
 # -- worker processes --------------------------------------------------------------
 
 
-def worker_command(folder: Path) -> tuple[list[str], WorkerKind]:
-    """How a worker of this install is started: ``keyshred worker`` if it exists,
-    else this module's runner (said so in the report: it is not the worker)."""
-    if importlib.util.find_spec("keyshred.worker") is not None:
-        return (
-            [find_tool("keyshred"), "worker", "--path", str(folder), "--concurrency", "1"],
-            "keyshred worker",
-        )
-    return (
-        [sys.executable, "-m", "keyshred.drill_shared", "runner", str(folder)],
-        "drill runner (this install has no keyshred worker)",
-    )
+def worker_command(folder: Path) -> list[str]:
+    """``keyshred worker`` on ``folder``, one job at a time (the drill wants several
+    processes, not several threads of one)."""
+    return [find_tool("keyshred"), "worker", "--path", str(folder), "--concurrency", "1"]
 
 
 def submit(ks: Keyshred, subject: str) -> str:
-    """Record and queue an erasure without running it here; its request id."""
-    erasure: Any = ks.erasure
-    if hasattr(erasure, "submit"):  # the job queue (keyshred worker runs it)
-        req = erasure.submit(subject, requested_by="drill", reason="drill")
-    else:  # recorded only: the runners find it among the unfinished requests
-        req = ks.erasure.request(
-            ks.subject_ref(subject), None, requested_by="drill", reason="drill"
-        )
-    return str(req.request_id)
+    """Record an erasure and its job without running it here; its request id."""
+    return ks.erasure.submit(subject, requested_by="drill", reason="drill").request_id
 
 
 @dataclass
@@ -208,16 +199,14 @@ class Workers:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[IO[bytes]] = field(default_factory=list)
 
-    def start(self, folders: Sequence[Path]) -> WorkerKind:
-        kind = ""
+    def start(self, folders: Sequence[Path]) -> None:
         for folder in folders:
-            argv, kind = worker_command(folder)
+            argv = worker_command(folder)
             log = (folder.parent / f"{folder.name}.log").open("wb")
             self.logs.append(log)
             self.procs.append(
                 subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             )
-        return kind
 
     def owner_of(self, pid: int) -> subprocess.Popen[bytes] | None:
         """Our worker whose process group ``pid`` belongs to (a worker may run its
@@ -396,27 +385,8 @@ def _holder_main(folder: Path) -> None:
             sys.stdout.flush()
 
 
-# -- the temporary runner (until keyshred worker exists) --------------------------
-
-
 def _refuse_embedding(texts: list[str]) -> list[list[float]]:
-    raise KeyshredError("the drill runner does not embed")
-
-
-def _runner_main(folder: Path) -> None:
-    """Resume every unfinished request until SIGTERM (which lets the current request
-    run to its end or its next failure): the stand-in for ``keyshred worker``."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    with Keyshred.open(folder, embeddings=_refuse_embedding) as ks:
-        print(f"drill runner {os.getpid()} started", flush=True)
-        while not stop.is_set():
-            for req in ks.erasure.requests():
-                if stop.is_set():
-                    break
-                if req.state not in _DONE:
-                    ks.erasure.resume(req.request_id)
-            stop.wait(0.05)
+    raise KeyshredError("this handle of the drill does not embed")
 
 
 # -- the drill ---------------------------------------------------------------------
@@ -529,14 +499,14 @@ class _Run:
         for folder in folders:
             Keyshred.init(folder, self.config, embeddings=_refuse_embedding).close()
         self.holder = Holder(folders[0])
-        kind = self.workers.start(folders[1:])
+        self.workers.start(folders[1:])
         pids = [p.pid for p in self.workers.procs]
         report.checks.append(
             DrillCheck(
                 f"a holder process and {self.n_workers} worker processes started",
                 True,
                 time.perf_counter() - start,
-                f"each with its own data folder; workers: {kind}, pids {pids}",
+                f"each with its own data folder; workers: keyshred worker, pids {pids}",
             )
         )
 
@@ -911,12 +881,10 @@ def _catalog_hits(ks: Keyshred, needles: Sequence[bytes]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m keyshred.drill_shared runner|holder FOLDER``: the drill's own
-    processes (started by ``run_shared_drill``)."""
+    """``python -m keyshred.drill_shared holder FOLDER``: the drill's holder process
+    (started by ``run_shared_drill``)."""
     role, folder = (argv if argv is not None else sys.argv[1:])[:2]
-    if role == "runner":
-        _runner_main(Path(folder))
-    elif role == "holder":
+    if role == "holder":
         _holder_main(Path(folder))
     else:
         raise SystemExit(f"unknown role {role}")
