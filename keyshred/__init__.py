@@ -61,13 +61,13 @@ if TYPE_CHECKING:
     from keyshred.export import ExportResult
     from keyshred.facade import Keyshred
     from keyshred.ids import Subject
+    from keyshred.jobs import Job, JobOutcome
     from keyshred.keyring.kek import DestroyedEpoch
     from keyshred.keyring.keystore import Tombstone
     from keyshred.lifecycle import RetentionReport
     from keyshred.receipts import BackupCoverage, Receipt
     from keyshred.residue import ResidueReport
     from keyshred.storage.catalog import ConsentRecord
-    from keyshred.jobs import Job, JobOutcome
     from keyshred.storage.erasable import Erasable, ErasureTarget, StoreCheck, StoreErasure
     from keyshred.storage.memories import Memory, PutItem, RepairReport
     from keyshred.vault.detect import Finding

@@ -574,7 +574,7 @@ def _serve_metrics(ks: Keyshred, port: int) -> Any:
 
     store = StoreMetrics(ks.catalog, ks.keyring.store, ks.jobs.queue)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collectors(ks.metrics.registry, store.registry))  # type: ignore[arg-type]
+    registry.register(_Collectors(ks.metrics.registry, store.registry))
     try:
         return start_http_server(port, addr="127.0.0.1", registry=registry)
     except OSError as exc:
@@ -582,14 +582,12 @@ def _serve_metrics(ks: Keyshred, port: int) -> Any:
 
 
 @app.command()
-def worker(  # noqa: PLR0917 - typer maps every parameter to an option
+def worker(
     path: PathOpt = Path("."),
     concurrency: Annotated[
         int, typer.Option("--concurrency", min=1, help="Jobs run at once (1 on SQLite).")
     ] = 1,
-    once: Annotated[
-        bool, typer.Option("--once", help="Run the jobs due now, then exit.")
-    ] = False,
+    once: Annotated[bool, typer.Option("--once", help="Run the jobs due now, then exit.")] = False,
     metrics_port: Annotated[
         int | None,
         typer.Option("--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT."),
@@ -646,7 +644,7 @@ def requests_list(
         reqs = [r for r in ks.erasure.requests() if not state or r.state in state]
         jobs = ks.jobs.queue.by_keys([job_key(r.request_id) for r in reqs])
         steps = ks.erasure.steps
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in reqs:
         job = jobs.get(job_key(r.request_id))
         rows.append(

@@ -24,7 +24,7 @@ from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, Erasu
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
-from keyshred.jobs import Job, JobQueue, JobRunner, JobOutcome
+from keyshred.jobs import Job, JobOutcome, JobQueue, JobRunner
 from keyshred.keyring.kek import DestroyedEpoch
 from keyshred.keyring.keyring import Keyring
 from keyshred.lifecycle import Consent, Lifecycle

@@ -22,11 +22,11 @@ serves both databases:
   one ``BEGIN IMMEDIATE`` transaction.
 
 A payload is JSON of ids and subject_refs only, never a subject id, a probe or any
-value: ``enqueue`` refuses any value that is not a short id-like string
-(a request id's letters, digits and ``._:/+()#,-``: no ``@``, no spaces). ``enqueue(..., conn=)`` writes the job in
-the caller's transaction (a transactional outbox: the erasure request and its job
-commit together). ``dedupe_key`` makes one job per key: one retention run per period
-across every worker, one job per erasure request.
+value: ``enqueue`` refuses any value that is not a short id-like string (a request
+id's letters, digits and ``._:/+()#,-``: no ``@``, no spaces). ``enqueue(...,
+conn=)`` writes the job in the caller's transaction (a transactional outbox: the
+erasure request and its job commit together). ``dedupe_key`` makes one job per
+key: one retention run per period across every worker, one job per erasure request.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from sqlalchemy.engine import Connection
 
 from keyshred.config import JobSettings
 from keyshred.errors import InvalidInput, NotFound
-from keyshred.leases import Heartbeat, dead_here, db_now_us, host, new_owner, until
+from keyshred.leases import Heartbeat, db_now_us, dead_here, host, new_owner, until
 from keyshred.schema import jobs as _T
 from keyshred.storage.catalog import Catalog
 
@@ -57,9 +57,9 @@ __all__ = [
     "SUCCEEDED",
     "Handler",
     "Job",
+    "JobOutcome",
     "JobQueue",
     "JobRunner",
-    "JobOutcome",
     "check_payload",
 ]
 
@@ -288,7 +288,7 @@ class JobQueue:
                 .where(_T.c.job_id == job.job_id, _T.c.lease_owner == job.lease_owner)
                 .values(**values)
             ).rowcount
-        return saved == 1
+        return bool(saved == 1)
 
     def complete(self, job: Job) -> bool:
         return self._settle(job, state=SUCCEEDED, last_error=None)

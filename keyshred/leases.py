@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 
 from keyshred import db
 
-__all__ = ["Heartbeat", "dead_here", "db_now_us", "host", "new_owner", "until"]
+__all__ = ["Heartbeat", "db_now_us", "dead_here", "host", "new_owner", "until"]
 
 
 def db_now_us(dialect: str) -> sa.ColumnElement[int]:

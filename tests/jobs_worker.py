@@ -25,10 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from keyshred import Config, Keyshred, cli  # noqa: E402
-from keyshred.erasure import ErasureRequest  # noqa: E402
-from tests.erasure_worker import register_producers  # noqa: E402
-from tests.storage.test_vectors import bag_of_words  # noqa: E402
+from keyshred import Config, Keyshred, cli
+from keyshred.erasure import ErasureRequest
+from tests.erasure_worker import register_producers
+from tests.storage.test_vectors import bag_of_words
 
 
 def main() -> None:

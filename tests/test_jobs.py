@@ -178,9 +178,7 @@ def test_no_job_row_holds_a_subject_id_or_a_probe(catalog_url: str, tmp_path: Pa
         ks.jobs.queue.enqueue("test.kind", {"subject_ref": ks.subject_ref("bob")})
         Worker(ks).enqueue_periodic()
         with ks._catalog.engine.connect() as conn:
-            rows = [
-                "|".join(str(v) for v in r) for r in conn.execute(sa.select(jobs)).all()
-            ]
+            rows = ["|".join(str(v) for v in r) for r in conn.execute(sa.select(jobs)).all()]
         assert len(rows) >= 3
         for row in rows:
             assert VICTIM not in row and PROBE not in row and "victim" not in row
@@ -346,3 +344,26 @@ def test_store_metrics_report_queue_depth_and_age(ks: Keyshred) -> None:
     assert depth == {"queued": 1.0, "running": 0.0, "succeeded": 0.0, "manual_review": 0.0}
     (age,) = [s for s in samples if s["name"] == "keyshred_jobs_oldest_queued_seconds"]
     assert float(age["value"]) >= 0  # type: ignore[arg-type]
+
+
+def test_the_worker_metrics_endpoint_serves_process_and_queue_metrics(ks: Keyshred) -> None:
+    import socket
+    import urllib.request
+
+    from keyshred.cli import _serve_metrics
+
+    ks.erasure.submit(VICTIM, requested_by="dpo", reason="x")
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, thread = _serve_metrics(ks, port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)
+    assert 'keyshred_jobs{state="queued"} 1.0' in text
+    assert "keyshred_jobs_oldest_queued_seconds" in text
+    assert 'keyshred_erasure_requests_total{state="requested"} 1.0' in text  # the process's
+    assert VICTIM not in text and ks.subject_ref(VICTIM) not in text

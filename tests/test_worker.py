@@ -209,7 +209,7 @@ def test_sigterm_finishes_the_step_and_exits_0(catalog_url: str, tmp_path: Path)
     line = proc.stdout.readline()
     assert line.strip() == "IN STEP", proc.stderr.read() if proc.stderr else ""
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     with Keyshred.open(data, config, embeddings=bag_of_words) as ks:
         req = ks.erasure.status("req-term")
@@ -252,12 +252,13 @@ def test_requests_list_by_state_through_the_cli(tmp_path: Path) -> None:
     assert row["subject_ref"] == victim_ref
     assert (row["state"], row["step"], row["job_state"]) == ("requested", "suppress", "queued")
     assert VICTIM not in result.output
-    both = runner.invoke(
-        app,
-        ["requests", "list", "-p", str(data), "--state", "requested", "--state", "completed"],
-    )
+    states = ["--state", "requested", "--state", "completed"]
+    both = runner.invoke(app, ["requests", "list", "-p", str(data), *states, "--json"])
     assert both.exit_code == 0, both.output
-    assert "req-w" in both.output and "req-d" in both.output and "succeeded" in both.output
+    listed = {r["request_id"]: r["job_state"] for r in json.loads(both.output)["requests"]}
+    assert listed == {"req-w": "queued", "req-d": "succeeded"}
+    table = runner.invoke(app, ["requests", "list", "-p", str(data)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "req-w" in table.output and "succeeded" in table.output
     jobs = runner.invoke(app, ["jobs", "list", "-p", str(data), "--state", "queued", "--json"])
     assert jobs.exit_code == 0, jobs.output
     (job,) = json.loads(jobs.output)["jobs"]
@@ -268,7 +269,9 @@ def test_requests_list_by_state_through_the_cli(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def shared_config(openbao: Server, moto: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Config]:
+def shared_config(
+    openbao: Server, moto: Server, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Config]:
     psycopg = pytest.importorskip("psycopg")
     schema = f"ks_{uuid.uuid4().hex[:12]}"
     conn = psycopg.connect(PG_DSN, autocommit=True)

@@ -90,7 +90,7 @@ from keyshred.erasure.requests import (
 from keyshred.erasure.steps import closure, verify
 from keyshred.errors import InvalidInput, KeyshredError, NotFound
 from keyshred.ids import SubjectLike
-from keyshred.jobs import Job, JobQueue, JobOutcome
+from keyshred.jobs import Job, JobOutcome, JobQueue
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
@@ -449,10 +449,15 @@ class ErasureCoordinator(HoldsMixin):
         request as it stands. ``stop`` is consulted between steps: once it says so,
         the run returns the request as it stands (resumable)."""
         req, how = self._run(request_id, stop=stop, wait=True)
-        if how == _RAN and self._jobs is not None and req.state in (
-            COMPLETED,
-            REJECTED,
-            LEGAL_HOLD,
+        if (
+            how == _RAN
+            and self._jobs is not None
+            and req.state
+            in (
+                COMPLETED,
+                REJECTED,
+                LEGAL_HOLD,
+            )
         ):
             # Run here directly (a resume, a replay): its queued job has nothing left.
             self._jobs.finish_queued(job_key(request_id))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from keyshred.leases import Heartbeat, dead_here, db_now_us, new_owner, until
+from keyshred.leases import Heartbeat, db_now_us, dead_here, new_owner, until
 from keyshred.schema import deletion_requests
 from keyshred.storage.catalog import Catalog
 
