@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -58,6 +60,22 @@ def embed(texts: list[str]) -> list[list[float]]:
             v[hashlib.blake2s(word.encode(), digest_size=2).digest()[0] % DIMS] += 1.0
         out.append(v)
     return out
+
+
+def _step_medians(ks: Keyshred) -> str:
+    """Where a request's time goes: the median time from one recorded step to the
+    next, by step, over every request of the round (audit events' times)."""
+    by_request: dict[str, list[tuple[object, str]]] = {}
+    for e in ks.audit.events(event="erasure.state"):
+        if e.request_id is not None:
+            step = str(e.data.get("step") or e.data.get("state"))
+            by_request.setdefault(e.request_id, []).append((e.at, step))
+    spans: dict[str, list[float]] = {}
+    for events in by_request.values():
+        for (a, _), (b, step) in itertools.pairwise(events):
+            spans.setdefault(step, []).append((b - a).total_seconds() * 1000)  # type: ignore[operator]
+    ranked = sorted(((statistics.median(v), k) for k, v in spans.items()), reverse=True)
+    return ", ".join(f"{k} {ms:.0f}" for ms, k in ranked[:6])
 
 
 def _settle(folders: list[Path], settle: float = 8.0) -> None:
@@ -114,7 +132,14 @@ def _round(  # noqa: PLR0917 - one call site
                     sa.select(sa.func.max(t.at)).where(t.event == "erasure.completed")
                 ).scalar()
             span = (last - first).total_seconds()
-            return {"span": span, "wall": wall, "rps": m / span, "wall_rps": m / wall}
+            steps = _step_medians(ks)
+            return {
+                "steps": steps,
+                "span": span,
+                "wall": wall,
+                "rps": m / span,
+                "wall_rps": m / wall,
+            }
         finally:
             workers.stop()
             ks.close()
@@ -144,7 +169,7 @@ def main() -> None:
             print(
                 f"{n} worker(s): {r['rps']:.2f} requests/s over the active span "
                 f"({r['span']:.2f} s), {r['wall_rps']:.2f}/s wall from the first submission "
-                f"({r['wall']:.2f} s)",
+                f"({r['wall']:.2f} s); median ms per step, slowest first: {r['steps']}",
                 flush=True,
             )
         base = results[counts[0]]["rps"]
