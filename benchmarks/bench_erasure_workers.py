@@ -75,7 +75,18 @@ def _step_medians(ks: Keyshred) -> str:
         for (a, _), (b, step) in itertools.pairwise(events):
             spans.setdefault(step, []).append((b - a).total_seconds() * 1000)  # type: ignore[operator]
     ranked = sorted(((statistics.median(v), k) for k, v in spans.items()), reverse=True)
-    return ", ".join(f"{k} {ms:.0f}" for ms, k in ranked[:6])
+    return ", ".join(f"{_PHASES.get(k, k)} {ms:.0f}" for ms, k in ranked[:6])
+
+
+# A state is logged when it changes: the span ending at "tombstone" (propagating ->
+# verifying) covers every step from closure to tombstone, the one ending at
+# "receipt" (-> completed) backups, verify and receipt.
+_PHASES = {
+    "suppress": "suppress",
+    "destroy_keys": "destroy_keys",
+    "tombstone": "closure..tombstone (drops, catalog, derived, external)",
+    "receipt": "backups+verify+receipt",
+}
 
 
 def _settle(folders: list[Path], settle: float = 8.0) -> None:
