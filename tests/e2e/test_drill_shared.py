@@ -7,6 +7,7 @@ environment, so a marker variable finds any of them left running afterwards."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,9 @@ import pytest
 from tests.conftest import PG_DSN
 
 KEYSHRED = str(Path(sys.executable).parent / "keyshred")
+# Cross-process eviction (issue #22 item 2) in this tree: every process's caches
+# must then be empty after the erasures.
+EVICTION = importlib.util.find_spec("keyshred.erasure.eviction") is not None
 psycopg = pytest.importorskip("psycopg")
 
 CHECKS = (
@@ -83,26 +87,34 @@ def test_shared_drill_kills_a_worker_mid_erasure_and_every_check_passes(tmp_path
         tmp_path, "--json", "--workers", "3", "--subjects", "4", "--memories", "6",
         "--receipt-dir", str(tmp_path),
     )  # fmt: skip
+    # Nothing of the run is left, whatever its checks found: no process, no schema.
+    assert _left_running(marker) == []
+    assert _drill_schemas() == schemas
     assert proc.stdout, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["checks"]}
-    failed = {n: c["detail"] for n, c in checks.items() if not c["passed"]}
-    assert not failed, failed
     assert set(CHECKS) <= set(checks)
+    failed = {n: c["detail"] for n, c in checks.items() if not c["passed"]}
+    if not EVICTION:
+        # Without issue #22 item 2 only the erasing process evicts: the holder and
+        # the drill process still hold the erased subjects' keys, rows and vectors.
+        # The drill must say exactly that (and fail), and nothing else.
+        assert list(failed) == ["every process's caches evicted"], failed
+        assert "still holds" in failed["every process's caches evicted"]
+        assert proc.returncode == 1
+        pytest.xfail("cross-process eviction (keyshred.erasure.eviction) is not in this tree")
+    assert not failed, failed
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["passed"] is True
     # The kill happened inside the request, and someone else finished it.
     killed = checks["a worker SIGKILLed inside an erasure step"]["detail"]
     assert "SIGKILLed worker pid" in killed and "'destroy_keys'" in killed
-    assert (
-        "completed by worker pid(s)" in checks["the request finished by another worker"]["detail"]
-    )
+    finished = checks["the request finished by another worker"]["detail"]
+    assert "completed by worker pid(s)" in finished
+    assert "acknowledged the eviction" in checks["every process's caches evicted"]["detail"]
     receipt = Path(report["receipt_file"])
     assert receipt.parent == tmp_path and receipt.exists()
     assert json.loads(receipt.read_text())["request_id"] == report["request_id"]
-    # Nothing of the run is left: no process, no schema.
-    assert _left_running(marker) == []
-    assert _drill_schemas() == schemas
 
 
 def test_shared_drill_stops_its_servers_when_postgres_is_unreachable(tmp_path: Path) -> None:
