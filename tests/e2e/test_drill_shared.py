@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -124,3 +126,36 @@ def test_shared_drill_stops_its_servers_when_postgres_is_unreachable(tmp_path: P
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "PostgreSQL" in proc.stderr and "Traceback" not in proc.stderr
     assert _left_running(marker) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_shared_drill_leaves_no_process_or_schema(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM while the workers run: every server, worker and
+    the holder are stopped and the schema dropped before the drill exits."""
+    schemas = _drill_schemas()
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [KEYSHRED, "drill", "--profile", "shared", "--json", "--subjects", "4", "--memories", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "KEYSHRED_TEST_DRILL_MARK": marker},
+    )
+    try:
+        # OpenBao, moto, the holder and 3 workers, besides the drill itself.
+        deadline = time.monotonic() + 120
+        while len(_left_running(marker)) < 7:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the drill's processes did not all start"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "Traceback" not in err.decode(), err.decode()[-3000:]
+    assert _left_running(marker) == []
+    assert _drill_schemas() == schemas
