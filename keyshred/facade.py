@@ -283,7 +283,7 @@ class Keyshred:
             block=block,
         )
         job_id = self._erasure.job_id(req.request_id)
-        if job_id is not None and self._jobs.run_id(job_id) is not None:
+        if job_id is not None and self._jobs.run_id(job_id, reraise=True) is not None:
             req = self.erasure.status(req.request_id)
             if req.state in _SETTLED:
                 return req

@@ -416,9 +416,14 @@ class JobRunner:
             raise InvalidInput("a job kind is a short lower-case name")
         self._handlers[kind] = handler
 
-    def run(self, job: Job, stop: Callable[[], bool] | None = None) -> Job:
-        """Run a claimed job under its heartbeat and settle it; the job after."""
+    def run(
+        self, job: Job, stop: Callable[[], bool] | None = None, *, reraise: bool = False
+    ) -> Job:
+        """Run a claimed job under its heartbeat and settle it; the job after.
+        ``reraise``: settle a failed run, then raise its error (a caller running
+        its own job sees what it always saw)."""
         beat = self.queue.heartbeat(job)
+        failure: Exception | None = None
         try:
             handler = self._handlers.get(job.kind)
             if handler is None:
@@ -427,20 +432,24 @@ class JobRunner:
                 try:
                     outcome = handler(job, stop or _never)
                 except NON_RETRYABLE as exc:
-                    outcome = JobOutcome.review(type(exc).__name__)
+                    outcome, failure = JobOutcome.review(type(exc).__name__), exc
                 except Exception as exc:  # noqa: BLE001 - any failure is a retry (then dead letter)
-                    outcome = JobOutcome.retry(type(exc).__name__)
+                    outcome, failure = JobOutcome.retry(type(exc).__name__), exc
         finally:
             beat.stop()
         if not beat.lost:
             self.queue.settle(job, outcome)
+        if reraise and failure is not None:
+            raise failure
         return self.queue.get(job.job_id)
 
-    def run_id(self, job_id: str, stop: Callable[[], bool] | None = None) -> Job | None:
+    def run_id(
+        self, job_id: str, stop: Callable[[], bool] | None = None, *, reraise: bool = False
+    ) -> Job | None:
         """Claim exactly ``job_id`` and run it; None if it is not due or another
         worker holds it."""
         job = self.queue.claim(job_id=job_id)
-        return None if job is None else self.run(job, stop)
+        return None if job is None else self.run(job, stop, reraise=reraise)
 
     def run_pending(
         self,

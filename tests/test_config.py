@@ -21,6 +21,7 @@ from keyshred.config import (
     AwsSettings,
     BackupSettings,
     ErasureSettings,
+    JobSettings,
     KekSettings,
     KeyringSettings,
     RetentionSettings,
@@ -294,6 +295,15 @@ def _everything_changed() -> Config:
         ),
         retention=RetentionSettings(tokens_grace_days=2, checkpoints_days=9, interval_minutes=5.0),
         erasure=ErasureSettings(lease_seconds=5.0),
+        jobs=JobSettings(
+            lease_seconds=7.0,
+            max_attempts=2,
+            backoff_base_seconds=0.5,
+            backoff_max_seconds=9.0,
+            poll_seconds=0.2,
+            retention_every_seconds=0,
+            backup_maintain_every_seconds=0,
+        ),
         tokens=TokenSettings(group_commit_ms=0, max_text_bytes=100),
         scopes={
             "support": ScopeSettings(
