@@ -36,15 +36,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from keyshred import Keyshred
+from keyshred.drill_processes import Workers, submit, wait_done
 from keyshred.drill_servers import moto, openbao, scratch_schema
-from keyshred.drill_shared import (
-    DEFAULT_POSTGRES_URL,
-    Workers,
-    make_bucket,
-    shared_config,
-    submit,
-    wait_done,
-)
+from keyshred.drill_shared import DEFAULT_POSTGRES_URL, make_bucket, shared_config
 from keyshred.schema import audit_events
 from keyshred.storage.memories import PutItem
 

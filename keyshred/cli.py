@@ -251,7 +251,7 @@ def drill(  # noqa: PLR0917 - typer maps every parameter to an argument or optio
             return run_shared_drill(
                 postgres_url or DEFAULT_POSTGRES_URL,
                 workers=workers,
-                subjects=max(subjects, 4),
+                subjects=subjects,
                 records=records,
                 receipt_dir=receipt_dir,
                 **extra,

@@ -112,7 +112,7 @@ def test_shared_drill_kills_a_worker_mid_erasure_and_every_check_passes(tmp_path
     killed = checks["a worker SIGKILLed inside an erasure step"]["detail"]
     assert "SIGKILLed worker pid" in killed and "'destroy_keys'" in killed
     finished = checks["the request finished by another worker"]["detail"]
-    assert "completed by worker pid(s)" in finished
+    assert "completed by worker pid(s)" in finished and "taken over" in finished
     assert "acknowledged the eviction" in checks["every process's caches evicted"]["detail"]
     receipt = Path(report["receipt_file"])
     assert receipt.parent == tmp_path and receipt.exists()
