@@ -199,7 +199,7 @@ def _drill_progress() -> Iterator[Any]:
 
 
 @app.command()
-def drill(
+def drill(  # noqa: PLR0917 - typer maps every parameter to an argument or option
     path: Annotated[
         Path | None, typer.Option("--path", help="Keep the drill's data folder here.")
     ] = None,
@@ -210,23 +210,60 @@ def drill(
     receipt_dir: Annotated[
         Path, typer.Option("--receipt-dir", help="Where the receipt is kept (no --path).")
     ] = Path("."),
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            help="embedded (one process, no server) or shared (starts OpenBao and moto, "
+            "uses PostgreSQL, erases through worker processes and kills one mid-erasure).",
+        ),
+    ] = "embedded",
+    postgres_url: Annotated[
+        str | None,
+        typer.Option(
+            "--postgres-url",
+            help="shared: the PostgreSQL to use, in a fresh schema dropped afterwards "
+            "(default postgresql+psycopg://postgres@127.0.0.1:5432/test).",
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=2, help="shared: worker processes (one is killed).")
+    ] = 3,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a synthetic workload, erase one subject, and verify every path."""
-    from keyshred.drill import run_drill
+    from keyshred.drill import DrillReport, run_drill
 
-    if as_json:
-        report = run_drill(path, subjects=subjects, records=records, receipt_dir=receipt_dir)
-        typer.echo(json.dumps(report.to_json(), sort_keys=True))
-    else:
-        with _drill_progress() as progress:
-            report = run_drill(
-                path,
+    if profile not in {"embedded", "shared"}:
+        raise KeyshredError(f"unknown drill profile {profile!r}; choose embedded or shared")
+    if profile == "embedded" and postgres_url is not None:
+        raise KeyshredError("--postgres-url is for --profile shared")
+    if profile == "shared" and path is not None:
+        raise KeyshredError(
+            "--path is for --profile embedded (the shared drill's folders are temporary)"
+        )
+
+    def run(progress: Any = None) -> DrillReport:
+        extra = {} if progress is None else {"progress": progress}
+        if profile == "shared":
+            from keyshred.drill_shared import DEFAULT_POSTGRES_URL, run_shared_drill
+
+            return run_shared_drill(
+                postgres_url or DEFAULT_POSTGRES_URL,
+                workers=workers,
                 subjects=subjects,
                 records=records,
                 receipt_dir=receipt_dir,
-                progress=progress,
+                **extra,
             )
+        return run_drill(path, subjects=subjects, records=records, receipt_dir=receipt_dir, **extra)
+
+    if as_json:
+        report = run()
+        typer.echo(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        with _drill_progress() as progress:
+            report = run(progress)
         table = Table(title=f"keyshred drill: erase subject_ref {report.erased_subject_ref}")
         table.add_column("check")
         table.add_column("result")
