@@ -86,8 +86,9 @@ def main() -> None:
                 subjects = [f"subject-{i}" for i in range(n)]
                 for s in subjects:
                     ks.memories.put(s, NS, "k0", {"text": f"{s} paddles kayaks"}, index=True)
-                for w in range(WORKERS):
-                    workers.append(Worker(tmp / f"w{w}", config, *subjects))
+                workers.extend(Worker(tmp / f"w{w}", config, *subjects) for w in range(WORKERS))
+                for worker in workers:
+                    worker.ready()
                 latencies: list[float] = []
                 complete = 0
                 started = time.perf_counter()

@@ -78,6 +78,9 @@ def _nothing(held: dict[str, int]) -> bool:
 
 
 class Worker:
+    """``tests/eviction_worker.py`` in its own process; ``ready`` waits until it holds
+    the subjects (start several first, then wait: they load side by side)."""
+
     def __init__(self, folder: Path, config: Config, *subjects: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), str(folder), config.model_dump_json(), *subjects],
@@ -85,8 +88,11 @@ class Worker:
             stdout=subprocess.PIPE,
             text=True,
         )
-        ready = self._line("READY ")
-        self.process_id = json.loads(ready)["process"]
+        self.process_id = ""
+
+    def ready(self) -> Worker:
+        self.process_id = json.loads(self._line("READY "))["process"]
+        return self
 
     def _line(self, prefix: str) -> str:
         assert self.proc.stdout is not None
@@ -128,27 +134,27 @@ def test_erased_in_one_process_evicted_in_four_others(
     eraser = _open(tmp_path / "w0", config)
     try:
         _write(eraser)
-        for n in range(1, 5):
-            workers.append(Worker(tmp_path / f"w{n}", config, "alice", "bob"))
+        workers.extend(Worker(tmp_path / f"w{n}", config, "alice", "bob") for n in range(1, 5))
         for w in workers:
+            w.ready()
             held = w.held("alice", "bob")
             # Each holds Alice's key, rows and vectors, and Bob's key she co-owns.
             assert held["alice"]["keys"] >= 1 and held["alice"]["memories"] >= 1
             assert held["alice"]["vectors"] >= 1 and held["bob"]["memories"] >= 1
         req = eraser.erase("alice", requested_by="dpo", reason="gdpr-art17")
         assert req.state == "completed"
-        receipt = eraser.erasure.receipt(req.request_id)
-        assert receipt is not None and receipt.metrics is not None
-        # The four workers and the erasing process itself (its own listener).
-        assert receipt.metrics.eviction_processes == 5
-        latency = receipt.metrics.eviction_max_latency_ms
-        assert latency is not None and latency >= 0
         for w in workers:
             held = w.held("alice", "bob")
             assert _nothing(held["alice"]), held
             # Bob's partition held a row mentioning Alice, decrypted under a key
             # she co-owned: it went too (Bob's own data reloads on demand).
             assert held["bob"]["memories"] == 0 and held["bob"]["vectors"] == 0, held
+        receipt = eraser.erasure.receipt(req.request_id)
+        assert receipt is not None and receipt.metrics is not None
+        # The four workers and the erasing process itself (its own listener).
+        assert receipt.metrics.eviction_processes == 5
+        latency = receipt.metrics.eviction_max_latency_ms
+        assert latency is not None and latency >= 0
         assert _nothing(eraser._eviction.held(eraser.subject_ref("alice")))
         assert PROBE not in receipt.to_json()
         for w in workers:
