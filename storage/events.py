@@ -331,13 +331,13 @@ class Listener:
             notices = []
             while (n := pgconn.notifies()) is not None:
                 notices.append(n)
-            broken = pgconn.status != 0  # psycopg.pq.ConnStatus.OK
+            broken = None if pgconn.status == 0 else "closed"  # 0: pq.ConnStatus.OK
         except Exception as exc:  # noqa: BLE001 - any failure here is a lost connection
-            _log.warning("eviction listener lost its connection: %s", type(exc).__name__)
-            notices, broken = [], True
+            notices, broken = [], type(exc).__name__
         for n in notices:
             self._handle(n.extra.decode("utf-8", "replace"))
-        if broken:
+        if broken is not None:
+            _log.warning("eviction listener lost its connection (%s); reconnecting", broken)
             self._disconnect()
 
     def _handle(self, payload: str) -> None:

@@ -9,6 +9,7 @@ evicted; the TTL test sets them short and never touches the entries it waits on.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -182,7 +183,10 @@ def _until(check: Any, what: str, seconds: float = 30.0) -> None:
 
 
 @pytest.mark.parametrize("catalog_url", ["postgres"], indirect=True)
-def test_listener_cut_reconnects_and_evicts_everything(catalog_url: str, tmp_path: Path) -> None:
+def test_listener_cut_reconnects_and_evicts_everything(
+    catalog_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="keyshred.evict")
     config = _config(catalog_url, tmp_path)
     ks = _open(tmp_path / "a", config)
     other = _open(tmp_path / "b", config)
@@ -211,6 +215,10 @@ def test_listener_cut_reconnects_and_evicts_everything(catalog_url: str, tmp_pat
         other.close()
         ks.close()
     assert listener.backend_pid() is None  # closed with the handle
+    # The lost connection was logged, with no subject in it.
+    assert "lost its connection" in caplog.text
+    for secret in ("alice", "bob", alice, bob, PROBE):
+        assert secret not in caplog.text
 
 
 def test_ttl_enforced_by_time_without_access(tmp_path: Path) -> None:
