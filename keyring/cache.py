@@ -1,8 +1,16 @@
 """A bounded, TTL'd, explicitly evictable in-process cache of unwrapped DEKs.
 
 The cache is an erasure target: ``destroy`` evicts a subject's entries before it
-returns, and the TTL bounds how long another process's copy can outlive a destroy
-(reads are also refused earlier by the subject guard, which every process checks).
+returns; in every other process the suppression's eviction event does
+(``evict_owner``, through ``Keyring.evict_subject``), and the TTL bounds what a
+missed event leaves: the handle's janitor calls ``purge_expired`` on a schedule, so
+an expired key leaves memory whether or not anyone asks for it again.
+
+A key is evicted by *owner*, not only by holder: a memory of A that mentions B is
+sealed under a key A holds and B co-owns, and B's erasure must take it from every
+cache. The cache keeps each shared key's other owners when the keyring knew them
+(the seal path names them); a shared key unwrapped by id (a read) has them unknown,
+and ``evict_owner`` hands those back for the keyring to look up.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ class KeyCache:
         self._lock = threading.Lock()
         self._by_id: OrderedDict[bytes, tuple[DataKey, float]] = OrderedDict()
         self._by_owner: dict[tuple[str, str, str], bytes] = {}
+        # A shared key's other owners as subject_refs (a ``ref@scope`` owner is its
+        # subject's too); absent: unknown (unwrapped by id), or a scope key.
+        self._owners: dict[bytes, frozenset[str]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -64,19 +75,24 @@ class KeyCache:
                 return entry[0]
         return self.get(key_id)  # gone or expired meanwhile: counted and dropped there
 
-    def put(self, key: DataKey) -> None:
+    def put(self, key: DataKey, owners: Iterable[str] | None = None) -> None:
+        """Cache ``key``; ``owners`` are a shared key's other owners (owner tokens,
+        ``ref`` or ``ref@scope``) when known."""
         if self._max == 0:
             return
         with self._lock:
             self._by_id[key.key_id] = (key, self._clock() + self._ttl)
             self._by_id.move_to_end(key.key_id)
             self._by_owner[(key.subject_ref, key.scope, key.owner_tag)] = key.key_id
+            if key.owner_tag and owners is not None:
+                self._owners[key.key_id] = _subjects(owners)
             while len(self._by_id) > self._max:
                 oldest = next(iter(self._by_id))
                 self._drop(oldest)
 
     def _drop(self, key_id: bytes) -> None:
         entry = self._by_id.pop(key_id, None)
+        self._owners.pop(key_id, None)
         if entry is not None:
             owner = (entry[0].subject_ref, entry[0].scope, entry[0].owner_tag)
             if self._by_owner.get(owner) == key_id:
@@ -111,10 +127,59 @@ class KeyCache:
                 self._drop(kid)
             return len(doomed)
 
+    def evict_owner(self, subject_ref: str) -> tuple[set[str], list[bytes]]:
+        """Evict every key the subject holds or is known to co-own; returns the
+        holders of the co-owned keys that went (their cached rows were decrypted
+        with them) and the ids of cached shared keys whose owners are unknown (the
+        caller looks them up: ``Keyring.evict_subject``)."""
+        with self._lock:
+            doomed, unknown, holders = [], [], set()
+            for kid, (key, _) in self._by_id.items():
+                if key.subject_ref == subject_ref:
+                    doomed.append(kid)
+                elif key.owner_tag:
+                    owners = self._owners.get(kid)
+                    if owners is None:
+                        unknown.append(kid)
+                    elif subject_ref in owners:
+                        doomed.append(kid)
+                        holders.add(key.subject_ref)
+            for kid in doomed:
+                self._drop(kid)
+            return holders, unknown
+
+    def evict_shared(self, key_ids: Iterable[bytes]) -> set[str]:
+        """Evict these keys; returns their holders."""
+        with self._lock:
+            holders = set()
+            for key_id in key_ids:
+                entry = self._by_id.get(key_id)
+                if entry is not None:
+                    holders.add(entry[0].subject_ref)
+                    self._drop(key_id)
+            return holders
+
+    def learn_owners(self, key_id: bytes, owners: Iterable[str]) -> None:
+        """Record a cached shared key's other owners (owner tokens), looked up."""
+        with self._lock:
+            if key_id in self._by_id:
+                self._owners[key_id] = _subjects(owners)
+
+    def held(self, subject_ref: str) -> int:
+        """How many cached keys the subject holds or is known to co-own (tests and
+        drills ask this to see that an eviction happened; no key leaves)."""
+        with self._lock:
+            return sum(
+                1
+                for kid, (key, _) in self._by_id.items()
+                if key.subject_ref == subject_ref or subject_ref in self._owners.get(kid, ())
+            )
+
     def clear(self) -> None:
         with self._lock:
             self._by_id.clear()
             self._by_owner.clear()
+            self._owners.clear()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -124,3 +189,9 @@ class KeyCache:
 
     def __repr__(self) -> str:
         return f"KeyCache(entries={len(self._by_id)}, max={self._max}, ttl={self._ttl})"
+
+
+def _subjects(owners: Iterable[str]) -> frozenset[str]:
+    """The subject_refs of owner tokens (``ref`` or ``ref@scope``: a subject's
+    erasure takes both; ``keyring.keystore.owner_token``)."""
+    return frozenset(o.split("@", 1)[0] for o in owners)

@@ -70,6 +70,7 @@ from keyshred.keyring.keystore import (
     SecretRecord,
     SQLiteKeyStore,
     Tombstone,
+    owner_subject,
     owner_tag,
 )
 from keyshred.keyring.tokenid import TokenIds
@@ -565,7 +566,7 @@ class Keyring:
                 self.live.forget([epoch])
         raise KekEpochDestroyed("the live KEK epoch kept being destroyed while a key was written")
 
-    def _unwrap_record(self, record: KeyRecord) -> DataKey:
+    def _unwrap_record(self, record: KeyRecord, owners: Iterable[str] | None = None) -> DataKey:
         context = _record_context(record)
         try:
             raw = self._unwrap_one(record.kek_provider, record.kek_epoch, record.wrapped, context)
@@ -575,7 +576,7 @@ class Keyring:
                 f"key {record.key_id.hex()} is wrapped by destroyed KEK epoch {record.kek_epoch}"
             ) from None
         key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
-        self.cache.put(key)
+        self.cache.put(key, owners if owners is not None else (record.owners or None))
         return key
 
     def data_key(
@@ -608,7 +609,7 @@ class Keyring:
                     raise SubjectErased(f"the keys of subject_ref {subject_ref} were destroyed")
                 raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
             record = self._create(subject_ref, scope, others)
-        return self._unwrap_record(record)
+        return self._unwrap_record(record, others)
 
     def owners_of(self, key_ids: Iterable[bytes]) -> dict[bytes, tuple[str, ...]]:
         """The other owners of each shared key (scope keys are absent)."""
@@ -969,6 +970,45 @@ class Keyring:
             verified=True,
             shared_keys=tuple(sorted((r.key_id, r.subject_ref) for r in shared)),
         )
+
+    # -- eviction (another process erased a subject) --------------------------------
+
+    def evict_subject(self, subject_ref: str) -> set[str]:
+        """Drop from this process's cache every key the subject holds or co-owns
+        (its eviction event: ``keyshred.storage.events``); returns the other holders
+        whose co-owned keys went (what was decrypted with them must go too).
+        Shared keys unwrapped by id have unknown owners: they are looked up in one
+        read, and those of the subject go, as do those the store no longer lists
+        (destroyed meanwhile) or all of them when the store cannot be asked."""
+        holders, unknown = self.cache.evict_owner(subject_ref)
+        if unknown:
+            try:
+                owners = self.store.owners_of(unknown)
+            except KeyshredError:
+                owners = {}  # cannot tell: none stays
+            doomed = []
+            for key_id in unknown:
+                theirs = owners.get(key_id)
+                if theirs is None or subject_ref in {owner_subject(o) for o in theirs}:
+                    doomed.append(key_id)
+                else:
+                    self.cache.learn_owners(key_id, theirs)
+            holders |= self.cache.evict_shared(doomed)
+        holders.discard(subject_ref)
+        return holders
+
+    def evict_all(self) -> None:
+        """Drop every unwrapped DEK this process holds (events may have been missed).
+        Epoch keys stay: they belong to no subject."""
+        self.cache.clear()
+
+    def purge_expired(self) -> int:
+        """Drop expired DEKs now (the handle's janitor calls this on a schedule)."""
+        return self.cache.purge_expired()
+
+    def held(self, subject_ref: str) -> int:
+        """How many unwrapped DEKs of the subject (held or co-owned) are cached."""
+        return self.cache.held(subject_ref)
 
     def _verify_destroyed(self, key_ids: Sequence[bytes]) -> None:
         for key_id in key_ids:

@@ -246,6 +246,13 @@ class StorageSettings(_Model):
     retired_grace_seconds: float = Field(300.0, ge=0, le=86_400)
     durability: Literal["fsync", "flush"] = "fsync"
     max_open_partitions: int = Field(256, ge=1)
+    # How long a subject's decrypted rows (an open partition) and decrypted vectors
+    # stay in memory unused; the janitor drops them every ``cache_sweep_seconds``
+    # whether or not anyone asks again (unwrapped keys: keyring.cache_ttl_seconds).
+    # An erasure elsewhere evicts them at once (its eviction event); these bound
+    # what a missed event would leave.
+    cache_ttl_seconds: float = Field(300.0, gt=0)
+    cache_sweep_seconds: float = Field(5.0, gt=0, le=3600)
     default_max_retention_days: int = Field(3650, ge=1)
     # The catalog's connection pool (per process; SQLite files and PostgreSQL): kept
     # open, extra ones opened under load and closed when returned, seconds to wait

@@ -21,6 +21,7 @@ from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, ErasureRequest
+from keyshred.erasure.eviction import Eviction
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
@@ -105,6 +106,7 @@ class Keyshred:
                 else None
             ),
             freeze=freeze,
+            cache_ttl_seconds=settings.cache_ttl_seconds,
             store=(
                 open_partition_store(
                     vector_uri,
@@ -144,6 +146,7 @@ class Keyshred:
             audit=self._audit,
             objects=partitions,
             retired_grace_seconds=settings.retired_grace_seconds,
+            cache_ttl_seconds=settings.cache_ttl_seconds,
         )
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()
@@ -232,6 +235,16 @@ class Keyshred:
         self._jobs.register("retention", self._lifecycle.run_job)
         self._jobs.register("backup.maintain", self._maintain_job)
         self.jobs = self._guard(self._jobs)
+        # Evicts this process's caches when a subject is suppressed anywhere, and
+        # drops expired entries on a schedule (keyshred.erasure.eviction).
+        self._eviction = Eviction(
+            catalog,
+            keyring,
+            [self._memories, self._vectors],
+            [self._vault, self._checkpoints],
+            sweep_seconds=settings.cache_sweep_seconds,
+        )
+        self._eviction.start()
 
     def _maintain_job(self, job: Job, stop: object) -> JobOutcome:
         """The ``backup.maintain`` job (one per period): ``keyshred maintain``."""
@@ -470,6 +483,7 @@ class Keyshred:
         with contextlib.ExitStack() as closes:
             closes.callback(self._keyring.close)
             closes.callback(self._catalog.close)
+            closes.callback(self._eviction.close)  # its thread uses the catalog
             # Decrypted vectors must not outlive the handle (the cache answers a
             # search without any key).
             closes.callback(self._vectors.evict)

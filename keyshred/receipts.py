@@ -48,6 +48,7 @@ __all__ = [
     "ExternalCall",
     "Receipt",
     "ReceiptForm",
+    "ReceiptMetrics",
     "SharedKey",
     "Signature",
     "StoreAction",
@@ -125,6 +126,18 @@ class BackupCoverage(_Model):
     epoch_destroyed_by: datetime | None = None
 
 
+class ReceiptMetrics(_Model):
+    """Measured figures of the erasure. ``eviction_processes``: how many processes
+    (each open handle's listener, the erasing one's included) acknowledged that they
+    dropped the subject's cached keys, rows and vectors after its suppression, by
+    the time the receipt was made; ``eviction_max_latency_ms``: the longest time
+    from the suppression's commit to one of them having evicted, by the database's
+    clock (None when none acknowledged)."""
+
+    eviction_processes: int = 0
+    eviction_max_latency_ms: float | None = None
+
+
 class Signature(_Model):
     """The signature of a receipt in the JSON form (issued before receipts were
     JWS): Ed25519 over ``Receipt.canonical()``."""
@@ -168,6 +181,8 @@ class Receipt(_Model):
     # PITR archives could still be unwrapped by the live keyring; after it, none.
     # None in receipts issued before the field existed, and when no key was destroyed.
     live_residue_until: datetime | None = None
+    # Measured figures (eviction everywhere); None in receipts issued before it.
+    metrics: ReceiptMetrics | None = None
     # The JSON form's signature; None in a JWS receipt (the JWS carries it).
     signature: Signature | None = None
     # The compact JWS this receipt was issued as (None: the JSON form, or unsigned).
@@ -217,7 +232,7 @@ class Receipt(_Model):
         # Fields added later are left out while unset, so older receipts verify.
         unset = {
             name
-            for name in ("found_data", "shared_keys", "live_residue_until")
+            for name in ("found_data", "shared_keys", "live_residue_until", "metrics")
             if getattr(self, name) is None
         }
         body = self.model_dump(mode="json", exclude={"signature", *unset})

@@ -1,5 +1,6 @@
 """The services' tables in the catalog database: erasure requests, legal holds,
-the audit log and jobs (``keyshred.erasure``, ``keyshred.audit``, ``keyshred.jobs``).
+the audit log, jobs and eviction acknowledgements (``keyshred.erasure``,
+``keyshred.audit``, ``keyshred.jobs``).
 
 They are defined on the catalog database's ``metadata`` (``keyshred.storage.schema``),
 so snapshots and the migrations see them with the storage and vault tables; schema
@@ -13,7 +14,14 @@ import sqlalchemy as sa
 from keyshred.db import Micros
 from keyshred.storage.schema import metadata
 
-__all__ = ["audit_anchor", "audit_events", "deletion_requests", "jobs", "legal_holds"]
+__all__ = [
+    "audit_anchor",
+    "audit_events",
+    "deletion_requests",
+    "eviction_acks",
+    "jobs",
+    "legal_holds",
+]
 
 deletion_requests = sa.Table(
     "ks_deletion_requests",
@@ -91,4 +99,20 @@ jobs = sa.Table(
     sa.Column("created_at", sa.BigInteger, nullable=False),
     sa.Column("updated_at", sa.BigInteger, nullable=False),
     sa.Index("ks_jobs_due", "state", "run_after"),
+)
+
+# One row per (eviction event, process) that acted on it (``keyshred.erasure.
+# eviction``): both times by the database's clock, so the receipt's latency from
+# the suppression's commit to the last process's eviction needs no synchronised
+# hosts. ``process_id`` is random per process (no host name or pid in clear).
+eviction_acks = sa.Table(
+    "ks_eviction_acks",
+    metadata,
+    sa.Column("event_id", sa.String(32), primary_key=True),
+    sa.Column("process_id", sa.String(32), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("published_at", Micros, nullable=False),
+    sa.Column("evicted_at", Micros, nullable=False),
+    sa.Index("ks_eviction_acks_subject", "subject_ref", "epoch"),
 )

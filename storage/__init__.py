@@ -12,7 +12,9 @@
   LangGraph thread engine; ``mentions``: registered identifiers and detected mentions;
 - ``pme``: Parquet Modular Encryption with the keyring as its KMS;
 - ``erasable``: ``Erasable``, the interface every store holding personal data
-  implements for the erasure coordinator (erase, verify, evict).
+  implements for the erasure coordinator (erase, verify, evict);
+- ``events``: the eviction event a suppression publishes (PostgreSQL ``NOTIFY``, an
+  in-process bus on SQLite) and the listener thread each handle runs.
 
 The names below load on first use (PEP 562): importing one submodule does not
 import the others (``keyshred.storage.policy`` alone needs no pyarrow).

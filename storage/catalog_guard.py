@@ -1,9 +1,12 @@
 """The subject guard: the first thing every read and write consults.
 
 ``suppress`` bumps the subject's deletion epoch and marks it suppressed in one
-transaction; every write re-reads the guard inside its own write transaction
-(``BEGIN IMMEDIATE`` on SQLite, ``SELECT … FOR SHARE`` on PostgreSQL), so nothing
-is written for a subject after the transaction that suppressed it.
+transaction, which also publishes the subject's eviction event
+(``keyshred.storage.events``: every process drops what it caches of the subject
+once the suppression has committed, never before); every write re-reads the guard
+inside its own write transaction (``BEGIN IMMEDIATE`` on SQLite, ``SELECT … FOR
+SHARE`` on PostgreSQL), so nothing is written for a subject after the transaction
+that suppressed it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from sqlalchemy.engine import Connection
 
 from keyshred import db
 from keyshred.errors import StaleEpoch, SubjectSuppressed
+from keyshred.storage import events
 from keyshred.storage.catalog_base import (
     ACTIVE,
     SUPPRESSED,
@@ -191,7 +195,11 @@ class GuardMixin(CatalogBase):
                 else:
                     status, scopes = state.status, state.scopes | {scope}
                 self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
+                # Last in the transaction: its clock reading is the nearest to the
+                # commit, at which PostgreSQL delivers it.
+                event = events.publish(conn, subject_ref, scope, state.epoch + 1)
             self._guard_changed()
+        events.deliver(self.engine, event)  # SQLite: this process's handles, now
         return state.epoch + 1
 
     def set_guard(self, subject_ref: str, status: str) -> None:

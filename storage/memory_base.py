@@ -3,7 +3,9 @@
 ``MemoryStoreBase`` holds what every part of ``MemoryStore`` uses (catalog, keyring,
 policy, sealer, vector index, the partition store and the subject locks) and opens
 a subject's ``Partition`` (a cache of what the catalog holds) at most once per
-process (an LRU of ``max_open_partitions``). A partition opened for reads
+process (an LRU of ``max_open_partitions``; one unused for ``cache_ttl_seconds``
+is closed by ``purge_expired``, which the handle's janitor runs on a schedule, so
+decrypted rows do not outlive their use). A partition opened for reads
 and writes is checked against the catalog as it loads: rows the catalog lacks are
 reported, and deletions a crash interrupted are finished (``_finish_deletes``).
 """
@@ -11,6 +13,7 @@ reported, and deletions a crash interrupted are finished (``_finish_deletes``).
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -63,6 +66,7 @@ class MemoryStoreBase:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         objects: ObjectStore | None = None,
         retired_grace_seconds: float = 300.0,
+        cache_ttl_seconds: float = 300.0,
     ) -> None:
         self._root = root / "memories"
         self._grace_seconds = retired_grace_seconds
@@ -97,6 +101,9 @@ class MemoryStoreBase:
             catalog, keyring, policy, max_chars=max_value_bytes
         )
         self._partitions: OrderedDict[str, Partition] = OrderedDict()
+        # When each open partition was last handed out (monotonic seconds).
+        self._used: dict[str, float] = {}
+        self._cache_ttl = cache_ttl_seconds
         self._lock = threading.Lock()
         # (subject_ref, space) -> the partition generation, the vector cache entry
         # (weakly) and the change position of the last vector check (``_fresh_vectors``).
@@ -154,6 +161,7 @@ class MemoryStoreBase:
                     old.close()
             else:
                 self._partitions.move_to_end(subject_ref)
+            self._used[subject_ref] = time.monotonic()
             return part
 
     def _expected_ids(self, subject_ref: str) -> set[str]:

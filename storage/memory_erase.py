@@ -12,6 +12,7 @@ and every object under the subject's prefix in the partition store.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -278,14 +279,61 @@ class EraseMixin(ReadMixin):
         return {s.scope for s in segments or []} | {r.scope for r in records}
 
     def evict(self, subject_ref: str) -> None:
-        """Forget a subject's decrypted rows, vectors and cached keys in this process."""
+        """Forget a subject's decrypted rows, vectors and cached keys in this process,
+        and every other subject's partition holding a row that mentions it."""
         with self._lock:
-            part = self._partitions.pop(subject_ref, None)
-        if part is not None:
+            parts = {subject_ref: self._partitions.pop(subject_ref, None)}
+            mentioning = [
+                ref for ref, part in self._partitions.items() if part.mentions(subject_ref)
+            ]
+            for ref in mentioning:
+                parts[ref] = self._partitions.pop(ref)
+            for ref in parts:
+                self._used.pop(ref, None)
+        for ref, part in parts.items():
+            if part is not None:
+                part.close()
+            if self._vectors is not None:
+                self._vectors.evict(ref)
+        self._pme.forget()
+
+    def evict_all(self) -> None:
+        """Forget every subject's decrypted rows and vectors, and pyarrow's keys."""
+        with self._lock:
+            parts = list(self._partitions.values())
+            self._partitions.clear()
+            self._used.clear()
+        for part in parts:
             part.close()
         if self._vectors is not None:
-            self._vectors.evict(subject_ref)
+            self._vectors.evict_all()
         self._pme.forget()
+
+    def purge_expired(self) -> int:
+        """Close the partitions unused for the cache TTL (their decrypted rows go);
+        returns how many went. The vector index has its own (``VectorIndex.
+        purge_expired``), which the janitor runs beside this."""
+        limit = time.monotonic() - self._cache_ttl
+        with self._lock:
+            doomed = [ref for ref, used in self._used.items() if used <= limit]
+            parts = [self._partitions.pop(ref, None) for ref in doomed]
+            for ref in doomed:
+                del self._used[ref]
+        for part in parts:
+            if part is not None:
+                part.close()
+        if doomed:
+            self._pme.forget()
+        return len(doomed)
+
+    def held(self, subject_ref: str) -> int:
+        """How many of the subject's decrypted rows this process holds (a test's and
+        a drill's view: no row leaves)."""
+        with self._lock:
+            part = self._partitions.get(subject_ref)
+        if part is None:
+            return 0
+        return part.held()
 
     def drop_subject(self, ref: str) -> int:
         """Remove the subject's whole partition (catalog rows and objects); returns

@@ -932,6 +932,18 @@ class Partition:
         with self.lock:
             self.invalidate()
             self._lookup_key = None
+            self._ns_cache = {}
+
+    def mentions(self, subject_ref: str) -> bool:
+        """Whether a decrypted row here mentions the subject (its erasure elsewhere
+        must take this cache too). Read without the lock: a row added meanwhile is
+        checked by the next eviction or the erasure's own rebuild."""
+        return any(subject_ref in row.mentions for row in list(self.rows.values()))
+
+    def held(self) -> int:
+        """How many decrypted rows (and parsed values) the cache holds."""
+        with self.lock:
+            return len(self.rows) + len(self.opaque) + len(self._parsed)
 
 
 def to_us_now() -> int:

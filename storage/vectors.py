@@ -12,9 +12,11 @@ whose key was destroyed is unreadable, left out of every search and count, and
 deleted by memory id (no key needed) when its memory goes.
 
 Search decrypts one subject's partition into a bounded in-memory cache (an erasure
-target: ``evict`` drops it) and ranks by cosine similarity with NumPy, restricted to
-the memory ids the caller allows (filters first, then ranking). No other subject's
-vectors are ever loaded for a search: isolation is the layout, not a filter.
+target: ``evict`` drops it; a subject's entry unused for ``cache_ttl_seconds`` is
+dropped by ``purge_expired``, which the handle's janitor runs on a schedule) and
+ranks by cosine similarity with NumPy, restricted to the memory ids the caller
+allows (filters first, then ranking). No other subject's vectors are ever loaded
+for a search: isolation is the layout, not a filter.
 
 **Embedding spaces.** Vectors made by one embedding function are only ever compared
 with queries made by the same function. The handle's own embedder writes the default
@@ -42,6 +44,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -203,6 +206,8 @@ class VectorIndex:
         storage_options: dict[str, str] | None = None,
         freeze: FreezeLock | None = None,
         store: ObjectStore | None = None,
+        cache_ttl_seconds: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._uri = uri
         # On an object store, every object (every version, on a versioned bucket)
@@ -220,6 +225,11 @@ class VectorIndex:
         self._lock = threading.RLock()
         # subject_ref -> space tag -> that space's decrypted vectors.
         self._cache: OrderedDict[str, dict[str, _Cached]] = OrderedDict()
+        # When each cached subject was last used: decrypted vectors idle for the TTL
+        # leave memory (``purge_expired``), asked for or not.
+        self._used: dict[str, float] = {}
+        self._ttl = cache_ttl_seconds
+        self._clock = clock
         self._writes: dict[str, int] = {}
 
     # -- LanceDB plumbing ----------------------------------------------------------
@@ -406,6 +416,7 @@ class VectorIndex:
             entry = self._cache.get(ref)
             if entry is not None:
                 self._cache.move_to_end(ref)
+                self._used[ref] = self._clock()
                 return entry
         table = self._table(ref, create=False)
         if table is None:
@@ -424,6 +435,7 @@ class VectorIndex:
                     gc.enable()
         with self._lock:
             self._cache[ref] = entry
+            self._used[ref] = self._clock()
             total = sum(_size(c) for c in self._cache.values())
             while total > self._cache_max and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
@@ -435,8 +447,30 @@ class VectorIndex:
         with self._lock:
             if ref is None:
                 self._cache.clear()
+                self._used.clear()
             else:
                 self._cache.pop(ref, None)
+                self._used.pop(ref, None)
+
+    def evict_all(self) -> None:
+        """Forget every subject's decrypted vectors."""
+        self.evict(None)
+
+    def purge_expired(self) -> int:
+        """Forget the decrypted vectors of subjects unused for the cache TTL; returns
+        how many subjects' went."""
+        with self._lock:
+            limit = self._clock() - self._ttl
+            doomed = [ref for ref, used in self._used.items() if used <= limit]
+            for ref in doomed:
+                self._cache.pop(ref, None)
+                del self._used[ref]
+            return len(doomed)
+
+    def held(self, ref: str) -> int:
+        """How many of the subject's decrypted vectors this process holds."""
+        with self._lock:
+            return _size(self._cache.get(ref, {}))
 
     # -- writes --------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ import sqlalchemy as sa
 
 from keyshred.audit import AuditLog
 from keyshred.db import utc
+from keyshred.erasure.eviction import receipt_metrics
 from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
 from keyshred.erasure.holds import HoldsMixin
 from keyshred.erasure.lease import Lease, LeaseLost, claim
@@ -697,7 +698,8 @@ class ErasureCoordinator(HoldsMixin):
             backups = extent.backup_coverage(
                 datetime.fromisoformat(keys["at"]), d.get("backups", {}).get("objects_deleted", 0)
             )
-            receipt = build_receipt(req, store_steps, completed, backups)
+            metrics = receipt_metrics(self._catalog, req)  # eviction everywhere
+            receipt = build_receipt(req, store_steps, completed, backups, metrics)
             signed = sign_receipt(receipt, self._keyring.receipt_signer())
             extent.finish(found=req.doc["found_data"] or bool(req.doc.get("block")))
             self._save(req, receipt=signed.serialize())

@@ -14,6 +14,7 @@ from keyshred.receipts import (
     DerivedAction,
     ExternalCall,
     Receipt,
+    ReceiptMetrics,
     SharedKey,
     StoreAction,
 )
@@ -39,6 +40,7 @@ def build_receipt(
     store_steps: Sequence[str],
     completed: datetime,
     backups: Any,
+    metrics: ReceiptMetrics | None = None,
 ) -> Receipt:
     d = req.doc["details"]
     keys = d["destroy_keys"]
@@ -101,4 +103,5 @@ def build_receipt(
         kind=req.doc.get("kind", "erasure"),
         assets=list(req.doc.get("assets", [])),
         shared_keys=[SharedKey(**k) for k in d["closure"].get("shared", [])],
+        metrics=metrics,
     )
