@@ -89,6 +89,7 @@ from keyshred.schema import deletion_requests
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.erasable import DROP, Erasable, StoreErasure
 from keyshred.storage.policy import Policy
+from keyshred.tracing import span
 
 if TYPE_CHECKING:
     import os
@@ -383,6 +384,12 @@ class ErasureCoordinator(HoldsMixin):
         while another holds it this waits up to ``erasure.lease_seconds`` for it to
         finish or for its lease to run out (a killed worker), then returns the
         request as it stands."""
+        with span("keyshred.erasure.run", {"keyshred.request_id": request_id}) as run_span:
+            req = self._run(request_id)
+            run_span.set("keyshred.state", req.state)
+            return req
+
+    def _run(self, request_id: str) -> ErasureRequest:
         with self._lock:
             deadline = time.monotonic() + self._lease_seconds + 1.0
             while (lease := claim(self._catalog, request_id, self._lease_seconds)) is None:
@@ -445,6 +452,12 @@ class ErasureCoordinator(HoldsMixin):
             req.doc.pop("error", None)
             req.doc.pop("review", None)
             self._save(req)
+            # Recorded under the lease (a lost lease raised above): once per request.
+            self._metrics.erasure_step_recorded(
+                step,
+                req.doc.get("kind", "erasure"),
+                (req.updated_at - req.created_at).total_seconds(),
+            )
             self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
             if self.on_step is not None:
                 self.on_step(step, req)
@@ -453,11 +466,18 @@ class ErasureCoordinator(HoldsMixin):
     # -- steps ---------------------------------------------------------------------
 
     def _step(self, step: str, req: ErasureRequest) -> dict[str, Any]:
-        store = self._store_steps.get(step)
-        if store is not None:
-            return self._store_step(step, store, req)
-        method: Callable[[ErasureRequest], dict[str, Any]] = getattr(self, f"_step_{step}")
-        return method(req)
+        attributes = {
+            "keyshred.request_id": req.request_id,
+            "keyshred.kind": str(req.doc.get("kind", "erasure")),
+            "keyshred.step": step,
+            "keyshred.state": req.state,
+        }
+        with span(f"keyshred.erasure.{step}", attributes):
+            store = self._store_steps.get(step)
+            if store is not None:
+                return self._store_step(step, store, req)
+            method: Callable[[ErasureRequest], dict[str, Any]] = getattr(self, f"_step_{step}")
+            return method(req)
 
     def _store_step(self, step: str, store: Erasable, req: ErasureRequest) -> dict[str, Any]:
         """One store's ``erase``; per-item progress (derived rebuilds) is recorded as
