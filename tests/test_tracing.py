@@ -220,3 +220,36 @@ def test_spans_serialize_as_json(ks: Keyshred, spans: InMemorySpanExporter) -> N
         doc = json.loads(s.to_json())
         assert doc["name"].startswith("keyshred.")
         assert doc["resource"]["attributes"]["service.name"] == "keyshred-test"
+
+
+@pytest.mark.parametrize("provider", ["vault", "aws"])
+def test_kek_calls_on_the_real_servers_get_spans_without_data(
+    provider: str,
+    spans: InMemorySpanExporter,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenBao Transit and moto's KMS: init, a put, a rotation and an erasure make
+    ``keyshred.kek.*`` spans (the provider's class, swapped for the traced one, is
+    still the provider's), with no subject or value in any span."""
+    from tests.test_facade import _config
+
+    if provider == "vault":
+        monkeypatch.setenv("VAULT_TOKEN", request.getfixturevalue("openbao").token)
+    cfg = _config(provider, request)
+    probe = f"zq{uuid.uuid4().hex[:12]}"
+    with Keyshred.init(tmp_path / "d", cfg, embeddings=bag_of_words) as ks:
+        kek = ks.keyring.kek
+        assert type(kek).__name__ == {"vault": "VaultKek", "aws": "AwsKmsKek"}[provider]
+        ks.memories.put(f"{probe}@example.org", NS, "k", {"text": f"{probe} ski"}, index=["text"])
+        ks.keyring.rotate_kek()
+        ref = ks.subject_ref(f"{probe}@example.org")
+        req = ks.erase(f"{probe}@example.org", requested_by="dpo", reason="r", probes=[probe])
+        assert req.state == "completed"
+    finished = spans.get_finished_spans()
+    names = {s.name for s in finished}
+    assert "keyshred.kek.rotate" in names
+    assert names & {"keyshred.kek.wrap", "keyshred.kek.wrap_many"}
+    dump = serialized(finished)
+    assert probe not in dump and ref not in dump
