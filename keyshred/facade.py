@@ -41,6 +41,7 @@ from keyshred.storage.mentions import MentionFinder, SubjectsApi
 from keyshred.storage.policy import Policy
 from keyshred.storage.s3 import open_partition_store, s3_storage_options
 from keyshred.storage.vectors import VectorIndex
+from keyshred.tracing import span, trace_instance, traced_class
 from keyshred.vault.tokens import TokenVault
 
 __all__ = ["Keyshred"]
@@ -53,6 +54,27 @@ JOURNAL_DIR = "tokens"  # the vault's group-commit journals (keyshred.vault.jour
 T = TypeVar("T")
 # Request states a run of the caller's own job returns as they are.
 _SETTLED = ("completed", "rejected", "legal_hold", "retryable_failure", "manual_review")
+# The calls that get an OpenTelemetry span (keyshred.tracing) when the application
+# configured a tracer provider.
+_TRACED_MEMORIES = (
+    "put",
+    "put_many",
+    "get",
+    "search",
+    "delete",
+    "delete_many",
+    "update",
+    "correct",
+)
+_TRACED_KEK = (
+    "wrap",
+    "unwrap",
+    "wrap_many",
+    "unwrap_many",
+    "rewrap_many",
+    "rotate",
+    "destroy_epochs_before",
+)
 
 
 class Keyshred:
@@ -129,7 +151,7 @@ class Keyshred:
             MiniLM().preload()
         # Registered identifiers found in values, tokens and threads add mentions.
         mentions = MentionFinder(catalog, keyring, self.policy, max_chars=settings.max_value_bytes)
-        self._memories = MemoryStore(
+        self._memories = traced_class(MemoryStore, "memories", _TRACED_MEMORIES)(
             path,
             catalog,
             keyring,
@@ -287,23 +309,28 @@ class Keyshred:
         (``keyshred worker``); ``ks.erasure.submit`` records without running.
         """
         check_open(self._closed)
-        req = self.erasure.request(
-            self._subject_ref(subject),
-            scope,
-            requested_by=requested_by,
-            reason=reason,
-            request_id=request_id,
-            probes=probes,
-            block=block,
-        )
-        job_id = self._erasure.job_id(req.request_id)
-        if job_id is not None and self._jobs.run_id(job_id, reraise=True) is not None:
-            req = self.erasure.status(req.request_id)
-            if req.state in _SETTLED:
-                return req
-        # No job to claim (a worker holds it, or the request predates jobs), or
-        # another worker ran the request meanwhile: wait for it as run does.
-        return self.erasure.run(req.request_id)
+        with span("keyshred.erase") as erase_span:
+            req = self.erasure.request(
+                self._subject_ref(subject),
+                scope,
+                requested_by=requested_by,
+                reason=reason,
+                request_id=request_id,
+                probes=probes,
+                block=block,
+            )
+            erase_span.set("keyshred.request_id", req.request_id)
+            job_id = self._erasure.job_id(req.request_id)
+            if job_id is not None and self._jobs.run_id(job_id, reraise=True) is not None:
+                req = self.erasure.status(req.request_id)
+                if req.state in _SETTLED:
+                    erase_span.set("keyshred.state", req.state)
+                    return req
+            # No job to claim (a worker holds it, or the request predates jobs), or
+            # another worker ran the request meanwhile: wait for it as run does.
+            done = self.erasure.run(req.request_id)
+            erase_span.set("keyshred.state", done.state)
+            return done
 
     def _residue_scan(self, probes: Sequence[str], paths: Sequence[str | os.PathLike[str]]) -> Any:
         from keyshred.residue import residue_scan
@@ -382,7 +409,7 @@ class Keyshred:
     def _assemble(
         cls, root: Path, config: Config, *, create: bool, embeddings: Any = None
     ) -> Keyshred:
-        kek = make_kek(config, root, create=create)
+        kek = trace_instance(make_kek(config, root, create=create), "kek", _TRACED_KEK)
         keyring = Keyring(
             make_keystore(config, root),
             kek,

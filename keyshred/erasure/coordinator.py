@@ -100,6 +100,7 @@ from keyshred.schema import deletion_requests, legal_holds
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.erasable import DROP, Erasable, StoreErasure
 from keyshred.storage.policy import Policy
+from keyshred.tracing import span
 
 if TYPE_CHECKING:
     import os
@@ -463,7 +464,9 @@ class ErasureCoordinator(HoldsMixin):
         finish or for its lease to run out (a killed worker), then returns the
         request as it stands. ``stop`` is consulted between steps: once it says so,
         the run returns the request as it stands (resumable)."""
-        req, how = self._run(request_id, stop=stop, wait=True)
+        with span("keyshred.erasure.run", {"keyshred.request_id": request_id}) as run_span:
+            req, how = self._run(request_id, stop=stop, wait=True)
+            run_span.set("keyshred.state", req.state)
         if (
             how == _RAN
             and self._jobs is not None
@@ -481,7 +484,9 @@ class ErasureCoordinator(HoldsMixin):
     def run_job(self, job: Job, stop: Callable[[], bool]) -> JobOutcome:
         """The ``erasure`` job's handler: run the request, say how the job ends."""
         request_id = job.payload["request_id"]
-        req, how = self._run(request_id, stop=stop, wait=False)
+        with span("keyshred.erasure.run", {"keyshred.request_id": request_id}) as run_span:
+            req, how = self._run(request_id, stop=stop, wait=False)
+            run_span.set("keyshred.state", req.state)
         if how == _STOPPED:
             return JobOutcome.later(0.0)
         if how in (_BUSY, _LOST):
@@ -568,6 +573,12 @@ class ErasureCoordinator(HoldsMixin):
             req.doc.pop("error", None)
             req.doc.pop("review", None)
             self._save(req)
+            # Recorded under the lease (a lost lease raised above): once per request.
+            self._metrics.erasure_step_recorded(
+                step,
+                req.doc.get("kind", "erasure"),
+                (req.updated_at - req.created_at).total_seconds(),
+            )
             self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
             if self.on_step is not None:
                 self.on_step(step, req)
@@ -576,11 +587,18 @@ class ErasureCoordinator(HoldsMixin):
     # -- steps ---------------------------------------------------------------------
 
     def _step(self, step: str, req: ErasureRequest) -> dict[str, Any]:
-        store = self._store_steps.get(step)
-        if store is not None:
-            return self._store_step(step, store, req)
-        method: Callable[[ErasureRequest], dict[str, Any]] = getattr(self, f"_step_{step}")
-        return method(req)
+        attributes = {
+            "keyshred.request_id": req.request_id,
+            "keyshred.kind": str(req.doc.get("kind", "erasure")),
+            "keyshred.step": step,
+            "keyshred.state": req.state,
+        }
+        with span(f"keyshred.erasure.{step}", attributes):
+            store = self._store_steps.get(step)
+            if store is not None:
+                return self._store_step(step, store, req)
+            method: Callable[[ErasureRequest], dict[str, Any]] = getattr(self, f"_step_{step}")
+            return method(req)
 
     def _store_step(self, step: str, store: Erasable, req: ErasureRequest) -> dict[str, Any]:
         """One store's ``erase``; per-item progress (derived rebuilds) is recorded as
