@@ -28,6 +28,7 @@ from keyshred.ids import Subject, SubjectLike, as_subject
 from keyshred.jobs import Job, JobOutcome, JobQueue, JobRunner
 from keyshred.jose import jwks
 from keyshred.keyring.kek import DestroyedEpoch
+from keyshred.keyring.kek.resilient import ResilientKek
 from keyshred.keyring.keyring import Keyring
 from keyshred.lifecycle import Consent, Lifecycle
 from keyshred.metrics import Metrics
@@ -173,6 +174,9 @@ class Keyshred:
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()
         catalog.on_stale = self.metrics.stale_job
+        if isinstance(keyring.kek, ResilientKek):
+            # KEK calls by operation and outcome (keyshred_kek_calls_total).
+            keyring.kek.on_call = self.metrics.kek_call
         self.subjects = self._guard(SubjectsApi(mentions, self._subject_ref, self._audit))
         self._derived = DerivedApi(self._memories, catalog, self._audit, self._subject_ref)
         self.derived = self._guard(self._derived)
@@ -213,7 +217,7 @@ class Keyshred:
         self.backup = self._guard(self._backup)
         # Work that outlives a call (keyshred.jobs): every erasure request is
         # recorded with its job; workers (keyshred.worker) run them.
-        self._jobs = JobRunner(JobQueue(catalog, config.jobs))
+        self._jobs = JobRunner(JobQueue(catalog, config.jobs), on_retry=self.metrics.job_retry)
         # Every store holding personal data, in the order the erasure runs them
         # (keyshred.storage.erasable); the coordinator never sees this handle.
         self._erasure = ErasureCoordinator(
@@ -265,6 +269,7 @@ class Keyshred:
             [self._memories, self._vectors],
             [self._vault, self._checkpoints],
             sweep_seconds=settings.cache_sweep_seconds,
+            on_evicted=self.metrics.evicted,
         )
         self._eviction.start()
 

@@ -414,9 +414,12 @@ class JobQueue:
 class JobRunner:
     """``ks.jobs``: the queue and the handlers by kind; runs claimed jobs."""
 
-    def __init__(self, queue: JobQueue) -> None:
+    def __init__(self, queue: JobQueue, *, on_retry: Callable[[str], None] | None = None) -> None:
         self.queue = queue
         self._handlers: dict[str, Handler] = {}
+        # Called with the job's kind when a run ends in a retry (the handle's
+        # ``keyshred_job_retries_total{kind}``).
+        self._on_retry = on_retry
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -450,6 +453,8 @@ class JobRunner:
             beat.stop()
         if not beat.lost:
             self.queue.settle(job, outcome)
+            if outcome.action == "retry" and self._on_retry is not None:
+                self._on_retry(job.kind)
         if reraise and failure is not None:
             raise failure
         return self.queue.get(job.job_id)

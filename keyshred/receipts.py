@@ -218,8 +218,12 @@ class Receipt(_Model):
 
     def payload(self) -> bytes:
         """The JWS payload: every field but the JSON form's ``signature``, as RFC
-        8785 canonical JSON (nulls included)."""
-        body = self.model_dump(mode="json", exclude={"signature"})
+        8785 canonical JSON (nulls included, but for fields added since JWS receipts
+        while they are unset)."""
+        # Fields added after JWS receipts are left out while unset, so a receipt
+        # issued before one existed re-serializes to the payload it was signed over.
+        unset = {name for name in ("metrics",) if getattr(self, name) is None}
+        body = self.model_dump(mode="json", exclude={"signature", *unset})
         return rfc8785.dumps(body)
 
     def serialize(self) -> str:

@@ -6,6 +6,7 @@ exposes registries over HTTP on loopback."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -193,3 +194,34 @@ def test_serve_reads_each_registry_at_each_scrape() -> None:
 def test_serve_needs_a_registry() -> None:
     with pytest.raises(InvalidInput):
         serve(port=0)
+
+
+def test_the_handle_feeds_kek_eviction_and_job_retry_counters(ks: Keyshred) -> None:
+    """The families are wired: the handle's KEK provider reports its calls, its
+    eviction service the caches it dropped, its job runner the retries."""
+    from keyshred.jobs import Job, JobOutcome
+
+    ks.keyring.rotate_kek()  # at least one provider call through the handle's KEK
+    kek = sum(
+        float(s["value"])  # type: ignore[arg-type]
+        for s in ks.metrics.samples()
+        if s["name"] == "keyshred_kek_calls_total" and s["labels"].get("outcome") == "ok"  # type: ignore[union-attr]
+    )
+    assert kek >= 1
+    ks.memories.put("alice", NS, "k", {"text": "green tea"}, index=["text"])
+    assert ks.erase("alice", requested_by="dpo", reason="gdpr-art17").state == "completed"
+    # The SQLite bus delivers in-process, PostgreSQL's NOTIFY through the listener.
+    for _ in range(200):
+        if value(ks.metrics, "keyshred_cache_evictions_total", cache="keys"):
+            break
+        time.sleep(0.05)
+    assert (value(ks.metrics, "keyshred_cache_evictions_total", cache="keys") or 0) >= 1
+
+    def failing(job: Job, stop: Any) -> JobOutcome:
+        del job, stop
+        raise OSError("the vendor is down")
+
+    ks.jobs.register("test.fail", failing)
+    ks.jobs.queue.enqueue("test.fail", {"thing": "t"})
+    ks.jobs.run_pending(kinds=["test.fail"])
+    assert value(ks.metrics, "keyshred_job_retries_total", kind="test.fail") == 1.0

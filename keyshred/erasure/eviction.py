@@ -24,7 +24,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -83,6 +83,10 @@ class _ProcessId:
 PROCESS_ID = _ProcessId()
 
 
+def _cache_name(cache: Cache, index: int) -> str:
+    return str(getattr(cache, "name", f"cache{index}"))
+
+
 @dataclass(frozen=True, slots=True)
 class EvictionMetrics:
     """The receipt's eviction figures for one suppression."""
@@ -102,8 +106,12 @@ class Eviction:
         stores: Sequence[Erasable],
         *,
         sweep_seconds: float,
+        on_evicted: Callable[[str, int], None] | None = None,
     ) -> None:
         self._catalog = catalog
+        # (cache name, entries or subjects dropped): the handle's metrics
+        # (``keyshred_cache_evictions_total{cache}``); names only, never a subject.
+        self._on_evicted = on_evicted
         self._keyring = keyring
         self._caches = tuple(caches)
         self._stores = tuple(stores)
@@ -152,6 +160,9 @@ class Eviction:
             for store in self._stores:
                 store.evict(subject_ref)
             self.evicted += 1
+        self._report("keys", 1)
+        for i, cache in enumerate(self._caches):
+            self._report(_cache_name(cache, i), 1)
 
     def evict_all(self) -> None:
         """Drop every subject's cached keys, rows and vectors (after a gap in the
@@ -160,19 +171,24 @@ class Eviction:
             self._keyring.evict_all()
             for cache in self._caches:
                 cache.evict_all()
+        self._report("all", 1)
 
     def sweep(self) -> None:
         """The janitor: expired entries leave every cache now."""
-        self._keyring.purge_expired()
-        for cache in self._caches:
-            cache.purge_expired()
+        self._report("keys", self._keyring.purge_expired())
+        for i, cache in enumerate(self._caches):
+            self._report(_cache_name(cache, i), cache.purge_expired())
+
+    def _report(self, cache: str, count: int) -> None:
+        if self._on_evicted is not None and count:
+            self._on_evicted(cache, count)
 
     def held(self, subject_ref: str) -> dict[str, int]:
         """What this process caches of the subject, by cache: counts only (tests and
         drills check that an eviction left nothing)."""
         out = {"keys": self._keyring.held(subject_ref)}
         for i, cache in enumerate(self._caches):
-            out[getattr(cache, "name", f"cache{i}")] = cache.held(subject_ref)
+            out[_cache_name(cache, i)] = cache.held(subject_ref)
         return out
 
     def _ack(self, event: EvictionEvent) -> None:
