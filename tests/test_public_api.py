@@ -42,6 +42,7 @@ PUBLIC = [
     "InvalidInput",
     "Job",
     "JobOutcome",
+    "KekCircuitOpen",
     "KekEpochDestroyed",
     "KekError",
     "KekMismatch",
