@@ -90,7 +90,7 @@ class EvictionEvent:
                 int(doc["epoch"]),
                 int(doc["published_us"]),
             )
-        except (TypeError, KeyError, json.JSONDecodeError) as exc:
+        except (TypeError, KeyError, ValueError, OverflowError, RecursionError) as exc:
             raise ValueError("not an eviction event") from exc
         if not event.event_id or not event.subject_ref:
             raise ValueError("not an eviction event")
