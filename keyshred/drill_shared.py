@@ -221,7 +221,7 @@ def run_shared_drill(
         stack.callback(run.close)
         report = run.drill(timeout)
         if report.receipt_file:
-            keep = (receipt_dir or Path.cwd()) / f"keyshred-drill-receipt-{report.request_id}.json"
+            keep = (receipt_dir or Path.cwd()) / f"keyshred-drill-receipt-{report.request_id}.jws"
             shutil.copyfile(report.receipt_file, keep)
             report.receipt_file = str(keep)
         return report
@@ -422,7 +422,7 @@ class _Run:
         receipts: dict[str, Any] = {}
 
         def one_receipt() -> str:
-            public = ks.keyring.signer().public_key
+            public = ks.receipts_jwks()
             for rid in (first, other):
                 receipt = ks.erasure.receipt(rid)
                 _require(receipt is not None, f"request {rid} has no receipt")
@@ -442,9 +442,11 @@ class _Run:
                 ]
                 _require(len(states) == 1, f"{len(states)} transitions to completed for {rid}")
                 receipts[rid] = receipt
-            file = tmp / "drill" / "receipts" / f"{first}.json"
+            # The receipt as issued (its compact JWS), as the embedded drill keeps it:
+            # ``to_json`` is the bare fields, which verify against nothing.
+            file = tmp / "drill" / "receipts" / f"{first}.jws"
             file.parent.mkdir(exist_ok=True)
-            file.write_text(receipts[first].to_json(), "utf-8")
+            file.write_text(receipts[first].serialize(), "utf-8")
             report.receipt_file = str(file)
             return (
                 "each request: one signed receipt (Ed25519 valid, no subject named), one "

@@ -113,6 +113,9 @@ class Job:
     updated_us: int
 
 
+_MAX_DELAY_SECONDS = 366 * 86_400  # a year and a day: longer is no schedule
+
+
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
     """What a handler says of a run: ``done``, ``retry`` (a failure: counted, with
@@ -180,8 +183,16 @@ class JobQueue:
         ``conn``: write it in the caller's transaction."""
         if not isinstance(kind, str) or not _KIND.fullmatch(kind):
             raise InvalidInput("a job kind is a short lower-case name")
-        if dedupe_key is not None and not _DEDUPE.fullmatch(dedupe_key):
+        if dedupe_key is not None and (
+            not isinstance(dedupe_key, str) or not _DEDUPE.fullmatch(dedupe_key)
+        ):
             raise InvalidInput("a dedupe key is an id-like string")
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not 0 <= delay <= _MAX_DELAY_SECONDS
+        ):
+            raise InvalidInput(f"a job's delay is 0 to {_MAX_DELAY_SECONDS} seconds")
         doc = json.dumps(check_payload(payload), sort_keys=True)
         if conn is None:
             with self._catalog.transaction() as own:

@@ -197,7 +197,7 @@ def parse_compact(token: str, typ: str) -> CompactJws:
     head_b64, payload_b64, signature_b64 = parts
     try:
         header = json.loads(b64url_decode(head_b64))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise IntegrityError("the JWS header is not JSON") from None
     if not isinstance(header, dict) or set(header) - _HEADER_MEMBERS:
         raise IntegrityError("the JWS header has members this verifier does not accept")

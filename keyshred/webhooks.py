@@ -108,8 +108,12 @@ def verify(
         raise WebhookRefused(
             "the webhook-id, webhook-timestamp or webhook-signature header is missing"
         )
-    if not stamp.isascii() or not stamp.isdigit():
+    # At most 20 digits: a longer number is no time (and int() of thousands of
+    # digits raises, float arithmetic on it overflows).
+    if not stamp.isascii() or not stamp.isdigit() or len(stamp) > 20:
         raise WebhookRefused("the webhook-timestamp header is not whole seconds")
+    if not msg_id.isascii() or not msg_id.isprintable():
+        raise WebhookRefused("the webhook-id header is not printable ASCII")
     current = time.time() if now is None else now
     if abs(current - int(stamp)) > tolerance:
         raise WebhookTimestampInvalid("the webhook's timestamp is outside the tolerance")
@@ -154,7 +158,10 @@ def deliver(
     attempt; each attempt is signed with its own timestamp. Redirects are not
     followed. Raises ``WebhookDeliveryFailed`` (with the attempts made and the last
     status) when no attempt was accepted."""
-    scheme = urlsplit(url).scheme
+    try:
+        scheme = urlsplit(url).scheme if isinstance(url, str) else ""
+    except ValueError:  # an unclosed IPv6 bracket, a bad port
+        scheme = ""
     if scheme not in ("http", "https"):
         raise InvalidInput("a webhook URL is http:// or https://")
     if max_attempts < 1 or backoff < 0 or max_backoff < 0 or timeout <= 0:

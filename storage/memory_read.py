@@ -197,7 +197,10 @@ class ReadMixin(IndexMixin):
 
             q = embed_with.embed_query(query)
             ranked = vectors.search(ref, q, offset + limit, space=space, accept=accept)
-            out = [Memory(by_id[mid], score) for mid, score in ranked[offset:]]
+            # ``by_id`` is live: a memory deleted by another thread since it was
+            # ranked is no result (not a KeyError).
+            found = [(by_id.get(mid), score) for mid, score in ranked[offset:]]
+            out = [Memory(row, score) for row, score in found if row is not None]
         if unscored and len(out) < limit:
             # Fewer ranked results than asked: every wanted memory with vectors is
             # in ``out`` already, the rest fill up in insertion order.

@@ -452,7 +452,7 @@ def test_version_metrics_json_and_no_data_found(tmp_path: Path) -> None:
     )
     assert doc["found_data"] is False and doc["state"] == "completed"
     shown = run("receipt", "show", doc["request_id"], "--path", str(data), "--json")
-    assert shown.returncode == 0 and json.loads(shown.stdout)["found_data"] is False
+    assert shown.returncode == 0 and json.loads(shown.stdout)["receipt"]["found_data"] is False
     samples = json.loads(run("metrics", "--path", str(data), "--json").stdout)["samples"]
     assert all({"name", "labels", "value"} <= set(s) for s in samples) and samples
     # Issue 24 item 6: read from the store, not a fresh process's zero counters.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from keyshred.receipts import load_receipt
 from tests.conftest import PG_DSN
 
 KEYSHRED = str(Path(sys.executable).parent / "keyshred")
@@ -116,7 +117,7 @@ def test_shared_drill_kills_a_worker_mid_erasure_and_every_check_passes(tmp_path
     assert "acknowledged the eviction" in checks["every process's caches evicted"]["detail"]
     receipt = Path(report["receipt_file"])
     assert receipt.parent == tmp_path and receipt.exists()
-    assert json.loads(receipt.read_text())["request_id"] == report["request_id"]
+    assert load_receipt(receipt.read_text()).request_id == report["request_id"]
 
 
 def test_shared_drill_stops_its_servers_when_postgres_is_unreachable(tmp_path: Path) -> None:
