@@ -300,7 +300,6 @@ class ErasureCoordinator(HoldsMixin):
             if existing.subject_ref != subject_ref or existing.scope != scope:
                 raise InvalidInput(f"request {request_id} exists for another subject or scope")
             return existing
-        at = now()
         doc: dict[str, Any] = {"done": [], "details": {}, "kind": safe("kind", kind)}
         if block:
             doc["block"] = True
@@ -312,6 +311,50 @@ class ErasureCoordinator(HoldsMixin):
             # byte scan found exactly that). A resumed request verifies without them.
             self._probes[request_id] = list(probes)
         valid = is_safe(requested_by) and is_safe(reason)
+        try:
+            self._insert_request(
+                request_id,
+                subject_ref=subject_ref,
+                scope=scope,
+                requested_by=requested_by,
+                reason=reason,
+                doc=doc,
+            )
+        except sa.exc.IntegrityError:
+            # Another caller recorded the same id between our read and our insert (a
+            # client retrying its POST): idempotent, as if we had read it first.
+            existing = self._load(request_id)
+            if existing.subject_ref != subject_ref or existing.scope != scope:
+                raise InvalidInput(
+                    f"request {request_id} exists for another subject or scope"
+                ) from None
+            return existing
+        self._audit.record(
+            "erasure.requested",
+            subject_ref=subject_ref,
+            request_id=request_id,
+            scope=scope,
+            requested_by=requested_by if valid else "invalid",
+        )
+        self._metrics.state(REQUESTED)
+        req = self._load(request_id)
+        if not valid:
+            self._set_state(req, REJECTED, why="requested_by and reason must be plain metadata")
+        return req
+
+    def _insert_request(
+        self,
+        request_id: str,
+        *,
+        subject_ref: str,
+        scope: str | None,
+        requested_by: str,
+        reason: str,
+        doc: dict[str, Any],
+    ) -> None:
+        """The request row and its job, in one transaction (the outbox)."""
+        valid = is_safe(requested_by) and is_safe(reason)
+        at = now()
         with self._catalog.transaction() as conn:
             conn.execute(
                 deletion_requests.insert().values(
@@ -336,18 +379,6 @@ class ErasureCoordinator(HoldsMixin):
                     dedupe_key=job_key(request_id),
                     conn=conn,
                 )
-        self._audit.record(
-            "erasure.requested",
-            subject_ref=subject_ref,
-            request_id=request_id,
-            scope=scope,
-            requested_by=requested_by if valid else "invalid",
-        )
-        self._metrics.state(REQUESTED)
-        req = self._load(request_id)
-        if not valid:
-            self._set_state(req, REJECTED, why="requested_by and reason must be plain metadata")
-        return req
 
     def submit(
         self,
