@@ -213,6 +213,9 @@ class Listener:
         self._postgres = engine.dialect.name == "postgresql"
         self._stop = threading.Event()
         self._listening = threading.Event()
+        # Set once ``start`` returned: the handle caches from then on, so a first
+        # LISTEN made after it must reset too (what was published before is lost).
+        self._serving = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self._conn: Any = None
         self._thread: threading.Thread | None = None
@@ -228,6 +231,7 @@ class Listener:
         self._thread.start()
         if self._postgres:
             self._listening.wait(self._connect_timeout)
+        self._serving.set()
 
     @property
     def listening(self) -> bool:
@@ -308,8 +312,9 @@ class Listener:
             return False
         self._conn = conn
         self.connections += 1
-        if self._listening.is_set():
-            # Listening again after a gap: whatever was published meanwhile is lost.
+        if self._listening.is_set() or self._serving.is_set():
+            # Listening again after a gap, or for the first time after the handle
+            # began serving: whatever was published meanwhile is lost.
             self._reset()
         self._listening.set()
         return True
