@@ -46,6 +46,10 @@ class KeyCache:
         self._owners: dict[bytes, frozenset[str]] = {}
         self.hits = 0
         self.misses = 0
+        # Bumped by every eviction (not by expiry or the LRU): a load that read its key
+        # record before one caches nothing (``put(since=…)``), so a read in flight
+        # while another process erased the subject cannot put its key back.
+        self.evictions = 0
 
     def get(self, key_id: bytes) -> DataKey | None:
         with self._lock:
@@ -75,12 +79,17 @@ class KeyCache:
                 return entry[0]
         return self.get(key_id)  # gone or expired meanwhile: counted and dropped there
 
-    def put(self, key: DataKey, owners: Iterable[str] | None = None) -> None:
+    def put(
+        self, key: DataKey, owners: Iterable[str] | None = None, *, since: int | None = None
+    ) -> None:
         """Cache ``key``; ``owners`` are a shared key's other owners (owner tokens,
-        ``ref`` or ``ref@scope``) when known."""
+        ``ref`` or ``ref@scope``) when known. With ``since`` (``evictions`` read
+        before the key's record was), nothing is cached if an eviction came between."""
         if self._max == 0:
             return
         with self._lock:
+            if since is not None and since != self.evictions:
+                return
             self._by_id[key.key_id] = (key, self._clock() + self._ttl)
             self._by_id.move_to_end(key.key_id)
             self._by_owner[(key.subject_ref, key.scope, key.owner_tag)] = key.key_id
@@ -109,6 +118,7 @@ class KeyCache:
 
     def evict(self, key_ids: Iterable[bytes]) -> int:
         with self._lock:
+            self.evictions += 1
             n = 0
             for key_id in key_ids:
                 if key_id in self._by_id:
@@ -118,6 +128,7 @@ class KeyCache:
 
     def evict_subject(self, subject_ref: str, scope: str | None = None) -> int:
         with self._lock:
+            self.evictions += 1
             doomed = [
                 kid
                 for kid, (key, _) in self._by_id.items()
@@ -133,6 +144,7 @@ class KeyCache:
         with them) and the ids of cached shared keys whose owners are unknown (the
         caller looks them up: ``Keyring.evict_subject``)."""
         with self._lock:
+            self.evictions += 1
             doomed, unknown, holders = [], [], set()
             for kid, (key, _) in self._by_id.items():
                 if key.subject_ref == subject_ref:
@@ -151,6 +163,7 @@ class KeyCache:
     def evict_shared(self, key_ids: Iterable[bytes]) -> set[str]:
         """Evict these keys; returns their holders."""
         with self._lock:
+            self.evictions += 1
             holders = set()
             for key_id in key_ids:
                 entry = self._by_id.get(key_id)
@@ -177,6 +190,7 @@ class KeyCache:
 
     def clear(self) -> None:
         with self._lock:
+            self.evictions += 1
             self._by_id.clear()
             self._by_owner.clear()
             self._owners.clear()

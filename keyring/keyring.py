@@ -39,6 +39,7 @@ import base64
 import contextlib
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -320,7 +321,13 @@ class Keyring:
         # registered identifier under a new identifier key version (version, key).
         # While it is unset the identifier key is re-wrapped like any secret.
         self.identifier_rehash: Callable[[int, bytes], object] | None = None
-        self._refs: dict[tuple[str, str], str] = {}
+        # (tenant, subject id) -> (subject_ref, expiry): the one place a raw subject
+        # id stays in memory, so it leaves like a key does: on the subject's eviction
+        # and after the cache TTL (the janitor's ``purge_expired``).
+        self._refs: dict[tuple[str, str], tuple[str, float]] = {}
+        self._ref_names: dict[str, tuple[str, str]] = {}  # subject_ref -> its entry
+        self._refs_lock = threading.Lock()
+        self._ref_ttl = cache_ttl_seconds
         # Who still needs KEK epochs before N (descriptions, safe to print); the
         # facade points it at the retained backup generations.
         self.epoch_users: Callable[[int], list[str]] | None = None
@@ -484,8 +491,8 @@ class Keyring:
             cached = self._refs.get((tenant, subject_id))  # only ever holds checked names
         except TypeError:  # unhashable: refused below
             cached = None
-        if cached is not None:
-            return cached
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
         _check_name("tenant", tenant)
         if not isinstance(subject_id, str) or not subject_id:
             raise InvalidInput("a subject id must be a non-empty string")
@@ -499,10 +506,29 @@ class Keyring:
         mac = prim.hmac_sha256(ref_key, _REF_DOMAIN + _LEN.pack(len(t)) + t + s)
         # 20 bytes encode to 32 base32 characters, of which the first 26 are kept.
         ref = base64.b32encode(mac[:20]).decode("ascii").lower()[:_REF_CHARS]
-        if len(self._refs) >= _REF_CACHE:
-            self._refs.clear()
-        self._refs[(tenant, subject_id)] = ref
+        if self._ref_ttl > 0:
+            with self._refs_lock:
+                if len(self._refs) >= _REF_CACHE:
+                    self._refs.clear()
+                    self._ref_names.clear()
+                self._refs[(tenant, subject_id)] = (ref, time.monotonic() + self._ref_ttl)
+                self._ref_names[ref] = (tenant, subject_id)
         return ref
+
+    def _forget_ref(self, subject_ref: str) -> None:
+        with self._refs_lock:
+            name = self._ref_names.pop(subject_ref, None)
+            if name is not None:
+                self._refs.pop(name, None)
+
+    def _purge_refs(self) -> int:
+        now = time.monotonic()
+        with self._refs_lock:
+            doomed = [(name, ref) for name, (ref, expires) in self._refs.items() if expires <= now]
+            for name, ref in doomed:
+                del self._refs[name]
+                self._ref_names.pop(ref, None)
+        return len(doomed)
 
     # -- DEKs ----------------------------------------------------------------------
 
@@ -566,7 +592,9 @@ class Keyring:
                 self.live.forget([epoch])
         raise KekEpochDestroyed("the live KEK epoch kept being destroyed while a key was written")
 
-    def _unwrap_record(self, record: KeyRecord, owners: Iterable[str] | None = None) -> DataKey:
+    def _unwrap_record(
+        self, record: KeyRecord, owners: Iterable[str] | None = None, *, since: int | None = None
+    ) -> DataKey:
         context = _record_context(record)
         try:
             raw = self._unwrap_one(record.kek_provider, record.kek_epoch, record.wrapped, context)
@@ -576,7 +604,7 @@ class Keyring:
                 f"key {record.key_id.hex()} is wrapped by destroyed KEK epoch {record.kek_epoch}"
             ) from None
         key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
-        self.cache.put(key, owners if owners is not None else (record.owners or None))
+        self.cache.put(key, owners if owners is not None else (record.owners or None), since=since)
         return key
 
     def data_key(
@@ -602,6 +630,7 @@ class Keyring:
             return cached
         _check_name("a subject_ref", subject_ref)
         _check_name("scope", scope)
+        since = self.cache.evictions  # before the record is read: see KeyCache.put
         record = self.store.find(subject_ref, scope, tag)
         if record is None:
             if not create:
@@ -609,7 +638,7 @@ class Keyring:
                     raise SubjectErased(f"the keys of subject_ref {subject_ref} were destroyed")
                 raise KeyNotFound(f"no key for subject_ref {subject_ref} in scope {scope!r}")
             record = self._create(subject_ref, scope, others)
-        return self._unwrap_record(record, others)
+        return self._unwrap_record(record, others, since=since)
 
     def owners_of(self, key_ids: Iterable[bytes]) -> dict[bytes, tuple[str, ...]]:
         """The other owners of each shared key (scope keys are absent)."""
@@ -647,10 +676,11 @@ class Keyring:
         cached = self.cache.get(key_id)
         if cached is not None:
             return cached
+        since = self.cache.evictions
         record = self.store.get(key_id)
         if record is None:
             self._raise_missing(key_id)
-        return self._unwrap_record(record)
+        return self._unwrap_record(record, since=since)
 
     def data_keys_by_id(self, key_ids: Iterable[bytes]) -> dict[bytes, DataKey]:
         """Batch unwrap: one KEK round trip (per provider batch) for every cache miss."""
@@ -665,6 +695,7 @@ class Keyring:
                 out[key_id] = key
         if not missing:
             return out
+        since = self.cache.evictions
         records = self.store.get_many(missing)
         for key_id in missing:
             if key_id not in records:
@@ -676,7 +707,7 @@ class Keyring:
             raise SubjectErased("a key is wrapped by a destroyed KEK epoch") from None
         for record, raw in zip(ordered, raws, strict=True):
             key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
-            self.cache.put(key)
+            self.cache.put(key, since=since)
             out[record.key_id] = key
         return out
 
@@ -961,6 +992,8 @@ class Keyring:
             erased_at=self._clock(),
         )
         deleted = self.store.destroy(tombstone.key_ids, tombstone) if tombstone.key_ids else 0
+        if scope is None:
+            self._forget_ref(subject_ref)
         evicted = self.cache.evict(tombstone.key_ids) + self.cache.evict_subject(subject_ref, scope)
         self._verify_destroyed(tombstone.key_ids)
         return DestroyResult(
@@ -980,6 +1013,7 @@ class Keyring:
         Shared keys unwrapped by id have unknown owners: they are looked up in one
         read, and those of the subject go, as do those the store no longer lists
         (destroyed meanwhile) or all of them when the store cannot be asked."""
+        self._forget_ref(subject_ref)
         holders, unknown = self.cache.evict_owner(subject_ref)
         if unknown:
             try:
@@ -1001,9 +1035,14 @@ class Keyring:
         """Drop every unwrapped DEK this process holds (events may have been missed).
         Epoch keys stay: they belong to no subject."""
         self.cache.clear()
+        with self._refs_lock:
+            self._refs.clear()
+            self._ref_names.clear()
 
     def purge_expired(self) -> int:
-        """Drop expired DEKs now (the handle's janitor calls this on a schedule)."""
+        """Drop expired DEKs (and subject ids) now (the handle's janitor calls this
+        on a schedule); returns the DEKs dropped."""
+        self._purge_refs()
         return self.cache.purge_expired()
 
     def held(self, subject_ref: str) -> int:
@@ -1019,7 +1058,7 @@ class Keyring:
             raise KeyshredError(f"key {key_id.hex()} still unwraps after destroy")
 
     def close(self) -> None:
-        self.cache.clear()
+        self.evict_all()
         self.live.forget()
         self.kek.close()
         if self._archive is not None:

@@ -202,6 +202,15 @@ class GuardMixin(CatalogBase):
         events.deliver(self.engine, event)  # SQLite: this process's handles, now
         return state.epoch + 1
 
+    def announce_eviction(self, subject_ref: str, scope: str | None, epoch: int) -> None:
+        """Publish a suppression's eviction event again, in a transaction of its own:
+        after the keys' destruction, so that what a read in flight cached between
+        the suppression and the destruction leaves every process as well (no new
+        key can be loaded after it)."""
+        with self._write() as conn:
+            event = events.publish(conn, subject_ref, scope, epoch)
+        events.deliver(self.engine, event)
+
     def set_guard(self, subject_ref: str, status: str) -> None:
         """Change the subject-wide status, keeping the epoch (``active`` re-admits)."""
         now = datetime.now(UTC)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +23,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from keyshred._validate import DEFAULT_MAX_DEPTH
+from keyshred.errors import KeyshredError
 from keyshred.keyring.keyring import Keyring
+from keyshred.keyring.keystore import owner_subject
 from keyshred.storage.catalog import ACTIVE, Catalog
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.freeze import FreezeLock
@@ -108,11 +110,95 @@ class MemoryStoreBase:
         # (subject_ref, space) -> the partition generation, the vector cache entry
         # (weakly) and the change position of the last vector check (``_fresh_vectors``).
         self._vector_checks: dict[tuple[str, str], tuple[int, Any, int]] = {}
+        # Evictions as they begin (``note_eviction``: before the keys go), numbered:
+        # a read that overlapped one of its subject drops what it cached meanwhile
+        # and reads again, guard check first (``ReadMixin._settled``).
+        self._eviction_seq = 0
+        self._evicted: deque[tuple[int, str | None]] = deque(maxlen=1024)
         # Held shared by every partition write (and the vector index's drops),
         # exclusive by a backup's snapshot (``frozen``).
         self._freeze = freeze or FreezeLock(root / "FREEZE")
         self._audit = audit  # corrections and deletions are events
         self._sql: str | None = None  # the compiled query of _expected_ids
+
+    # -- eviction ----------------------------------------------------------------------
+
+    def note_eviction(self, subject_ref: str | None) -> None:
+        """An eviction of the subject (``None``: of everyone) begins: reads in flight
+        that touch it will drop what they cached and read again."""
+        with self._lock:
+            self._eviction_seq += 1
+            self._evicted.append((self._eviction_seq, subject_ref))
+
+    def evicted_since(self, seq: int, subject_ref: str) -> bool:
+        """Whether an eviction of the subject (or of everyone) began after ``seq``."""
+        with self._lock:
+            if self._eviction_seq == seq:
+                return False
+            if self._eviction_seq - seq > len(self._evicted):
+                return True  # older than the record: cannot tell, so yes
+            return any(n > seq and r in (None, subject_ref) for n, r in self._evicted)
+
+    def drop_cached(self, subject_ref: str) -> None:
+        """Forget what this process holds of the subject: its partition and vectors
+        (``evict``) and its unwrapped keys."""
+        self.evict(subject_ref)
+        self._keyring.evict_subject(subject_ref)
+
+    def evict(self, subject_ref: str) -> None:
+        """Forget a subject's decrypted rows, vectors and cached keys in this process,
+        and every other subject's partition holding a row that mentions it."""
+        self.note_eviction(subject_ref)
+        with self._lock:
+            parts = {subject_ref: self._partitions.pop(subject_ref, None)}
+            mentioning = {
+                ref for ref, part in self._partitions.items() if part.mentions(subject_ref)
+            }
+            shared = {
+                ref: set(part.shared_keys)
+                for ref, part in self._partitions.items()
+                if part.shared_keys and ref not in mentioning
+            }
+        # Rows sealed under keys the subject co-owns (derived from its data) go too:
+        # their owners in one lookup, outside the lock; a key the store no longer
+        # lists was destroyed (by this very erasure): its rows go as well.
+        if shared:
+            try:
+                owners = self._keyring.owners_of(set().union(*shared.values()))
+            except KeyshredError:
+                owners = {}  # cannot tell: none stays
+            for ref, ids in shared.items():
+                for kid in ids:
+                    theirs = owners.get(kid)
+                    if theirs is None or subject_ref in {owner_subject(o) for o in theirs}:
+                        mentioning.add(ref)
+                        break
+        with self._lock:
+            for ref in mentioning:
+                part = self._partitions.pop(ref, None)
+                if part is not None:
+                    parts[ref] = part
+            for ref in parts:
+                self._used.pop(ref, None)
+        for ref, part in parts.items():
+            if part is not None:
+                part.close()
+            if self._vectors is not None:
+                self._vectors.evict(ref)
+        self._pme.forget()
+
+    def evict_all(self) -> None:
+        """Forget every subject's decrypted rows and vectors, and pyarrow's keys."""
+        self.note_eviction(None)
+        with self._lock:
+            parts = list(self._partitions.values())
+            self._partitions.clear()
+            self._used.clear()
+        for part in parts:
+            part.close()
+        if self._vectors is not None:
+            self._vectors.evict_all()
+        self._pme.forget()
 
     # -- partitions --------------------------------------------------------------------
 

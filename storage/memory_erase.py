@@ -278,37 +278,6 @@ class EraseMixin(ReadMixin):
         _, segments, records = self._hot.state(ref, since=None)
         return {s.scope for s in segments or []} | {r.scope for r in records}
 
-    def evict(self, subject_ref: str) -> None:
-        """Forget a subject's decrypted rows, vectors and cached keys in this process,
-        and every other subject's partition holding a row that mentions it."""
-        with self._lock:
-            parts = {subject_ref: self._partitions.pop(subject_ref, None)}
-            mentioning = [
-                ref for ref, part in self._partitions.items() if part.mentions(subject_ref)
-            ]
-            for ref in mentioning:
-                parts[ref] = self._partitions.pop(ref)
-            for ref in parts:
-                self._used.pop(ref, None)
-        for ref, part in parts.items():
-            if part is not None:
-                part.close()
-            if self._vectors is not None:
-                self._vectors.evict(ref)
-        self._pme.forget()
-
-    def evict_all(self) -> None:
-        """Forget every subject's decrypted rows and vectors, and pyarrow's keys."""
-        with self._lock:
-            parts = list(self._partitions.values())
-            self._partitions.clear()
-            self._used.clear()
-        for part in parts:
-            part.close()
-        if self._vectors is not None:
-            self._vectors.evict_all()
-        self._pme.forget()
-
     def purge_expired(self) -> int:
         """Close the partitions unused for the cache TTL (their decrypted rows go);
         returns how many went. The vector index has its own (``VectorIndex.

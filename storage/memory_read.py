@@ -10,10 +10,10 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 from keyshred._validate import check_count, check_filter, check_text
-from keyshred.errors import InvalidInput, SubjectSuppressed
+from keyshred.errors import BackendUnavailable, InvalidInput, SubjectSuppressed
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
@@ -31,6 +31,11 @@ from keyshred.storage.vectors import DEFAULT_SPACE
 
 __all__ = ["ReadMixin", "compile_filter"]
 
+T = TypeVar("T")
+# One read's partition, how often it had been closed when handed out, and its answer.
+Read: TypeAlias = tuple[Partition, int, T]
+_ATTEMPTS = 3
+
 
 class ReadMixin(IndexMixin):
     """Reads of memories, by subject and by subject_ref."""
@@ -39,19 +44,49 @@ class ReadMixin(IndexMixin):
 
     def _row(self, subject: Any, namespace: Sequence[str] | str, key: str) -> MemoryRow | None:
         ref = self._ref(subject)
+        ns, k = _namespace(namespace), _key(key)
+        return self._settled(ref, lambda: self._row_once(ref, ns, k))
+
+    def _row_once(self, ref: str, ns: tuple[str, ...], k: str) -> Read[MemoryRow | None]:
         guard = self._catalog.guard(ref)
         self._catalog.enforce(ref, guard, None)
-        ns, k = _namespace(namespace), _key(key)
-        part = self._partition(ref)
-        part.ensure_loaded()
+        part, closes = self._reading(ref)
         if not part.rows:  # no lookup key is created just to read nothing
-            return None
+            return part, closes, None
         row = part.rows.get(part.lookup(ns, k))
         if row is not None and row.scope in guard.scopes:
             raise SubjectSuppressed(f"scope {row.scope!r} of subject_ref {ref} is suppressed")
         if row is not None and row.retain_us <= to_us(self._clock()):
-            return None  # past its retain-until: gone for every read, deleted by retention
-        return row
+            return part, closes, None  # past its retain-until: gone for every read
+        return part, closes, row
+
+    def _reading(self, ref: str) -> tuple[Partition, int]:
+        """The subject's partition, loaded, and how often it had been closed when
+        it was handed out (``_settled`` compares)."""
+        part = self._partition(ref)
+        closes = part.closes
+        part.ensure_loaded()
+        return part, closes
+
+    def _settled(self, ref: str, read: Callable[[], Read[T]]) -> T:
+        """``read`` once more, guard check included, when the partition it used was
+        closed while it read (an eviction, or the open-partition limit: a closed
+        partition's rows are gone, and its answer may be short), or when an eviction
+        of its subject overlapped it (what it cached goes first). After an
+        erasure's eviction the next attempt is refused by the guard."""
+        for _ in range(_ATTEMPTS):
+            seq = self._eviction_seq
+            part, closes, out = read()
+            if self.evicted_since(seq, ref):
+                # Its guard passed before a suppression whose eviction overlapped
+                # the read: what the read cached after the eviction goes now.
+                self.drop_cached(ref)
+                continue
+            if part.closes == closes:
+                return out
+        raise BackendUnavailable(
+            f"the partition of subject_ref {ref} kept being evicted while it was read"
+        )
 
     def get(self, subject: Any, namespace: Sequence[str] | str, key: str) -> Memory | None:
         row = self._row(subject, namespace, key)
@@ -116,11 +151,44 @@ class ReadMixin(IndexMixin):
         check_filter(filter)
         if query is not None:
             check_text(query, "a query")
+        prefix = _prefix(namespace_prefix)
+        return self._settled(
+            ref,
+            lambda: self._search_once(
+                ref,
+                prefix,
+                query=query,
+                filter=filter,
+                scope=scope,
+                purpose=purpose,
+                category=category,
+                limit=limit,
+                offset=offset,
+                order=order,
+                embedder=embedder,
+                unscored=unscored,
+            ),
+        )
+
+    def _search_once(
+        self,
+        ref: str,
+        prefix: tuple[str, ...],
+        *,
+        query: str | None,
+        filter: Mapping[str, Any] | None,
+        scope: str | None,
+        purpose: str | None,
+        category: str | None,
+        limit: int,
+        offset: int,
+        order: str,
+        embedder: Embedder | None,
+        unscored: bool,
+    ) -> Read[list[Memory]]:
         guard = self._catalog.guard(ref)
         self._catalog.enforce(ref, guard, None)
-        prefix = _prefix(namespace_prefix)
-        part = self._partition(ref)
-        part.ensure_loaded()
+        part, closes = self._reading(ref)
         n = len(prefix)
         hidden = guard.scopes  # suppressed scopes: invisible, as if already erased
         now_us = to_us(self._clock())
@@ -141,7 +209,7 @@ class ReadMixin(IndexMixin):
             return test is None or bool(test(part.parsed_value(row)))
 
         if query is not None:
-            return self._semantic(
+            found = self._semantic(
                 ref,
                 part,
                 wanted,
@@ -152,14 +220,16 @@ class ReadMixin(IndexMixin):
                 embedder=embedder,
                 unscored=unscored,
             )
+            return part, closes, found
         hits = [row for row in list(part.rows.values()) if wanted(row)]
         if order == "insertion":
             # Oldest first, namespaces in the order they first appeared (LangGraph's
             # InMemoryStore order); only the slice asked for becomes Memory objects.
-            return [_memory(r) for r in _insertion_order(hits, offset + limit)[offset:]]
+            ordered = _insertion_order(hits, offset + limit)[offset:]
+            return part, closes, [_memory(r) for r in ordered]
         # Only the first offset + limit are wanted: a bounded heap, not a full sort.
         top = heapq.nlargest(offset + limit, hits, key=_newest_first)
-        return [_memory(r) for r in top[offset:]]
+        return part, closes, [_memory(r) for r in top[offset:]]
 
     def _semantic(
         self,
@@ -214,10 +284,13 @@ class ReadMixin(IndexMixin):
 
     def count(self, subject: Any) -> int:
         ref = self._ref(subject)
-        self._catalog.check_guard(ref)
-        part = self._partition(ref)
-        part.ensure_loaded()
-        return len(part.rows)
+
+        def once() -> Read[int]:
+            self._catalog.check_guard(ref)
+            part, closes = self._reading(ref)
+            return part, closes, len(part.rows)
+
+        return self._settled(ref, once)
 
     # -- history (written by ``correct``) ----------------------------------------------
 
@@ -269,20 +342,24 @@ class ReadMixin(IndexMixin):
 
     def namespaces_ref(self, ref: str, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:
         """The namespaces of ``ref``'s live memories under ``prefix`` (guard-checked)."""
-        guard = self._catalog.guard(ref)
-        self._catalog.enforce(ref, guard, None)
-        part = self._partition(ref)
-        part.ensure_loaded()
         p = tuple(prefix)
-        now = to_us(self._clock())
-        return {
-            r.namespace
-            for r in list(part.rows.values())
-            if r.namespace[: len(p)] == p
-            and r.scope not in guard.scopes
-            and r.retain_us > now
-            and not r.namespace[0].startswith("~")
-        }
+
+        def once() -> Read[set[tuple[str, ...]]]:
+            guard = self._catalog.guard(ref)
+            self._catalog.enforce(ref, guard, None)
+            part, closes = self._reading(ref)
+            now = to_us(self._clock())
+            found = {
+                r.namespace
+                for r in list(part.rows.values())
+                if r.namespace[: len(p)] == p
+                and r.scope not in guard.scopes
+                and r.retain_us > now
+                and not r.namespace[0].startswith("~")
+            }
+            return part, closes, found
+
+        return self._settled(ref, once)
 
     def count_ref(self, ref: str) -> int:
         """How many memories ``ref``'s partition holds (loads it; no guard check)."""

@@ -179,6 +179,10 @@ class Partition:
         self.changed: list[str] = []
         # Rows whose owner-set key was destroyed, by lookup: in the files, in no read.
         self.opaque: dict[str, MemoryRow] = {}
+        # Keys of shared owner sets that opened rows here (a mention, data derived
+        # from another subject's): the eviction of any co-owner takes this cache.
+        self.shared_keys: set[bytes] = set()
+        self.closes = 0  # how often an eviction (or the open limit) closed it
         self._head: Head = EMPTY
         self._segments: dict[str, Segment] = {}  # the live segment of each scope
         self._dirty: set[str] = set()
@@ -238,6 +242,7 @@ class Partition:
         with self.lock:
             self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
             self.by_id, self.changed = {}, []
+            self.shared_keys = set()
             self.generation = next(_GENERATIONS)
             self._token = None
             self._head, self._segments, self._dirty, self._pending = EMPTY, {}, set(), 0
@@ -595,6 +600,8 @@ class Partition:
                     found.subject_ref != self.subject_ref or found.scope != row.scope
                 ):
                     raise IntegrityError(f"partition {self.subject_ref} holds another's row")
+                if found is not None and found.owner_tag:
+                    self.shared_keys.add(key_id)
                 keys[key_id] = found
             key = keys[key_id]
             if key is None:
@@ -930,6 +937,7 @@ class Partition:
 
     def close(self) -> None:
         with self.lock:
+            self.closes += 1  # a reader that was handed this partition reads again
             self.invalidate()
             self._lookup_key = None
             self._ns_cache = {}

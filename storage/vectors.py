@@ -225,6 +225,7 @@ class VectorIndex:
         self._lock = threading.RLock()
         # subject_ref -> space tag -> that space's decrypted vectors.
         self._cache: OrderedDict[str, dict[str, _Cached]] = OrderedDict()
+        self._evictions = 0  # bumped by every eviction: see ``_cached``
         # When each cached subject was last used: decrypted vectors idle for the TTL
         # leave memory (``purge_expired``), asked for or not.
         self._used: dict[str, float] = {}
@@ -418,6 +419,9 @@ class VectorIndex:
                 self._cache.move_to_end(ref)
                 self._used[ref] = self._clock()
                 return entry
+            # An eviction while this loads (another process erased the subject after
+            # this read passed its guard) leaves the loaded vectors out of the cache.
+            since = self._evictions
         table = self._table(ref, create=False)
         if table is None:
             entry = {}
@@ -434,6 +438,8 @@ class VectorIndex:
                 if enabled:
                     gc.enable()
         with self._lock:
+            if since != self._evictions:
+                return entry
             self._cache[ref] = entry
             self._used[ref] = self._clock()
             total = sum(_size(c) for c in self._cache.values())
@@ -445,12 +451,18 @@ class VectorIndex:
     def evict(self, ref: str | None = None) -> None:
         """Forget decrypted vectors (one subject, or all)."""
         with self._lock:
+            self._evictions += 1
             if ref is None:
                 self._cache.clear()
                 self._used.clear()
             else:
                 self._cache.pop(ref, None)
                 self._used.pop(ref, None)
+
+    def note_eviction(self, ref: str | None) -> None:
+        """An eviction begins: a load that spans it caches nothing (``_cached``)."""
+        with self._lock:
+            self._evictions += 1
 
     def evict_all(self) -> None:
         """Forget every subject's decrypted vectors."""

@@ -59,6 +59,8 @@ class Cache(Protocol):
 
     def evict(self, subject_ref: str) -> None: ...
 
+    def note_eviction(self, subject_ref: str | None) -> None: ...
+
     def evict_all(self) -> None: ...
 
     def purge_expired(self) -> int: ...
@@ -149,6 +151,10 @@ class Eviction:
 
     def evict(self, subject_ref: str) -> None:
         with self._lock:
+            # Announced before anything goes: a read in flight that caches the
+            # subject after the keys went sees it and drops what it cached.
+            for cache in self._caches:
+                cache.note_eviction(subject_ref)
             # Keys first: without them nothing cached elsewhere can be re-derived.
             # Other holders whose keys the subject co-owned (a memory mentioning
             # it, an asset derived from its data) lose what they decrypted too.
@@ -168,6 +174,8 @@ class Eviction:
         """Drop every subject's cached keys, rows and vectors (after a gap in the
         listener's connection: events may have been lost)."""
         with self._lock:
+            for cache in self._caches:
+                cache.note_eviction(None)
             self._keyring.evict_all()
             for cache in self._caches:
                 cache.evict_all()

@@ -136,6 +136,12 @@ class Extent:
         with w.partitions.locked(self.ref):
             result = w.keyring.destroy(self.ref, self.scope)
         w.evict(self.ref)
+        epoch = self.req.doc["details"].get("suppress", {}).get("epoch")
+        if epoch is not None:
+            # Every process again, now that no key of the subject can be loaded: a
+            # read that passed its guard before the suppression and cached a key or
+            # rows after the first event loses them here.
+            w.catalog.announce_eviction(self.ref, self.scope, int(epoch))
         at = now()
         tombstone = result.tombstone
         if not tombstone.key_ids:
