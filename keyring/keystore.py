@@ -434,7 +434,7 @@ class SqlKeyStore(KeyStore):
         migrations is first brought to revision 0001 as every open did before."""
         with db.write(self.engine) as conn:
             if self._pg:  # the runner's lock: one process at a time migrates
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({db._MIGRATION_LOCK})")
+                db.advisory_xact_lock(conn, db._MIGRATION_LOCK)
             names = set(sa.inspect(conn).get_table_names())
             if self._t.dek.name in names and schema.VERSION_TABLE not in names:
                 unversioned_to_0001(conn)

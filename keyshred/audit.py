@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from keyshred import db
 from keyshred.db import utc
 from keyshred.errors import IntegrityError, InvalidInput
 from keyshred.schema import audit_anchor, audit_events
@@ -66,7 +67,7 @@ def _last_hash(conn: Any) -> str:
     anchor's (or the genesis value of an empty log). On PostgreSQL the transaction
     first takes the chain's lock: writers in other processes wait for its commit."""
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7741207360620623204)")  # "ks-audit"
+        db.advisory_xact_lock(conn, db.AUDIT_LOCK)
     last = conn.execute(
         sa.select(audit_events.c.hash).order_by(audit_events.c.seq.desc()).limit(1)
     ).scalar()

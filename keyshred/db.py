@@ -25,6 +25,7 @@ storage and the services all build on it, none of them on each other's engines.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -352,6 +353,45 @@ def _in_transaction(dialect: str, conn: Any, cur: Any) -> Iterator[Any]:
 # database, or live in two SQLite files). ``env.py`` in each folder reads the
 # connection and the version table from ``config.attributes``.
 _MIGRATION_LOCK = 0x6B73_6D69  # "ksmi": PostgreSQL advisory lock held while migrating
+AUDIT_LOCK = 7741207360620623204  # "ks-audit": the audit chain's writers, one at a time
+
+
+def lock_key(base: int, schema: str | None) -> int:
+    """The advisory lock ``base`` of one schema. Advisory locks belong to the whole
+    database while keyshred's tables live in a schema (``search_path``): stores in
+    two schemas of one database must not wait on each other's locks (nor hang
+    behind one left held). The ``public`` schema keeps ``base`` itself, so a
+    deployment there shares its locks with processes of earlier releases."""
+    if schema in (None, "public"):
+        return base
+    digest = hashlib.sha256(f"keyshred-lock\x00{schema}\x00{base}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # a signed bigint
+
+
+_SCHEMAS: dict[str, str | None] = {}
+
+
+def current_schema(conn: Any) -> str | None:
+    """The schema a PostgreSQL connection's tables live in (its search_path's first
+    existing one), remembered per engine URL (the URL carries the search_path);
+    ``conn`` is a SQLAlchemy ``Connection`` or a DB-API cursor of that engine."""
+    if isinstance(conn, Connection):
+        key = conn.engine.url.render_as_string(hide_password=True)
+        if key not in _SCHEMAS:
+            value = conn.exec_driver_sql("SELECT current_schema()").scalar()
+            if value is not None:  # not created yet: ask again next time
+                _SCHEMAS[key] = str(value)
+            return None if value is None else str(value)
+        return _SCHEMAS[key]
+    conn.execute("SELECT current_schema()")
+    row = conn.fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def advisory_xact_lock(conn: Connection, base: int) -> None:
+    """Take the transaction-scoped advisory lock ``base`` of the connection's schema."""
+    key = lock_key(base, current_schema(conn))
+    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({key})")
 
 
 def migrate(
@@ -382,7 +422,7 @@ def migrate(
     cfg.set_main_option("script_location", script_location)
     with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+            advisory_xact_lock(conn, _MIGRATION_LOCK)
         cfg.attributes["connection"] = conn
         cfg.attributes["version_table"] = version_table
         names = set(sa.inspect(conn).get_table_names())

@@ -323,8 +323,18 @@ class Keyshred:
                 request_id=request_id,
                 probes=probes,
                 block=block,
+                claim=True,
             )
             erase_span.set("keyshred.request_id", req.request_id)
+            # Its job was leased to this call when it was recorded: no worker starts
+            # it (and runs it without this call's probes) before we do.
+            claimed = self._erasure.take_claimed(req.request_id)
+            if claimed is not None:
+                self._jobs.run(claimed, reraise=True)
+                req = self.erasure.status(req.request_id)
+                if req.state in _SETTLED:
+                    erase_span.set("keyshred.state", req.state)
+                    return req
             job_id = self._erasure.job_id(req.request_id)
             if job_id is not None and self._jobs.run_id(job_id, reraise=True) is not None:
                 req = self.erasure.status(req.request_id)

@@ -199,8 +199,32 @@ class JobQueue:
                 return self._insert(own, kind, doc, dedupe_key, delay)
         return self._insert(conn, kind, doc, dedupe_key, delay)
 
+    def enqueue_leased(
+        self, kind: str, payload: dict[str, str], *, dedupe_key: str, conn: Connection
+    ) -> Job | None:
+        """A new job, leased to the caller from the start (run it with
+        ``JobRunner.run``): no worker can claim it before the caller does, and if
+        the caller dies its lease runs out and any worker takes it. None if the
+        dedupe key is taken already (that job is claimed the usual way)."""
+        if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+            raise InvalidInput("a job kind is a short lower-case name")
+        if not isinstance(dedupe_key, str) or not _DEDUPE.fullmatch(dedupe_key):
+            raise InvalidInput("a dedupe key is an id-like string")
+        doc = json.dumps(check_payload(payload), sort_keys=True)
+        owner = new_owner()
+        job_id = self._insert(conn, kind, doc, dedupe_key, 0.0, owner=owner)
+        row = conn.execute(sa.select(_T).where(_T.c.job_id == job_id)).one()
+        return _job(row) if row.lease_owner == owner else None
+
     def _insert(
-        self, conn: Connection, kind: str, doc: str, dedupe_key: str | None, delay: float
+        self,
+        conn: Connection,
+        kind: str,
+        doc: str,
+        dedupe_key: str | None,
+        delay: float,
+        *,
+        owner: str | None = None,
     ) -> str:
         job_id = uuid.uuid4().hex
         now = db_now_us(self._dialect)
@@ -208,12 +232,14 @@ class JobQueue:
             "job_id": job_id,
             "kind": kind,
             "payload": doc,
-            "state": QUEUED,
-            "attempts": 0,
+            "state": QUEUED if owner is None else RUNNING,
+            "attempts": 0 if owner is None else 1,
             "max_attempts": self.settings.max_attempts,
             "run_after": until(self._dialect, max(0.0, delay)),
-            "lease_owner": None,
-            "lease_until": None,
+            "lease_owner": owner,
+            "lease_until": None
+            if owner is None
+            else until(self._dialect, self.settings.lease_seconds),
             "last_error": None,
             "dedupe_key": dedupe_key,
             "created_at": now,

@@ -5,12 +5,14 @@ erasing process used to evict, so a worker elsewhere kept an erased subject's ke
 and plaintext in memory until its TTL, or for ever for an unused partition. The
 suppression now publishes an event that every open handle acts on:
 
-- **PostgreSQL**: ``publish`` runs ``pg_notify('keyshred_evict', …)`` inside the
-  suppressing transaction, so the event is delivered at its commit, never before
-  and never for a transaction rolled back. Each handle's ``Listener`` holds its own
-  connection (``LISTEN``) on a daemon thread and reconnects with backoff when it
-  drops; after a reconnect it resets (evicts everything), since events sent while
-  it was away are lost.
+- **PostgreSQL**: ``publish`` runs ``pg_notify`` inside the suppressing
+  transaction, so the event is delivered at its commit, never before and never for
+  a transaction rolled back. Channels are per database, schemas are not: the
+  channel is ``keyshred_evict_`` and a digest of the catalog's schema
+  (``channel``), so stores in two schemas of one database hear only their own.
+  Each handle's ``Listener`` holds its own connection (``LISTEN``) on a daemon
+  thread and reconnects with backoff when it drops; after a reconnect it resets
+  (evicts everything), since events sent while it was away are lost.
 - **SQLite** (the embedded profile: one machine, and in practice one process per
   folder): an in-process bus per database file. ``publish`` only makes the event;
   ``deliver`` hands it to every handle of this process open on that file after the
@@ -41,19 +43,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-__all__ = ["CHANNEL", "EvictionEvent", "Listener", "deliver", "publish", "subscribe"]
+__all__ = ["CHANNEL", "EvictionEvent", "Listener", "channel", "deliver", "publish", "subscribe"]
 
-CHANNEL = "keyshred_evict"
+CHANNEL = "keyshred_evict"  # the channel's prefix: ``channel`` adds the schema's digest
+# The channel of the connection's schema (its search_path's first), as SQL: the
+# publisher names it inside its NOTIFY, the listener asks it before its LISTEN.
+_CHANNEL_EXPR = f"'{CHANNEL}_' || left(md5(coalesce(current_schema(), '')), 12)"
 _log = logging.getLogger("keyshred.evict")
 _MAX_BACKOFF = 5.0  # seconds between reconnection attempts, at most
 
 # One statement: the database's clock read once, into the payload and the result.
 _NOTIFY = sa.text(
     "WITH t AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) "
-    "SELECT pg_notify(:channel, json_build_object('event_id', CAST(:event_id AS text), "
+    "SELECT pg_notify('keyshred_evict_' || left(md5(coalesce(current_schema(), '')), 12), "
+    "json_build_object('event_id', CAST(:event_id AS text), "
     "'subject_ref', CAST(:subject_ref AS text), 'scope', CAST(:scope AS text), "
     "'epoch', CAST(:epoch AS bigint), 'published_us', t.us)::text), t.us FROM t"
 )
+assert _CHANNEL_EXPR in str(_NOTIFY)  # noqa: S101 - one channel, spelled twice
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +113,6 @@ def publish(conn: Connection, subject_ref: str, scope: str | None, epoch: int) -
         row = conn.execute(
             _NOTIFY,
             {
-                "channel": CHANNEL,
                 "event_id": event_id,
                 "subject_ref": subject_ref,
                 "scope": scope,
@@ -117,6 +123,16 @@ def publish(conn: Connection, subject_ref: str, scope: str | None, epoch: int) -
     else:
         published = time.time_ns() // 1000
     return EvictionEvent(event_id, subject_ref, scope, epoch, published)
+
+
+def channel(conn: Any) -> str:
+    """The eviction channel of a PostgreSQL connection's schema (a SQLAlchemy
+    ``Connection`` or a psycopg connection)."""
+    sql = f"SELECT {_CHANNEL_EXPR}"
+    if isinstance(conn, Connection):
+        return str(conn.exec_driver_sql(sql).scalar_one())
+    row = conn.execute(sql).fetchone()
+    return str(row[0])
 
 
 def deliver(engine: Engine, event: EvictionEvent) -> None:
@@ -273,13 +289,22 @@ class Listener:
             next_tick = self._maybe_tick(next_tick)
 
     def _wait(self, fds: list[int], timeout: float) -> bool:
-        """Wait for the connection (True: readable) or the timeout or ``close``."""
+        """Wait for the connection (True: readable) or the timeout or ``close``.
+
+        ``poll``, not ``select``: a process with more than 1024 descriptors open
+        (a server's sockets, many stores) gets descriptors ``select`` cannot
+        watch, and a listener that fails its wait at once spins reconnecting
+        (and resetting every cache) instead of listening."""
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        for fd in fds:
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
         try:
-            readable, _, _ = select.select([self._wake_r, *fds], [], [], timeout)
+            ready = poller.poll(max(0.0, timeout) * 1000.0)
         except (OSError, ValueError):
             self._disconnect()  # the connection's socket went away
             return False
-        return bool(fds) and fds[0] in readable
+        return any(fd in fds and events for fd, events in ready)
 
     def _maybe_tick(self, next_tick: float) -> float:
         now = time.monotonic()
@@ -306,7 +331,7 @@ class Listener:
                 keepalives_interval=2,
                 keepalives_count=3,
             )
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(f'LISTEN "{channel(conn)}"')
         except Exception as exc:  # noqa: BLE001 - the loop retries with backoff
             _log.warning("eviction listener cannot listen yet: %s", type(exc).__name__)
             return False
@@ -349,7 +374,7 @@ class Listener:
         try:
             event = EvictionEvent.from_json(payload)
         except ValueError:
-            _log.warning("ignored a message on %s that is no eviction event", CHANNEL)
+            _log.warning("ignored a message on the eviction channel that is no eviction event")
             return
         self.events += 1
         try:

@@ -54,6 +54,7 @@ class SubjectLocks:
         self._held: dict[str, tuple[int, Any]] = {}  # subject_ref -> (depth, release)
         self._fd: int | None = None
         self._pid = os.getpid()
+        self._schema: str | None = None  # PostgreSQL: the catalog's, asked once
         database = engine.url.database if self._dialect == "sqlite" else None
         self._file = Path(f"{database}-locks") if database and database != ":memory:" else None
 
@@ -100,6 +101,9 @@ class SubjectLocks:
         stack = contextlib.ExitStack()
         cur = stack.enter_context(db.cursor(self._engine, write=False))
         try:
+            if self._schema is None:
+                self._schema = db.current_schema(cur) or "public"
+            key = db.lock_key(key, self._schema)
             cur.execute("SELECT pg_advisory_lock(%s)", (key,))
         except BaseException:
             stack.close()

@@ -175,7 +175,11 @@ class ErasureCoordinator(HoldsMixin):
         # lease (keyshred.erasure.lease).
         self._lease_seconds = lease_seconds
         self._leases: dict[str, Lease] = {}
-        self._probes: dict[str, list[str]] = {}
+        self._probes = _Probes()
+        # Jobs claimed by the very transaction that recorded their request
+        # (``request(claim=True)``: ``ks.erase`` runs its request itself, so no
+        # worker takes it, and its probes, from under it), by request id.
+        self._claimed: dict[str, Job] = {}
         drop = [s for s in stores if s.phase == DROP]
         rebuild = [s for s in stores if s.phase != DROP]
         self._store_steps = {f"drop_{s.name}": s for s in drop} | {s.name: s for s in rebuild}
@@ -248,6 +252,8 @@ class ErasureCoordinator(HoldsMixin):
             raise LeaseLost()
 
     def _set_state(self, req: ErasureRequest, state: str, **data: Any) -> None:
+        if state in (COMPLETED, REJECTED, MANUAL_REVIEW):
+            self._probes.drop(req.request_id)  # nothing will verify them any more
         if req.state != state:
             req.state = state
             self._save(req)
@@ -274,8 +280,11 @@ class ErasureCoordinator(HoldsMixin):
         assets: Sequence[str] | None = None,
         kind: str = "erasure",
         block: bool = False,
+        claim: bool = False,
     ) -> ErasureRequest:
-        """Record a request (idempotent by ``request_id``) without running it.
+        """Record a request (idempotent by ``request_id``) without running it;
+        ``claim``: its job is leased to this process in the same transaction
+        (``take_claimed`` hands it over to run), so no worker starts it first.
 
         A subject erasure that finds nothing of the subject (no key, no asset, no
         store holding anything) says so (``found_data`` False, in the request and its
@@ -305,20 +314,20 @@ class ErasureCoordinator(HoldsMixin):
             doc["block"] = True
         if assets is not None:
             doc["assets"] = sorted({safe("asset id", a) for a in assets})
-        if probes:
-            # Probe strings stay in this process's memory only: written into the
-            # request row they would sit in the catalog's pages and WAL (the drill's
-            # byte scan found exactly that). A resumed request verifies without them.
-            self._probes[request_id] = list(probes)
         valid = is_safe(requested_by) and is_safe(reason)
+        if probes:
+            # How many, never what: a request resumed elsewhere says it could not
+            # check them (``verify``).
+            doc["probes"] = len(probes)
         try:
-            self._insert_request(
+            job = self._insert_request(
                 request_id,
                 subject_ref=subject_ref,
                 scope=scope,
                 requested_by=requested_by,
                 reason=reason,
                 doc=doc,
+                claim=claim and valid,
             )
         except sa.exc.IntegrityError:
             # Another caller recorded the same id between our read and our insert (a
@@ -329,6 +338,13 @@ class ErasureCoordinator(HoldsMixin):
                     f"request {request_id} exists for another subject or scope"
                 ) from None
             return existing
+        if job is not None:
+            self._claimed[request_id] = job
+        if probes and valid:
+            # Probe strings stay in this process's memory only: written into the
+            # request row they would sit in the catalog's pages and WAL (the drill's
+            # byte scan found exactly that). A resumed request verifies without them.
+            self._probes.keep(request_id, list(probes))
         self._audit.record(
             "erasure.requested",
             subject_ref=subject_ref,
@@ -351,8 +367,10 @@ class ErasureCoordinator(HoldsMixin):
         requested_by: str,
         reason: str,
         doc: dict[str, Any],
-    ) -> None:
-        """The request row and its job, in one transaction (the outbox)."""
+        claim: bool = False,
+    ) -> Job | None:
+        """The request row and its job, in one transaction (the outbox); the job
+        as leased to this process with ``claim`` (None without)."""
         valid = is_safe(requested_by) and is_safe(reason)
         at = now()
         with self._catalog.transaction() as conn:
@@ -371,14 +389,18 @@ class ErasureCoordinator(HoldsMixin):
                     receipt=None,
                 )
             )
-            if self._jobs is not None:
-                # The transactional outbox: the request and its job commit together.
-                self._jobs.enqueue(
-                    JOB_KIND,
-                    {"request_id": request_id},
-                    dedupe_key=job_key(request_id),
-                    conn=conn,
-                )
+            if self._jobs is None:
+                return None
+            # The transactional outbox: the request and its job commit together.
+            payload, key = {"request_id": request_id}, job_key(request_id)
+            if claim:
+                return self._jobs.enqueue_leased(JOB_KIND, payload, dedupe_key=key, conn=conn)
+            self._jobs.enqueue(JOB_KIND, payload, dedupe_key=key, conn=conn)
+            return None
+
+    def take_claimed(self, request_id: str) -> Job | None:
+        """The job ``request(claim=True)`` leased to this process, once."""
+        return self._claimed.pop(request_id, None)
 
     def submit(
         self,
@@ -715,7 +737,7 @@ class ErasureCoordinator(HoldsMixin):
         return self._w.backups.on_erasure(tombstone, whole_subject=req.scope is None)
 
     def _step_verify(self, req: ErasureRequest) -> dict[str, Any]:
-        probes = [p for p in self._probes.pop(req.request_id, []) if p]
+        probes = [p for p in self._probes.get(req.request_id) if p]
         return verify(self._w, req, probes, list(self._store_steps), self._save)
 
     def _step_receipt(self, req: ErasureRequest) -> dict[str, Any]:
@@ -822,3 +844,42 @@ def _upgrade_legacy_details(scope: str | None, doc: dict[str, Any]) -> None:
         }
     if "derived_done" in doc:  # a derived step killed halfway: its progress
         doc.setdefault("progress", {}).setdefault("derived", doc.pop("derived_done"))
+
+
+class _Probes:
+    """Probe strings of the requests this process recorded, in memory only, until
+    the request settles here (completed, rejected, sent to review) or, if another
+    process finishes it, an hour after it was recorded."""
+
+    def __init__(self, ttl_seconds: float = 3600.0) -> None:
+        self._ttl = ttl_seconds
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[list[str], float]] = {}
+
+    def keep(self, request_id: str, probes: list[str]) -> None:
+        with self._lock:
+            self._purge()
+            self._kept[request_id] = (probes, time.monotonic() + self._ttl)
+
+    def get(self, request_id: str) -> list[str]:
+        with self._lock:
+            self._purge()
+            entry = self._kept.get(request_id)
+            return [] if entry is None else list(entry[0])
+
+    def drop(self, request_id: str) -> None:
+        with self._lock:
+            self._kept.pop(request_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._purge()
+            return len(self._kept)
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for rid in [r for r, (_, until) in self._kept.items() if until <= now]:
+            del self._kept[rid]
+
+    def __repr__(self) -> str:
+        return f"_Probes(requests={len(self._kept)})"

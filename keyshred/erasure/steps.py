@@ -124,9 +124,19 @@ def verify(
         check("no asset mentions the subject", not mentions, f"{len(mentions)} assets")
         ids = w.catalog.count_identifiers(req.subject_ref)
         check("no registered identifier left", not ids, f"{ids} identifiers")
+    given = int(req.doc.get("probes", 0) or 0)
     if probes:
         hits = _probe_hits(w, req, probes, store_steps)
         check("probes found nowhere (key and semantic search)", not hits, f"{hits} hits")
+    elif given:
+        # Probes live only in the memory of the process that recorded the request;
+        # this one finishes it after that process stopped: said, not skipped.
+        check(
+            "probe search not run",
+            True,
+            f"the {given} probes given lived only in the process that recorded the "
+            "request, which stopped before verification",
+        )
     failed = [c["name"] for c in checks if not c["passed"]]
     if failed:
         raise VerificationFailed("verification failed: " + ", ".join(failed))

@@ -5,7 +5,7 @@
 ``_handle`` catches ``ValueError`` only. A payload whose ``epoch`` is JSON
 ``Infinity`` makes ``int(inf)`` raise ``OverflowError`` (a deeply nested payload a
 ``RecursionError``), which escapes ``_drain`` and ``_run``: the daemon thread ends.
-Any role of the database may ``NOTIFY keyshred_evict`` (the channel is shared by
+Any role of the database may ``NOTIFY`` on the eviction channel (the channel is shared by
 every schema of the database), so from then on this process never evicts an erased
 subject again: its unwrapped keys and decrypted rows stay in memory (issue 22's
 defect), and the janitor that enforces TTLs stops too."""
@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from keyshred.storage.events import channel
 from tests.conftest import PG_DSN
 from tests.test_eviction import _config, _fill, _nothing, _open, _write
 
@@ -40,8 +41,10 @@ def test_a_malformed_notify_does_not_stop_eviction(
         _fill(ks)
         alice = ks.subject_ref("alice")
         assert not _nothing(ks._eviction.held(alice))
+        with ks._catalog.transaction() as c:
+            name = channel(c)  # the channel of this store's schema
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute("SELECT pg_notify('keyshred_evict', %s)", (poison,))
+            conn.execute("SELECT pg_notify(%s, %s)", (name, poison))
         time.sleep(0.5)
         other.erase("alice", requested_by="dpo", reason="gdpr-art17")
         deadline = time.monotonic() + 5

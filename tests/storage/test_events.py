@@ -5,6 +5,7 @@ own database file only, and a key the subject co-owns leaves the cache with its 
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from pathlib import Path
@@ -19,7 +20,14 @@ from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore
 from keyshred.storage.catalog import Catalog
-from keyshred.storage.events import CHANNEL, EvictionEvent, Listener, deliver, publish, subscribe
+from keyshred.storage.events import (
+    EvictionEvent,
+    Listener,
+    channel,
+    deliver,
+    publish,
+    subscribe,
+)
 from tests.conftest import PG_DSN
 
 
@@ -58,7 +66,9 @@ def test_postgres_event_arrives_at_commit_never_before_nor_on_rollback(catalog_u
     catalog = Catalog(catalog_url)
     listener = psycopg.connect(PG_DSN, autocommit=True)
     try:
-        listener.execute(f"LISTEN {CHANNEL}")
+        with catalog.transaction() as conn:
+            name = channel(conn)
+        listener.execute(f'LISTEN "{name}"')
         # Rolled back: never delivered.
         with pytest.raises(RuntimeError), catalog.transaction() as conn:
             publish(conn, "REFROLLBACK", None, 1)
@@ -101,6 +111,48 @@ def test_suppress_notifies_every_listener(catalog_url: str) -> None:
         listener.close()
         catalog.close()
     assert listener.events == 1
+
+
+@pytest.mark.parametrize("catalog_url", ["postgres"], indirect=True)
+def test_a_listener_whose_socket_is_past_descriptor_1024_listens(catalog_url: str) -> None:
+    """The CI suite's order-dependent failures: once the test process held more
+    than 1024 descriptors, ``select`` refused the listener's socket, and every
+    listener spun reconnecting and resetting every cache. ``poll`` has no limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1400
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"the descriptor limit ({hard}) is too low for this test")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    catalog = Catalog(catalog_url)
+    got: list[EvictionEvent] = []
+    listener = Listener(
+        catalog.engine,
+        on_event=got.append,
+        on_reset=lambda: None,
+        tick=lambda: None,
+        tick_seconds=0.2,
+    )
+    try:
+        listener.start()
+        assert listener.listening
+        assert listener._conn is not None and listener._conn.fileno() > 1024
+        catalog.suppress("REFHIGHFD")
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [e.subject_ref for e in got] == ["REFHIGHFD"]
+        time.sleep(0.5)  # a spinning listener would have reconnected by now
+        assert (listener.connections, listener.resets) == (1, 0)
+    finally:
+        listener.close()
+        catalog.close()
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_sqlite_bus_reaches_its_own_database_only(tmp_path: Path) -> None:
