@@ -664,6 +664,16 @@ def worker(
     _emit({"ran": ran}, as_json, f"worker stopped: {ran} job(s) run")
 
 
+def _known_states(given: list[str] | None, known: tuple[str, ...]) -> None:
+    """A misspelt ``--state`` is an error, not an empty list."""
+    unknown = sorted(set(given or ()) - set(known))
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown state {', '.join(unknown)}; one of {', '.join(known)}",
+            param_hint="--state",
+        )
+
+
 def _current_step(req: Any, steps: tuple[str, ...]) -> str | None:
     """The step a request is at: the first not done (None once completed)."""
     if req.state == "completed":
@@ -682,7 +692,9 @@ def requests_list(
     """Erasure requests (oldest first): id, subject_ref, state, step, attempts,
     last update and their job's state. Stuck ones: --state propagating."""
     from keyshred.erasure.coordinator import job_key
+    from keyshred.erasure.requests import REQUEST_STATES
 
+    _known_states(state, REQUEST_STATES)
     with Keyshred.open(path) as ks:
         reqs = [r for r in ks.erasure.requests() if not state or r.state in state]
         jobs = ks.jobs.queue.by_keys([job_key(r.request_id) for r in reqs])
@@ -733,6 +745,9 @@ def jobs_list(
     """Jobs (oldest first): id, kind, state, attempts, last error, payload (ids)."""
     from dataclasses import asdict
 
+    from keyshred.jobs import STATES
+
+    _known_states(state, STATES)
     with Keyshred.open(path) as ks:
         found = ks.jobs.queue.list(state or None)
         depth = ks.jobs.queue.depth()

@@ -69,9 +69,13 @@ STATES = (QUEUED, RUNNING, SUCCEEDED, MANUAL_REVIEW)
 NON_RETRYABLE: tuple[type[BaseException], ...] = (InvalidInput, NotFound)
 
 # The request ids' alphabet (``keyshred.erasure.requests.safe``) without the space
-# and the ``@``: what an e-mail address or a name needs is refused.
+# and the ``@``: what an e-mail address or a name needs is refused in a payload.
 _ID = re.compile(r"[A-Za-z0-9._:/+()#,-]{1,128}")
-_DEDUPE = re.compile(r"[A-Za-z0-9._:/+()#,-]{1,200}")
+# A request id is the caller's own metadata, already in the request row, its
+# receipt and its audit events, in the alphabet ``safe`` checks (a space and ``@``
+# included): its job carries it, and keys its dedupe, as it is.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9 ._:@/+()#,-]{1,128}")
+_DEDUPE = re.compile(r"[A-Za-z0-9 ._:@/+()#,-]{1,200}")
 _KEY = re.compile(r"[a-z_]{1,32}")
 _KIND = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 _US = 1_000_000
@@ -85,7 +89,8 @@ def check_payload(payload: dict[str, str]) -> dict[str, str]:
     for key, value in payload.items():
         if not isinstance(key, str) or not _KEY.fullmatch(key):
             raise InvalidInput("a job payload's keys are 1-32 lower-case letters and _")
-        if not isinstance(value, str) or not _ID.fullmatch(value):
+        pattern = _REQUEST_ID if key == "request_id" else _ID
+        if not isinstance(value, str) or not pattern.fullmatch(value):
             raise InvalidInput(
                 f"job payload {key!r} must be an id or a subject_ref (1-128 characters "
                 "of letters, digits and ._:/+()#,-): a job never carries a subject id "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -107,7 +108,7 @@ class Span:
 
     def set(self, key: str, value: str | int | bool) -> None:
         if self._span is not None:
-            self._span.set_attribute(key, value)
+            self._span.set_attribute(key, _plain(value))
 
     def fail(self, exc: BaseException) -> None:
         """Mark the span failed by ``exc``'s class, never its message."""
@@ -120,6 +121,17 @@ class Span:
 
 
 _NOOP = Span()
+# What a string attribute may be: plain metadata, the alphabet request ids are
+# checked against (``keyshred.erasure.requests.safe``). Anything else (a value
+# that reached an attribute by mistake, a request id nobody checked yet) is
+# recorded as "invalid", never as itself.
+_PLAIN = re.compile(r"[A-Za-z0-9 ._:@/+()#,-]{1,128}")
+
+
+def _plain(value: str | int | bool) -> str | int | bool:
+    if isinstance(value, str) and not _PLAIN.fullmatch(value):
+        return "invalid"
+    return value
 
 
 def span(name: str, attributes: Attributes | None = None) -> Span:
@@ -135,7 +147,7 @@ def _start(tracer: Any, name: str, attributes: Attributes | None) -> Span:
     return Span(
         tracer.start_as_current_span(
             name,
-            attributes=dict(attributes) if attributes else None,
+            attributes={k: _plain(v) for k, v in attributes.items()} if attributes else None,
             # Both would write the exception's message into the span.
             record_exception=False,
             set_status_on_exception=False,

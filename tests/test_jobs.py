@@ -313,7 +313,11 @@ def test_an_erasure_that_keeps_failing_is_dead_lettered(catalog_url: str, tmp_pa
         job = ks.jobs.queue.find("erasure:req-f")
         assert job is not None
         assert (job.state, job.attempts, job.last_error) == ("manual_review", 3, "OSError")
-        assert ks.erasure.status("req-f").state == "retryable_failure"
+        # The request says it too: nothing will retry it (it was left
+        # "retryable_failure" with its job dead-lettered).
+        req = ks.erasure.status("req-f")
+        assert req.state == "manual_review"
+        assert ks.jobs.run_pending() == 0
 
 
 def test_periodic_jobs_run_once_per_period_across_workers(ks: Keyshred) -> None:
@@ -395,6 +399,41 @@ def test_requests_an_earlier_release_left_unfinished_get_their_job(
         assert ks.jobs.queue.find("erasure:req-done") is None  # nothing left to do
         assert ks.jobs.run_pending() == 1
         assert ks.erasure.status("req-old").state == "completed"
+
+
+def test_requests_0007_left_without_a_job_get_one(catalog_url: str, tmp_path: Path) -> None:
+    """Ids with a space or an ``@`` (0007 could not give them a job) get theirs from
+    0009; a request on legal hold gets its job when the hold is released."""
+    from keyshred.storage.schema import VERSION_TABLE
+
+    data = tmp_path / "data"
+    with _store(catalog_url, data) as ks:
+        for subject in (VICTIM, "bob"):
+            ks.memories.put(subject, ("m",), "k", "note")
+        odd = ks.erasure.submit(VICTIM, requested_by="dpo", reason="x", request_id="ticket 7@crm")
+        assert ks.jobs.queue.find("erasure:ticket 7@crm") is not None  # today: a job at once
+        hold = ks.erasure.place_hold("bob", reason="litigation", owner="legal")
+        held = ks.erase("bob", requested_by="dpo", reason="x", request_id="req-held")
+        assert held.state == "legal_hold"
+        config = ks.config
+        url = str(ks._catalog.engine.url.render_as_string(hide_password=False))
+    engine = sa.create_engine(url)
+    try:  # the catalog as 0008 left it after 0007: neither request has a job
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM ks_jobs"))
+            conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0008'"))
+    finally:
+        engine.dispose()
+    with Keyshred.open(data, config, embeddings=bag_of_words) as ks:
+        job = ks.jobs.queue.find("erasure:ticket 7@crm")
+        assert job is not None and job.payload == {"request_id": odd.request_id}
+        assert ks.jobs.queue.find("erasure:req-held") is None
+        assert ks.jobs.run_pending() == 1
+        assert ks.erasure.status(odd.request_id).state == "completed"
+        ks.erasure.release_hold(hold.hold_id)
+        assert ks.jobs.queue.find("erasure:req-held") is not None
+        assert ks.jobs.run_pending() == 1
+        assert ks.erasure.status("req-held").state == "completed"
 
 
 def test_a_released_hold_queues_its_requests_again(ks: Keyshred) -> None:

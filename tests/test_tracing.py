@@ -213,6 +213,24 @@ print("ok")
     assert out.stdout.strip().splitlines()[-1] == "ok"
 
 
+@pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
+def test_a_string_attribute_that_is_not_plain_metadata_is_recorded_as_invalid(
+    ks: Keyshred, spans: InMemorySpanExporter
+) -> None:
+    probe = "Ana Lima <ana.lima@example.org>"
+    with tracing.span("keyshred.test", {"keyshred.request_id": probe, "n": 3}) as s:
+        s.set("keyshred.state", "Zoë's note")
+        s.set("keyshred.step", "suppress")
+    (done,) = by_name(spans.get_finished_spans(), "keyshred.test")
+    assert dict(done.attributes or {}) == {
+        "keyshred.request_id": "invalid",
+        "n": 3,
+        "keyshred.state": "invalid",
+        "keyshred.step": "suppress",
+    }
+    assert "ana.lima" not in serialized(spans.get_finished_spans())
+
+
 def test_spans_serialize_as_json(ks: Keyshred, spans: InMemorySpanExporter) -> None:
     """The scan above reads what an exporter would send: each span as JSON."""
     ks.memories.put("hal", NS, "k", "v")

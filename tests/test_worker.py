@@ -271,6 +271,11 @@ def test_requests_list_by_state_through_the_cli(tmp_path: Path) -> None:
     assert jobs.exit_code == 0, jobs.output
     (job,) = json.loads(jobs.output)["jobs"]
     assert job["payload"] == {"request_id": "req-w"} and job["kind"] == "erasure"
+    # A misspelt state says so (it listed nothing before, as if none were stuck).
+    for group in ("requests", "jobs"):
+        bad = runner.invoke(app, [group, "list", "-p", str(data), "--state", "propagatin"])
+        assert bad.exit_code == 2, bad.output
+        assert "unknown state propagatin" in bad.output
 
 
 # -- the shared profile: PostgreSQL catalog and key store, OpenBao, moto's S3 --------

@@ -436,7 +436,12 @@ class ErasureCoordinator(HoldsMixin):
             return
         for req in self.requests(subject_ref=str(held)):
             if req.state == LEGAL_HOLD:
-                self._jobs.reopen(job_key(req.request_id))
+                key = job_key(req.request_id)
+                if self._jobs.find(key) is None:
+                    # Held before its catalog had jobs: it gets one now.
+                    self._jobs.enqueue(JOB_KIND, {"request_id": req.request_id}, dedupe_key=key)
+                else:
+                    self._jobs.reopen(key)
 
     def job_id(self, request_id: str) -> str | None:
         """The id of the request's job (None: recorded before jobs, or no queue)."""
@@ -550,6 +555,11 @@ class ErasureCoordinator(HoldsMixin):
             review = "ProducerUnknown" if req.doc.get("review") == _REVIEW_PRODUCER else None
             return JobOutcome.review(review or "ManualReview")
         if req.state == RETRYABLE:
+            if job.attempts >= job.max_attempts:
+                # The job's last attempt: the queue dead-letters it, and the request
+                # says so too (not "retryable" with nothing left to retry it).
+                self._set_state(req, MANUAL_REVIEW, why="its job ran out of attempts")
+                return JobOutcome.review(str(req.error or "Error"))
             return JobOutcome.retry(str(req.error or "Error"))
         return JobOutcome.later(_BUSY_DELAY)
 
@@ -592,7 +602,8 @@ class ErasureCoordinator(HoldsMixin):
                 return req, _RAN
         # A request waiting for a producer's rebuild function is not failing: its
         # resumes before the application registers one use up no attempt.
-        if not (req.state == MANUAL_REVIEW and req.doc.get("review") == _REVIEW_PRODUCER):
+        counted = not (req.state == MANUAL_REVIEW and req.doc.get("review") == _REVIEW_PRODUCER)
+        if counted:
             req.attempts += 1
         if req.attempts > 1:
             self._metrics.retry()
@@ -605,7 +616,12 @@ class ErasureCoordinator(HoldsMixin):
             if step in req.steps_done:
                 continue
             if stop is not None and stop():
-                return req, _STOPPED  # between steps: the next run resumes here
+                # Between steps: the next run resumes here. A stop is no failure:
+                # it uses up none of the request's attempts.
+                if counted:
+                    req.attempts -= 1
+                    self._save(req)
+                return req, _STOPPED
             try:
                 details = self._step(step, req)
                 if self.on_step_acted is not None:

@@ -28,6 +28,7 @@ __all__ = [
     "PROPAGATING",
     "REJECTED",
     "REQUESTED",
+    "REQUEST_STATES",
     "RETRYABLE",
     "STEPS",
     "SUPPRESSED",
@@ -46,6 +47,19 @@ REJECTED, LEGAL_HOLD = "rejected", "legal_hold"
 RETRYABLE, MANUAL_REVIEW = "retryable_failure", "manual_review"
 ERASED = "erased"
 MAX_ATTEMPTS = 5
+# Every state a request can be in, in the order a request goes through them.
+REQUEST_STATES = (
+    REQUESTED,
+    AUTHORIZED,
+    SUPPRESSED,
+    PROPAGATING,
+    VERIFYING,
+    COMPLETED,
+    REJECTED,
+    LEGAL_HOLD,
+    RETRYABLE,
+    MANUAL_REVIEW,
+)
 
 # The steps with the facade's stores (memories, vectors, vault, checkpoints,
 # exports; derived assets after the catalog): ``ErasureCoordinator.steps`` builds
