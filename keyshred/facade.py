@@ -518,6 +518,11 @@ class Keyshred:
         if self._closed:
             return
         self._closed = True
+        # Jobs running in this process's threads (run_pending, a worker's
+        # --concurrency) stop at their next step and go back to the queue; the
+        # components close once they have (or after a lease's length: a step that
+        # long is left to its lease, which another worker takes over).
+        self._jobs.drain(self.config.jobs.lease_seconds)
         # Every close runs even if one before it fails (a vault flush on a cut
         # database); the last error raised propagates, earlier ones as its
         # context. Last in, first run: vault, memories, backup, vectors, catalog,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -150,10 +151,6 @@ class JobOutcome:
 
 # A handler gets the job (ids only) and a stop check it consults between steps.
 Handler = Callable[[Job, Callable[[], bool]], JobOutcome]
-
-
-def _never() -> bool:
-    return False
 
 
 def _error_name(error: str | None) -> str | None:
@@ -462,6 +459,25 @@ class JobRunner:
         # Called with the job's kind when a run ends in a retry (the handle's
         # ``keyshred_job_retries_total{kind}``).
         self._on_retry = on_retry
+        # Jobs running in this process now, and whether the handle is closing:
+        # ``drain`` asks them to stop at their next step and waits for them.
+        self._running = 0
+        self._idle = threading.Condition()
+        self._draining = threading.Event()
+
+    def drain(self, timeout: float) -> bool:
+        """Ask every job running in this process to stop at its next step (it goes
+        back to the queue, resumable: ``JobOutcome.later``), refuse to claim more,
+        and wait up to ``timeout`` seconds for them; whether none is left."""
+        self._draining.set()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def _stopping(self, stop: Callable[[], bool] | None) -> Callable[[], bool]:
+        draining = self._draining.is_set
+        if stop is None:
+            return draining
+        return lambda: draining() or stop()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -478,6 +494,16 @@ class JobRunner:
         """Run a claimed job under its heartbeat and settle it; the job after.
         ``reraise``: settle a failed run, then raise its error (a caller running
         its own job sees what it always saw)."""
+        with self._idle:
+            self._running += 1
+        try:
+            return self._run(job, self._stopping(stop), reraise=reraise)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _run(self, job: Job, stop: Callable[[], bool], *, reraise: bool) -> Job:
         beat = self.queue.heartbeat(job)
         failure: BaseException | None = None
         try:
@@ -486,7 +512,7 @@ class JobRunner:
                 outcome = JobOutcome.review("UnknownJobKind")
             else:
                 try:
-                    outcome = handler(job, stop or _never)
+                    outcome = handler(job, stop)
                 except NON_RETRYABLE as exc:
                     outcome, failure = JobOutcome.review(type(exc).__name__), exc
                 except Exception as exc:  # noqa: BLE001 - any failure is a retry (then dead letter)
@@ -520,7 +546,8 @@ class JobRunner:
         until none is due, ``stop()`` says so or ``limit`` ran; how many ran."""
         wanted = list(self._handlers) if kinds is None else list(kinds)
         ran = 0
-        while (limit is None or ran < limit) and not (stop is not None and stop()):
+        stop = self._stopping(stop)
+        while (limit is None or ran < limit) and not stop():
             job = self.queue.claim(wanted)
             if job is None:
                 break

@@ -13,6 +13,7 @@ lease.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -41,10 +42,25 @@ def until(dialect: str, seconds: float) -> sa.ColumnElement[int]:
     return db_now_us(dialect) + int(seconds * 1_000_000)
 
 
+@functools.cache
 def host() -> str:
-    """This machine, as a lease names it: a digest (a host name is nobody's data,
-    but the catalog has no need of it)."""
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
+    """This machine, as a lease names it: a digest of the host name, the kernel's
+    boot id and the process id namespace (a host name is nobody's data, but the
+    catalog has no need of it). Containers that share a host name (their image's
+    default, a Kubernetes pod template) but not a pid namespace are different
+    hosts here: a pid one of them reads is not the other's, so neither takes the
+    other's live lease for a dead process (``dead_here``)."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        parts.append("-")  # not Linux: the host name alone
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        parts.append("-")
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:12]
 
 
 def new_owner() -> str:

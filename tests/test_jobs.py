@@ -449,3 +449,90 @@ def test_a_released_hold_queues_its_requests_again(ks: Keyshred) -> None:
     assert job is not None and (job.state, job.attempts) == ("queued", 0)
     assert ks.jobs.run_pending() == 1
     assert ks.erasure.status(req.request_id).state == "completed"
+
+
+def test_a_process_of_another_pid_namespace_is_never_known_dead_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two containers with one host name (an image's default) but their own pid
+    namespaces: a pid in the other's lease is no process of ours, dead or alive."""
+    import os
+
+    from keyshred import leases
+
+    ours = leases.host()
+    real_readlink = os.readlink
+
+    def other_namespace(path: Any) -> str:
+        return "pid:[4026599999]" if str(path) == "/proc/self/ns/pid" else real_readlink(path)
+
+    monkeypatch.setattr(os, "readlink", other_namespace)
+    theirs = leases.host.__wrapped__()  # type: ignore[attr-defined]
+    assert theirs != ours
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert leases.dead_here(f"{ours}:{gone.pid}:x")
+    assert not leases.dead_here(f"{theirs}:{gone.pid}:x")
+
+
+@pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
+def test_close_waits_for_a_running_job_which_goes_back_to_the_queue(
+    catalog_url: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    ks = _store(catalog_url, data)
+    ks.memories.put(VICTIM, ("m",), "k", "note")
+    req = ks.erasure.submit(VICTIM, requested_by="dpo", reason="x", request_id="req-c")
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(step: str, _req: ErasureRequest) -> None:
+        if step == "destroy_keys":
+            inside.set()
+            assert release.wait(30)
+
+    ks._erasure.on_step = hold
+    ran: list[int] = []
+    worker = threading.Thread(target=lambda: ran.append(ks.jobs.run_pending()))
+    worker.start()
+    assert inside.wait(30)
+    closer = threading.Thread(target=ks.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive()  # waiting for the job, not closing under it
+    release.set()
+    closer.join(30)
+    worker.join(30)
+    assert not closer.is_alive() and ran == [1]
+    with Keyshred.open(data, ks.config, embeddings=bag_of_words) as again:
+        job = again.jobs.queue.find("erasure:req-c")
+        assert job is not None and (job.state, job.attempts) == ("queued", 0)
+        stopped = again.erasure.status(req.request_id)
+        assert "destroy_keys" in stopped.steps_done and stopped.attempts == 0
+        assert again.jobs.run_pending() == 1
+        assert again.erasure.status(req.request_id).state == "completed"
+
+
+@pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
+def test_two_requests_run_side_by_side_in_one_process(catalog_url: str, tmp_path: Path) -> None:
+    with _store(catalog_url, tmp_path / "data") as ks:
+        for subject in (VICTIM, "bob"):
+            ks.memories.put(subject, ("m",), "k", "note")
+        both_inside = threading.Barrier(2, timeout=30)
+
+        def meet(step: str, _req: ErasureRequest) -> None:
+            if step == "closure":
+                both_inside.wait()  # a per-process lock would leave one waiting here
+
+        ks._erasure.on_step = meet
+        done: list[str] = []
+        threads = [
+            threading.Thread(
+                target=lambda s=s: done.append(ks.erase(s, requested_by="dpo", reason="x").state)
+            )
+            for s in (VICTIM, "bob")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert done == ["completed", "completed"]

@@ -170,7 +170,6 @@ class ErasureCoordinator(HoldsMixin):
         # a worker there: inside the step, its effects done, its record not).
         self.on_step_acted: Callable[[str, ErasureRequest], None] | None = None
         self._jobs = jobs
-        self._lock = threading.Lock()
         # Requests this process runs now, by id: their saves are conditional on the
         # lease (keyshred.erasure.lease).
         self._lease_seconds = lease_seconds
@@ -566,23 +565,25 @@ class ErasureCoordinator(HoldsMixin):
     def _run(
         self, request_id: str, *, stop: Callable[[], bool] | None, wait: bool
     ) -> tuple[ErasureRequest, str]:
-        with self._lock:
-            deadline = time.monotonic() + self._lease_seconds + 1.0
-            while (lease := claim(self._catalog, request_id, self._lease_seconds)) is None:
-                req = self._load(request_id)  # NotFound for an unknown id
-                if req.state in (COMPLETED, REJECTED):
-                    return req, _RAN
-                if not wait or time.monotonic() > deadline:
-                    return req, _BUSY
-                time.sleep(0.05)
-            self._leases[request_id] = lease
-            try:
-                return self._run_leased(request_id, stop)
-            except LeaseLost:
-                return self._load(request_id), _LOST
-            finally:
-                del self._leases[request_id]
-                lease.release()
+        # The request's lease is the only exclusion: two threads of this process
+        # run two requests side by side (a worker's --concurrency), and one request
+        # once, like two processes do.
+        deadline = time.monotonic() + self._lease_seconds + 1.0
+        while (lease := claim(self._catalog, request_id, self._lease_seconds)) is None:
+            req = self._load(request_id)  # NotFound for an unknown id
+            if req.state in (COMPLETED, REJECTED):
+                return req, _RAN
+            if not wait or time.monotonic() > deadline:
+                return req, _BUSY
+            time.sleep(0.05)
+        self._leases[request_id] = lease
+        try:
+            return self._run_leased(request_id, stop)
+        except LeaseLost:
+            return self._load(request_id), _LOST
+        finally:
+            del self._leases[request_id]
+            lease.release()
 
     def _run_leased(
         self, request_id: str, stop: Callable[[], bool] | None
