@@ -158,6 +158,13 @@ class HotTier:
             row = self._watch.execute("PRAGMA data_version").fetchone()
         return int(row[0])
 
+    def close(self) -> None:
+        """Close the watching connection (a later ``change_token`` opens another)."""
+        with self._watch_lock:
+            watch, self._watch = self._watch, None
+        if watch is not None and self._watch_pid == os.getpid():
+            watch.close()
+
     def head(self, ref: str) -> Head | None:
         """The subject's head (None: no partition); one statement."""
         with self._catalog.hot(write=False) as cur:

@@ -94,3 +94,4 @@ class MemoryStore(EditMixin, RepairMixin):
             part.close()
         self._freeze.close()
         self._locks.close()
+        self._hot.close()

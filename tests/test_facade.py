@@ -149,3 +149,30 @@ def test_close_evicts_decrypted_vectors_and_the_vector_index_is_refused(tmp_path
     with pytest.raises(HandleClosed):
         ks.vectors.count(ref)
     assert not raw._cache  # nothing decrypted outlives the handle
+
+
+def test_a_closed_handle_leaves_no_descriptor_open_on_its_folder(tmp_path: Path) -> None:
+    """The partition refresh's watching connection outlived ``close`` (2 descriptors
+    per handle): a long test run passed 1024 and a process opening many handles ran
+    out of them."""
+    import os
+
+    def held() -> list[str]:
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(str(tmp_path)):
+                out.append(target)
+        return out
+
+    data = tmp_path / "data"
+    Keyshred.init(data).close()
+    for i in range(3):
+        with Keyshred.open(data) as ks:
+            ks.memories.put("ana", ("m",), f"k{i}", {"n": i})
+            assert ks.memories.get("ana", ("m",), f"k{i}") is not None
+            assert ks.memories.search("ana", ("m",))
+    assert held() == []
