@@ -400,7 +400,11 @@ class Keyshred:
         config = config or Config()
         _make_folder(root)
         ks = cls._assemble(root, config, create=True, embeddings=embeddings)
-        save_config(root, config)
+        try:
+            save_config(root, config)
+        except BaseException:
+            ks.close()  # its threads and connections do not outlive a failed init
+            raise
         return ks
 
     @classmethod
