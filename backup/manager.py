@@ -91,6 +91,7 @@ from keyshred.config import Config, redacted_dump
 from keyshred.errors import IntegrityError, InvalidInput, KeyshredError, NotFound
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import SQLiteKeyStore, Tombstone
+from keyshred.storage import faults
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.hot import ListedSegment
 from keyshred.storage.objects import ObjectStore
@@ -251,6 +252,7 @@ class BackupManager(Maintenance, Restore):
                     tgt.copy_from(where[0], where[1], seg.object)
                 else:
                     tgt.put_file(seg.object, fetched or Path(store.path(key)))
+                faults.reached("backup.after_first_object")
                 tick(size)
                 return seg, size
             except (FileNotFoundError, NotFound):
@@ -412,6 +414,7 @@ class BackupManager(Maintenance, Restore):
                 vectors_included=self._vector_root() is not None,
                 bytes_total=sum(s.size for s in segments),
             ).signed(keyring.signer())
+            faults.reached("backup.before_manifest")
             tgt.put_bytes(f"{prefix}/manifest.json", manifest.to_bytes())  # the commit
         finally:
             shutil.rmtree(staging, ignore_errors=True)

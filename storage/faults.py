@@ -52,6 +52,10 @@ POINTS = (
     # subject by subject (one was suppressed) are stored, the next subject's not yet
     "vault.after_store",
     "vault.after_group",
+    # BackupManager.create: one segment is in the target, the others not yet; every
+    # object is in the target, the manifest (the generation's commit) not yet
+    "backup.after_first_object",
+    "backup.before_manifest",
 )
 
 # The point inside each store's ``erase``, by store name.

@@ -88,8 +88,11 @@ def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
 
 
 # The vault's group-commit points are a flush's, not the erasure's (their crash test
-# is tests/vault/test_group.py).
-@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith(("vault.", "import."))])
+# is tests/vault/test_group.py); the backup's are a backup's (tests/backup/test_backup_kill.py).
+ERASURE_POINTS = [p for p in POINTS if not p.startswith(("vault.", "import.", "backup."))]
+
+
+@pytest.mark.parametrize("point", ERASURE_POINTS)
 def test_sigkill_inside_a_step_then_resume(point: str, tmp_path: Path) -> None:
     """Killed inside drop_memories (the victim's folder half removed) or inside the
     derived step (a bystander's derived memory half deleted or half rebuilt): the
