@@ -322,7 +322,7 @@ async def _run(
     except Problem as refused:
         return refused.status, _problem(refused, instance), about
     except KeyshredError as exc:
-        mapped = from_error(exc)
+        mapped = from_error(exc, _strings(call.body))
         if mapped.status >= 500:
             _log.error("%s failed: %s", op.name, type(exc).__name__)
         return mapped.status, _problem(mapped, instance), about
@@ -330,6 +330,23 @@ async def _run(
         _log.error("%s failed: %s", op.name, type(exc).__name__)
         return 500, _problem(Problem(500, "internal", "The request failed"), instance), about
     return reply.status, _reply_response(reply), reply.request_id or about
+
+
+def _strings(body: BaseModel | None) -> list[str]:
+    """Every string of a parsed body (what an error's message must not repeat)."""
+    if body is None:
+        return []
+    found: list[str] = []
+    stack: list[Any] = [body.model_dump(mode="json")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def _query(request: Request) -> Mapping[str, list[str]]:

@@ -3,8 +3,8 @@ catalog database, the KEK provider and the object store answer).
 
 Each readiness check is a small real round trip: ``SELECT 1`` on the catalog, a
 wrap and unwrap of a random throwaway key by the KEK provider (a Transit or KMS
-call on the shared profile), and a metadata look-up on the partition store (a stat
-of the folder, or a HEAD on S3). A failure names the component and the error's
+call on the shared profile), and a look-up on the partition store (the folder is
+a writable directory; on S3 the bucket exists, one request). A failure names the component and the error's
 class, never its message (it may carry a URL or credentials).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -67,4 +68,19 @@ class Readiness:
             raise RuntimeError("the KEK provider unwrapped another key")
 
     def _object_store(self) -> None:
-        self._objects.fs.get_file_info(self._objects.path(""))
+        objects = self._objects
+        base = objects.path("")
+        if objects.local:
+            # The folder, or (before the first segment is written) the nearest
+            # existing folder above it, must be a writable directory.
+            folder = Path(base)
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+                raise NotADirectoryError("the partition folder is not a writable directory")
+            return
+        import pyarrow.fs as pafs
+
+        bucket = base.split("/", 1)[0]
+        if objects.fs.get_file_info(bucket).type != pafs.FileType.Directory:
+            raise FileNotFoundError("the partition bucket does not exist")

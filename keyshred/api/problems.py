@@ -10,6 +10,7 @@ subject's data (the fixed text of its class is given instead).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from keyshred.errors import (
@@ -93,11 +94,16 @@ _MAP: tuple[tuple[type[KeyshredError], int, str, str], ...] = (
 _ECHOED = (InvalidInput, NotFound)
 
 
-def from_error(exc: KeyshredError) -> Problem:
-    """The problem answer for a keyshred error (500 for one not mapped)."""
+def from_error(exc: KeyshredError, given: Iterable[str] = ()) -> Problem:
+    """The problem answer for a keyshred error (500 for one not mapped). Its message
+    is given back only for input errors, and only if it repeats none of ``given``
+    (the strings of the request's body: a scope named wrongly may be anything)."""
     for cls, status, slug, title in _MAP:
         if isinstance(exc, cls):
-            detail = " ".join(str(exc).split())[:300] if isinstance(exc, _ECHOED) else None
+            detail = None
+            if isinstance(exc, _ECHOED) and not isinstance(exc, UnknownScope):
+                text = " ".join(str(exc).split())[:300]
+                detail = None if any(g in text for g in given if len(g) >= 3) else text
             headers = {"Retry-After": "5"} if status == 503 else None
             return Problem(status, slug, title, detail, headers=headers)
     return Problem(500, "internal", "The request failed", type(exc).__name__)
