@@ -4,8 +4,9 @@ catalog database, the KEK provider and the object store answer).
 Each readiness check is a small real round trip: ``SELECT 1`` on the catalog, a
 wrap and unwrap of a random throwaway key by the KEK provider (a Transit or KMS
 call on the shared profile), and a look-up on the partition store (the folder is
-a writable directory; on S3 the bucket exists, one request). A failure names the component and the error's
-class, never its message (it may carry a URL or credentials).
+a writable directory; on S3 the bucket exists, one request). A failure names the
+component and the error's class, never its message (it may carry a URL or
+credentials).
 """
 
 from __future__ import annotations
