@@ -62,14 +62,13 @@ def serve(
         raise ConfigError(
             f"{host} is not a loopback address: serve behind a TLS proxy and pass --allow-remote"
         )
+    load_settings(config)  # checked first: a bad file fails before any worker starts
     store = load_config(path)
     if workers > 1 and not (store.storage.catalog_url or "").startswith("postgresql"):
         raise ConfigError(
             "several --workers need the shared profile (a PostgreSQL catalog); "
             "the embedded SQLite profile is served by one process"
         )
-    settings = load_settings(config)  # checked here: a bad file fails before any worker
-    del settings
     os.environ[ENV_PATH] = str(path.resolve())
     if config is not None:
         os.environ[ENV_CONFIG] = str(config.resolve())

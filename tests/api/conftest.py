@@ -133,7 +133,7 @@ def write_settings(folder: Path) -> tuple[dict[str, str], OKPKey]:
 
 
 def start_server(
-    folder: Path, data: Path, *, settings: Path | None = None
+    folder: Path, data: Path, *, settings: Path | None = None, workers: int = 1
 ) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
     port = free_port()
     stdout, stderr = folder / "server.out", folder / "server.err"
@@ -149,6 +149,8 @@ def start_server(
     ]
     if settings is not None:
         command += ["--api-config", str(settings)]
+    if workers > 1:
+        command += ["--workers", str(workers)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYSHRED_")}
     with stdout.open("wb") as out, stderr.open("wb") as err:
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
@@ -158,7 +160,8 @@ def start_server(
         if process.poll() is not None:
             raise RuntimeError(f"the server exited: {stderr.read_text()[-2000:]}")
         try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+            # Ready, not only up: with several workers each opens the store first.
+            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
                 return process, url, stdout, stderr
         except httpx.TransportError:
             time.sleep(0.1)
