@@ -144,6 +144,20 @@ def _public(components: dict[str, Any]) -> dict[str, Any]:
                 },
             }
         },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "tags": ["health"],
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
         "/v1/jwks": {
             "get": {
                 "operationId": "jwks",

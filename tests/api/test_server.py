@@ -39,7 +39,7 @@ def test_several_workers_need_the_shared_profile(folder: Path) -> None:
 
 
 def test_a_remote_address_needs_allow_remote(folder: Path) -> None:
-    done = _serve("--path", str(folder), "--host", "0.0.0.0", "--port", "1")
+    done = _serve("--path", str(folder), "--host", "192.0.2.10", "--port", "1")
     assert done.returncode == 2
     assert "--allow-remote" in done.stderr
 

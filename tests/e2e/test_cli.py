@@ -295,6 +295,7 @@ def test_every_command_has_help() -> None:
         ("consent", "revoke"),
         ("consent", "list"),
         ("metrics",),
+        ("serve",),
     ):
         proc = run(*args, "--help")
         assert proc.returncode == 0, (args, proc.stderr)
