@@ -82,21 +82,19 @@ class Downloads:
                 raise Problem(403, "forbidden", "This access request was made by another caller")
             if row.downloaded_at is not None or row.package is None:
                 raise Problem(410, "gone", "The package was downloaded already")
-            if row.expires_at <= now:
-                conn.execute(
-                    api_downloads.update()
-                    .where(api_downloads.c.export_id == export_id)
-                    .values(package=None)
-                )
-                raise Problem(410, "gone", "The package has expired")
+            expired = row.expires_at <= now
+            # Taken (or, expired, dropped) by exactly one caller: the row's update.
             taken = conn.execute(
                 api_downloads.update()
                 .where(
                     api_downloads.c.export_id == export_id,
                     api_downloads.c.downloaded_at.is_(None),
+                    api_downloads.c.package.is_not(None),
                 )
-                .values(downloaded_at=now, package=None)
+                .values(downloaded_at=None if expired else now, package=None)
             ).rowcount
+        if expired:
+            raise Problem(410, "gone", "The package has expired")
         if taken != 1:
             raise Problem(410, "gone", "The package was downloaded already")
         return bytes(row.package)

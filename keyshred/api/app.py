@@ -370,7 +370,7 @@ async def _body(request: Request, op: Operation, limit: int) -> tuple[BaseModel 
             raise Problem(413, "too-large", "The body is too large", f"at most {limit} bytes")
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise Problem(400, "malformed", "The body is not JSON") from None
     try:
         model = op.body.model_validate(data)

@@ -15,6 +15,8 @@ def grant(call: Call) -> Reply:
     body: ConsentGrant = call.body
     subject = subject_of(call)
     verify_identity(call, subject, "consent.grant")
+    # An erased (or being erased) id takes no consent until it is re-admitted.
+    call.ks.catalog.check_guard(call.ks.subject_ref(subject))
     record = call.ks.consent.grant(
         subject,
         scope=body.scope,

@@ -9,6 +9,7 @@ import json
 from joserfc import jws
 from joserfc.jwk import KeySet
 
+from keyshred.api.models import ErasureRequestView, ReceiptView
 from keyshred.receipts import verify_receipt_text
 from tests.api.conftest import ApiServer, run_worker
 
@@ -43,6 +44,9 @@ def test_a_request_recorded_without_workers_completes_when_one_runs(server: ApiS
 
         done = op.get(f"/v1/erasure-requests/{rid}").json()
         assert done["state"] == "completed", done
+        # The answers are what the OpenAPI document says they are.
+        ErasureRequestView.model_validate(view)
+        ErasureRequestView.model_validate(done)
         assert done["found_data"] is True
         assert "receipt" in done["steps_done"]
         assert set(done["step_times"]) >= {"suppress", "destroy_keys", "receipt"}
@@ -50,6 +54,7 @@ def test_a_request_recorded_without_workers_completes_when_one_runs(server: ApiS
         receipt = op.get(f"/v1/erasure-requests/{rid}/receipt")
         assert receipt.status_code == 200
         body = receipt.json()
+        ReceiptView.model_validate(body)
         jwks = op.get("/v1/jwks").json()
 
     # joserfc verifies the JWS against the published keys, and its payload is the
@@ -116,9 +121,17 @@ def test_bad_input_is_a_problem_never_a_500(server: ApiServer) -> None:
             op.get("/v1/erasure-requests/no-such-request"),
             op.get("/v1/erasure-requests/bad%20id%20with%20spaces"),
             op.get("/v1/erasure-requests/no-such-request/receipt"),
+            op.post("/v1/erasure-requests", content=b"[" * 60_000),
+            op.post("/v1/erasure-requests", content=b'{"subject": "' + b"x" * 70_000 + b'"}'),
+            op.post(
+                "/v1/erasure-requests",
+                content=b'{"subject": "lone \ud800 surrogate", "reason": "r"}',
+            ),
+            op.post("/v1/erasure-requests", json={"subject": "s", "reason": "r", "block": "x"}),
+            op.post("/v1/erasure-requests", content=b'{"subject": "s", "reason": "\u0000"}'),
         ]
     statuses = [r.status_code for r in cases]
-    assert statuses == [400, 422, 422, 422, 422, 422, 422, 404, 404, 404]
+    assert statuses == [400, 422, 422, 422, 422, 422, 422, 404, 404, 404, 400, 413, 422, 422, 422]
     for r in cases:
         assert r.headers["content-type"] == "application/problem+json"
         assert r.json()["status"] == r.status_code

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+
 from keyshred import Keyshred
+from keyshred.schema import api_downloads
 from tests.api.conftest import ApiServer, run_worker
 
 
@@ -74,3 +79,45 @@ def test_an_access_package_downloads_once(server: ApiServer) -> None:
         files = ks.open_export(package.content, passphrase=passphrase)
     assert files["manifest.json"]["export_id"] == view["export_id"]
     assert files["memories.json"][0]["value"]["text"].startswith("probe-value-")
+
+
+def test_an_expired_package_is_gone_and_dropped(server: ApiServer) -> None:
+    with server.client("operator") as op:
+        made = op.post(
+            "/v1/access-requests",
+            json={"subject": "expiring-export-subject", "passphrase": "a long passphrase"},
+        )
+        assert made.status_code == 201
+        export_id = made.json()["export_id"]
+        engine = sa.create_engine(f"sqlite:///{server.data / 'catalog' / 'catalog.db'}")
+        try:
+            where = api_downloads.c.export_id == export_id
+            with engine.begin() as conn:
+                assert conn.execute(sa.select(api_downloads.c.package).where(where)).scalar()
+                past = datetime.now(UTC) - timedelta(seconds=1)
+                conn.execute(api_downloads.update().where(where).values(expires_at=past))
+            gone = op.get(made.json()["download"])
+            assert gone.status_code == 410
+            assert gone.json()["title"] == "The package has expired"
+            with engine.connect() as conn:
+                left = conn.execute(sa.select(api_downloads.c.package).where(where)).scalar()
+            assert left is None
+        finally:
+            engine.dispose()
+
+
+def test_consent_for_an_erased_subject_is_a_409(server: ApiServer) -> None:
+    subject = "erased-then-consenting-subject"
+    with server.client("operator") as op:
+        rid = op.post(
+            "/v1/erasure-requests", json={"subject": subject, "reason": "r", "block": True}
+        ).json()["request_id"]
+        run_worker(server.data)
+        assert op.get(f"/v1/erasure-requests/{rid}").json()["state"] == "completed"
+        refused = op.post("/v1/consents", json={"subject": subject, "scope": "marketing/email"})
+        exported = op.post(
+            "/v1/access-requests", json={"subject": subject, "passphrase": "a long passphrase"}
+        )
+    assert refused.status_code == 409, refused.text
+    assert exported.status_code == 409, exported.text
+    assert subject not in refused.text + exported.text
