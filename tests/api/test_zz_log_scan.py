@@ -6,6 +6,7 @@ own calls first, so it stands alone too."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import sqlalchemy as sa
@@ -60,6 +61,9 @@ def test_no_probe_subject_or_value_in_the_access_log_or_the_audit_log(
     # The access log is there (the scan would pass on an empty file).
     assert '"POST /v1/erasure-requests HTTP/1.1" 202' in logs
     assert '"GET /v1/audit/verify HTTP/1.1" 200' in logs
+    # Every call of the run, bad input and forbidden ones included: never a 5xx.
+    assert not re.search(r'HTTP/1\.1" 5\d\d', logs), "a 5xx in the access log"
+    assert "Traceback" not in logs
     engine = sa.create_engine(f"sqlite:///{server.data / 'catalog' / 'catalog.db'}")
     try:
         with engine.connect() as conn:
