@@ -214,3 +214,54 @@ def test_rate_limits_per_credential_answer_429_with_retry_after(
         assert httpx.get(url + "/v1/erasure-requests", headers=other).status_code == 200
     finally:
         stop_server(process)
+
+
+def test_jwts_verified_against_a_jwks_url(
+    tmp_path_factory: pytest.TempPathFactory, server: ApiServer
+) -> None:
+    """The identity provider's JWKS fetched over HTTP (PyJWKClient), not a file."""
+    import http.server
+    import threading
+    from functools import partial
+
+    folder = tmp_path_factory.mktemp("jwks-url")
+    (folder / "jwks.json").write_text((server.data.parent / "idp-jwks.json").read_text())
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    idp = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=idp.serve_forever, daemon=True).start()
+    try:
+        text = (server.data.parent / "api.toml").read_text()
+        jwks_file = str(server.data.parent / "idp-jwks.json")
+        url = f"http://127.0.0.1:{idp.server_address[1]}/jwks.json"
+        settings = text.replace(f'jwks_file = "{jwks_file}"', f'jwks_url = "{url}"')
+        assert "jwks_file" not in settings and url in settings
+        (folder / "api.toml").write_text(settings)
+        process, base, _, _ = start_server(folder, server.data, settings=folder / "api.toml")
+        try:
+            ok = server.jwt("auditor")
+            forged_key = OKPKey.generate_key("Ed25519")
+            forged_key.ensure_kid()
+            forged = jwt.encode(
+                {"alg": "EdDSA", "kid": server.oidc_key.kid},
+                {
+                    "iss": ISSUER,
+                    "aud": AUDIENCE,
+                    "sub": "x",
+                    "exp": int(time.time()) + 60,
+                    "keyshred_roles": ["auditor"],
+                },
+                forged_key,
+                algorithms=["EdDSA"],
+            )
+            statuses = [
+                httpx.get(
+                    base + "/v1/audit/verify", headers={"Authorization": f"Bearer {t}"}
+                ).status_code
+                for t in (ok, forged)
+            ]
+            assert statuses == [200, 401]
+        finally:
+            stop_server(process)
+    finally:
+        idp.shutdown()
+        idp.server_close()
