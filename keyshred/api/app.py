@@ -218,7 +218,10 @@ async def _serve(request: Request, op: Operation) -> Response:
             return _problem(Problem(404, "not-found", "No such resource"), instance)
         about = str(value)
     try:
-        principal = state.auth.authenticate(request.headers.get("authorization"))
+        # In a thread: a JWKS fetched from the identity provider blocks (cached after).
+        principal = await run_in_threadpool(
+            state.auth.authenticate, request.headers.get("authorization")
+        )
     except Unauthenticated as exc:
         await _audit(state, _ANONYMOUS, op, 401, about)
         problem = Problem(

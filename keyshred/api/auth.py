@@ -9,8 +9,10 @@
   ``iss`` and ``sub``: a ``sub`` may be an e-mail address, personal data that must
   not reach the audit log, while the hash still names one person consistently.
 
-Anything else (no header, another scheme, a bad or expired token) is
-``Unauthenticated`` (401); the reason given never repeats the token.
+A token of three dot-separated parts is taken for a JWT when an identity provider is
+configured (API keys are made without dots: ``secrets.token_urlsafe``). Anything
+else (no header, another scheme, a bad or expired token) is ``Unauthenticated``
+(401); the reason given never repeats the token.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ def _default_actions() -> list[ConsentAction]:
 
 
 _TEXT = r"^[A-Za-z0-9 ._:@/+()#,-]{1,128}$"
+# A declared scope (``[scopes]``): never one of keyshred's internal key scopes ("~…").
+_SCOPE = r"^[^~]"
 
 
 class _Body(BaseModel):
@@ -58,22 +60,24 @@ class _SubjectBody(_Body):
 
 
 class ErasureRequestCreate(_SubjectBody):
-    scope: str | None = Field(default=None, max_length=128, description="Only this scope.")
+    scope: str | None = Field(
+        default=None, max_length=128, pattern=_SCOPE, description="Only this scope."
+    )
     reason: str = Field(pattern=_TEXT, description="Why, as a short code (gdpr-art17).")
     block: bool = Field(default=False, description="Keep the id erased even if nothing is found.")
 
 
 class HoldCreate(_SubjectBody):
-    scope: str | None = Field(default=None, max_length=128)
+    scope: str | None = Field(default=None, max_length=128, pattern=_SCOPE)
     reason: str = Field(pattern=_TEXT)
 
 
 class HoldQuery(_SubjectBody):
-    scope: str | None = Field(default=None, max_length=128)
+    scope: str | None = Field(default=None, max_length=128, pattern=_SCOPE)
 
 
 class ConsentGrant(_SubjectBody):
-    scope: str = Field(max_length=128)
+    scope: str = Field(max_length=128, pattern=_SCOPE)
     category: str | None = Field(default=None, max_length=128)
     actions: list[ConsentAction] = Field(default_factory=_default_actions, min_length=1)
     end_at: datetime | None = None
@@ -81,7 +85,7 @@ class ConsentGrant(_SubjectBody):
 
 
 class ConsentWithdraw(_SubjectBody):
-    scope: str = Field(max_length=128)
+    scope: str = Field(max_length=128, pattern=_SCOPE)
     category: str | None = Field(default=None, max_length=128)
 
 
