@@ -71,7 +71,20 @@ def request_view(req: ErasureRequest, steps: tuple[str, ...], has_receipt: bool)
         "step_times": timings,
         "step": step,
         "error": req.error,
+        "error_class": _error_class(req),
         "found_data": req.found_data,
         "identity": dict(identity) if isinstance(identity, dict) else None,
         "receipt_available": has_receipt,
     }
+
+
+def _error_class(req: ErasureRequest) -> str | None:
+    """The exception class of the request's last failure: a failed step records
+    ``step: Class``; a verification or unknown producer its own message."""
+    error = req.error
+    if error is None:
+        return None
+    _, sep, name = error.rpartition(": ")
+    if sep and name.isidentifier():
+        return name
+    return "ProducerUnknown" if req.doc.get("review") == "producer" else "VerificationFailed"

@@ -6,6 +6,8 @@ them (``keyshred worker``, ``ks.jobs.run_pending()``).
 
 from __future__ import annotations
 
+import json
+
 from keyshred.api.common import check_owner, request_view, subject_of, verify_identity
 from keyshred.api.models import (
     ErasureRequestCreate,
@@ -65,7 +67,8 @@ def receipt(call: Call) -> Reply:
         "request_id": request_id,
         "form": issued.form,
         "jws": issued.jws,
-        "receipt": issued.model_dump(mode="json", exclude={"signature"}),
+        # Exactly what was signed (the JWS payload), for the JSON form its fields.
+        "receipt": json.loads(issued.payload()),
         "kid": issued.kid,
     }
     return Reply(200, body, request_id=request_id)

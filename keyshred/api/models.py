@@ -113,7 +113,8 @@ class ErasureRequestView(BaseModel):
     steps_done: list[str]
     step_times: dict[str, str] = Field(description="When each step done was recorded.")
     step: str | None = Field(description="The step it is at (None once completed).")
-    error: str | None = Field(description="The exception class of the last failure.")
+    error: str | None = Field(description="The last failure: the step and its class.")
+    error_class: str | None = Field(description="The exception class of the last failure.")
     found_data: bool | None
     identity: dict[str, str] | None
     receipt_available: bool
