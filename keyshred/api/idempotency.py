@@ -67,6 +67,13 @@ class IdempotencyStore:
         """Claim the key (None: go ahead, then ``finish`` or ``abandon``), or the
         response stored for it; a 409 ``Problem`` for another body or a call still
         running."""
+        try:
+            return self._begin(actor, key, body_hash)
+        except sa.exc.IntegrityError:
+            # Another call with the key inserted its row between our read and insert.
+            raise _running() from None
+
+    def _begin(self, actor: str, key: str, body_hash: str) -> Stored | None:
         now = datetime.now(UTC)
         where = sa.and_(api_idempotency.c.actor == actor, api_idempotency.c.idem_key == key)
         with self._catalog.transaction() as conn:
@@ -94,12 +101,7 @@ class IdempotencyStore:
                 "use a new key for a new request",
             )
         if row.status is None:
-            raise Problem(
-                409,
-                "idempotency-key-in-use",
-                "The first request with this Idempotency-Key is still running",
-                headers={"Retry-After": "1"},
-            )
+            raise _running()
         return Stored(int(row.status), json.loads(row.response), row.location)
 
     def finish(self, actor: str, key: str, stored: Stored) -> None:
@@ -123,3 +125,12 @@ class IdempotencyStore:
                     api_idempotency.c.status.is_(None),
                 )
             )
+
+
+def _running() -> Problem:
+    return Problem(
+        409,
+        "idempotency-key-in-use",
+        "The first request with this Idempotency-Key is still running",
+        headers={"Retry-After": "1"},
+    )

@@ -80,3 +80,32 @@ def test_a_replayed_error_is_the_first_error(server: ApiServer) -> None:
         again = op.post("/v1/erasure-requests", json=body, headers={"Idempotency-Key": key})
     assert first.status_code == again.status_code == 422
     assert again.json() == first.json()
+
+
+def test_racing_retries_record_one_request_and_never_fail(server: ApiServer) -> None:
+    """Eight clients send the same key at once: each gets the first answer or a 409
+    'still running', one request is recorded, none is a 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    auth = {"Authorization": f"Bearer {server.tokens['operator']}"}
+
+    def post(_: int) -> httpx.Response:
+        return httpx.post(
+            server.url + "/v1/erasure-requests", json=BODY, headers={**auth, **key}, timeout=30
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    assert {a.status_code for a in answers} <= {202, 409}
+    accepted = {a.json()["request_id"] for a in answers if a.status_code == 202}
+    assert len(accepted) == 1
+    for a in answers:
+        if a.status_code == 409:
+            assert a.json()["type"].endswith("idempotency-key-in-use")
+            assert a.headers["retry-after"] == "1"
+    with server.client("operator") as op:
+        again = op.post("/v1/erasure-requests", json=BODY, headers=key)
+    assert again.status_code == 202 and again.json()["request_id"] in accepted
