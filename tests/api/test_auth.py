@@ -265,3 +265,32 @@ def test_jwts_verified_against_a_jwks_url(
     finally:
         idp.shutdown()
         idp.server_close()
+
+
+def test_a_configured_identity_hook_decides_and_its_decision_is_in_the_request(
+    tmp_path_factory: pytest.TempPathFactory, server: ApiServer
+) -> None:
+    folder = tmp_path_factory.mktemp("hook")
+    text = (server.data.parent / "api.toml").read_text()
+    hooked = 'identity_hook = "tests.api.hooks:tenant_checked"\n' + text
+    (folder / "api.toml").write_text(hooked)
+    process, base, _, _ = start_server(folder, server.data, settings=folder / "api.toml")
+    try:
+        auth = {"Authorization": f"Bearer {server.tokens['requester-unverified']}"}
+        body = {"subject": "hooked-subject", "reason": "gdpr-art17"}
+        refused = httpx.post(base + "/v1/erasure-requests", json=body, headers=auth)
+        allowed = httpx.post(
+            base + "/v1/erasure-requests",
+            json={**body, "tenant": "verified-tenant"},
+            headers=auth,
+        )
+    finally:
+        stop_server(process)
+    assert refused.status_code == 403
+    assert allowed.status_code == 202
+    assert allowed.json()["identity"] == {
+        "decision": "allowed",
+        "method": "document-check",
+        "detail": "erasure.create-by-hook",
+        "decided_for": "key:requester-unverified",
+    }
