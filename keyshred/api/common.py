@@ -8,6 +8,7 @@ from typing import Any
 from keyshred.api.operations import Call
 from keyshred.api.problems import Problem
 from keyshred.erasure import ErasureRequest
+from keyshred.erasure.requests import is_safe
 from keyshred.ids import Subject
 
 __all__ = ["check_owner", "request_view", "subject_of", "verify_identity"]
@@ -36,7 +37,11 @@ def verify_identity(call: Call, subject: Subject, action: str) -> dict[str, str]
             "The requester's identity is not verified for this subject",
             "the identity verification hook refused the request",
         )
-    return decision.metadata(principal.actor)
+    metadata = decision.metadata(principal.actor)
+    if not all(is_safe(v) for v in metadata.values()):
+        # It would land in the receipt: the hook must state a method, not evidence.
+        raise Problem(500, "identity-hook-failed", "The identity verification hook failed")
+    return metadata
 
 
 def check_owner(call: Call, requested_by: str) -> None:

@@ -103,6 +103,11 @@ def test_listing_by_state_for_operators(server: ApiServer) -> None:
         assert all(r["state"] == "requested" for r in waiting.json()["requests"])
         completed = op.get("/v1/erasure-requests", params=[("state", "completed")]).json()
         assert rid not in [r["request_id"] for r in completed["requests"]]
+        scoped = op.post(
+            "/v1/erasure-requests",
+            json={"subject": "scope-only-subject", "reason": "r", "scope": "marketing/email"},
+        )
+        assert scoped.status_code == 202 and scoped.json()["scope"] == "marketing/email"
         bad = op.get("/v1/erasure-requests", params={"state": "finished"})
         assert bad.status_code == 422
         assert bad.headers["content-type"] == "application/problem+json"
