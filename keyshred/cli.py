@@ -664,6 +664,48 @@ def worker(
     _emit({"ran": ran}, as_json, f"worker stopped: {ran} job(s) run")
 
 
+@app.command()
+def serve(  # noqa: PLR0917 - typer maps every parameter to an option
+    path: PathOpt = Path("."),
+    api_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--api-config",
+            envvar="KEYSHRED_API_CONFIG",
+            help="The API settings (TOML: API key hashes, OIDC, rate limits).",
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", min=1, help="uvicorn worker processes (1 on the embedded profile)."
+        ),
+    ] = 1,
+    allow_remote: Annotated[
+        bool,
+        typer.Option("--allow-remote", help="Listen on a non-loopback address (behind TLS)."),
+    ] = False,
+    no_access_log: Annotated[
+        bool, typer.Option("--no-access-log", help="Do not print an access log line per call.")
+    ] = False,
+) -> None:
+    """Serve the HTTP API (erasure, consent and access requests; receipts) under
+    uvicorn until stopped. It records requests; workers run them (keyshred worker)."""
+    from keyshred.api.server import serve as run
+
+    run(
+        path,
+        config=api_config,
+        host=host,
+        port=port,
+        workers=workers,
+        allow_remote=allow_remote,
+        access_log=not no_access_log,
+    )
+
+
 def _known_states(given: list[str] | None, known: tuple[str, ...]) -> None:
     """A misspelt ``--state`` is an error, not an empty list."""
     unknown = sorted(set(given or ()) - set(known))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -63,6 +63,7 @@ class Erasures(Protocol):
         request_id: str | None = None,
         assets: Sequence[str] | None = None,
         kind: str = "erasure",
+        identity: Mapping[str, str] | None = None,
     ) -> ErasureRequest: ...
 
     def run(self, request_id: str) -> ErasureRequest: ...
@@ -343,3 +344,30 @@ class Consent(ConsentApi):
         )
         self._audit.record("consent.withdrawn", subject_ref=ref, scope=scope)
         return self._erasures.run(req.request_id)
+
+    def submit_withdrawal(
+        self,
+        subject: Any,
+        scope: str,
+        *,
+        category: str | None = None,
+        requested_by: str = "consent-withdrawal",
+        identity: Mapping[str, str] | None = None,
+    ) -> ErasureRequest:
+        """``withdraw`` without running the erasure: the consent is revoked now (new
+        writes fail at once) and the scope erasure is recorded with its job, which a
+        worker runs (what the HTTP API calls); ``identity`` as ``ks.erasure.request``."""
+        self.revoke(subject, scope=scope, category=category)
+        ref = self._ref(subject)
+        req = self._erasures.request(
+            ref,
+            scope,
+            requested_by=requested_by,
+            reason="consent-withdrawn",
+            kind="consent-withdrawal",
+            identity=identity,
+        )
+        self._audit.record(
+            "consent.withdrawn", subject_ref=ref, scope=scope, request_id=req.request_id
+        )
+        return req

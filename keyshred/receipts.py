@@ -183,6 +183,10 @@ class Receipt(_Model):
     live_residue_until: datetime | None = None
     # Measured figures (eviction everywhere); None in receipts issued before it.
     metrics: ReceiptMetrics | None = None
+    # How the requester's identity was verified, as the HTTP API's identity hook
+    # decided it (plain metadata: method, decision, by whom). None: not asked through
+    # the API, or issued before the field existed.
+    identity: dict[str, str] | None = None
     # The JSON form's signature; None in a JWS receipt (the JWS carries it).
     signature: Signature | None = None
     # The compact JWS this receipt was issued as (None: the JSON form, or unsigned).
@@ -222,7 +226,7 @@ class Receipt(_Model):
         while they are unset)."""
         # Fields added after JWS receipts are left out while unset, so a receipt
         # issued before one existed re-serializes to the payload it was signed over.
-        unset = {name for name in ("metrics",) if getattr(self, name) is None}
+        unset = {name for name in ("metrics", "identity") if getattr(self, name) is None}
         body = self.model_dump(mode="json", exclude={"signature", *unset})
         return rfc8785.dumps(body)
 
@@ -236,7 +240,7 @@ class Receipt(_Model):
         # Fields added later are left out while unset, so older receipts verify.
         unset = {
             name
-            for name in ("found_data", "shared_keys", "live_residue_until", "metrics")
+            for name in ("found_data", "shared_keys", "live_residue_until", "metrics", "identity")
             if getattr(self, name) is None
         }
         body = self.model_dump(mode="json", exclude={"signature", *unset})
@@ -245,7 +249,7 @@ class Receipt(_Model):
     def to_json(self) -> str:
         # ``metrics`` (added with eviction everywhere) is left out while unset, so a
         # receipt issued before it serializes as it was stored.
-        exclude = {"metrics"} if self.metrics is None else set()
+        exclude = {n for n in ("metrics", "identity") if getattr(self, n) is None}
         return self.model_dump_json(indent=2, exclude=exclude)
 
 

@@ -1,6 +1,7 @@
 """The services' tables in the catalog database: erasure requests, legal holds,
-the audit log, jobs and eviction acknowledgements (``keyshred.erasure``,
-``keyshred.audit``, ``keyshred.jobs``).
+the audit log, jobs, eviction acknowledgements and the HTTP API's idempotency
+records and export downloads (``keyshred.erasure``, ``keyshred.audit``,
+``keyshred.jobs``, ``keyshred.api``).
 
 They are defined on the catalog database's ``metadata`` (``keyshred.storage.schema``),
 so snapshots and the migrations see them with the storage and vault tables; schema
@@ -15,6 +16,8 @@ from keyshred.db import Micros
 from keyshred.storage.schema import metadata
 
 __all__ = [
+    "api_downloads",
+    "api_idempotency",
     "audit_anchor",
     "audit_events",
     "deletion_requests",
@@ -115,4 +118,36 @@ eviction_acks = sa.Table(
     sa.Column("published_at", Micros, nullable=False),
     sa.Column("evicted_at", Micros, nullable=False),
     sa.Index("ks_eviction_acks_subject", "subject_ref", "epoch"),
+)
+
+# The HTTP API's ``Idempotency-Key`` records (``keyshred.api.idempotency``): per
+# credential and key, a keyed hash of the request (never the body itself) and the
+# response first given, returned again to a retry with the same body.
+api_idempotency = sa.Table(
+    "ks_api_idempotency",
+    metadata,
+    sa.Column("actor", sa.String(128), primary_key=True),
+    sa.Column("idem_key", sa.String(128), primary_key=True),
+    sa.Column("body_hash", sa.String(64), nullable=False),
+    sa.Column("status", sa.Integer, nullable=True),  # NULL: the first call is running
+    sa.Column("response", sa.Text, nullable=True),  # JSON: ids, states, subject_refs
+    sa.Column("location", sa.String(256), nullable=True),
+    sa.Column("created_at", Micros, nullable=False),
+    sa.Column("expires_at", Micros, nullable=False),
+)
+
+# Access requests' export packages waiting for their one download
+# (``keyshred.api.access``): the sealed package (ciphertext under the export's DEK
+# and the requester's passphrase or public key), dropped when it is downloaded or
+# expires. ``actor`` is who may download it.
+api_downloads = sa.Table(
+    "ks_api_downloads",
+    metadata,
+    sa.Column("export_id", sa.String(64), primary_key=True),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("created_at", Micros, nullable=False),
+    sa.Column("expires_at", Micros, nullable=False),
+    sa.Column("downloaded_at", Micros, nullable=True),
+    sa.Column("package", sa.LargeBinary, nullable=True),
 )

@@ -52,7 +52,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -280,6 +280,7 @@ class ErasureCoordinator(HoldsMixin):
         kind: str = "erasure",
         block: bool = False,
         claim: bool = False,
+        identity: Mapping[str, str] | None = None,
     ) -> ErasureRequest:
         """Record a request (idempotent by ``request_id``) without running it;
         ``claim``: its job is leased to this process in the same transaction
@@ -294,8 +295,13 @@ class ErasureCoordinator(HoldsMixin):
         (the retention scanner's requests): they are deleted physically with their
         vectors and catalog rows and derived assets are rebuilt, but no key is
         destroyed (the scope's other memories share it) and the subject stays active.
+
+        ``identity`` is how the requester's identity was verified (the HTTP API's
+        identity-verification hook decides it): plain metadata (the same alphabet
+        as ``requested_by``), kept in the request and stated in its receipt.
         """
         check_request(scope, requested_by, reason, probes)
+        checked = _identity(identity)
         request_id = request_id or uuid.uuid4().hex
         safe("request id", request_id)
         if scope is not None and not scope.startswith("~"):  # "~…": internal key scopes
@@ -311,6 +317,8 @@ class ErasureCoordinator(HoldsMixin):
         doc: dict[str, Any] = {"done": [], "details": {}, "kind": safe("kind", kind)}
         if block:
             doc["block"] = True
+        if checked is not None:
+            doc["identity"] = checked
         if assets is not None:
             doc["assets"] = sorted({safe("asset id", a) for a in assets})
         valid = is_safe(requested_by) and is_safe(reason)
@@ -410,10 +418,11 @@ class ErasureCoordinator(HoldsMixin):
         reason: str,
         request_id: str | None = None,
         block: bool = False,
+        identity: Mapping[str, str] | None = None,
     ) -> ErasureRequest:
         """Record an erasure request and its job, and return it without running it:
         a worker (``keyshred worker``, ``ks.jobs.run_pending()``) runs it. What the
-        HTTP API calls. Idempotent by ``request_id``."""
+        HTTP API calls. Idempotent by ``request_id``; ``identity`` as ``request``."""
         return self.request(
             self._ref(subject),
             scope,
@@ -421,6 +430,7 @@ class ErasureCoordinator(HoldsMixin):
             reason=reason,
             request_id=request_id,
             block=block,
+            identity=identity,
         )
 
     def release_hold(self, hold_id: str) -> None:
@@ -802,6 +812,16 @@ class ErasureCoordinator(HoldsMixin):
             found_data=bool(req.doc["found_data"]),
         )
         return {"at": iso(completed)}
+
+
+def _identity(identity: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The identity-verification metadata of a request, checked: at most 8 entries,
+    names and values of plain metadata (they land in the receipt)."""
+    if identity is None:
+        return None
+    if not isinstance(identity, Mapping) or len(identity) > 8:
+        raise InvalidInput("identity is a mapping of at most 8 names to plain metadata")
+    return {safe("identity name", k): safe("identity value", v) for k, v in identity.items()}
 
 
 def _call_processor(processor: ExternalProcessor, req: ErasureRequest) -> Any:

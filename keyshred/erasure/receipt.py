@@ -104,4 +104,5 @@ def build_receipt(
         assets=list(req.doc.get("assets", [])),
         shared_keys=[SharedKey(**k) for k in d["closure"].get("shared", [])],
         metrics=metrics,
+        identity=req.doc.get("identity"),
     )

@@ -300,6 +300,7 @@ def test_every_command_has_help() -> None:
         ("consent", "revoke"),
         ("consent", "list"),
         ("metrics",),
+        ("serve",),
     ):
         # In process (the help of 23 commands; the program itself is run above and
         # below): a subprocess each cost 20 s of the suite.
