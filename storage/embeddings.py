@@ -11,6 +11,7 @@ PyTorch), offline, with the same vectors as sentence-transformers to float32 pre
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -24,6 +25,8 @@ from keyshred._extras import require
 from keyshred.errors import ConfigError, InvalidInput
 
 __all__ = ["Embedder", "MiniLM", "TextsAt", "as_embedder"]
+
+_EXIT_WAIT_SECONDS = 60.0  # the longest an exit waits for a background model load
 
 EmbedFunc = Callable[[list[str]], Any]
 # The texts to embed for one JSON path of a value (none, one, or several: one
@@ -164,6 +167,11 @@ class MiniLM(Embedder):
             )
             self._preloads[self.runtime] = thread
         thread.start()
+        # A daemon thread still inside the tokenizer's or the weights' native code
+        # when the interpreter finalizes aborts the process ("terminate called
+        # without an active exception": a CLI command that failed fast exited -6).
+        # The exit waits for the load instead, bounded.
+        atexit.register(thread.join, _EXIT_WAIT_SECONDS)
 
     def _quiet_load(self) -> None:
         try:

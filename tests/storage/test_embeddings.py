@@ -210,3 +210,27 @@ def test_a_child_forked_during_the_load_loads_on_its_own(
             os.waitpid(pid, 0)
             pytest.fail("the forked child hung on the parent's load lock")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_interpreter_exit_waits_for_a_background_model_load(tmp_path: Path) -> None:
+    """A CLI command that failed fast exited while the preload thread was inside
+    native code and the process aborted (-6). The exit now waits for the load."""
+    marker = tmp_path / "loaded"
+    script = f"""
+import time
+from pathlib import Path
+from keyshred.storage import embeddings
+
+def slow_load(self):
+    time.sleep(1.0)  # still loading when the main thread is done
+    Path({str(marker)!r}).write_text("done")
+    return object()
+
+embeddings.MiniLM._load = slow_load
+embeddings.MiniLM().preload()
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert marker.read_text() == "done"
