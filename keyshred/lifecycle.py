@@ -333,6 +333,20 @@ class Consent(ConsentApi):
         then erase the scope (reads fail at once, the scope key is destroyed, its
         data dropped, derived data rebuilt, a signed receipt). The subject's other
         scopes stay readable. A consent record keeps its policy version and history."""
+        ref, req = self._record_withdrawal(subject, scope, category, requested_by, None)
+        self._audit.record("consent.withdrawn", subject_ref=ref, scope=scope)
+        return self._erasures.run(req.request_id)
+
+    def _record_withdrawal(
+        self,
+        subject: Any,
+        scope: str,
+        category: str | None,
+        requested_by: str,
+        identity: Mapping[str, str] | None,
+    ) -> tuple[str, ErasureRequest]:
+        """Revoke the consent (new writes fail at once) and record the scope erasure
+        with its job: the subject_ref and the request."""
         self.revoke(subject, scope=scope, category=category)
         ref = self._ref(subject)
         req = self._erasures.request(
@@ -341,9 +355,9 @@ class Consent(ConsentApi):
             requested_by=requested_by,
             reason="consent-withdrawn",
             kind="consent-withdrawal",
+            identity=identity,
         )
-        self._audit.record("consent.withdrawn", subject_ref=ref, scope=scope)
-        return self._erasures.run(req.request_id)
+        return ref, req
 
     def submit_withdrawal(
         self,
@@ -357,16 +371,7 @@ class Consent(ConsentApi):
         """``withdraw`` without running the erasure: the consent is revoked now (new
         writes fail at once) and the scope erasure is recorded with its job, which a
         worker runs (what the HTTP API calls); ``identity`` as ``ks.erasure.request``."""
-        self.revoke(subject, scope=scope, category=category)
-        ref = self._ref(subject)
-        req = self._erasures.request(
-            ref,
-            scope,
-            requested_by=requested_by,
-            reason="consent-withdrawn",
-            kind="consent-withdrawal",
-            identity=identity,
-        )
+        ref, req = self._record_withdrawal(subject, scope, category, requested_by, identity)
         self._audit.record(
             "consent.withdrawn", subject_ref=ref, scope=scope, request_id=req.request_id
         )

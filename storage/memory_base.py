@@ -132,9 +132,9 @@ class MemoryStoreBase:
 
     def evicted_since(self, seq: int, subject_ref: str) -> bool:
         """Whether an eviction of the subject (or of everyone) began after ``seq``."""
+        if self._eviction_seq == seq:
+            return False  # the usual answer, on every read: no lock taken for it
         with self._lock:
-            if self._eviction_seq == seq:
-                return False
             if self._eviction_seq - seq > len(self._evicted):
                 return True  # older than the record: cannot tell, so yes
             return any(n > seq and r in (None, subject_ref) for n, r in self._evicted)
