@@ -70,7 +70,8 @@ class Downloads:
             )
 
     def take(self, export_id: str, actor: str) -> bytes:
-        """The package, once: 403 for another caller, 410 once downloaded or expired."""
+        """The package, once: 403 for another caller, 410 once downloaded, expired or
+        dropped by an erasure of its subject."""
         now = datetime.now(UTC)
         with self._catalog.transaction() as conn:
             row = conn.execute(
@@ -80,8 +81,11 @@ class Downloads:
                 raise NotFound(f"no access request {export_id}")
             if row.actor != actor:
                 raise Problem(403, "forbidden", "This access request was made by another caller")
-            if row.downloaded_at is not None or row.package is None:
+            if row.downloaded_at is not None:
                 raise Problem(410, "gone", "The package was downloaded already")
+            if row.package is None:
+                # Dropped without a download: it expired, or its subject was erased.
+                raise Problem(410, "gone", "The package is no longer available")
             expired = row.expires_at <= now
             # Taken (or, expired, dropped) by exactly one caller: the row's update.
             taken = conn.execute(

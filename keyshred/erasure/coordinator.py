@@ -713,8 +713,10 @@ class ErasureCoordinator(HoldsMixin):
         return closure(self._w, req)
 
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
-        assets, consents = extent_of(self._w, req).drop_catalog()
-        return {"assets": assets, "consents": consents, "at": iso(now())}
+        extent = extent_of(self._w, req)
+        assets, consents = extent.drop_catalog()
+        packages = extent.drop_packages()
+        return {"assets": assets, "consents": consents, "packages": packages, "at": iso(now())}
 
     def _step_external(self, req: ErasureRequest) -> dict[str, Any]:
         if not extent_of(self._w, req).calls_processors:

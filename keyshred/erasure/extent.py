@@ -20,6 +20,7 @@ from keyshred.erasure.requests import ERASED, ErasureRequest, iso, now
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
+from keyshred.schema import api_downloads
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.catalog_base import ACTIVE
 from keyshred.storage.erasable import Erasable, ErasureTarget
@@ -194,6 +195,25 @@ class Extent:
             catalog.delete_identifiers(self.ref)
         return n, consents
 
+    def drop_packages(self) -> int:
+        """Access packages of the subject still waiting for their download (the
+        HTTP API's ``ks_api_downloads``): dropped, whatever the scope, since an export
+        holds every scope. They are ciphertext, and a subject erasure has destroyed
+        their export DEK already; a scope erasure has not, so this is what keeps the
+        erased scope's data from being downloaded after its erasure. The rows stay
+        (without package) so that the download answers 410 rather than 404."""
+        with self.w.catalog.transaction() as conn:
+            return int(
+                conn.execute(
+                    api_downloads.update()
+                    .where(
+                        api_downloads.c.subject_ref == self.ref,
+                        api_downloads.c.package.is_not(None),
+                    )
+                    .values(package=None)
+                ).rowcount
+            )
+
     def backup_coverage(self, keys_at: datetime, deleted: int) -> Any:
         return self.w.backups.coverage(self.ref, keys_at, deleted=deleted)
 
@@ -259,6 +279,9 @@ class AssetsExtent(Extent):
     def drop_catalog(self) -> tuple[int, int]:
         own = self.req.doc["details"]["closure"]["own"]
         return self.w.catalog.delete(own), 0
+
+    def drop_packages(self) -> int:
+        return 0  # expired memories only: a pending export of the subject stays
 
     def backup_coverage(self, keys_at: datetime, deleted: int) -> Any:
         return self.w.backups.coverage_unkeyed(keys_at)

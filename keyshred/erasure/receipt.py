@@ -57,6 +57,15 @@ def build_receipt(
             at=d["catalog"]["at"],
         ),
     ]
+    if d["catalog"].get("packages"):  # (requests from before the step counted them: absent)
+        stores.append(
+            StoreAction(
+                store="api",
+                action="access-packages-dropped",
+                count=d["catalog"]["packages"],
+                at=d["catalog"]["at"],
+            )
+        )
     if d.get("backups", {}).get("targets"):
         stores.append(
             StoreAction(
