@@ -251,6 +251,30 @@ def test_an_auditor_reads_everything_and_changes_nothing(server: ApiServer, page
     assert page.locator("h1").inner_text() == "Latest drill"
 
 
+def test_an_operator_places_and_releases_a_hold(server: ApiServer, page: Any) -> None:
+    login(page, server, server.tokens["operator"])
+    page.goto(server.url + "/console/holds")
+    before = page.locator("#holds tbody form").count()
+    page.fill("#place #subject", PROBES[1])
+    page.fill("#place #reason", "case-4711")
+    submit(page, "#place button[type=submit]")
+    assert page.url.endswith("/console/holds")
+    row = page.locator("#holds tbody tr", has_text="case-4711")
+    assert row.locator("td").nth(3).inner_text() == "case-4711"
+    assert row.locator("td").nth(4).inner_text() == "key:operator"
+    ref = row.locator("td").nth(1).inner_text()
+    with server.client("operator") as op:  # the same hold, by the API
+        found = op.post("/v1/holds/search", json={"subject": PROBES[1]}).json()["holds"]
+    assert [h["subject_ref"] for h in found if h["reason"] == "case-4711"] == [ref]
+    assert page.locator("#holds tbody form").count() == before + 1
+    scan(page)
+    submit(page, "#holds tbody tr:has-text('case-4711') button")
+    assert page.locator("#holds tbody tr", has_text="case-4711").count() == 0
+    with server.client("operator") as op:
+        found = op.post("/v1/holds/search", json={"subject": PROBES[1]}).json()["holds"]
+    assert not [h for h in found if h["reason"] == "case-4711"]
+
+
 def test_a_bad_token_is_refused_and_an_oidc_token_logs_in(server: ApiServer, page: Any) -> None:
     login(page, server, "not-a-key-of-this-service")
     assert page.url.endswith("/console/login")
