@@ -26,12 +26,11 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from playwright import sync_api as playwright_api
 
 from keyshred.api.console import COOKIE, DRILL_EVENT, csrf_token
 from keyshred.schema import audit_events
 from tests.api.conftest import ApiServer
-
-playwright_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
