@@ -477,3 +477,37 @@ def test_no_probe_subject_in_the_servers_output_or_audit_log(server: ApiServer) 
             assert form not in logs, f"probe #{PROBES.index(probe)} in the server's output"
             assert form not in audit, f"probe #{PROBES.index(probe)} in the audit log"
     assert "Traceback" not in logs
+
+
+def test_the_receipt_verdict_is_keyshreds_verifier_against_the_services_keys(
+    tmp_path: Path,
+) -> None:
+    """A receipt altered, or signed by a key the service does not publish, is shown
+    as not verified (the page's verdict is the verifier's, not a constant)."""
+    import base64
+    import secrets
+    from types import SimpleNamespace
+
+    from keyshred import Keyshred
+    from keyshred.api.console import _verification
+    from keyshred.keyring.keyring import Signer
+    from keyshred.receipts import load_receipt, sign_receipt
+
+    with Keyshred.init(tmp_path / "d") as ks:
+        ks.memories.put(PROBES[0], ("notes",), "k", {"text": "x"})
+        rid = ks.erase(PROBES[0], requested_by="t", reason="test").request_id
+        jws = ks.erasure.receipt(rid).serialize()  # type: ignore[union-attr]
+        services = SimpleNamespace(ks=ks)
+        ok, detail = _verification(services, {"request_id": rid, "jws": jws})  # type: ignore[arg-type]
+        assert ok and detail.startswith("signature valid")
+        header, payload, signature = jws.split(".")
+        fields = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        fields["found_data"] = not fields["found_data"]
+        edited = base64.urlsafe_b64encode(json.dumps(fields).encode()).rstrip(b"=").decode()
+        altered = f"{header}.{edited}.{signature}"
+        ok, detail = _verification(services, {"request_id": rid, "jws": altered})  # type: ignore[arg-type]
+        assert not ok and detail.startswith("IntegrityError"), detail
+        # The same fields re-signed by a key of someone else's (a well-formed JWS).
+        resigned = sign_receipt(load_receipt(jws), Signer(secrets.token_bytes(32))).serialize()
+        ok, detail = _verification(services, {"request_id": rid, "jws": resigned})  # type: ignore[arg-type]
+        assert not ok and detail.startswith("UntrustedSigner"), detail
