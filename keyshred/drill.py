@@ -53,9 +53,21 @@ from keyshred.keyring.keystore import SQLiteKeyStore
 from keyshred.receipts import verify_receipt
 from keyshred.storage.memories import PutItem
 
-__all__ = ["DrillCheck", "DrillFailure", "DrillReport", "run_drill", "scan_bytes"]
+__all__ = [
+    "DRILL_EVENT",
+    "DrillCheck",
+    "DrillFailure",
+    "DrillReport",
+    "record_report",
+    "run_drill",
+    "scan_bytes",
+]
 
 HEALTH = "support/health"
+# The audit event a service's store keeps of a drill run against it (``keyshred drill
+# --record-in DATA``): the console's "latest drill" page reads the newest one.
+DRILL_EVENT = "drill.report"
+_DETAIL_MAX = 300
 
 
 class DrillFailure(KeyshredError):
@@ -103,6 +115,30 @@ class DrillReport:
                 for c in self.checks
             ],
         }
+
+
+def record_report(ks: Keyshred, report: DrillReport, *, profile: str = "embedded") -> None:
+    """Record ``report`` in the audit chain of ``ks`` (a service's store: the drill
+    itself ran in a folder of its own). Metadata only: the drill's subjects are
+    synthetic and named nowhere; its request id and subject_ref are the drill
+    folder's, and its folder's path (it may name a person's home) is left out.
+    The checks are parallel lists, so their order is kept (an audit event's
+    fields are stored with sorted keys, and hold no list of objects)."""
+    checks = report.checks
+    ks.audit.record(
+        DRILL_EVENT,
+        profile=profile,
+        passed=report.passed,
+        subjects=report.subjects,
+        records=report.records,
+        drill_request_id=report.request_id,
+        drill_subject_ref=report.erased_subject_ref,
+        seconds=round(sum(c.seconds for c in checks), 3),
+        check_names=[c.name for c in checks],
+        check_passed=[c.passed for c in checks],
+        check_seconds=[round(c.seconds, 4) for c in checks],
+        check_details=[c.detail[:_DETAIL_MAX] for c in checks],
+    )
 
 
 def scan_bytes(root: Path, needles: list[bytes]) -> list[tuple[str, int]]:

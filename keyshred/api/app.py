@@ -10,6 +10,7 @@ of what it was about; never a subject). keyshred's errors become problem documen
 its class in the server's log.
 
 Public, unaudited: ``/healthz``, ``/readyz``, ``/openapi.json``, ``/v1/jwks``.
+``/console``: the staff's pages over the same operations (``keyshred.api.console``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from keyshred import __version__
 from keyshred._extras import require
-from keyshred.api import access, chain, consent, erasure, holds
+from keyshred.api import access, chain, consent, console, erasure, holds
 from keyshred.api.access import Downloads
 from keyshred.api.auth import Authenticator, Unauthenticated
 from keyshred.api.health import Readiness
@@ -119,6 +120,8 @@ def create_app(
         Route("/openapi.json", _openapi, methods=["GET"]),
         Route("/v1/jwks", _jwks, methods=["GET"]),
         *(Route(op.path, _endpoint(op), methods=[op.method]) for op in OPERATIONS),
+        # Server-rendered pages over the same operations; not in the OpenAPI document.
+        *console.routes(),
     ]
     return Starlette(
         routes=routes,

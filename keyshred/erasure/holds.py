@@ -1,6 +1,6 @@
 """Legal holds and re-admission (``ks.erasure.place_hold``, ``holds``,
-``release_hold``, ``readmit``): they take a subject, as ``ks.erase`` does; a caller
-that holds only its pseudonymous reference passes ``subject_ref=``."""
+``active_holds``, ``release_hold``, ``readmit``): they take a subject, as ``ks.erase``
+does; a caller that holds only its pseudonymous reference passes ``subject_ref=``."""
 
 from __future__ import annotations
 
@@ -126,6 +126,19 @@ class HoldsMixin:
             Hold(r.hold_id, r.subject_ref, r.scope, r.reason, r.owner, utc(r.placed_at), None)  # type: ignore[arg-type]
             for r in rows
             if r.scope is None or scope is None or r.scope == scope
+        ]
+
+    def active_holds(self) -> list[Hold]:
+        """Every active hold, oldest first (by subject_ref: what the console lists)."""
+        with self._catalog.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(legal_holds)
+                .where(legal_holds.c.released_at.is_(None))
+                .order_by(legal_holds.c.placed_at)
+            ).all()
+        return [
+            Hold(r.hold_id, r.subject_ref, r.scope, r.reason, r.owner, utc(r.placed_at), None)  # type: ignore[arg-type]
+            for r in rows
         ]
 
     def readmit(
