@@ -348,6 +348,9 @@ class Restore(Generations):
         doc["backup"] = {**doc.get("backup", {}), "target": None}
         # The restored copy gets its own (SQLite) key store from the sealed snapshot.
         doc["keyring"] = {**doc.get("keyring", {}), "store_url": None}
+        # No completion webhooks: the copy's replays and any request run on it must
+        # not call the production endpoints (the manifest's secrets are masked, too).
+        doc["webhooks"] = []
         try:
             return Config.model_validate(doc)
         except ValueError:

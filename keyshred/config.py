@@ -11,14 +11,19 @@ scope) merge setting by setting across the sources; a setting's value, a table s
 variables (``KEYSHRED_PATH``, ``KEYSHRED_VAULT_TOKEN``) are not settings.
 
 Secrets are never written to the file: the Vault token comes from
-``KEYSHRED_VAULT_TOKEN`` or ``VAULT_TOKEN``, AWS credentials from boto3's usual chain.
-A password inside a URL setting is masked in every repr, and no error message echoes
-a value.
+``KEYSHRED_VAULT_TOKEN`` or ``VAULT_TOKEN``, AWS credentials from boto3's usual chain,
+a webhook's signing secret best from the variable its ``secret_env`` names (one
+given inline is a ``SecretStr``: ``**********`` in every repr and in
+``redacted_dump``). A password inside a URL setting is masked in every repr, and no
+error message echoes a value.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
+import hashlib
 import json
 import os
 import re
@@ -27,9 +32,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast, get_args, get_origin
+from urllib.parse import urlsplit
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from keyshred.errors import ConfigError
 
@@ -52,6 +66,8 @@ __all__ = [
     "TokenSettings",
     "VaultSettings",
     "VectorSettings",
+    "WEBHOOK_EVENTS",
+    "WebhookSettings",
     "load_config",
     "redacted_dump",
     "save_config",
@@ -93,7 +109,9 @@ def redacted_dump(config: BaseModel) -> dict[str, Any]:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError's text never repeats the value it
+    # refused (a webhook secret, a URL with a password), whoever prints it.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # A URL setting may carry a database password (postgresql://user:pw@host/db);
@@ -367,6 +385,117 @@ class TokenSettings(_Model):
         return DEFAULT_GROUP_COMMIT_MS if dialect == "sqlite" else 0.0
 
 
+# The events a completion webhook is sent for (``keyshred.erasure.callbacks``): a
+# subject or scope erasure, or the scope erasure of a consent withdrawal, that
+# completed (its receipt signed), stopped in manual_review (a human must look: a
+# failed verification, an unknown producer, attempts used up) or was rejected.
+# Retention runs and tombstone replays send none.
+WebhookEvent = Literal[
+    "erasure.completed",
+    "erasure.manual_review",
+    "erasure.rejected",
+    "consent.withdrawal.completed",
+    "consent.withdrawal.manual_review",
+    "consent.withdrawal.rejected",
+]
+WEBHOOK_EVENTS: tuple[str, ...] = get_args(WebhookEvent)
+_WEBHOOK_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,23}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_MIN_WEBHOOK_KEY_BYTES = 16  # as keyshred.webhooks
+
+
+class WebhookSettings(_Model):
+    """One endpoint of completion webhooks (``[[webhooks]]``): signed after the
+    Standard Webhooks convention, each delivery a ``webhook`` job with its own
+    attempts and backoff. The secret (``whsec_`` and base64, as
+    ``keyshred.webhooks.new_secret`` makes it) is given inline (``secret``: shown as
+    ``**********`` in every repr and dump) or, better, named by ``secret_env``: an
+    environment variable read by the worker at each delivery."""
+
+    # The endpoint's name in job rows and audit events (the URL never is: it may
+    # carry a token); default ``u`` and 12 hex digits of the URL's SHA-256. Naming
+    # it lets its URL change without orphaning queued deliveries.
+    name: str | None = None
+    url: str
+    secret: SecretStr | None = None
+    secret_env: str | None = None
+    events: list[WebhookEvent] = Field(
+        default_factory=lambda: list(WEBHOOK_EVENTS), min_length=1
+    )
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+    # Runs of a delivery (the job's max_attempts) before it goes to manual_review;
+    # a failed one waits a random time in [0, min(backoff_max_seconds,
+    # backoff_seconds * 2**(attempts-1))].
+    attempts: int = Field(8, ge=1, le=100)
+    backoff_seconds: float = Field(10.0, ge=0, le=3600)
+    backoff_max_seconds: float = Field(3600.0, ge=0, le=86_400)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _WEBHOOK_NAME.fullmatch(value):
+            raise ValueError("a webhook name is 1-24 lower-case letters, digits, _ and -")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range
+        except ValueError:
+            raise ValueError("a webhook URL is http:// or https:// with a host") from None
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or not value.isascii()
+            or not value.isprintable()
+            or " " in value
+        ):
+            raise ValueError("a webhook URL is http:// or https:// with a host")
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            encoded = value.get_secret_value().removeprefix("whsec_")
+            try:
+                key = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError):
+                key = b""
+            if len(key) < _MIN_WEBHOOK_KEY_BYTES:
+                raise ValueError(
+                    "a webhook secret is whsec_ and the base64 of at least 16 random bytes"
+                )
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError("secret_env is the name of an environment variable")
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> WebhookSettings:
+        if (self.secret is None) == (self.secret_env is None):
+            raise ValueError("a webhook has either secret or secret_env")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        """The name job rows and audit events know this endpoint by."""
+        if self.name is not None:
+            return self.name
+        return "u" + hashlib.sha256(self.url.encode()).hexdigest()[:12]
+
+
 class Config(_Model):
     """Every setting keyshred reads; the README lists them."""
 
@@ -384,6 +513,16 @@ class Config(_Model):
     retention: RetentionSettings = RetentionSettings()
     tokens: TokenSettings = TokenSettings()
     scopes: dict[str, ScopeSettings] = Field(default_factory=lambda: {"default": DEFAULT_SCOPE})
+    # Completion webhooks (``[[webhooks]]``); a restored copy has none.
+    webhooks: list[WebhookSettings] = Field(default_factory=list, max_length=32)
+
+    @field_validator("webhooks")
+    @classmethod
+    def _webhooks(cls, value: list[WebhookSettings]) -> list[WebhookSettings]:
+        names = [w.endpoint for w in value]
+        if len(set(names)) != len(names):
+            raise ValueError("webhook endpoints need distinct names (and URLs, unnamed)")
+        return value
 
     @field_validator("scopes")
     @classmethod
@@ -588,16 +727,21 @@ _HEADER = "# keyshred configuration; every setting is listed in the README.\n"
 
 
 def _without_none(value: Any) -> Any:
-    """TOML has no null: an unset optional setting is left out (its default)."""
+    """TOML has no null: an unset optional setting is left out (its default). A
+    webhook's inline secret is written as given (the file is the owner's only):
+    its operator put it in the configuration."""
     if isinstance(value, dict):
         return {k: _without_none(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_without_none(v) for v in value]
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
     return value
 
 
 def save_config(path: str | os.PathLike[str], config: Config) -> Path:
-    """Write ``<path>/keyshred.toml``: every setting (no secret is a setting).
+    """Write ``<path>/keyshred.toml``: every setting (no secret is a setting but a
+    webhook's inline ``secret``, which the configuration given holds already).
 
     Written to a temporary file and renamed over the old one, so a crash leaves one
     of the two whole; readable by the owner only, as a URL setting may hold a

@@ -22,6 +22,7 @@ from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, ErasureRequest
 from keyshred.erasure.eviction import Eviction
+from keyshred.erasure.callbacks import JOB_KIND as WEBHOOK_JOB
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject
@@ -240,6 +241,7 @@ class Keyshred:
             residue=self._residue_scan,
             lease_seconds=config.erasure.lease_seconds,
             jobs=self._jobs.queue,
+            webhooks=config.webhooks,
         )
         self.erasure = self._guard(self._erasure)
         consent = Consent(catalog, self.policy, self._subject_ref, self._audit, self._erasure)
@@ -260,6 +262,7 @@ class Keyshred:
         self._jobs.register("erasure", self._erasure.run_job)
         self._jobs.register("retention", self._lifecycle.run_job)
         self._jobs.register("backup.maintain", self._maintain_job)
+        self._jobs.register(WEBHOOK_JOB, self._erasure.webhooks.run_job)
         self.jobs = self._guard(self._jobs)
         # Evicts this process's caches when a subject is suppressed anywhere, and
         # drops expired entries on a schedule (keyshred.erasure.eviction).

@@ -120,25 +120,30 @@ class Job:
 
 
 _MAX_DELAY_SECONDS = 366 * 86_400  # a year and a day: longer is no schedule
+_MAX_ATTEMPTS = 100  # as jobs.max_attempts
 
 
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
     """What a handler says of a run: ``done``, ``retry`` (a failure: counted, with
-    backoff), ``review`` (dead letter at once) or ``later`` (not counted: busy
-    elsewhere, or the worker is stopping; due again after ``delay`` seconds)."""
+    backoff: the queue's, or ``backoff`` seconds), ``review`` (dead letter at once)
+    or ``later`` (not counted: busy elsewhere, or the worker is stopping; due again
+    after ``delay`` seconds)."""
 
     action: str
     error: str | None = None
     delay: float = 0.0
+    backoff: float | None = None
 
     @classmethod
     def done(cls) -> JobOutcome:
         return cls("done")
 
     @classmethod
-    def retry(cls, error: str) -> JobOutcome:
-        return cls("retry", error)
+    def retry(cls, error: str, backoff: float | None = None) -> JobOutcome:
+        """A failed run; ``backoff``: its own wait before the next (a webhook
+        endpoint's schedule), else the queue's."""
+        return cls("retry", error, backoff=backoff)
 
     @classmethod
     def review(cls, error: str) -> JobOutcome:
@@ -180,9 +185,11 @@ class JobQueue:
         dedupe_key: str | None = None,
         delay: float = 0,
         conn: Connection | None = None,
+        max_attempts: int | None = None,
     ) -> str:
         """A new job's id (or, with a ``dedupe_key`` already taken, that job's id).
-        ``conn``: write it in the caller's transaction."""
+        ``conn``: write it in the caller's transaction; ``max_attempts``: its own
+        runs before the dead letter (default ``jobs.max_attempts``)."""
         if not isinstance(kind, str) or not _KIND.fullmatch(kind):
             raise InvalidInput("a job kind is a short lower-case name")
         if dedupe_key is not None and (
@@ -195,11 +202,17 @@ class JobQueue:
             or not 0 <= delay <= _MAX_DELAY_SECONDS
         ):
             raise InvalidInput(f"a job's delay is 0 to {_MAX_DELAY_SECONDS} seconds")
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= _MAX_ATTEMPTS
+        ):
+            raise InvalidInput(f"a job's max_attempts is 1 to {_MAX_ATTEMPTS}")
         doc = json.dumps(check_payload(payload), sort_keys=True)
         if conn is None:
             with self._catalog.transaction() as own:
-                return self._insert(own, kind, doc, dedupe_key, delay)
-        return self._insert(conn, kind, doc, dedupe_key, delay)
+                return self._insert(own, kind, doc, dedupe_key, delay, max_attempts=max_attempts)
+        return self._insert(conn, kind, doc, dedupe_key, delay, max_attempts=max_attempts)
 
     def enqueue_leased(
         self, kind: str, payload: dict[str, str], *, dedupe_key: str, conn: Connection
@@ -227,6 +240,7 @@ class JobQueue:
         delay: float,
         *,
         owner: str | None = None,
+        max_attempts: int | None = None,
     ) -> str:
         job_id = uuid.uuid4().hex
         now = db_now_us(self._dialect)
@@ -236,7 +250,7 @@ class JobQueue:
             "payload": doc,
             "state": QUEUED if owner is None else RUNNING,
             "attempts": 0 if owner is None else 1,
-            "max_attempts": self.settings.max_attempts,
+            "max_attempts": self.settings.max_attempts if max_attempts is None else max_attempts,
             "run_after": until(self._dialect, max(0.0, delay)),
             "lease_owner": owner,
             "lease_until": None
@@ -342,16 +356,20 @@ class JobQueue:
         cap = min(s.backoff_max_seconds, s.backoff_base_seconds * 2 ** max(0, attempts - 1))
         return self._rand.uniform(0, cap)
 
-    def retry(self, job: Job, exc: BaseException | str) -> bool:
-        """A failed run: again after a backoff, or ``manual_review`` once the job
-        has run ``max_attempts`` times."""
+    def retry(
+        self, job: Job, exc: BaseException | str, *, backoff: float | None = None
+    ) -> bool:
+        """A failed run: again after a backoff (``backoff`` seconds if given, else
+        ``backoff(attempts)``), or ``manual_review`` once the job has run its
+        ``max_attempts`` times."""
         error = exc if isinstance(exc, str) else type(exc).__name__
         if job.attempts >= job.max_attempts:
             return self.dead_letter(job, error)
+        delay = self.backoff(job.attempts) if backoff is None else backoff
         return self._settle(
             job,
             state=QUEUED,
-            run_after=until(self._dialect, self.backoff(job.attempts)),
+            run_after=until(self._dialect, min(max(0.0, delay), _MAX_DELAY_SECONDS)),
             last_error=_error_name(error),
         )
 
@@ -373,7 +391,7 @@ class JobQueue:
             return self.dead_letter(job, outcome.error)
         if outcome.action == "later":
             return self.requeue(job, outcome.delay)
-        return self.retry(job, outcome.error or "Error")
+        return self.retry(job, outcome.error or "Error", backoff=outcome.backoff)
 
     def reopen(self, dedupe_key: str) -> None:
         """Queue the finished job of ``dedupe_key`` again, due now, its attempts

@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_TOLERANCE_SECONDS",
     "Delivery",
     "deliver",
+    "is_retryable",
     "new_message_id",
     "new_secret",
     "sign",
@@ -59,6 +60,12 @@ DEFAULT_TOLERANCE_SECONDS = 300  # the specification's 5 minutes
 _MIN_SECRET_BYTES = 16
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_STATUS_FLOOR = 500  # and every other 5xx
+
+
+def is_retryable(status: int | None) -> bool:
+    """Whether a failed attempt that got ``status`` (None: no answer: refused, reset,
+    timed out) is worth another: a 5xx, 408 or 429 is; any other status is final."""
+    return status is None or status in _RETRY_STATUS or status >= _RETRY_STATUS_FLOOR
 
 
 def new_secret(nbytes: int = 32) -> str:
@@ -192,7 +199,7 @@ def deliver(
             status = response.status
             if 200 <= status < 300:
                 return Delivery(msg_id, attempt, status)
-            if status not in _RETRY_STATUS and status < _RETRY_STATUS_FLOOR:
+            if not is_retryable(status):
                 raise WebhookDeliveryFailed(
                     f"webhook {msg_id} refused with HTTP {status}", attempt, status
                 )

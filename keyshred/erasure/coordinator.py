@@ -60,6 +60,8 @@ import sqlalchemy as sa
 
 from keyshred.audit import AuditLog
 from keyshred.db import utc
+from keyshred.config import WebhookSettings
+from keyshred.erasure.callbacks import CompletionWebhooks
 from keyshred.erasure.eviction import receipt_metrics
 from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
 from keyshred.erasure.holds import HoldsMixin
@@ -152,6 +154,7 @@ class ErasureCoordinator(HoldsMixin):
         on_step: Callable[[str, ErasureRequest], None] | None = None,
         lease_seconds: float = 60.0,
         jobs: JobQueue | None = None,
+        webhooks: Sequence[WebhookSettings] = (),
     ) -> None:
         names = [s.name for s in stores]
         if len(set(names)) != len(names):
@@ -170,6 +173,9 @@ class ErasureCoordinator(HoldsMixin):
         # a worker there: inside the step, its effects done, its record not).
         self.on_step_acted: Callable[[str, ErasureRequest], None] | None = None
         self._jobs = jobs
+        # Completion webhooks: their jobs are written by ``_save`` with the state
+        # they announce; ``webhooks.run_job`` is the ``webhook`` job's handler.
+        self.webhooks = CompletionWebhooks(webhooks, catalog, audit, jobs)
         # Requests this process runs now, by id: their saves are conditional on the
         # lease (keyshred.erasure.lease).
         self._lease_seconds = lease_seconds
@@ -245,6 +251,9 @@ class ErasureCoordinator(HoldsMixin):
         where = deletion_requests.c.request_id == req.request_id if lease is None else lease.where()
         with self._catalog.transaction() as conn:
             saved = conn.execute(deletion_requests.update().where(where).values(**values)).rowcount
+            if saved == 1:
+                # The outbox: a settled state's webhooks commit with it, or not at all.
+                self.webhooks.enqueue(conn, req)
         if lease is not None and (saved != 1 or lease.lost):
             # Another worker holds the request now: record nothing more (its run
             # records what this one did not).
@@ -662,6 +671,11 @@ class ErasureCoordinator(HoldsMixin):
             self._set_state(req, _STATE_AFTER.get(step, PROPAGATING), step=step)
             if self.on_step is not None:
                 self.on_step(step, req)
+        last = self.steps[-1]
+        if last in req.steps_done and req.state != _STATE_AFTER[last]:
+            # A run died between the last step's record and its state (their own
+            # transactions): the state, with the webhooks it announces, now.
+            self._set_state(req, _STATE_AFTER[last], step=last)
         return req, _RAN
 
     # -- steps ---------------------------------------------------------------------
