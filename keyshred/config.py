@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_FILE",
+    "WEBHOOK_EVENTS",
     "AuditSettings",
     "AwsSettings",
     "BackupSettings",
@@ -66,7 +67,6 @@ __all__ = [
     "TokenSettings",
     "VaultSettings",
     "VectorSettings",
-    "WEBHOOK_EVENTS",
     "WebhookSettings",
     "load_config",
     "redacted_dump",
@@ -398,7 +398,7 @@ WebhookEvent = Literal[
     "consent.withdrawal.manual_review",
     "consent.withdrawal.rejected",
 ]
-WEBHOOK_EVENTS: tuple[str, ...] = get_args(WebhookEvent)
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = get_args(WebhookEvent)
 _WEBHOOK_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,23}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MIN_WEBHOOK_KEY_BYTES = 16  # as keyshred.webhooks
@@ -419,9 +419,7 @@ class WebhookSettings(_Model):
     url: str
     secret: SecretStr | None = None
     secret_env: str | None = None
-    events: list[WebhookEvent] = Field(
-        default_factory=lambda: list(WEBHOOK_EVENTS), min_length=1
-    )
+    events: list[WebhookEvent] = Field(default_factory=lambda: list(WEBHOOK_EVENTS), min_length=1)
     timeout_seconds: float = Field(10.0, gt=0, le=300)
     # Runs of a delivery (the job's max_attempts) before it goes to manual_review;
     # a failed one waits a random time in [0, min(backoff_max_seconds,

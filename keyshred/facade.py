@@ -21,8 +21,8 @@ from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
 from keyshred.erasure import DerivedApi, DerivedStore, ErasureCoordinator, ErasureRequest
-from keyshred.erasure.eviction import Eviction
 from keyshred.erasure.callbacks import JOB_KIND as WEBHOOK_JOB
+from keyshred.erasure.eviction import Eviction
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
 from keyshred.ids import Subject, SubjectLike, as_subject

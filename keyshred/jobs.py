@@ -356,9 +356,7 @@ class JobQueue:
         cap = min(s.backoff_max_seconds, s.backoff_base_seconds * 2 ** max(0, attempts - 1))
         return self._rand.uniform(0, cap)
 
-    def retry(
-        self, job: Job, exc: BaseException | str, *, backoff: float | None = None
-    ) -> bool:
+    def retry(self, job: Job, exc: BaseException | str, *, backoff: float | None = None) -> bool:
         """A failed run: again after a backoff (``backoff`` seconds if given, else
         ``backoff(attempts)``), or ``manual_review`` once the job has run its
         ``max_attempts`` times."""

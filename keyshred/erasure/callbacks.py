@@ -203,7 +203,7 @@ class CompletionWebhooks:
         self._audit.record(
             "webhook.delivered",
             request_id=p["request_id"],
-            event=p["event"],
+            event_type=p["event"],
             endpoint=endpoint.endpoint,
             message_id=msg_id,
             attempts=job.attempts,
@@ -231,7 +231,7 @@ class CompletionWebhooks:
         self._audit.record(
             "webhook.failed",
             request_id=p["request_id"],
-            event=p["event"],
+            event_type=p["event"],
             endpoint=p["endpoint"],
             message_id=message_id(p["request_id"], p["event"], p["endpoint"]),
             attempts=job.attempts,

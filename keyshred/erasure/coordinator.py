@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from keyshred.audit import AuditLog
-from keyshred.db import utc
 from keyshred.config import WebhookSettings
+from keyshred.db import utc
 from keyshred.erasure.callbacks import CompletionWebhooks
 from keyshred.erasure.eviction import receipt_metrics
 from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
