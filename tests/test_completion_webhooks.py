@@ -63,6 +63,18 @@ class Receiver:
         ]
 
 
+def start_receiver(
+    plan: list[int | str] | None = None, delay: float = 0.0
+) -> tuple[Receiver, http.server.ThreadingHTTPServer]:
+    """A receiver with a fresh secret, serving on a loopback port in a thread (the
+    caller shuts the server down)."""
+    state = Receiver(webhooks.new_secret(), list(plan or []), delay)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/keyshred"
+    return state, server
+
+
 def _handler(state: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -101,11 +113,8 @@ def receiver() -> Iterator[Callable[..., Receiver]]:
     servers: list[http.server.ThreadingHTTPServer] = []
 
     def start(plan: list[int | str] | None = None, delay: float = 0.0) -> Receiver:
-        state = Receiver(webhooks.new_secret(), list(plan or []), delay)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+        state, server = start_receiver(plan, delay)
         servers.append(server)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/keyshred"
         return state
 
     yield start

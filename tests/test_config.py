@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr
 from rich.pretty import pretty_repr
 
 from keyshred import Config, ConfigError, Keyshred, MissingExtraError
@@ -31,6 +32,7 @@ from keyshred.config import (
     TokenSettings,
     VaultSettings,
     VectorSettings,
+    WebhookSettings,
     load_config,
     save_config,
 )
@@ -319,6 +321,19 @@ def _everything_changed() -> Config:
                 purpose="x", purpose_end=datetime(2030, 1, 1)
             ),
         },
+        webhooks=[
+            WebhookSettings(
+                name="dpo",
+                url="https://hooks.example/keyshred",
+                secret=SecretStr("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+                events=["erasure.completed"],
+                timeout_seconds=3.5,
+                attempts=4,
+                backoff_seconds=1.5,
+                backoff_max_seconds=60.0,
+            ),
+            WebhookSettings(url="http://127.0.0.1:9/h?x=1", secret_env="HOOK_SECRET"),
+        ],
     )
 
 
