@@ -1,12 +1,12 @@
 """Jobs: work that outlives a call, as leased rows of the catalog (``ks_jobs``).
 
-Erasure requests (subject and scope erasures, consent withdrawals), retention runs
-and backup maintenance are jobs. Any worker process on any machine claims a due
-job, runs it under a lease with a heartbeat, and settles it: ``succeeded``, back to
-``queued`` after a failed run (exponential backoff with full jitter, counted), back
-to ``queued`` without counting (the work was busy elsewhere or the worker is
-stopping), or ``manual_review`` (the dead letter: ``jobs.max_attempts`` runs failed,
-or an error no retry can fix). A worker killed while it runs a job leaves its lease
+Erasure requests (subject and scope erasures, consent withdrawals), retention runs,
+backup maintenance and completion webhook deliveries are jobs. Any worker process
+on any machine claims a due job, runs it under a lease with a heartbeat, and
+settles it: ``succeeded``, back to ``queued`` after a failed run (exponential
+backoff with full jitter, counted), back to ``queued`` without counting (the work
+was busy elsewhere or the worker is stopping), or ``manual_review`` (the dead
+letter: ``jobs.max_attempts`` runs failed, or an error no retry can fix). A worker killed while it runs a job leaves its lease
 to run out (at once for a dead process of the same machine); the next claim takes
 the job over.
 
@@ -26,7 +26,10 @@ value: ``enqueue`` refuses any value that is not a short id-like string (a reque
 id's letters, digits and ``._:/+()#,-``: no ``@``, no spaces). ``enqueue(...,
 conn=)`` writes the job in the caller's transaction (a transactional outbox: the
 erasure request and its job commit together). ``dedupe_key`` makes one job per
-key: one retention run per period across every worker, one job per erasure request.
+key: one retention run per period across every worker, one job per erasure request,
+one delivery per (request, event, endpoint). A job may have its own ``max_attempts``
+and a handler its own backoff (``JobOutcome.retry(error, backoff=…)``): a webhook
+endpoint's schedule.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ when no attempt was accepted.
 
 A message should hold ids and subject_refs only, like every other record that
 leaves the store; nothing here logs or echoes a body, a secret or a signature.
+Completion webhooks (``keyshred.erasure.callbacks``) call ``deliver`` with one
+attempt per job run: the job queue retries them.
 """
 
 from __future__ import annotations

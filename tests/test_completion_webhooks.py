@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +30,13 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from keyshred import Config, Keyshred, webhooks
 from keyshred.config import WebhookSettings, load_config, redacted_dump
 from keyshred.erasure.callbacks import JOB_KIND, message_id
-from keyshred.errors import ConfigError
+from keyshred.errors import ConfigError, WebhookDeliveryFailed
 from keyshred.schema import audit_events, jobs
 from keyshred.worker import Worker
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
+README = Path(__file__).parents[1] / "README.md"
 VICTIM = "probe-victim-hook-4q7w@example.org"
 PROBE = "probe-value-hook-lantern-5521"
 
@@ -202,6 +204,11 @@ def test_a_completed_erasure_sends_one_signed_webhook(
                 "sha256": hashlib.sha256(receipt.serialize().encode()).hexdigest(),
             },
         }
+        # The README's example message has exactly these fields.
+        documented = json.loads(_readme_block("json"))
+        assert set(documented) == set(message)
+        assert set(documented["data"]) == set(message["data"])
+        assert set(documented["data"]["receipt"]) == set(message["data"]["receipt"])
         assert r.headers[0]["content-type"] == "application/json"
         # Our own verifier agrees, and a body changed by one byte fails both.
         webhooks.verify(r.secret, r.headers[0], r.bodies[0])
@@ -521,3 +528,36 @@ def test_several_workers_on_postgresql_deliver_each_webhook_once(
         assert all(r.verified) and len(r.bodies) == len(ids) + 2
         assert {m["data"]["request_id"] for _, m in accepted} == set(ids)
         assert len(_events(ks, "webhook.delivered")) == len(ids)
+
+
+def _readme_block(language: str) -> str:
+    section = README.read_text("utf-8").split("## Completion webhooks")[1].split("\n## ")[0]
+    return section.split(f"```{language}")[1].split("```")[0]
+
+
+def test_the_readme_configuration_and_receiver_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = Config.model_validate(tomllib.loads(_readme_block("toml")))
+    [endpoint] = config.webhooks
+    assert endpoint.secret_env == "DPO_HOOK_SECRET" and endpoint.endpoint == "dpo-desk"
+    # The receiver as written, on a free port instead of 8090.
+    code = _readme_block("python")
+    serve = 'HTTPServer(("127.0.0.1", 8090), Receiver).serve_forever()'
+    assert serve in code
+    secret = webhooks.new_secret()
+    scope: dict[str, Any] = {"SECRET": secret, "__name__": "readme_receiver"}
+    exec(code.replace(serve, ""), scope)  # noqa: S102 - the README's own example
+    server = http.server.HTTPServer(("127.0.0.1", 0), scope["Receiver"])
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    body = json.dumps({"type": "erasure.completed", "data": {"request_id": "r-1"}}).encode()
+    try:
+        sent = webhooks.deliver(url, body, secret, max_attempts=2, backoff=0)
+        assert sent.status == 204
+        again = webhooks.deliver(url, body, secret, msg_id=sent.msg_id, max_attempts=1)
+        assert again.status == 204 and scope["seen"] == {sent.msg_id}  # handled once
+        with pytest.raises(WebhookDeliveryFailed) as refused:
+            webhooks.deliver(url, body, webhooks.new_secret(), max_attempts=3, backoff=0)
+        assert refused.value.status == 400 and refused.value.attempts == 1
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,7 +8,9 @@
 - ``derived``: ``ks.derived`` and the derived assets' erasure (``DerivedStore``),
   with the rebuild functions' registry (``register_rebuilder``, entry points
   ``keyshred.rebuilders``);
-- ``receipt``: the receipt built from what the stores returned.
+- ``receipt``: the receipt built from what the stores returned;
+- ``callbacks``: completion webhooks, written with the state they announce and
+  delivered as ``webhook`` jobs.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ transaction, so no request exists that no worker would finish: ``submit`` record
 and leaves it to the workers, ``ks.erase`` runs its own job in the caller, and a
 caller killed mid-run leaves a job any worker takes over. ``run_job`` is the job's
 handler; a worker's stop check is consulted between steps, so a stopping worker
-finishes the step it is in and leaves the request to the next one.
+finishes the step it is in and leaves the request to the next one. A save that
+records a settled state (completed, manual_review, rejected) writes that state's
+completion webhooks (``keyshred.erasure.callbacks``) in the same transaction.
 """
 
 from __future__ import annotations
