@@ -6,9 +6,9 @@ on any machine claims a due job, runs it under a lease with a heartbeat, and
 settles it: ``succeeded``, back to ``queued`` after a failed run (exponential
 backoff with full jitter, counted), back to ``queued`` without counting (the work
 was busy elsewhere or the worker is stopping), or ``manual_review`` (the dead
-letter: ``jobs.max_attempts`` runs failed, or an error no retry can fix). A worker killed while it runs a job leaves its lease
-to run out (at once for a dead process of the same machine); the next claim takes
-the job over.
+letter: ``jobs.max_attempts`` runs failed, or an error no retry can fix). A worker
+killed while it runs a job leaves its lease to run out (at once for a dead process
+of the same machine); the next claim takes the job over.
 
 Why a table of our own and not a job library such as procrastinate: procrastinate is
 PostgreSQL-only (its in-memory connector is for tests), while the embedded profile
