@@ -30,7 +30,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from keyshred import Config, Keyshred, webhooks
 from keyshred.config import WebhookSettings, load_config, redacted_dump
 from keyshred.erasure.callbacks import JOB_KIND, message_id
-from keyshred.errors import ConfigError, WebhookDeliveryFailed
+from keyshred.errors import BackendUnavailable, ConfigError, WebhookDeliveryFailed
 from keyshred.schema import audit_events, jobs
 from keyshred.worker import Worker
 from tests.storage.conftest import make_config
@@ -320,6 +320,35 @@ def test_events_per_endpoint_consent_withdrawal_and_rejection(
         assert "receipt" not in got["erasure.rejected"]["data"]
         assert [m["type"] for _, m in completions.accepted()] == ["consent.withdrawal.completed"]
         assert all(every.verified) and all(completions.verified)
+
+
+class _VendorDown:
+    name = "vendor"
+
+    def delete(self, subject_ref: str, scope: str | None) -> Any:
+        raise BackendUnavailable("the vendor's API is down")
+
+
+def test_a_request_sent_to_manual_review_says_so(
+    tmp_path: Path, receiver: Callable[..., Receiver]
+) -> None:
+    r = receiver()
+    with _store(tmp_path / "data", [_endpoint(r.url, r.secret, name="desk")]) as ks:
+        ks.memories.put(VICTIM, ("m",), "k", "note")
+        ks.erasure.register_processor(_VendorDown())
+        req = ks.erasure.submit(VICTIM, requested_by="dpo", reason="art17")
+        erasure_job = ks.jobs.queue.find(f"erasure:{req.request_id}")
+        assert erasure_job is not None
+        with ks._catalog.transaction() as conn:  # its last run: the next failure is final
+            conn.execute(
+                jobs.update().where(jobs.c.job_id == erasure_job.job_id).values(max_attempts=1)
+            )
+        ks.jobs.run_pending()
+        assert ks.erasure.status(req.request_id).state == "manual_review"
+        [(msg_id, message)] = r.accepted()
+        assert msg_id == message_id(req.request_id, "erasure.manual_review", "desk")
+        assert message["type"] == "erasure.manual_review"
+        assert message["data"]["state"] == "manual_review" and "receipt" not in message["data"]
 
 
 def test_the_state_and_its_webhook_commit_together(
