@@ -90,17 +90,19 @@ def main() -> None:
         fill_ours = fill(KeyshredStore(ks, subject_from=1))
         ks.close()
         print(f"{SUBJECTS} subjects x {PER} memories")
-        print(f"fill (batch per subject): keyshred {fill_ours:.2f} s, SqliteStore {fill_theirs:.2f} s")
+        print(
+            f"fill (batch per subject): keyshred {fill_ours:.2f} s, SqliteStore {fill_theirs:.2f} s"
+        )
         print(f"{'operation':44} {'ks cold':>9} {'ks warm':>9} {'sqlite':>9} {'ratio':>7}")
         for name, op in OPS.items():
             ks = Keyshred.open(base / "ks")
             try:
                 ours = KeyshredStore(ks, subject_from=1)
-                cold, got = timed(lambda: op(ours))  # noqa: B023
-                warm = min(timed(lambda: op(ours))[0] for _ in range(REPEAT))  # noqa: B023
+                cold, got = timed(lambda: op(ours))
+                warm = min(timed(lambda: op(ours))[0] for _ in range(REPEAT))
             finally:
                 ks.close()
-            ref = min(timed(lambda: op(theirs))[0] for _ in range(REPEAT))  # noqa: B023
+            ref = min(timed(lambda: op(theirs))[0] for _ in range(REPEAT))
             want = op(reference)
             same = _norm(got) == _norm(want)
             print(
@@ -111,9 +113,7 @@ def main() -> None:
 
 
 def _norm(result: Any) -> Any:
-    return [
-        (tuple(r.namespace), r.key, r.value) if hasattr(r, "key") else tuple(r) for r in result
-    ]
+    return [(tuple(r.namespace), r.key, r.value) if hasattr(r, "key") else tuple(r) for r in result]
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from keyshred.storage.hot import HotTier
 from keyshred.storage.legacy import LegacyFolder
 from keyshred.storage.memory_types import DELETING, VECTOR_KIND, AuditSink, _storage_key
 from keyshred.storage.mentions import MentionFinder
-from keyshred.storage.objects import ObjectStore
 from keyshred.storage.namespaces import Entry, NamespaceIndex
+from keyshred.storage.objects import ObjectStore
 from keyshred.storage.partition import MemoryRow, Partition, ns_key, partition_prefix
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy

@@ -33,7 +33,7 @@ from keyshred.storage.memory_types import (
     _namespace,
     _vector_ids,
 )
-from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, to_us
+from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, row_key_id, to_us
 
 # The plaintext columns the retention scan reads (never the encrypted ones).
 _SCAN_COLUMNS = ["subject_ref", "memory_id", "retain_until"]
@@ -174,6 +174,11 @@ class EraseMixin(ReadMixin):
         # superset the readers tolerate, and ``repair`` rebuilds), never a namespace
         # with memories that the index lacks.
         self._ns.apply(self._ns_change(ref, part, ns_before))
+        # Opaque rows (their owner-set key destroyed) are counted nowhere: the index
+        # rows sealed under a key no row of the partition uses any more go now.
+        dead = {row_key_id(r) for r in rows if r.opaque} - {row_key_id(r) for r in part.all_rows()}
+        if dead - {None}:
+            self._ns.drop(ref, key_ids=[k.hex() for k in dead if k is not None])
 
     def sweep_expired(self, now: datetime) -> int:
         """Physically delete every memory whose retention has passed (found through

@@ -282,9 +282,7 @@ class WriteMixin(IndexMixin):
             )
             # Staged: the hot rows go in with the assets, in one transaction.
             part.append_puts(rows, commit=False)
-            ns_run = self._ns_change(
-                ref, part, ns_before, rows, [previous[r.lookup] for r in rows]
-            )
+            ns_run = self._ns_change(ref, part, ns_before, rows, [previous[r.lookup] for r in rows])
             faults.reached("put.after_log")
             try:
                 if vec_items or stale:

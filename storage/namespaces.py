@@ -122,7 +122,9 @@ class NamespaceIndex:
                 )
                 .values(first_us=_p("first")),
                 "remove": ns.delete().where(
-                    ns.c.subject_ref == _p("ref"), ns.c.ns_hash == _p("ns"), ns.c.key_id == _p("kid")
+                    ns.c.subject_ref == _p("ref"),
+                    ns.c.ns_hash == _p("ns"),
+                    ns.c.key_id == _p("kid"),
                 ),
                 **{
                     f"clear_{table.name}": table.delete().where(table.c.subject_ref == _p("ref"))
@@ -224,23 +226,27 @@ class NamespaceIndex:
             if run is not None:
                 run(cur)
 
-    def drop(self, ref: str, scope: str | None = None) -> int:
-        """Remove the subject's rows (a subject's erasure), or one scope's; returns
-        how many namespace rows went."""
+    def drop(
+        self, ref: str, scope: str | None = None, *, key_ids: Iterable[str] | None = None
+    ) -> int:
+        """Remove the subject's rows (a subject's erasure), or one scope's, or those
+        sealed under ``key_ids`` (hex; keys destroyed by another subject's erasure);
+        returns how many namespace rows went."""
         ns, pre, pending = memory_namespaces, memory_ns_prefixes, memory_ns_pending
         with self._catalog.transaction() as conn:
-            if scope is None:
+            if scope is None and key_ids is None:
                 n = conn.execute(ns.delete().where(ns.c.subject_ref == ref)).rowcount
                 conn.execute(pre.delete().where(pre.c.subject_ref == ref))
                 conn.execute(pending.delete().where(pending.c.subject_ref == ref))
                 return int(n)
-            n = conn.execute(
-                ns.delete().where(ns.c.subject_ref == ref, ns.c.scope == scope)
-            ).rowcount
+            where = ns.c.subject_ref == ref
+            if scope is not None:
+                where = sa.and_(where, ns.c.scope == scope)
+            if key_ids is not None:
+                where = sa.and_(where, ns.c.key_id.in_(sorted(set(key_ids))))
+            n = conn.execute(ns.delete().where(where)).rowcount
             left = sa.select(ns.c.ns_hash).where(ns.c.subject_ref == ref)
-            conn.execute(
-                pre.delete().where(pre.c.subject_ref == ref, pre.c.ns_hash.not_in(left))
-            )
+            conn.execute(pre.delete().where(pre.c.subject_ref == ref, pre.c.ns_hash.not_in(left)))
             return int(n)
 
     # -- reads ---------------------------------------------------------------------
@@ -314,13 +320,17 @@ class NamespaceIndex:
 
     def open_labels(self, rows: Sequence[Listed]) -> dict[tuple[str, str], tuple[str, ...]]:
         """The namespaces of ``rows`` by (subject_ref, namespace hash), decrypted
-        with one batch of key lookups; rows whose key was destroyed are skipped (the
-        erasure of a subject they are about made them unreadable)."""
+        with one batch of key lookups. Rows whose key was destroyed (the erasure of
+        a subject their memories are about made them unreadable) are skipped, and
+        deleted: their hashes have nothing left to find."""
         keys = self._keys({bytes.fromhex(r.key_id) for r in rows if r.labels is not None})
         out: dict[tuple[str, str], tuple[str, ...]] = {}
+        dead: dict[str, set[str]] = {}
         for r in rows:
             at = (r.subject_ref, r.ns_hash)
             key = keys.get(bytes.fromhex(r.key_id))
+            if key is None:
+                dead.setdefault(r.subject_ref, set()).add(r.key_id)
             if at in out or key is None or r.labels is None:
                 continue
             payload = key.open(r.labels, labels_place(r.subject_ref, r.scope, r.ns_hash, r.key_id))
@@ -334,6 +344,8 @@ class NamespaceIndex:
                     f"the namespace index of subject_ref {r.subject_ref} holds a malformed row"
                 )
             out[at] = tuple(labels)
+        for ref, kids in dead.items():
+            self.drop(ref, key_ids=kids)
         return out
 
     def _keys(self, key_ids: set[bytes]) -> dict[bytes, DataKey]:

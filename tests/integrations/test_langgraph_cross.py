@@ -47,9 +47,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def norm(result: list[Any]) -> list[Any]:
-    return [
-        (tuple(r.namespace), r.key, r.value) if hasattr(r, "key") else tuple(r) for r in result
-    ]
+    return [(tuple(r.namespace), r.key, r.value) if hasattr(r, "key") else tuple(r) for r in result]
 
 
 def index_rows(ks: Keyshred, ref: str | None = None) -> int:
@@ -68,7 +66,10 @@ def index_rows(ks: Keyshred, ref: str | None = None) -> int:
 LABELS = st.sampled_from(["a", "b", "c"])
 USERS = st.sampled_from(["u1", "u2", "u3", "u4"])
 PUT = st.tuples(
-    st.just("put"), USERS, st.lists(LABELS, max_size=2), st.sampled_from(["k1", "k2"]),
+    st.just("put"),
+    USERS,
+    st.lists(LABELS, max_size=2),
+    st.sampled_from(["k1", "k2"]),
     st.integers(0, 3),
 )
 # Deletions only of items that have a sibling left in their namespace: InMemoryStore
@@ -84,21 +85,23 @@ CONDITION = st.lists(st.sampled_from(["a", "b", "c", "*"]), max_size=2)
 )
 @given(
     actions=ACTIONS,
-    extra=CONDITION,
-    suffix=st.one_of(st.none(), st.lists(st.sampled_from(["a", "b", "c", "*"]), min_size=1, max_size=2)),
-    depth=st.one_of(st.none(), st.integers(1, 4)),
-    page=st.tuples(st.integers(1, 5), st.integers(0, 4)),
-    value=st.one_of(st.none(), st.integers(0, 3)),
+    reads=st.fixed_dictionaries(
+        {
+            "extra": CONDITION,
+            "suffix": st.one_of(
+                st.none(), st.lists(st.sampled_from(["a", "b", "c", "*"]), min_size=1, max_size=2)
+            ),
+            "depth": st.one_of(st.none(), st.integers(1, 4)),
+            "page": st.tuples(st.integers(1, 5), st.integers(0, 4)),
+            "value": st.one_of(st.none(), st.integers(0, 3)),
+        }
+    ),
 )
 def test_cross_subject_reads_match_inmemorystore(
-    ks: Keyshred,
-    actions: list[Any],
-    extra: list[str],
-    suffix: list[str] | None,
-    depth: int | None,
-    page: tuple[int, int],
-    value: int | None,
+    ks: Keyshred, actions: list[Any], reads: dict[str, Any]
 ) -> None:
+    extra, suffix, depth = reads["extra"], reads["suffix"], reads["depth"]
+    value = reads["value"]
     root = f"r{uuid.uuid4().hex[:8]}"  # this example's own namespaces in a shared store
     ours, reference = KeyshredStore(ks, subject_from=1), InMemoryStore()
     live: dict[tuple[str, ...], set[str]] = {}
@@ -112,7 +115,7 @@ def test_cross_subject_reads_match_inmemorystore(
             for store in (ours, reference):
                 store.delete(ns, action[3])
             live[ns].discard(action[3])
-    limit, offset = page
+    limit, offset = reads["page"]
     filt = None if value is None else {"v": value}
     calls: list[Any] = [
         lambda s: s.search((root,), limit=limit, offset=offset),
@@ -281,7 +284,10 @@ def test_a_store_written_before_the_index_is_indexed_lazily(
     ks = Keyshred.open(tmp_path / "data", cfg)
     try:
         with ks.catalog.engine.connect() as conn:
-            assert conn.execute(sa.select(sa.func.count()).select_from(memory_ns_pending)).scalar() == 3
+            assert (
+                conn.execute(sa.select(sa.func.count()).select_from(memory_ns_pending)).scalar()
+                == 3
+            )
         store = KeyshredStore(ks, subject_from=1)
         loads.clear()
         assert store.list_namespaces(prefix=("users",)) == want_ns  # indexed now, once

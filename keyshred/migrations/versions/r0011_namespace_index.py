@@ -44,9 +44,7 @@ def upgrade() -> None:
         sa.Column("subject_ref", sa.String(64), primary_key=True),
         sa.Column("ns_hash", sa.String(64), primary_key=True),
     )
-    op.create_index(
-        "ks_mem_ns_prefixes_subject", "ks_mem_ns_prefixes", ["subject_ref", "ns_hash"]
-    )
+    op.create_index("ks_mem_ns_prefixes_subject", "ks_mem_ns_prefixes", ["subject_ref", "ns_hash"])
     op.create_table(
         "ks_mem_ns_pending",
         sa.Column("subject_ref", sa.String(64), primary_key=True),
