@@ -251,8 +251,10 @@ class WriteMixin(IndexMixin):
                     scope=scope,
                     purpose=purpose,
                     category=category,
-                    created_us=old.created_us if old else now_us,
-                    updated_us=now_us,
+                    # One microsecond per item of the batch: its items keep their
+                    # order (LangGraph's insertion order) where a clock tick would tie.
+                    created_us=old.created_us if old else now_us + n,
+                    updated_us=now_us + n,
                     retain_us=retain,
                     lookup=lookup,
                     sources=tuple(item.sources),
