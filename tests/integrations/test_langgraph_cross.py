@@ -300,3 +300,19 @@ def test_a_store_written_before_the_index_is_indexed_lazily(
         assert ks.memories._ns.pending() == []
     finally:
         ks.close()
+
+
+def test_repair_rebuilds_an_index_a_killed_deletion_left_stale(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = KeyshredStore(ks, subject_from=1)
+    store.put(("u", "kim", "a"), "k", {"v": 1})
+    store.put(("u", "kim", "b"), "k", {"v": 2})
+    with monkeypatch.context() as m:  # the deletion's last step never runs
+        m.setattr(ks.memories._ns, "apply", lambda run: None)
+        store.delete(("u", "kim", "a"), "k")
+    # A superset: the emptied namespace is still listed, its search finds nothing.
+    assert store.list_namespaces(prefix=("u",)) == [("u", "kim", "a"), ("u", "kim", "b")]
+    assert [i.key for i in store.search(("u",))] == ["k"]
+    assert ks.memories.repair(ks.subject_ref("kim"), apply=True).ok
+    assert store.list_namespaces(prefix=("u",)) == [("u", "kim", "b")]
