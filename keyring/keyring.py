@@ -19,7 +19,8 @@
   erasure destroys every key it owns, including keys other subjects hold, so no copy
   of data about it outlives the erasure under someone else's key;
 - system secrets (the subject-ref HMAC key, the receipt signing key, the vault's
-  token-id key, the identifier lookup key) are wrapped like DEKs and re-wrapped on rotation.
+  token-id key, the identifier and namespace lookup keys) are wrapped like DEKs and
+  re-wrapped on rotation.
 
 Opening a ciphertext reads its key id first; a key id with a tombstone raises
 ``SubjectErased`` before any decryption is attempted.
@@ -89,6 +90,7 @@ __all__ = [
 _REF_KEY = "subject-ref-key"
 _SIGNING_KEY = "receipt-signing-key"  # its version 1; version n > 1 is "...key.v<n>"
 _TOKEN_ID_KEY = "token-id-key"  # noqa: S105 - a secret's name, not a secret
+_NAMESPACE_KEY = "namespace-lookup-key"
 _IDENTIFIER_KEY = "identifier-key"  # its version 1; version n > 1 is "identifier-key.v<n>"
 _REF_DOMAIN = b"keyshred/subject-ref\x00"
 _REF_CHARS = 26  # base32 characters: 130 bits of the HMAC
@@ -316,6 +318,7 @@ class Keyring:
         self._signer: Signer | None = None
         self._receipt_signer: Signer | None = None
         self._token_ids: TokenIds | None = None
+        self._namespace_key: bytes | None = None
         self._identifier_keys: dict[int, bytes] = {}
         # Set by the mention finder (keyshred.storage.mentions): re-hashes every
         # registered identifier under a new identifier key version (version, key).
@@ -429,6 +432,14 @@ class Keyring:
         if self._token_ids is None:
             self._token_ids = TokenIds(self._system_secret(_TOKEN_ID_KEY, prim.random_key))
         return self._token_ids
+
+    def namespace_key(self) -> bytes:
+        """The key of the catalog's namespace lookup hashes (``keyshred.storage.
+        namespaces``: which subjects hold namespaces under a prefix), created on
+        first use; a system secret like the subject-ref key."""
+        if self._namespace_key is None:
+            self._namespace_key = self._system_secret(_NAMESPACE_KEY, prim.random_key)
+        return self._namespace_key
 
     def identifier_key(self, version: int = 1) -> bytes:
         """Version ``version`` of the key of the catalog's identifier lookup hashes

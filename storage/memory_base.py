@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from keyshred._validate import DEFAULT_MAX_DEPTH
-from keyshred.errors import KeyshredError
+from keyshred.errors import KeyNotFound, KeyshredError, SubjectErased
+from keyshred.keyring.datakey import DataKey
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import owner_subject
 from keyshred.storage.catalog import ACTIVE, Catalog
@@ -33,8 +34,9 @@ from keyshred.storage.hot import HotTier
 from keyshred.storage.legacy import LegacyFolder
 from keyshred.storage.memory_types import DELETING, VECTOR_KIND, AuditSink, _storage_key
 from keyshred.storage.mentions import MentionFinder
+from keyshred.storage.namespaces import Entry, NamespaceIndex
 from keyshred.storage.objects import ObjectStore
-from keyshred.storage.partition import Partition, partition_prefix
+from keyshred.storage.partition import MemoryRow, Partition, ns_key, partition_prefix
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
 from keyshred.storage.schema import assets
@@ -42,7 +44,9 @@ from keyshred.storage.sealer import KeyringSealer, Sealer
 from keyshred.storage.subject_lock import SubjectLocks
 from keyshred.storage.vectors import VectorIndex
 
-__all__ = ["MemoryStoreBase"]
+__all__ = ["MemoryStoreBase", "NsKey"]
+
+NsKey = tuple[tuple[str, ...], str, bytes | None]  # Partition.ns_counts' keys
 
 
 class MemoryStoreBase:
@@ -120,6 +124,8 @@ class MemoryStoreBase:
         self._freeze = freeze or FreezeLock(root / "FREEZE")
         self._audit = audit  # corrections and deletions are events
         self._sql: str | None = None  # the compiled query of _expected_ids
+        # Which subjects hold which namespaces, as keyed lookups (cross-subject reads).
+        self._ns = NamespaceIndex(catalog, keyring)
 
     # -- eviction ----------------------------------------------------------------------
 
@@ -271,6 +277,81 @@ class MemoryStoreBase:
             )
             ids = cur.fetchall()
         return {a for a, scope in ids if scope not in guard.scopes}
+
+    # -- the namespace index (keyshred.storage.namespaces) -----------------------------
+
+    @staticmethod
+    def _ns_before(part: Partition, rows: Iterable[MemoryRow]) -> dict[NsKey, int]:
+        """The counts of the partition's namespaces that a change of ``rows`` may
+        move, read before the change (under the partition lock)."""
+        return {k: part.ns_counts.get(k, 0) for k in {ns_key(r) for r in rows if not r.opaque}}
+
+    def _ns_key(self, ref: str, k: NsKey) -> DataKey | None:
+        """The key rows counted under ``k`` are sealed under (None: destroyed)."""
+        _, scope, kid = k
+        try:
+            if kid is None:
+                return self._keyring.data_key(ref, scope, create=False)
+            return self._keyring.data_key_by_id(kid)
+        except (KeyNotFound, SubjectErased):
+            return None
+
+    def _ns_change(
+        self,
+        ref: str,
+        part: Partition,
+        before: Mapping[NsKey, int],
+        rows: Sequence[MemoryRow] = (),
+        previous: Sequence[MemoryRow | None] = (),
+    ) -> Callable[[Any], None] | None:
+        """The index statements for a change of the partition since ``before``:
+        namespaces whose count left zero are added (with the earliest creation
+        time among ``rows``, the rows written), those that reached zero removed,
+        and rows moved from another key into an indexed one lower its first time.
+        Keyshred's own namespaces (``~history``) are not indexed."""
+        firsts: dict[NsKey, int] = {}
+        for r in rows:
+            k = ns_key(r)
+            firsts[k] = min(firsts.get(k, r.created_us), r.created_us)
+        added: list[Entry] = []
+        removed: list[tuple[tuple[str, ...], str]] = []
+        for k, was in before.items():
+            if k[0][0].startswith("~"):
+                continue
+            now = part.ns_counts.get(k, 0)
+            if (was == 0) == (now == 0):
+                continue
+            key = self._ns_key(ref, k)
+            if key is None:
+                continue  # its rows are crypto-erased: a scope's drop takes the row
+            if now:
+                added.append(Entry(k[0], key, firsts.get(k, 0)))
+            else:
+                removed.append((k[0], key.key_id.hex()))
+        lowered = []
+        for r, p in zip(rows, previous, strict=False):
+            k = ns_key(r)
+            if p is None or p.opaque or ns_key(p) == k or not before.get(k) or r.opaque:
+                continue
+            if not k[0][0].startswith("~") and (key := self._ns_key(ref, k)) is not None:
+                lowered.append((k[0], key.key_id.hex(), r.created_us))
+        return self._ns.change(ref, added, removed, lowered)
+
+    def _ns_entries(self, ref: str, part: Partition) -> list[Entry]:
+        """Every namespace the loaded partition holds, as index entries (a pending
+        subject's first indexing, a repair): first times from the rows themselves."""
+        firsts: dict[NsKey, int] = {}
+        for r in part.rows.values():
+            if r.namespace[0].startswith("~"):
+                continue
+            k = ns_key(r)
+            firsts[k] = min(firsts.get(k, r.created_us), r.created_us)
+        out = []
+        for k, first in firsts.items():
+            key = self._ns_key(ref, k)
+            if key is not None:
+                out.append(Entry(k[0], key, first))
+        return out
 
     def _finish_deletes(self, part: Partition, missing: set[str]) -> set[str]:
         """Finish the deletions ``_delete_rows`` started (their assets marked

@@ -33,7 +33,7 @@ from keyshred.storage.memory_types import (
     _namespace,
     _vector_ids,
 )
-from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, to_us
+from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, row_key_id, to_us
 
 # The plaintext columns the retention scan reads (never the encrypted ones).
 _SCAN_COLUMNS = ["subject_ref", "memory_id", "retain_until"]
@@ -155,6 +155,7 @@ class EraseMixin(ReadMixin):
         purpose (``_finish_deletes``); then the log records, a flush that rewrites
         the rows' segments without them, the vectors, and last the catalog rows."""
         ids = [a for r in rows for a in (r.memory_id, *_vector_ids(r))]
+        ns_before = self._ns_before(part, rows)
         self._catalog.update_assets(ids, status=DELETING)
         faults.reached("delete.after_mark")
         part.append_deletes(rows)  # one transaction, however many rows
@@ -169,6 +170,15 @@ class EraseMixin(ReadMixin):
             self._vectors.delete(ref, indexed)
         faults.reached("delete.after_vectors")
         self._catalog.delete(ids)
+        # Last: a crash before it leaves an index row of an emptied namespace (a
+        # superset the readers tolerate, and ``repair`` rebuilds), never a namespace
+        # with memories that the index lacks.
+        self._ns.apply(self._ns_change(ref, part, ns_before))
+        # Opaque rows (their owner-set key destroyed) are counted nowhere: the index
+        # rows sealed under a key no row of the partition uses any more go now.
+        dead = {row_key_id(r) for r in rows if r.opaque} - {row_key_id(r) for r in part.all_rows()}
+        if dead - {None}:
+            self._ns.drop(ref, key_ids=[k.hex() for k in dead if k is not None])
 
     def sweep_expired(self, now: datetime) -> int:
         """Physically delete every memory whose retention has passed (found through
@@ -264,11 +274,12 @@ class EraseMixin(ReadMixin):
                 detail += f"; {legacy} files of the earlier layout left"
             return [StoreCheck("scope segment removed", ok, detail)]
         heads, hot_rows, segments = self._hot.counts(ref)
+        indexed = self._ns.count(ref)  # its namespace index rows
         versions = self._objects.versions(partition_prefix(ref))
-        ok = not (heads or hot_rows or segments or versions or legacy)
+        ok = not (heads or hot_rows or segments or indexed or versions or legacy)
         detail = (
             f"{len(versions)} objects left (listed {self._objects.url}), "
-            f"{heads + hot_rows + segments} catalog rows left, "
+            f"{heads + hot_rows + segments + indexed} catalog rows left, "
             f"{legacy} files of the earlier layout left"
         )
         return [StoreCheck("memory partition removed", ok, detail)]
@@ -312,6 +323,7 @@ class EraseMixin(ReadMixin):
         if part is None:
             part = self._new_partition(ref, checked=False)
         n = part.drop()
+        self._ns.drop(ref)  # (not counted: the receipt's counts are the partition's)
         self._pme.forget()
         return n
 
@@ -319,5 +331,6 @@ class EraseMixin(ReadMixin):
         """Remove one scope's rows and files from the subject's partition."""
         part = self._partition(ref)
         n = part.drop_scope(scope)
+        self._ns.drop(ref, scope)
         self._pme.forget()
         return n

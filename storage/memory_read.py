@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 from keyshred._validate import check_count, check_filter, check_text
-from keyshred.errors import BackendUnavailable, InvalidInput, SubjectSuppressed
+from keyshred.errors import BackendUnavailable, InvalidInput, SubjectErased, SubjectSuppressed
+from keyshred.storage.catalog_base import ACTIVE, ERASED
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _VERSION_SEP,
     HISTORY,
+    MEMORY_KIND,
     Memory,
     _key,
     _memory,
@@ -32,6 +34,8 @@ from keyshred.storage.vectors import DEFAULT_SPACE
 __all__ = ["ReadMixin", "compile_filter"]
 
 T = TypeVar("T")
+# The first time of a namespace as the namespace index knows it (None: unknown).
+NamespaceFirst: TypeAlias = Callable[[tuple[str, ...]], int | None]
 # One read's partition, how often it had been closed when handed out, and its answer.
 Read: TypeAlias = tuple[Partition, int, T]
 _ATTEMPTS = 3
@@ -140,9 +144,12 @@ class ReadMixin(IndexMixin):
         order: str = "newest",
         embedder: Embedder | None = None,
         unscored: bool = False,
+        namespace_first: NamespaceFirst | None = None,
     ) -> list[Memory]:
         """``search`` by subject_ref (guard-checked); ``order="insertion"`` lists
-        without a query oldest first, namespace by namespace. With a query and
+        without a query oldest first, namespace by namespace (namespaces ordered by
+        ``namespace_first``, the index's first time of each, where it knows one;
+        else by their oldest match). With a query and
         ``unscored``, candidates without a vector in the space (not indexed, or
         nothing to embed) fill what the ranked ones leave of ``limit``, in insertion
         order with no score (LangGraph's ``InMemoryStore`` does so)."""
@@ -167,6 +174,7 @@ class ReadMixin(IndexMixin):
                 order=order,
                 embedder=embedder,
                 unscored=unscored,
+                namespace_first=namespace_first,
             ),
         )
 
@@ -185,6 +193,7 @@ class ReadMixin(IndexMixin):
         order: str,
         embedder: Embedder | None,
         unscored: bool,
+        namespace_first: NamespaceFirst | None = None,
     ) -> Read[list[Memory]]:
         guard = self._catalog.guard(ref)
         self._catalog.enforce(ref, guard, None)
@@ -225,7 +234,7 @@ class ReadMixin(IndexMixin):
         if order == "insertion":
             # Oldest first, namespaces in the order they first appeared (LangGraph's
             # InMemoryStore order); only the slice asked for becomes Memory objects.
-            ordered = _insertion_order(hits, offset + limit)[offset:]
+            ordered = _insertion_order(hits, offset + limit, first_of=namespace_first)[offset:]
             return part, closes, [_memory(r) for r in ordered]
         # Only the first offset + limit are wanted: a bounded heap, not a full sort.
         top = heapq.nlargest(offset + limit, hits, key=_newest_first)
@@ -361,6 +370,118 @@ class ReadMixin(IndexMixin):
 
         return self._settled(ref, once)
 
+    # -- across subjects: answered from the namespace index ----------------------------
+
+    def namespace_hash(self, namespace: Sequence[str]) -> str:
+        """The namespace index's keyed hash of a namespace or prefix."""
+        return self._ns.hash(tuple(namespace))
+
+    def index_pending(self) -> int:
+        """Index the namespaces of partitions written before the index existed
+        (revision 0011 lists them), each from its partition under its lock; runs
+        before every read across subjects, so the first one after an upgrade pays
+        for it once. Returns how many subjects were indexed."""
+        n = 0
+        for ref in self._ns.pending():
+            status = self._catalog.guard(ref).status
+            if status == ERASED:
+                self._ns.drop(ref)  # nothing of it to list, ever
+                continue
+            if status != ACTIVE:
+                continue  # an erasure in progress: its drop takes the mark
+            part = self._partition(ref)
+            try:
+                with part.flocked():
+                    self._ns.replace(ref, self._ns_entries(ref, part))
+            except (SubjectSuppressed, SubjectErased):
+                continue  # suppressed meanwhile
+            n += 1
+        return n
+
+    def subjects_under(self, prefix: Sequence[str] = ()) -> list[str]:
+        """The subjects (refs) holding namespaces under ``prefix``, from the index:
+        neither suppressed nor erased, and without those of only suppressed scopes."""
+        self.index_pending()
+        return sorted({r.subject_ref for r in self._ns.listed(_prefix(prefix))})
+
+    def namespaces_across(self, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:
+        """The namespaces of live memories under ``prefix`` of every subject (as
+        ``namespaces_ref`` of each), from the index: only the matching rows are
+        decrypted. Subjects holding memories past their retention that the sweep
+        has not deleted yet are read from their partitions (the index cannot tell
+        whether such a namespace still has a live memory)."""
+        p = _prefix(prefix)
+        self.index_pending()
+        rows = self._ns.listed(p, labels=True)
+        refs = {r.subject_ref for r in rows}
+        stale = refs.intersection(self._catalog.expired(MEMORY_KIND, self._clock()))
+        out = set(self._ns.open_labels([r for r in rows if r.subject_ref not in stale]).values())
+        for ref in sorted(stale):
+            try:
+                out |= self.namespaces_ref(ref, p)
+            except (SubjectSuppressed, SubjectErased):
+                continue  # suppressed meanwhile
+        return {ns for ns in out if ns[: len(p)] == p}
+
+    def search_across(
+        self,
+        prefix: Sequence[str] = (),
+        *,
+        filter: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[Memory]:
+        """Memories under ``prefix`` of every subject in LangGraph's insertion order
+        (namespaces by the index's first time, then oldest first), opening only the
+        subjects the index lists under the prefix, in the order of their namespaces,
+        and no further than the page asked for needs: a subject whose namespaces all
+        come after the last memory of the page is never opened."""
+        check_count(limit, "limit")
+        check_count(offset, "offset")
+        check_filter(filter)
+        p = _prefix(prefix)
+        self.index_pending()
+        firsts: dict[tuple[str, str], int] = {}
+        for r in self._ns.listed(p):
+            at = (r.subject_ref, r.ns_hash)
+            firsts[at] = min(firsts.get(at, r.first_us), r.first_us)
+        want = offset + limit
+        if limit == 0 or not firsts:
+            return []
+        pool: list[tuple[tuple[int, int, str], Memory]] = []
+        bound: tuple[int, int, str] | None = None  # the order of the page's last memory
+        opened: set[str] = set()
+        for first, ref in sorted((first, ref) for (ref, _), first in firsts.items()):
+            if bound is not None and first > bound[0]:
+                break  # every namespace from here on sorts after the page
+            if ref in opened:
+                continue
+            opened.add(ref)
+
+            def first_of(ns: tuple[str, ...], ref: str = ref) -> int | None:
+                return firsts.get((ref, self._ns.hash(ns)))
+
+            try:
+                found = self.search_ref(
+                    ref,
+                    p,
+                    filter=filter,
+                    limit=want,
+                    order="insertion",
+                    namespace_first=first_of,
+                )
+            except (SubjectSuppressed, SubjectErased):
+                continue  # suppressed since the index was read: skipped
+            for m in found:
+                created = to_us(m.created_at)
+                ns_first = first_of(tuple(m.namespace))
+                pool.append(((created if ns_first is None else ns_first, created, m.key), m))
+            if len(pool) >= want:
+                pool = heapq.nsmallest(want, pool, key=lambda t: t[0])
+                bound = pool[-1][0]
+        pool.sort(key=lambda t: t[0])
+        return [m for _, m in pool[offset:want]]
+
     def count_ref(self, ref: str) -> int:
         """How many memories ``ref``'s partition holds (loads it; no guard check)."""
         part = self._partition(ref)
@@ -407,12 +528,26 @@ class ReadMixin(IndexMixin):
 
 
 def _insertion_order(
-    rows: list[MemoryRow], n: int, *, among: list[MemoryRow] | None = None
+    rows: list[MemoryRow],
+    n: int,
+    *,
+    among: list[MemoryRow] | None = None,
+    first_of: NamespaceFirst | None = None,
 ) -> list[MemoryRow]:
     """The first ``n`` rows oldest first, namespaces in the order they first
-    appeared (LangGraph's ``InMemoryStore`` order) among ``among`` (default: ``rows``)."""
+    appeared (LangGraph's ``InMemoryStore`` order) among ``among`` (default: ``rows``),
+    or as ``first_of`` tells for the namespaces it knows."""
     first: dict[tuple[str, ...], int] = {}
+    known: set[tuple[str, ...]] = set()
     for r in rows if among is None else among:
+        if r.namespace in known:
+            continue
+        if first_of is not None and r.namespace not in first:
+            told = first_of(r.namespace)
+            if told is not None:
+                first[r.namespace] = told
+                known.add(r.namespace)
+                continue
         ns_first = first.get(r.namespace)
         if ns_first is None or r.created_us < ns_first:
             first[r.namespace] = r.created_us

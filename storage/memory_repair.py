@@ -51,6 +51,12 @@ class RepairMixin(EraseMixin):
                 report = self._repair_findings(subject_ref, part)
                 if apply and not report.clean:
                     report = self._repair_apply(part, report, epoch, forget_lost=forget_lost)
+                if apply:
+                    # The namespace index from what the partition holds now (a
+                    # deletion killed before its index step left an emptied one).
+                    if report.clean:
+                        part.reload()
+                    self._ns.replace(subject_ref, self._ns_entries(subject_ref, part))
         finally:
             part.close()
         if report.applied and self._audit is not None:

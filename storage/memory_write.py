@@ -10,7 +10,7 @@ holds both the rows (hot rows of the partition) and their assets: one commit.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -251,8 +251,10 @@ class WriteMixin(IndexMixin):
                     scope=scope,
                     purpose=purpose,
                     category=category,
-                    created_us=old.created_us if old else now_us,
-                    updated_us=now_us,
+                    # One microsecond per item of the batch: its items keep their
+                    # order (LangGraph's insertion order) where a clock tick would tie.
+                    created_us=old.created_us if old else now_us + n,
+                    updated_us=now_us + n,
                     retain_us=retain,
                     lookup=lookup,
                     sources=tuple(item.sources),
@@ -275,8 +277,14 @@ class WriteMixin(IndexMixin):
                 for r, vecs in zip(rows, vectors, strict=True)
                 for i, (f, vec) in enumerate(vecs)
             ]
+            # Namespaces new for the subject (or emptied: a key moved) are indexed
+            # in the same transaction; an existing namespace costs nothing.
+            ns_before = self._ns_before(
+                part, [*rows, *(p for p in previous.values() if p is not None)]
+            )
             # Staged: the hot rows go in with the assets, in one transaction.
             part.append_puts(rows, commit=False)
+            ns_run = self._ns_change(ref, part, ns_before, rows, [previous[r.lookup] for r in rows])
             faults.reached("put.after_log")
             try:
                 if vec_items or stale:
@@ -294,7 +302,7 @@ class WriteMixin(IndexMixin):
                     detected=[
                         (r.memory_id, m) for r in rows for m in detected[(r.namespace, r.key)]
                     ],
-                    also=part.take_staged(),
+                    also=_both(part.take_staged(), ns_run),
                 )
                 part.committed()
             except BaseException:
@@ -418,3 +426,17 @@ class WriteMixin(IndexMixin):
             consent_end = consent.end_at
         retain = to_us(self._policy.retain_until(rule, now, consent_end))
         return rule.name, purpose, category, retain
+
+
+def _both(
+    first: Callable[[Any], None] | None, then: Callable[[Any], None] | None
+) -> Callable[[Any], None] | None:
+    """Two sets of statements for one cursor, in order (either may be None)."""
+    if first is None or then is None:
+        return first or then
+
+    def run(cur: Any) -> None:
+        first(cur)
+        then(cur)
+
+    return run

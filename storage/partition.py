@@ -96,6 +96,7 @@ __all__ = [
     "decode_record",
     "from_us",
     "hot_place",
+    "ns_key",
     "partition_prefix",
     "row_key_id",
     "row_place",
@@ -179,6 +180,10 @@ class Partition:
         self.changed: list[str] = []
         # Rows whose owner-set key was destroyed, by lookup: in the files, in no read.
         self.opaque: dict[str, MemoryRow] = {}
+        # How many readable rows each (namespace, scope, shared key id or None: the
+        # scope key) holds: the namespace index (``keyshred.storage.namespaces``)
+        # learns from them, under the lock, which namespaces a write adds or empties.
+        self.ns_counts: dict[tuple[tuple[str, ...], str, bytes | None], int] = {}
         # Keys of shared owner sets that opened rows here (a mention, data derived
         # from another subject's): the eviction of any co-owner takes this cache.
         self.shared_keys: set[bytes] = set()
@@ -241,7 +246,7 @@ class Partition:
         """Forget the cache: the next use reads the catalog again."""
         with self.lock:
             self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
-            self.by_id, self.changed = {}, []
+            self.by_id, self.changed, self.ns_counts = {}, [], {}
             self.shared_keys = set()
             self.generation = next(_GENERATIONS)
             self._token = None
@@ -552,12 +557,14 @@ class Partition:
         if old is not None:
             self.by_id.pop(old.memory_id, None)
             self._changed(old.memory_id)
+            self._count(old, -1)
         if row.opaque:
             self.opaque[row.lookup] = row
         else:
             self.opaque.pop(row.lookup, None)
             self.rows[row.lookup] = row
             self.by_id[row.memory_id] = row
+            self._count(row, 1)
         self._changed(row.memory_id)
 
     def _forget(self, lookup: str) -> None:
@@ -566,7 +573,16 @@ class Partition:
         if old is not None:
             self.by_id.pop(old.memory_id, None)
             self._changed(old.memory_id)
+            self._count(old, -1)
         self.opaque.pop(lookup, None)
+
+    def _count(self, row: MemoryRow, n: int) -> None:
+        k = ns_key(row)
+        count = self.ns_counts.get(k, 0) + n
+        if count > 0:
+            self.ns_counts[k] = count
+        else:
+            self.ns_counts.pop(k, None)
 
     def _changed(self, memory_id: str) -> None:
         if len(self.changed) >= _CHANGES_KEPT:
@@ -952,6 +968,11 @@ class Partition:
         """How many decrypted rows (and parsed values) the cache holds."""
         with self.lock:
             return len(self.rows) + len(self.opaque) + len(self._parsed)
+
+
+def ns_key(row: MemoryRow) -> tuple[tuple[str, ...], str, bytes | None]:
+    """What ``Partition.ns_counts`` counts a readable row under."""
+    return (row.namespace, row.scope, row_key_id(row))
 
 
 def to_us_now() -> int:

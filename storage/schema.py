@@ -30,6 +30,9 @@ __all__ = [
     "identifier_kinds",
     "identifiers",
     "memory_hot",
+    "memory_namespaces",
+    "memory_ns_pending",
+    "memory_ns_prefixes",
     "memory_partitions",
     "memory_segments",
     "metadata",
@@ -196,6 +199,47 @@ memory_segments = sa.Table(
     sa.Column("size", sa.BigInteger, nullable=True),
     sa.Column("sha256", sa.String(64), nullable=True),
     sa.Column("retain_min", sa.BigInteger, nullable=True),
+)
+
+# -- the namespace index (keyshred.storage.namespaces) ---------------------------------
+# Which subjects hold memories under a namespace prefix, as keyed lookups: a cross-
+# subject search or namespace listing reads these instead of opening every partition.
+# A namespace is personal data (a user id is often one of its labels): it is here only
+# as ``HMAC(namespace-lookup-key, labels)`` and sealed under the key its memories are
+# sealed under (the subject's scope key, or the owner-set key of memories about other
+# subjects), so the subject's erasure kills the labels with its keys, and drops the
+# rows with its partition.
+
+# One row per (subject, namespace, key sealing its memories): the labels sealed, and
+# when the first memory under that key was created (the order of cross-subject search).
+memory_namespaces = sa.Table(
+    "ks_mem_namespaces",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("ns_hash", sa.String(64), primary_key=True),
+    sa.Column("key_id", sa.String(64), primary_key=True),
+    sa.Column("scope", sa.String(128), nullable=False),
+    sa.Column("first_us", sa.BigInteger, nullable=False),
+    sa.Column("labels", sa.LargeBinary, nullable=False),
+)
+
+# Every prefix of every indexed namespace (its hash), so "which subjects hold
+# namespaces under P" is one index range: the primary key leads with the hash.
+memory_ns_prefixes = sa.Table(
+    "ks_mem_ns_prefixes",
+    metadata,
+    sa.Column("prefix_hash", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    sa.Column("ns_hash", sa.String(64), primary_key=True),
+    sa.Index("ks_mem_ns_prefixes_subject", "subject_ref", "ns_hash"),
+)
+
+# Subjects whose partition was written before the index existed (revision 0011 lists
+# them): indexed from their partition before the next cross-subject read.
+memory_ns_pending = sa.Table(
+    "ks_mem_ns_pending",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
 )
 
 # -- LangGraph threads and checkpoints (keyshred.storage.checkpoints) ----------------

@@ -177,10 +177,21 @@ class KeyshredStore(BaseStore):
             return None
 
     def _refs(self, prefix: tuple[str, ...]) -> list[str]:
+        """The subjects a prefix reaches: its own subject, else those the catalog's
+        namespace index lists under it (keyed lookups; no partition is opened)."""
         subject = self._subject_or_none(prefix)
         if subject is not None:
             return [self._ks.subject_ref(subject)]
-        return self._ks.catalog.subjects_with("memory")
+        if prefix and prefix[0].startswith("~"):
+            # keyshred's own namespaces (history versions) are in no index.
+            return self._ks.catalog.subjects_with("memory")
+        return self._ks.memories.subjects_under(prefix)
+
+    def _across(self, prefix: tuple[str, ...]) -> bool:
+        """Whether a prefix spans subjects (it names none) and the namespace index
+        holds what it asks for (keyshred's own namespaces are not indexed)."""
+        own = bool(prefix) and prefix[0].startswith("~")
+        return not own and self._subject_or_none(prefix) is None
 
     # -- batch ---------------------------------------------------------------------
 
@@ -343,8 +354,15 @@ class KeyshredStore(BaseStore):
         prefix = tuple(op.namespace_prefix)
         out: list[tuple[float | None, tuple[int, int, str], Memory]] = []
         want = op.offset + op.limit
-        refs = self._refs(prefix)
         semantic = bool(op.query and self._index is not None)
+        if not semantic and self._across(prefix):
+            # Across subjects: the namespace index orders the namespaces and says
+            # which subjects to open, and how few suffice for the page.
+            found = self._ks.memories.search_across(
+                prefix, filter=op.filter, limit=op.limit, offset=op.offset
+            )
+            return [_search_item(m) for m in found]
+        refs = self._refs(prefix)
         if len(refs) == 1 and not semantic:
             # One subject: the memory store already returns insertion order; no merge.
             found = self._ks.memories.search_ref(
@@ -401,14 +419,14 @@ class KeyshredStore(BaseStore):
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         prefix: tuple[str, ...] = ()
         for cond in op.match_conditions or ():
-            if cond.match_type == "prefix" and "*" not in cond.path:
-                prefix = tuple(cond.path)
-        namespaces: set[tuple[str, ...]] = set()
-        for ref in self._refs(prefix):
-            try:
-                namespaces |= self._ks.memories.namespaces_ref(ref, prefix)
-            except (SubjectSuppressed, SubjectErased):
-                continue
+            if cond.match_type == "prefix":
+                # The literal labels before the first wildcard: an index lookup.
+                path = tuple(cond.path)
+                literal = path[: path.index("*")] if "*" in path else path
+                prefix = max(prefix, literal, key=len)
+        # From the catalog's namespace index: only the rows under the prefix's
+        # literal part are decrypted, no partition is opened.
+        namespaces = self._ks.memories.namespaces_across(prefix)
         found = [
             ns
             for ns in namespaces
@@ -513,8 +531,16 @@ class KeyshredStore(BaseStore):
         """Delete every item under a namespace prefix (physically, vectors too) in
         one call; returns how many."""
         prefix = tuple(namespace_prefix)
+        subject = self._subject_or_none(prefix)
+        # Across subjects every partition is asked: a deletion must also reach rows
+        # the index does not list (opaque rows whose namespace has no readable one).
+        refs = (
+            [self._ks.subject_ref(subject)]
+            if subject is not None
+            else self._ks.catalog.subjects_with("memory")
+        )
         n = 0
-        for ref in self._refs(prefix):
+        for ref in refs:
             n += self._ks.memories.delete_prefix_ref(ref, prefix)
         return n
 
