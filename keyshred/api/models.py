@@ -108,7 +108,8 @@ class ConsentWithdraw(_SubjectBody):
 class AccessRequestCreate(_SubjectBody):
     """Seal the package to exactly one of a passphrase and an X25519 public key."""
 
-    model_config = _example(passphrase="correct horse battery staple")
+    # The documented example's placeholder, not a credential of anything.
+    model_config = _example(passphrase="<8 or more characters>")  # noqa: S106
 
     passphrase: str | None = Field(default=None, min_length=8, max_length=1024)
     recipient_public_key: str | None = Field(default=None, max_length=256)
