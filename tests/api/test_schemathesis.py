@@ -5,12 +5,12 @@ reproduces), and every answer checked: never a 5xx, a documented status, the
 documented content type, a body that matches the documented schema.
 
 The document is ``docs/openapi.json``, which the module's fixture first checks is
-byte for byte what the server serves (so the run is against the served document;
+the JSON the server serves (so the run is against the served document;
 ``schemathesis.pytest.from_fixture``, which would fetch it at run time, fails on
 pytest 9.2: it reads ``Function._nodeid``, which pytest 9.2 removed).
 
 The server is this module's own (``keyshred serve`` over a fresh data folder, the
-helpers of ``tests/api/conftest.py``): the thousands of requests, holds and consents
+helpers of ``tests/api/conftest.py``): the ~2,000 requests, holds and consents
 the fuzzer makes would otherwise become jobs for the session server's later tests.
 Its output is scanned at the end as ``test_zz_log_scan.py`` scans the session's.
 """
