@@ -59,7 +59,15 @@ class _SubjectBody(_Body):
     )
 
 
+def _example(**fields: Any) -> ConfigDict:
+    """A body's documented example (the OpenAPI ``examples``, which schemathesis
+    sends too): placeholders, never anyone's data."""
+    return ConfigDict(json_schema_extra={"examples": [{"subject": "alice@example.com", **fields}]})
+
+
 class ErasureRequestCreate(_SubjectBody):
+    model_config = _example(reason="gdpr-art17")
+
     scope: str | None = Field(
         default=None, max_length=128, pattern=_SCOPE, description="Only this scope."
     )
@@ -68,15 +76,21 @@ class ErasureRequestCreate(_SubjectBody):
 
 
 class HoldCreate(_SubjectBody):
+    model_config = _example(reason="case-4711")
+
     scope: str | None = Field(default=None, max_length=128, pattern=_SCOPE)
     reason: str = Field(pattern=_TEXT)
 
 
 class HoldQuery(_SubjectBody):
+    model_config = _example()
+
     scope: str | None = Field(default=None, max_length=128, pattern=_SCOPE)
 
 
 class ConsentGrant(_SubjectBody):
+    model_config = _example(scope="marketing/email", actions=["store", "use"])
+
     scope: str = Field(max_length=128, pattern=_SCOPE)
     category: str | None = Field(default=None, max_length=128)
     actions: list[ConsentAction] = Field(default_factory=_default_actions, min_length=1)
@@ -85,12 +99,17 @@ class ConsentGrant(_SubjectBody):
 
 
 class ConsentWithdraw(_SubjectBody):
+    model_config = _example(scope="marketing/email")
+
     scope: str = Field(max_length=128, pattern=_SCOPE)
     category: str | None = Field(default=None, max_length=128)
 
 
 class AccessRequestCreate(_SubjectBody):
     """Seal the package to exactly one of a passphrase and an X25519 public key."""
+
+    # The documented example's placeholder, not a credential of anything.
+    model_config = _example(passphrase="<8 or more characters>")  # noqa: S106
 
     passphrase: str | None = Field(default=None, min_length=8, max_length=1024)
     recipient_public_key: str | None = Field(default=None, max_length=256)

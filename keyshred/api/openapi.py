@@ -102,7 +102,15 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
     if op.status in (201, 202):
         ok["headers"] = {"Location": {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(op.status): ok}
-    for status in sorted({400, 401, 403, 429, 503, *op.errors}):
+    # What the app answers for every operation of its kind, whatever the handler does:
+    # a POST's Idempotency-Key reused with another body (or still running) is a 409;
+    # a body over max_body_bytes is a 413.
+    common = {400, 401, 403, 429, 503}
+    if op.method == "POST":
+        common.add(409)
+    if op.body is not None:
+        common.add(413)
+    for status in sorted(common | set(op.errors)):
         responses[str(status)] = _problem(status)
     doc["responses"] = responses
     return doc

@@ -18,8 +18,14 @@ from keyshred.api.settings import load_settings
 from keyshred.config import load_config
 from keyshred.errors import ConfigError
 
-__all__ = ["ENV_CONFIG", "ENV_PATH", "app_from_env", "serve"]
+__all__ = ["ENV_CONFIG", "ENV_PATH", "KEEP_ALIVE_SECONDS", "app_from_env", "serve"]
 
+# How long an idle keep-alive connection stays open. uvicorn's default (5 s) equals
+# httpx's and is below most proxies' (nginx, load balancers: 60 s): a client that
+# reuses a connection the server is closing at that moment gets no answer (a reset),
+# which bench_api.py saw as lost POSTs under 200 concurrent clients. The server's
+# timeout must be the longer one, so the client (or proxy) always closes first.
+KEEP_ALIVE_SECONDS = 75
 ENV_PATH = "KEYSHRED_PATH"
 ENV_CONFIG = "KEYSHRED_API_CONFIG"
 
@@ -82,4 +88,5 @@ def serve(
         log_level="info",
         proxy_headers=False,
         server_header=False,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
