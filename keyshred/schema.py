@@ -1,6 +1,6 @@
 """The services' tables in the catalog database: erasure requests, legal holds,
 the audit log, jobs, eviction acknowledgements and the HTTP API's idempotency
-records and export downloads (``keyshred.erasure``, ``keyshred.audit``,
+records, rate-limit buckets and export downloads (``keyshred.erasure``, ``keyshred.audit``,
 ``keyshred.jobs``, ``keyshred.api``).
 
 They are defined on the catalog database's ``metadata`` (``keyshred.storage.schema``),
@@ -18,6 +18,7 @@ from keyshred.storage.schema import metadata
 __all__ = [
     "api_downloads",
     "api_idempotency",
+    "api_rate",
     "audit_anchor",
     "audit_events",
     "deletion_requests",
@@ -150,4 +151,19 @@ api_downloads = sa.Table(
     sa.Column("expires_at", Micros, nullable=False),
     sa.Column("downloaded_at", Micros, nullable=True),
     sa.Column("package", sa.LargeBinary, nullable=True),
+)
+
+# The HTTP API's rate-limit buckets when several processes share the catalog
+# (``keyshred.api.ratelimit.SharedBuckets``, PostgreSQL): one row per credential,
+# named by a keyed hash of it (never the token or the actor). ``at`` is the
+# database's clock (epoch seconds), so processes on several machines agree;
+# ``allowed`` is whether the last call that updated the row was let through.
+# Losing the rows loses nothing that matters: the buckets refill.
+api_rate = sa.Table(
+    "ks_api_rate",
+    metadata,
+    sa.Column("credential", sa.String(64), primary_key=True),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("allowed", sa.Boolean, nullable=False),
 )

@@ -36,7 +36,7 @@ from keyshred.api.identity import load_hook
 from keyshred.api.openapi import openapi_document
 from keyshred.api.operations import Call, Operation, Reply, Services
 from keyshred.api.problems import PROBLEM_JSON, Problem, from_error
-from keyshred.api.ratelimit import TokenBuckets
+from keyshred.api.ratelimit import TokenBuckets, buckets_for
 from keyshred.api.settings import ApiSettings
 from keyshred.errors import KeyshredError
 from keyshred.facade import Keyshred
@@ -74,7 +74,12 @@ class _State:
         self.owned = owned
         self.settings = settings
         self.auth = Authenticator(settings)
-        self.buckets = TokenBuckets(settings.rate_limit.per_second, settings.rate_limit.burst)
+        self.buckets = buckets_for(
+            ks.catalog,
+            ks.keyring.subject_ref,
+            settings.rate_limit.per_second,
+            settings.rate_limit.burst,
+        )
         self.idempotency = IdempotencyStore(
             ks.catalog, ks.keyring.subject_ref, settings.idempotency_hours
         )

@@ -56,7 +56,7 @@ from keyshred.api.auth import Authenticator, Principal, Unauthenticated
 from keyshred.api.holds import hold_view
 from keyshred.api.operations import Call, Operation, Reply, Services
 from keyshred.api.problems import Problem, from_error
-from keyshred.api.ratelimit import TokenBuckets
+from keyshred.api.ratelimit import Buckets, TokenBuckets
 from keyshred.api.settings import ApiSettings
 from keyshred.errors import KeyshredError
 from keyshred.receipts import load_receipt, verify_receipt
@@ -106,7 +106,7 @@ class _AppState(Protocol):
     """What the console uses of the app's per-process state (``keyshred.api.app``)."""
 
     auth: Authenticator
-    buckets: TokenBuckets
+    buckets: Buckets
     services: Services
     settings: ApiSettings
 
