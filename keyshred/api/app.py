@@ -36,7 +36,7 @@ from keyshred.api.identity import load_hook
 from keyshred.api.openapi import openapi_document
 from keyshred.api.operations import Call, Operation, Reply, Services
 from keyshred.api.problems import PROBLEM_JSON, Problem, from_error
-from keyshred.api.ratelimit import TokenBuckets, buckets_for
+from keyshred.api.ratelimit import buckets_for, rate_limited
 from keyshred.api.settings import ApiSettings
 from keyshred.errors import KeyshredError
 from keyshred.facade import Keyshred
@@ -240,15 +240,11 @@ async def _serve(request: Request, op: Operation) -> Response:
             headers={"WWW-Authenticate": 'Bearer realm="keyshred"'},
         )
         return _problem(problem, instance)
-    wait = state.buckets.take(principal.credential)
+    # In a thread: on a PostgreSQL catalog the bucket is a database round trip.
+    wait = await run_in_threadpool(state.buckets.take, principal.credential)
     if wait > 0:
         await _audit(state, principal.actor, op, 429, about)
-        problem = Problem(
-            429,
-            "rate-limited",
-            "Too many requests for this credential",
-            headers={"Retry-After": TokenBuckets.retry_after(wait)},
-        )
+        problem = rate_limited(wait)
         return _problem(problem, instance)
     if principal.role not in op.roles:
         await _audit(state, principal.actor, op, 403, about)

@@ -56,7 +56,7 @@ from keyshred.api.auth import Authenticator, Principal, Unauthenticated
 from keyshred.api.holds import hold_view
 from keyshred.api.operations import Call, Operation, Reply, Services
 from keyshred.api.problems import Problem, from_error
-from keyshred.api.ratelimit import Buckets, TokenBuckets
+from keyshred.api.ratelimit import Buckets, rate_limited
 from keyshred.api.settings import ApiSettings
 from keyshred.errors import KeyshredError
 from keyshred.receipts import load_receipt, verify_receipt
@@ -284,15 +284,11 @@ async def _session(request: Request, action: str, about: str | None) -> _Session
         page.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return page
     session = _Session(principal, token)
-    wait = state.buckets.take(principal.credential)
+    # In a thread: on a PostgreSQL catalog the bucket is a database round trip.
+    wait = await run_in_threadpool(state.buckets.take, principal.credential)
     if wait > 0:
         await _audit(request, principal.actor, action, 429, about)
-        problem = Problem(
-            429,
-            "rate-limited",
-            "Too many requests for this credential",
-            headers={"Retry-After": TokenBuckets.retry_after(wait)},
-        )
+        problem = rate_limited(wait)
         return _problem(problem, session)
     return session
 

@@ -22,11 +22,12 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from keyshred.api.problems import Problem
 from keyshred.errors import BackendUnavailable
 from keyshred.schema import api_rate
 from keyshred.storage.catalog import Catalog
 
-__all__ = ["Buckets", "SharedBuckets", "TokenBuckets", "buckets_for"]
+__all__ = ["Buckets", "SharedBuckets", "TokenBuckets", "buckets_for", "rate_limited"]
 
 _log = logging.getLogger("keyshred.api")
 _TENANT = "api-rate"
@@ -157,3 +158,13 @@ def buckets_for(
     if catalog.dialect == "postgresql":
         return SharedBuckets(catalog, keyed_hash, per_second, burst)
     return TokenBuckets(per_second, burst)
+
+
+def rate_limited(wait: float) -> Problem:
+    """The ``429`` for a credential whose bucket is empty for ``wait`` seconds."""
+    return Problem(
+        429,
+        "rate-limited",
+        "Too many requests for this credential",
+        headers={"Retry-After": TokenBuckets.retry_after(wait)},
+    )
