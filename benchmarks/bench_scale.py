@@ -3,11 +3,12 @@
 subjects (``--subjects 100,10000``; 1,000,000 accepted), 20 memories per subject
 (``--per-subject``), ~120-byte values, in one run.
 
-Every side runs in a fresh child process per round (rounds interleaved, the order
-reversed every other round; medians of the rounds are reported), so one side's
-memory and caches never touch another's; each child reports its own peak RSS
-(``getrusage``), the files and bytes under its data folder and its open file
-descriptors.
+Every side runs in a child process of its own per size, so one side's memory and
+caches never touch another's; each reports its own peak RSS (``getrusage``), the
+files and bytes under its data folder and its open file descriptors. The parent
+drives them line by line: the load in 6 chunks, then the measurement rounds, both
+interleaved between the sides (the order reversed every other chunk or round);
+medians of the chunks and rounds are reported.
 
 Per side and size, after loading N subjects (one batched put per subject: 20 items,
 one commit):
@@ -527,7 +528,7 @@ SIDES: dict[str, dict[str, Callable[[Path, dict[str, str] | None], Side]]] = {
 
 @contextlib.contextmanager
 def maybe_profiled(phase: str, wanted: str | None, side: str) -> Iterator[None]:
-    if wanted != phase:
+    if wanted is None or phase not in wanted.split(","):
         yield
         return
     from pyinstrument import Profiler
@@ -598,7 +599,8 @@ class Measured:
         with maybe_profiled("get", self.profile, side.name):
             report("get hot", lat(lambda a: side.get(*a), hot_gets))
         spread = [(rnd.choice(live), f"m{rnd.randrange(per)}") for _ in range(SAMPLES["get"])]
-        report("get spread", lat(lambda a: side.get(*a), spread))
+        with maybe_profiled("get-spread", self.profile, side.name):
+            report("get spread", lat(lambda a: side.get(*a), spread))
         report("search", lat(side.search, [rnd.choice(live) for _ in range(SAMPLES["search"])]))
         if side.semantic_supported:
             qs = [(rnd.choice(hot), query_text(j)) for j in range(SAMPLES["semantic"])]
@@ -625,11 +627,12 @@ class Measured:
             if name in self.slow:
                 continue  # over 5 s in an earlier round: measured once
             reps: list[float] = []
-            for _ in range(3):
-                reps += lat(lambda _a, fn=fn: fn(), [None])
-                if reps[-1] > 5:  # one is enough at that cost
-                    self.slow.add(name)
-                    break
+            with maybe_profiled(name.replace(" ", "-"), self.profile, side.name):
+                for _ in range(3):
+                    reps += lat(lambda _a, fn=fn: fn(), [None])
+                    if reps[-1] > 5:  # one is enough at that cost
+                        self.slow.add(name)
+                        break
             out[f"{name} ms"] = statistics.median(reps) * 1e3
         with maybe_profiled("delete", self.profile, side.name):
             deletes = puts[: SAMPLES["delete"]]
@@ -753,7 +756,7 @@ def count_fsyncs(args: argparse.Namespace, name: str, env: dict[str, str]) -> di
             "-o",
             str(log),
             "-e",
-            "trace=fsync,fdatasync,sync_file_range,syncfs,faccessat,faccessat2",
+            "trace=fsync,fdatasync,sync_file_range,syncfs,access,faccessat,faccessat2",
             sys.executable,
             __file__,
             "--child",
@@ -821,7 +824,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default: 3")
     parser.add_argument("--profile", choices=("embedded", "shared"), default="embedded")
     parser.add_argument("--sides", default=None, help="comma-separated subset of the sides")
-    parser.add_argument("--fsyncs", action="store_true", help="count fsyncs per op (strace)")
+    parser.add_argument("--fsyncs", action="store_true", help="only count fsyncs per op (strace)")
     parser.add_argument("--pyinstrument", default=None, help="profile one phase (put, get, …)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-subjects", type=int, default=0, help=argparse.SUPPRESS)
@@ -844,6 +847,7 @@ def main() -> None:
             print("\nfsync/fdatasync calls per operation (strace -f, 20 operations each):")
             for name in names:
                 print(f"  {name:<10} {json.dumps(count_fsyncs(args, name, env))}", flush=True)
+            return  # a count only: the sizes run without strace
         summary: dict[int, dict[str, dict[str, float]]] = {}
         for n in sizes:
             rounds = args.rounds or 3
