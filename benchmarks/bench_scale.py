@@ -33,9 +33,10 @@ one commit):
 
 Embedding: a hashed bag of words, 64 dimensions (``tests.storage.test_vectors``'s
 ``bag_of_words``, as ``bench_memories.py`` uses): the benchmark measures storage, not
-a model. Every side embeds the same text field with it on put (``SqliteStore`` with
-its ``index`` config over sqlite-vec; LanceDB a vector column; ``PostgresStore`` has
-no vector search here: pgvector is not installed).
+a model. keyshred and LanceDB embed the text field with it on put (keyshred's put is
+also timed unindexed). ``SqliteStore`` and ``PostgresStore`` embed nothing and have
+no semantic search here: sqlite-vec needs SQLite extension loading, which this
+Python's ``sqlite3`` is built without, and pgvector is not installed.
 
 Durability: keyshred's default (``storage.durability = "fsync"``: SQLite WAL,
 ``synchronous=FULL``, one fsync'd commit per put) against ``SqliteStore`` set to WAL
