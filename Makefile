@@ -60,7 +60,7 @@ typecheck: $(VENV)/.installed-dev .typecheck/keyshred
 pytest: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 test: lint typecheck pytest
 
