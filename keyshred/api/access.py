@@ -22,8 +22,10 @@ from keyshred.api.common import subject_of, verify_identity
 from keyshred.api.models import AccessRequestCreate, AccessRequestView
 from keyshred.api.operations import Call, Operation, Reply
 from keyshred.api.problems import Problem
+from keyshred.db import utc
+from keyshred.erasure.requests import COMPLETED, LEGAL_HOLD, REJECTED
 from keyshred.errors import InvalidInput, NotFound
-from keyshred.schema import api_downloads
+from keyshred.schema import api_downloads, deletion_requests
 from keyshred.storage.catalog import Catalog
 
 __all__ = ["OPERATIONS", "Downloads"]
@@ -44,10 +46,24 @@ class Downloads:
         return tempfile.mkdtemp(dir=self._scratch)
 
     def keep(
-        self, export_id: str, actor: str, subject_ref: str, package: bytes, expires_at: datetime
+        self,
+        export_id: str,
+        actor: str,
+        subject_ref: str,
+        package: bytes,
+        expires_at: datetime,
+        *,
+        since: datetime,
     ) -> None:
+        """Keep the package of an export that began at ``since``; refused (409) when an
+        erasure of the subject may have run meanwhile: its catalog step drops only
+        the packages already kept, and a scope erasure leaves the export DEK alive."""
         now = datetime.now(UTC)
         with self._catalog.transaction() as conn:
+            if _erasure_since(conn, subject_ref, since):
+                raise Problem(
+                    409, "erasure-pending", "An erasure of this subject is pending or ran"
+                )
             # Expired packages leave now; their rows (no package) after a month.
             conn.execute(
                 api_downloads.update()
@@ -83,11 +99,14 @@ class Downloads:
                 raise Problem(403, "forbidden", "This access request was made by another caller")
             if row.downloaded_at is not None:
                 raise Problem(410, "gone", "The package was downloaded already")
-            if row.package is None:
-                # Dropped without a download: it expired, or its subject was erased.
-                raise Problem(410, "gone", "The package is no longer available")
-            expired = row.expires_at <= now
-            # Taken (or, expired, dropped) by exactly one caller: the row's update.
+            # Decided before the package leaves: an erasure pending, or run since the
+            # package was kept (one that began while it was being kept), drops it.
+            withdrawn = row.package is None or _erasure_since(
+                conn, row.subject_ref, utc(row.created_at) or now
+            )
+            expired = not withdrawn and row.expires_at <= now
+            # Taken (or dropped) by exactly one caller: the row's update, committed
+            # before any answer (a dropped package stays dropped).
             taken = conn.execute(
                 api_downloads.update()
                 .where(
@@ -95,8 +114,10 @@ class Downloads:
                     api_downloads.c.downloaded_at.is_(None),
                     api_downloads.c.package.is_not(None),
                 )
-                .values(downloaded_at=None if expired else now, package=None)
+                .values(downloaded_at=None if expired or withdrawn else now, package=None)
             ).rowcount
+        if withdrawn:
+            raise Problem(410, "gone", "The package is no longer available")
         if expired:
             raise Problem(410, "gone", "The package has expired")
         if taken != 1:
@@ -113,6 +134,7 @@ def create(call: Call) -> Reply:
     downloads = call.services.downloads
     hours = call.services.settings.export_hours
     folder = downloads.scratch_dir()
+    began = datetime.now(UTC)
     try:
         result = call.ks.export(
             subject,
@@ -125,7 +147,9 @@ def create(call: Call) -> Reply:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     ref = call.ks.subject_ref(subject)
-    downloads.keep(result.export_id, call.principal.actor, ref, package, result.expires_at)
+    downloads.keep(
+        result.export_id, call.principal.actor, ref, package, result.expires_at, since=began
+    )
     location = f"{BASE}/{result.export_id}/package"
     view = {
         "export_id": result.export_id,
@@ -175,3 +199,21 @@ OPERATIONS = (
         tag="access",
     ),
 )
+
+
+def _erasure_since(conn: sa.Connection, subject_ref: str, since: datetime) -> bool:
+    """Whether an erasure of the subject (any scope) may have run since ``since``: a
+    request not settled yet, or one that settled at or after it. A held or rejected
+    request erased nothing."""
+    rows = conn.execute(
+        sa.select(deletion_requests.c.state, deletion_requests.c.updated_at).where(
+            deletion_requests.c.subject_ref == subject_ref
+        )
+    ).all()
+    for state, updated_at in rows:
+        if state in (REJECTED, LEGAL_HOLD):
+            continue
+        at = utc(updated_at)
+        if state != COMPLETED or at is None or at >= since:
+            return True
+    return False

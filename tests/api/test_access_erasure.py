@@ -3,8 +3,16 @@ scope erasure (consent withdrawal) included: the package holds every scope."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
 import sqlalchemy as sa
 
+from keyshred import Config, Keyshred
+from keyshred.api.access import Downloads
+from keyshred.api.problems import Problem
+from keyshred.config import ScopeSettings
 from keyshred.schema import api_downloads
 from tests.api.conftest import ApiServer, run_worker
 
@@ -64,3 +72,56 @@ def test_a_consent_withdrawal_drops_the_pending_package_too(server: ApiServer) -
         run_worker(server.data)
         assert op.get(download).status_code == 410
     assert not _package_kept(server, export_id)
+
+
+# -- the race the catalog step cannot see: an erasure between the export and the keep
+
+
+def _store(tmp_path: Path) -> Keyshred:
+    config = Config(
+        scopes={"marketing/email": ScopeSettings(purpose="marketing", categories=["email"])}
+    )
+    ks = Keyshred.init(tmp_path / "data", config)
+    ks.memories.put("race-subject", ("notes",), "fact", {"text": "probe-value-race-4411"})
+    return ks
+
+
+def test_a_package_exported_before_a_scope_erasure_ran_is_not_kept(tmp_path: Path) -> None:
+    with _store(tmp_path) as ks:
+        downloads = Downloads(ks.catalog, tmp_path / "scratch")
+        began = datetime.now(UTC)
+        ref = ks.subject_ref("race-subject")
+        # The scope erasure runs to the end after the export began, before the keep.
+        ks.erase("race-subject", "default", requested_by="t", reason="r")
+        with pytest.raises(Problem) as info:
+            downloads.keep("e1", "key:op", ref, b"sealed", began + timedelta(hours=1), since=began)
+        assert info.value.status == 409
+        with ks.catalog.transaction() as conn:
+            assert conn.execute(sa.select(api_downloads)).all() == []
+        # An export that began after it is kept.
+        downloads.keep(
+            "e2",
+            "key:op",
+            ref,
+            b"sealed",
+            datetime.now(UTC) + timedelta(hours=1),
+            since=datetime.now(UTC),
+        )
+        assert downloads.take("e2", "key:op") == b"sealed"
+
+
+def test_a_package_is_not_served_while_an_erasure_of_its_subject_is_pending(
+    tmp_path: Path,
+) -> None:
+    with _store(tmp_path) as ks:
+        downloads = Downloads(ks.catalog, tmp_path / "scratch")
+        ref = ks.subject_ref("race-subject")
+        now = datetime.now(UTC)
+        downloads.keep("e3", "key:op", ref, b"sealed", now + timedelta(hours=1), since=now)
+        ks.erasure.submit("race-subject", requested_by="t", reason="r")  # recorded, not run
+        with pytest.raises(Problem) as info:
+            downloads.take("e3", "key:op")
+        assert (info.value.status, info.value.title) == (410, "The package is no longer available")
+        with ks.catalog.transaction() as conn:
+            left = conn.execute(sa.select(api_downloads.c.package)).scalar()
+        assert left is None  # dropped, not only refused
