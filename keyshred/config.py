@@ -105,7 +105,21 @@ def redacted_dump(config: BaseModel) -> dict[str, Any]:
             return [walk(v) for v in value]
         return value
 
-    return cast(dict[str, Any], walk(config.model_dump(mode="json")))
+    data = cast(dict[str, Any], walk(config.model_dump(mode="json")))
+    for hook in data.get("webhooks") or ():
+        # A webhook URL's path and query are often its credential (a Slack-style
+        # path token, an ``api_key`` or a SAS ``sig``): only its origin is recorded.
+        if isinstance(hook, dict) and isinstance(hook.get("url"), str):
+            hook["url"] = _origin_only(hook["url"])
+    return data
+
+
+def _origin_only(url: str) -> str:
+    """``scheme://host[:port]/...`` of ``url``: no user info, path or query."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}/..."
 
 
 class _Model(BaseModel):
@@ -427,6 +441,10 @@ class WebhookSettings(_Model):
     attempts: int = Field(8, ge=1, le=100)
     backoff_seconds: float = Field(10.0, ge=0, le=3600)
     backoff_max_seconds: float = Field(3600.0, ge=0, le=86_400)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, _origin_only(value) if name == "url" and isinstance(value, str) else value
 
     @field_validator("name")
     @classmethod

@@ -448,7 +448,8 @@ def test_no_secret_subject_or_value_in_job_rows_bodies_logs_or_audit(
             r.name.startswith("urllib3") and r.levelno == logging.DEBUG for r in urls
         )
         assert "**********" in texts["config repr"] and "**********" in texts["redacted dump"]
-        assert "token=***" in texts["config repr"]
+        # The URL shows as its origin only (its path and query may be its credential).
+        assert "/..." in texts["config repr"] and "/..." in texts["redacted dump"]
 
 
 def test_webhook_settings_are_checked_without_echoing_a_secret(tmp_path: Path) -> None:
@@ -590,3 +591,16 @@ def test_the_readme_configuration_and_receiver_work(monkeypatch: pytest.MonkeyPa
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_webhook_urls_path_and_query_stay_out_of_reprs_and_dumps() -> None:
+    """A backup manifest records ``redacted_dump(config)``: a webhook URL's path and
+    query (a Slack-style path token, an ``api_key``, a SAS ``sig``) are its
+    credential, so only its origin is recorded, and shown by repr."""
+    url = "https://hooks.example.com:8443/services/T0/B0/PATHTOKEN7?api_key=QKEY7&sig=SASSIG7"
+    config = Config(webhooks=[WebhookSettings(url=url, secret=webhooks.new_secret())])
+    shown = json.dumps(redacted_dump(config)) + repr(config) + str(config.webhooks[0])
+    for part in ("PATHTOKEN7", "QKEY7", "SASSIG7", "/services"):
+        assert part not in shown
+    assert "https://hooks.example.com:8443/" in shown
+    assert config.webhooks[0].url == url  # the setting itself is intact
