@@ -14,7 +14,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from keyshred._validate import check_count, check_filter, check_text
 from keyshred.errors import BackendUnavailable, InvalidInput, SubjectErased, SubjectSuppressed
-from keyshred.storage.catalog_base import ACTIVE, ERASED
+from keyshred.storage.catalog_base import ACTIVE, ERASED, GuardState
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
@@ -412,10 +412,22 @@ class ReadMixin(IndexMixin):
         whether such a namespace still has a live memory)."""
         p = _prefix(prefix)
         self.index_pending()
+        seq = self._eviction_seq
         rows = self._ns.listed(p, labels=True)
         refs = {r.subject_ref for r in rows}
         stale = refs.intersection(self._catalog.expired(MEMORY_KIND, self._clock()))
-        out = set(self._ns.open_labels([r for r in rows if r.subject_ref not in stale]).values())
+        guards: dict[str, GuardState] = {}
+
+        def visible(ref: str, scope: str) -> bool:
+            # Decided again before decrypting: a suppression since the index query
+            # (its guard, or its eviction heard here) hides the subject or scope.
+            if ref not in guards:
+                guards[ref] = self._catalog.guard(ref)
+            g = guards[ref]
+            return g.status == ACTIVE and scope not in g.scopes and not self.evicted_since(seq, ref)
+
+        live = [r for r in rows if r.subject_ref not in stale]
+        out = set(self._ns.open_labels(live, visible).values())
         for ref in sorted(stale):
             try:
                 out |= self.namespaces_ref(ref, p)

@@ -318,12 +318,20 @@ class NamespaceIndex:
             )
         return out
 
-    def open_labels(self, rows: Sequence[Listed]) -> dict[tuple[str, str], tuple[str, ...]]:
+    def open_labels(
+        self,
+        rows: Sequence[Listed],
+        visible: Callable[[str, str], bool] | None = None,
+    ) -> dict[tuple[str, str], tuple[str, ...]]:
         """The namespaces of ``rows`` by (subject_ref, namespace hash), decrypted
         with one batch of key lookups. Rows whose key was destroyed (the erasure of
         a subject their memories are about made them unreadable) are skipped, and
-        deleted: their hashes have nothing left to find."""
+        deleted: their hashes have nothing left to find. ``visible(ref, scope)``
+        is asked once the keys are at hand and before anything is decrypted: a
+        subject (or scope) suppressed since ``listed`` read the rows is skipped."""
         keys = self._keys({bytes.fromhex(r.key_id) for r in rows if r.labels is not None})
+        if visible is not None:
+            rows = [r for r in rows if visible(r.subject_ref, r.scope)]
         out: dict[tuple[str, str], tuple[str, ...]] = {}
         dead: dict[str, set[str]] = {}
         for r in rows:

@@ -316,3 +316,33 @@ def test_repair_rebuilds_an_index_a_killed_deletion_left_stale(
     assert [i.key for i in store.search(("u",))] == ["k"]
     assert ks.memories.repair(ks.subject_ref("kim"), apply=True).ok
     assert store.list_namespaces(prefix=("u",)) == [("u", "kim", "b")]
+
+
+def test_a_subject_suppressed_during_a_listing_is_not_decrypted(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decide before decrypting, also across subjects: a suppression that lands
+    between the index query and the decryption of its rows hides the subject."""
+    from keyshred.storage import namespaces
+
+    store = KeyshredStore(ks, subject_from=1)
+    store.put(("u", "gil", "notes"), "k", {"v": 1})
+    store.put(("u", "hal", "probe-label-hal-6c1"), "k", {"v": 2})
+    hal = ks.subject_ref("hal")
+    index = ks.memories._ns
+    real_listed, real_place = index.listed, namespaces.labels_place
+    opened: list[str] = []
+
+    def listed(*args: Any, **kwargs: Any) -> Any:
+        rows = real_listed(*args, **kwargs)
+        ks.catalog.suppress(hal)  # an erasure of hal begins right after the query
+        return rows
+
+    def place(ref: str, *args: Any) -> bytes:
+        opened.append(ref)
+        return real_place(ref, *args)
+
+    monkeypatch.setattr(index, "listed", listed)
+    monkeypatch.setattr(namespaces, "labels_place", place)
+    assert store.list_namespaces(prefix=("u",)) == [("u", "gil", "notes")]
+    assert hal not in opened and opened
