@@ -300,7 +300,12 @@ def _same_origin(request: Request) -> bool:
         return False
     if origin is None:
         return True
-    return origin == f"{request.url.scheme}://{request.url.netloc}"
+    # Behind a proxy that ends TLS the browser's origin is https while this server
+    # sees http: the scheme ``_secure`` trusts for the cookie is the page's. (No
+    # bypass: a cross-site form cannot set the header, and its Origin names its
+    # own host.)
+    scheme = "https" if _secure(request) else request.url.scheme
+    return origin == f"{scheme}://{request.url.netloc}"
 
 
 async def _form(request: Request) -> dict[str, str]:

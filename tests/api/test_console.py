@@ -366,6 +366,27 @@ def test_forms_without_the_sessions_csrf_token_or_from_another_origin_are_refuse
         client.close()
 
 
+def test_a_login_through_a_proxy_that_ends_tls_is_same_origin(server: ApiServer) -> None:
+    """The browser's Origin is https behind a TLS-terminating proxy while the server
+    sees http: with ``X-Forwarded-Proto: https`` (the scheme the cookie's Secure
+    flag trusts) the form is the console's own; without it the origins differ."""
+    netloc = server.url.split("://", 1)[1]
+    for forwarded, status in (({"X-Forwarded-Proto": "https"}, 303), ({}, 403)):
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            nonce = re.search(
+                r'name="login_csrf" value="([^"]+)"', client.get("/console/login").text
+            )
+            assert nonce is not None
+            done = client.post(
+                "/console/login",
+                data={"token": server.tokens["auditor"], "login_csrf": nonce.group(1)},
+                headers={"Origin": f"https://{netloc}", **forwarded},
+            )
+        assert done.status_code == status, forwarded
+        if status == 303:
+            assert "secure" in done.headers["set-cookie"].lower()
+
+
 def test_bad_input_is_a_typed_page_that_never_echoes_it(server: ApiServer) -> None:
     client, csrf = _session(server, "operator")
     try:
