@@ -4,6 +4,7 @@
 #   make test   creates .venv, installs the test tools and servers (OpenBao's `bao`,
 #               moto's server), checks PostgreSQL, installs Debian's Chromium if it is
 #               missing (the console's browser tests), runs ruff, mypy --strict and pytest
+#               (on two xdist workers)
 # The OpenBao dev server and moto's server are started and stopped by the test
 # fixtures themselves, on loopback ports they pick.
 
@@ -57,10 +58,17 @@ lint: $(VENV)/.installed-dev .typecheck/keyshred
 typecheck: $(VENV)/.installed-dev .typecheck/keyshred
 	$(VENV)/bin/mypy
 
+# Two xdist workers (this machine kind has 2 cores; most tests wait on servers and
+# subprocesses): tests/conftest.py makes each test file one group, tests/api one.
+# Schemathesis's generated cases share one node id each, which xdist cannot schedule
+# (it would run the first case again and again), so that file runs on its own after.
+SCHEMATHESIS := tests/api/test_schemathesis.py
+
 pytest: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 --ignore=$(SCHEMATHESIS)
+	$(VENV)/bin/pytest -q $(SCHEMATHESIS)
 
 test: lint typecheck pytest
 

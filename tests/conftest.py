@@ -20,6 +20,25 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment, and
+# rich freezes a console's width from COLUMNS when the console is made (the CLI's is
+# made at import): a CLI test that asks for a wider table would get 80 columns.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs the suite on two xdist workers (``--dist loadgroup``): each
+    test file is one group, so its module-scoped servers start once; ``tests/api`` is
+    one group, because its session server's logs are scanned by
+    ``test_zz_log_scan.py`` after every other API test ran against it."""
+    for item in items:
+        parts = Path(str(item.path)).parts
+        where = parts[parts.index("tests") :] if "tests" in parts else parts
+        group = "tests/api" if where[:2] == ("tests", "api") else "/".join(where)
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(scope="session")
 def openbao() -> Iterator[Server]:

@@ -92,7 +92,7 @@ def test_shared_drill_kills_a_worker_mid_erasure_and_every_check_passes(tmp_path
     )  # fmt: skip
     # Nothing of the run is left, whatever its checks found: no process, no schema.
     assert _left_running(marker) == []
-    assert _drill_schemas() == schemas
+    assert _drill_schemas() - schemas == set()  # others' drills may come and go meanwhile
     assert proc.stdout, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["checks"]}
@@ -159,4 +159,4 @@ def test_an_interrupted_shared_drill_leaves_no_process_or_schema(
     assert proc.returncode != 0
     assert "Traceback" not in err.decode(), err.decode()[-3000:]
     assert _left_running(marker) == []
-    assert _drill_schemas() == schemas
+    assert _drill_schemas() - schemas == set()  # others' drills may come and go meanwhile
