@@ -55,6 +55,7 @@ __all__ = ["THREAD_KIND", "CheckpointRow", "CheckpointStore", "WriteRow", "threa
 THREAD_KIND = "thread"
 _TENANT_PREFIX = "~threads/"  # domain of thread pseudonyms (tenants never start with "~")
 _LEN = struct.Struct(">I")
+_THREADS_KEPT = 20_000  # thread records a process keeps (then it starts over)
 
 
 def thread_scope(thread_ref: str) -> str:
@@ -229,9 +230,16 @@ class CheckpointStore:
         if row is None:
             return None
         th = _Thread(thread_ref, str(row[0]), str(row[1]))
-        with self._lock:
-            self._threads[thread_ref] = th
+        self._remember(th)
         return th
+
+    def _remember(self, th: _Thread) -> None:
+        # Bounded like the guard and subject_ref caches: a process that touches more
+        # threads than this starts over, rather than growing with the store.
+        with self._lock:
+            if len(self._threads) >= _THREADS_KEPT:
+                self._threads.clear()
+            self._threads[th.thread_ref] = th
 
     def thread(self, thread_id: str, *, check: bool = True) -> _Thread | None:
         """The thread's record (guard-checked), or ``None`` if it has no writes."""
@@ -316,8 +324,7 @@ class CheckpointStore:
             with self._catalog.transaction() as conn:
                 conn.execute(threads.delete().where(threads.c.thread_ref == ref))
             raise
-        with self._lock:
-            self._threads[ref] = th
+        self._remember(th)
         return th
 
     # -- writes --------------------------------------------------------------------

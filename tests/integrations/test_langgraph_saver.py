@@ -235,3 +235,27 @@ def test_a_write_racing_delete_thread_fails_and_brings_nothing_back(ks: Keyshred
     again = store.ensure_thread("race-1", ks.subject_ref("ana"), "default")
     store.put_checkpoint(again, CheckpointRow("race-1", "", "c3", None, b"fresh"), None)
     assert store.get(again, "", None) is not None
+
+
+def test_the_thread_caches_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that touches more threads than the caches keep starts them over (its
+    memory does not grow with the store), and every thread still reads and lists."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    import keyshred.integrations.langgraph.saver as saver_module
+    import keyshred.storage.checkpoints as checkpoints_module
+
+    monkeypatch.setattr(checkpoints_module, "_THREADS_KEPT", 3)
+    monkeypatch.setattr(saver_module, "_THREAD_IDS_KEPT", 3)
+    with Keyshred.init(tmp_path / "data") as ks:
+        saver = KeyshredSaver(ks)
+        for i in range(8):
+            config = {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": "", "user_id": "u"}}
+            saver.put(config, empty_checkpoint(), {"step": i}, {})
+        for i in range(8):
+            got = saver.get_tuple({"configurable": {"thread_id": f"t{i}", "user_id": "u"}})
+            assert got is not None and got.metadata["step"] == i
+            assert len(ks.checkpoints._threads) <= 3
+        listed = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
+        assert listed == {f"t{i}" for i in range(8)}
+        assert len(saver._thread_ids) <= 3

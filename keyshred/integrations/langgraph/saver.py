@@ -82,6 +82,8 @@ def _user_id(value: Any) -> str:
     return check_text(text, "the config's user id")
 
 
+_THREAD_IDS_KEPT = 20_000  # thread ids a saver keeps from listings across threads
+
 _IDS = ("thread_id", "checkpoint_ns", "checkpoint_id", "subject_id")
 
 
@@ -260,6 +262,8 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
     def _thread_id(self, ref: str) -> str:
         tid = self._thread_ids.get(ref)
         if tid is None:
+            if len(self._thread_ids) >= _THREAD_IDS_KEPT:
+                self._thread_ids = {}  # bounded: a listing over many threads starts over
             tid = self._thread_ids[ref] = self._store.thread_id(ref)
         return tid
 
