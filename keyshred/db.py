@@ -268,7 +268,9 @@ def _restyled(dialect: Dialect, style: str) -> Dialect:
 
 
 @contextmanager
-def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[Any]:
+def cursor(
+    engine: Engine, *, write: bool, what: str = "catalog", snapshot: bool = False
+) -> Iterator[Any]:
     """A DBAPI cursor on a connection checked out of ``engine``'s pool for one
     operation, in a transaction for writes (``BEGIN IMMEDIATE`` on SQLite, committed
     when the block ends, rolled back on an error). A read runs in autocommit on both
@@ -278,7 +280,12 @@ def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[An
     nothing, and a session lock taken on such a cursor would sit idle in a
     transaction. The connection goes back to the pool however the block ends (out of
     autocommit again); one the driver found broken is dropped, and "cannot be
-    reached" is ``BackendUnavailable`` as for every other statement."""
+    reached" is ``BackendUnavailable`` as for every other statement.
+
+    ``snapshot`` (reads only): the block's statements see one instant, in a read
+    transaction (SQLite's deferred ``BEGIN``, which takes no write lock;
+    PostgreSQL's ``REPEATABLE READ, READ ONLY``), for a reader that must not see
+    half of a commit between two of its statements."""
     dialect, dbapi = engine.dialect.name, engine.dialect.dbapi
     try:
         fairy = engine.raw_connection()
@@ -290,7 +297,9 @@ def cursor(engine: Engine, *, write: bool, what: str = "catalog") -> Iterator[An
         conn: Any = fairy.driver_connection
         cur = conn.cursor()
         try:
-            if dialect == "sqlite" and not write:
+            if snapshot and not write:
+                yield from _in_snapshot(dialect, conn, cur)
+            elif dialect == "sqlite" and not write:
                 yield cur
             elif not write and _autocommit(conn):
                 try:
@@ -327,6 +336,22 @@ def _autocommit(conn: Any) -> bool:
         return False
     conn.autocommit = True
     return True
+
+
+def _in_snapshot(dialect: str, conn: Any, cur: Any) -> Iterator[Any]:
+    """``cursor``'s read transaction around the caller's block (ended by a rollback:
+    it wrote nothing)."""
+    if dialect == "sqlite":
+        cur.execute("BEGIN")  # deferred: the first SELECT takes the read snapshot
+    else:
+        # psycopg opens the transaction with this statement (the pooled connection
+        # is not in autocommit here), so it is the transaction's first.
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    try:
+        yield cur
+    finally:
+        with contextlib.suppress(Exception):  # a dead connection: the server ends it
+            cur.execute("ROLLBACK") if dialect == "sqlite" else conn.rollback()
 
 
 def _in_transaction(dialect: str, conn: Any, cur: Any) -> Iterator[Any]:

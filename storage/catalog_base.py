@@ -171,15 +171,16 @@ class CatalogBase:
             for name, stmt in statements.items()
         }
 
-    def _hot(self, write: bool) -> Any:
+    def _hot(self, write: bool, snapshot: bool = False) -> Any:
         """A DBAPI cursor on a connection checked out of the pool for one operation,
         in a transaction for writes (``keyshred.db.cursor``)."""
-        return db.cursor(self.engine, write=write)
+        return db.cursor(self.engine, write=write, snapshot=snapshot)
 
-    def hot(self, write: bool) -> Any:
+    def hot(self, write: bool, *, snapshot: bool = False) -> Any:
         """A DBAPI cursor on a pooled connection, in a transaction for writes
-        (``BEGIN IMMEDIATE`` on SQLite): for statements from ``compile``."""
-        return self._hot(write)
+        (``BEGIN IMMEDIATE`` on SQLite): for statements from ``compile``. A read
+        with ``snapshot`` sees one instant across its statements."""
+        return self._hot(write, snapshot)
 
     def scrub(self) -> None:
         """After deleting ciphertext: on SQLite checkpoint and truncate the WAL, so

@@ -118,7 +118,7 @@ class HotTier:
         self._watch_lock = threading.Lock()
         database = catalog.engine.url.database if catalog.dialect == "sqlite" else None
         self._watch_path = database if database and database != ":memory:" else None
-        h, hot = memory_partitions, memory_hot
+        h, hot, seg = memory_partitions, memory_hot, memory_segments
         self._sql = catalog.compile(
             {
                 "head": sa.select(h.c.gen, h.c.base_seq, h.c.next_seq).where(
@@ -133,6 +133,23 @@ class HotTier:
                 .values(next_seq=_p("new")),
                 "create": h.insert().values(
                     subject_ref=_p("ref"), gen=_p("gen"), base_seq=_p("base"), next_seq=_p("new")
+                ),
+                "live_segments": sa.select(
+                    seg.c.name,
+                    seg.c.scope,
+                    seg.c.rows,
+                    seg.c.key_id,
+                    seg.c.size,
+                    seg.c.sha256,
+                    seg.c.retain_min,
+                )
+                .where(seg.c.subject_ref == _p("ref"), seg.c.retired_at.is_(None))
+                .order_by(seg.c.scope, seg.c.name),
+                "hot_from": sa.select(hot.c.seq, hot.c.scope, hot.c.record)
+                .where(hot.c.subject_ref == _p("ref"), hot.c.seq >= _p("start"))
+                .order_by(hot.c.seq),
+                "segment_names": sa.select(seg.c.name, seg.c.retired_at).where(
+                    seg.c.subject_ref == _p("ref")
                 ),
                 "insert_hot": hot.insert().values(
                     subject_ref=_p("ref"), seq=_p("seq"), scope=_p("scope"), record=_p("record")
@@ -175,52 +192,46 @@ class HotTier:
     def state(
         self, ref: str, *, since: int | None
     ) -> tuple[Head | None, list[Segment] | None, list[HotRecord]]:
-        """Head, live segments and hot rows of one instant (one read transaction,
-        ``REPEATABLE READ`` on PostgreSQL). With ``since`` only the hot rows from
-        that sequence on and no segment list (a reader catching up)."""
-        h, hot, seg = memory_partitions, memory_hot, memory_segments
-        conn = self._catalog.engine.connect()
-        try:
-            if self._catalog.dialect == "postgresql":
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                row = conn.execute(
-                    sa.select(h.c.gen, h.c.base_seq, h.c.next_seq).where(h.c.subject_ref == ref)
-                ).first()
-                if row is None:
-                    return None, [], []
-                head = Head(int(row[0]), int(row[1]), int(row[2]))
-                segments = None
-                if since is None:
-                    segments = [
-                        _segment(r)
-                        for r in conn.execute(
-                            sa.select(seg)
-                            .where(seg.c.subject_ref == ref, seg.c.retired_at.is_(None))
-                            .order_by(seg.c.scope, seg.c.name)
-                        )
-                    ]
-                start = head.base_seq if since is None else since
-                records = [
-                    HotRecord(int(r.seq), r.scope, bytes(r.record))
-                    for r in conn.execute(
-                        sa.select(hot.c.seq, hot.c.scope, hot.c.record)
-                        .where(hot.c.subject_ref == ref, hot.c.seq >= start)
-                        .order_by(hot.c.seq)
+        """Head, live segments and hot rows of one instant (one read transaction:
+        ``REPEATABLE READ`` on PostgreSQL, a deferred ``BEGIN`` on SQLite, no write
+        lock). With ``since`` only the hot rows from that sequence on and no segment
+        list (a reader catching up). Compiled statements on the driver's cursor: a
+        partition's first load in a process (a get of a subject not among the open
+        partitions) is these three statements."""
+        with self._catalog.hot(write=False, snapshot=True) as cur:
+            cur.execute(self._sql["head"], {"ref": ref})
+            row = cur.fetchone()
+            if row is None:
+                return None, [], []
+            head = Head(int(row[0]), int(row[1]), int(row[2]))
+            segments = None
+            if since is None:
+                cur.execute(self._sql["live_segments"], {"ref": ref})
+                segments = [
+                    Segment(
+                        name,
+                        scope,
+                        int(rows),
+                        key_id,
+                        None if size is None else int(size),
+                        sha256,
+                        None if retain_min is None else int(retain_min),
                     )
+                    for name, scope, rows, key_id, size, sha256, retain_min in cur.fetchall()
                 ]
-        finally:
-            conn.close()
+            start = head.base_seq if since is None else since
+            cur.execute(self._sql["hot_from"], {"ref": ref, "start": start})
+            records = [
+                HotRecord(int(seq), scope, bytes(record)) for seq, scope, record in cur.fetchall()
+            ]
         return head, segments, records
 
     def segment_names(self, ref: str) -> dict[str, int | None]:
-        """Every segment object the catalog names for ``ref``: name -> retired_at."""
-        seg = memory_segments
-        with self._catalog.transaction() as conn:
-            rows = conn.execute(
-                sa.select(seg.c.name, seg.c.retired_at).where(seg.c.subject_ref == ref)
-            ).all()
-        return {r.name: r.retired_at for r in rows}
+        """Every segment object the catalog names for ``ref``: name -> retired_at (a
+        read: it takes no write lock)."""
+        with self._catalog.hot(write=False) as cur:
+            cur.execute(self._sql["segment_names"], {"ref": ref})
+            return {str(name): None if at is None else int(at) for name, at in cur.fetchall()}
 
     def live(self, *, expiring_by: int | None = None) -> list[ListedSegment]:
         """``live_segments`` of the catalog now."""

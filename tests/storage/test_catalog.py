@@ -126,7 +126,9 @@ def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None
         ref = "ref-cached"
         assert cat.guard(ref).status == ACTIVE
         real = cat._hot
-        cat._hot = lambda write: pytest.fail("a cached guard read reached the database")  # type: ignore[method-assign]
+        cat._hot = lambda write, snapshot=False: pytest.fail(
+            "a cached guard read reached the database"
+        )  # type: ignore[method-assign]
         assert cat.check_guard(ref) == 0  # no statement: the generation has not moved
         assert cat.guard(ref).status == ACTIVE
         cat._hot = real  # type: ignore[method-assign]

@@ -77,3 +77,35 @@ def test_reads_see_another_processes_commits_and_ask_nothing_while_none_happen(
             data,
             'assert ks.memories.get("alice", ("notes",), "mine").value == {"v": "mine"}',
         )
+
+
+def test_a_first_load_reads_while_another_connection_holds_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    """Loading a partition (a get of a subject no open partition holds) only reads:
+    it takes no write transaction, so on SQLite it never waits behind a writer (it
+    took ``BEGIN IMMEDIATE`` to list the subject's segments, and waited up to the
+    30 s busy timeout, then failed, while any other process wrote)."""
+    import sqlite3
+
+    data = tmp_path / "data"
+    with Keyshred.init(data, make_config(None)) as ks:
+        ks.memories.put_many("alice", [_item(i) for i in range(5)])
+    catalog = data / "catalog" / "catalog.db"
+    assert catalog.exists()
+    with Keyshred.open(data, make_config(None)) as ks:  # opening migrates: a write
+        writer = sqlite3.connect(catalog, isolation_level=None)
+        try:
+            writer.execute("BEGIN IMMEDIATE")  # another writer, in the middle of its commit
+            got = ks.memories.get("alice", NS, "k3")
+            assert got is not None and got.value == {"n": 3}
+            assert [m.key for m in ks.memories.search("alice", NS, limit=10)] != []
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+
+
+def _item(i: int) -> object:
+    from keyshred.storage.memory_types import PutItem
+
+    return PutItem(NS, f"k{i}", {"n": i})
