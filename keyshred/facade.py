@@ -119,9 +119,12 @@ class Keyshred:
             addressing_style=s3.addressing_style,
         )
         vector_uri = vec.uri or str(path / VECTORS_DIR)
+        # Vectors are rows of the catalog; ``vector_uri`` is only where datasets of
+        # the layout before revision 0013 may be left (imported on first touch).
         self._vectors = VectorIndex(
             vector_uri,
             keyring,
+            catalog=catalog,
             cache_max_vectors=vec.cache_max_vectors,
             compact_every=vec.compact_every,
             storage_options=(

@@ -25,7 +25,9 @@ POINTS = (
     "delete.after_vectors",  # the vectors are gone; the catalog rows are next
     # MemoryStore._put_rows: put, update, correct, derived rebuilds
     "put.after_log",  # the rows are in the log, not yet in the catalog
-    "put.after_vectors",  # the vectors are written, not yet in the catalog
+    # the vector rows are written inside the put's catalog transaction, the assets
+    # not yet (a kill here commits none of the put)
+    "put.after_vectors",
     "put.after_catalog",  # registered; a flush may follow
     # Partition.flush: the segment rewrite (compaction of log into segments)
     "flush.after_segment",  # a new segment file is written, the manifest is old
@@ -35,6 +37,8 @@ POINTS = (
     "import.after_read",  # the old files are read into the cache, nothing written
     "import.after_commit",  # the catalog holds the partition, the old files remain
     "import.after_first_file",  # one old file removed, the others not yet
+    # VectorIndex._settle: the import of a subject's LanceDB dataset (before r0013)
+    "vectors.after_import",  # the catalog holds the rows, the dataset remains
     # Partition.drop: the erasure's removal of a whole partition folder
     "drop.after_first_file",
     # Each store's Erasable.erase (keyshred.storage.erasable): the store has acted,

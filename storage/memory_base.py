@@ -83,6 +83,9 @@ class MemoryStoreBase:
         self._hot = HotTier(catalog)
         self._locks = SubjectLocks(catalog.engine)
         self._vectors = vectors
+        if vectors is not None:
+            # A legacy vector dataset is imported under the subject lock.
+            vectors.use_locks(self._locks)
         self._embedder_factory = embedder
         self._embedder: Embedder | None = None
         # Embedders of other spaces this handle has written or searched with, by

@@ -9,7 +9,6 @@ holds both the rows (hot rows of the partition) and their assets: one commit.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -277,6 +276,16 @@ class WriteMixin(IndexMixin):
                 for r, vecs in zip(rows, vectors, strict=True)
                 for i, (f, vec) in enumerate(vecs)
             ]
+            # The vectors are rows of the catalog too: sealed here, written in the
+            # same transaction as the rows and their assets (one commit, nothing to
+            # undo if it fails).
+            staged = (
+                self._vector_store().stage(
+                    ref, vec_items, replace=[p.memory_id for p in previous.values() if p]
+                )
+                if vec_items or stale
+                else None
+            )
             # Namespaces new for the subject (or emptied: a key moved) are indexed
             # in the same transaction; an existing namespace costs nothing.
             ns_before = self._ns_before(
@@ -286,33 +295,21 @@ class WriteMixin(IndexMixin):
             part.append_puts(rows, commit=False)
             ns_run = self._ns_change(ref, part, ns_before, rows, [previous[r.lookup] for r in rows])
             faults.reached("put.after_log")
-            try:
-                if vec_items or stale:
-                    self._vector_store().upsert(
-                        ref, vec_items, replace=[p.memory_id for p in previous.values() if p]
-                    )
-                    faults.reached("put.after_vectors")
-                self._register_rows(
-                    ref,
-                    rows,
-                    expected_epoch=current_epoch,
-                    replace=replaced or bool(vec_items),
-                    remove=stale,
-                    produced_by=produced_by,
-                    detected=[
-                        (r.memory_id, m) for r in rows for m in detected[(r.namespace, r.key)]
-                    ],
-                    also=_both(part.take_staged(), ns_run),
-                )
-                part.committed()
-            except BaseException:
-                # Nothing of the rows committed; the partition drops its cache as the
-                # exception leaves its lock. Vectors are not transactional: undone.
-                fresh = {r.memory_id for r in rows if previous.get(r.lookup) is None}
-                if vec_items and self._vectors is not None:
-                    with contextlib.suppress(Exception):  # the original error matters
-                        self._vectors.delete(ref, fresh)
-                raise
+            self._register_rows(
+                ref,
+                rows,
+                expected_epoch=current_epoch,
+                replace=replaced or bool(vec_items),
+                remove=stale,
+                produced_by=produced_by,
+                detected=[(r.memory_id, m) for r in rows for m in detected[(r.namespace, r.key)]],
+                also=_both(_both(part.take_staged(), ns_run), staged.run if staged else None),
+            )
+            part.committed()
+            # Nothing of the rows or vectors committed if that raised; the partition
+            # drops its cache as the exception leaves its lock.
+            if staged is not None:
+                staged.done()
             faults.reached("put.after_catalog")
             if part.log_records >= self._flush_records:
                 part.flush()

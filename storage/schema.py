@@ -35,6 +35,7 @@ __all__ = [
     "memory_ns_prefixes",
     "memory_partitions",
     "memory_segments",
+    "memory_vectors",
     "metadata",
     "subject_guard",
     "threads",
@@ -199,6 +200,25 @@ memory_segments = sa.Table(
     sa.Column("size", sa.BigInteger, nullable=True),
     sa.Column("sha256", sa.String(64), nullable=True),
     sa.Column("retain_min", sa.BigInteger, nullable=True),
+)
+
+# -- vectors (keyshred.storage.vectors) --------------------------------------------------
+# Every subject's vectors in one table, a row per vector: the plaintext columns are
+# those the per-subject LanceDB datasets held in plaintext before revision 0013, the
+# vector itself an envelope sealed under the memory's key and bound to (subject_ref,
+# scope, "vectors", vec_id, "embedding"). Erasing a subject is one DELETE by
+# subject_ref after its keys are destroyed; a subject costs no file.
+memory_vectors = sa.Table(
+    "ks_mem_vectors",
+    metadata,
+    sa.Column("subject_ref", sa.String(64), primary_key=True),
+    # "<memory id>/<field number>[@<space tag>]": a memory's vectors are one key range.
+    sa.Column("vec_id", sa.String(128), primary_key=True),
+    sa.Column("memory_id", sa.String(64), nullable=False),
+    sa.Column("scope", sa.String(128), nullable=False),
+    sa.Column("field", sa.Text, nullable=False),  # the JSON path that was embedded
+    sa.Column("updated_us", sa.BigInteger, nullable=False),
+    sa.Column("vec", sa.LargeBinary, nullable=False),
 )
 
 # -- the namespace index (keyshred.storage.namespaces) ---------------------------------

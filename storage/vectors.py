@@ -1,7 +1,7 @@
-"""Per-subject vector partitions in LanceDB, every vector sealed with its memory's key.
+"""Sealed vectors: rows of the catalog, every vector sealed with its memory's key.
 
-One LanceDB dataset per subject: ``vectors/<subject_ref>.lance`` under the data
-folder (``uri`` may be an ``s3://`` prefix; LanceDB takes ``storage_options``).
+Every subject's vectors are rows of one catalog table, ``ks_mem_vectors`` (SQLite on
+the embedded profile, PostgreSQL on the shared one), keyed by (subject_ref, vec_id).
 Columns: ``vec_id`` (memory id + field number), ``memory_id``, ``scope``, ``field``
 (the JSON path that was embedded), ``updated_us`` in plaintext; ``vec`` is the
 envelope ciphertext of the float32 vector, bound to (subject_ref, scope, "vectors",
@@ -11,12 +11,26 @@ mentions them, a derived asset) the owner-set DEK its row is sealed under: a vec
 whose key was destroyed is unreadable, left out of every search and count, and
 deleted by memory id (no key needed) when its memory goes.
 
-Search decrypts one subject's partition into a bounded in-memory cache (an erasure
+A put writes its vectors in its own catalog transaction (``stage``: the rows, their
+assets and their vectors, one commit); a memory's vectors are the key range
+``[<memory id>/, <memory id>0)`` of its subject, so replacing or deleting them is an
+index seek. Erasing a subject is one DELETE by subject_ref, then the catalog's
+``scrub`` (SQLite: the WAL that held the deleted pages is checkpointed and
+truncated; ``secure_delete`` zeroes them in the database file). A subject costs no
+file and no dataset: a store of a million subjects is a million key ranges.
+
+Until revision 0013 every subject had a LanceDB dataset of these same rows
+(``vectors/<subject_ref>.lance``, or under an ``s3://`` prefix): a subject's dataset
+is imported into the table on its first touch, under its subject lock, and removed
+(``_settle``); the ciphertext moves unchanged (its associated data names no file).
+LanceDB is imported only when such a dataset exists.
+
+Search decrypts one subject's rows into a bounded in-memory cache (an erasure
 target: ``evict`` drops it; a subject's entry unused for ``cache_ttl_seconds`` is
 dropped by ``purge_expired``, which the handle's janitor runs on a schedule) and
 ranks by cosine similarity with NumPy, restricted to the memory ids the caller
 allows (filters first, then ranking). No other subject's vectors are ever loaded
-for a search: isolation is the layout, not a filter.
+for a search: the statement reads one subject's key range.
 
 **Embedding spaces.** Vectors made by one embedding function are only ever compared
 with queries made by the same function. The handle's own embedder writes the default
@@ -25,48 +39,57 @@ embedder names its space, and its vectors carry the space's tag in their vec id
 (``<memory id>/<n>@<tag>``, the tag a digest of the space's name and dimensions:
 ``space_tag``). The vec id is in each vector's associated data, so a vector moved to
 another space fails to decrypt like one moved to another row. The spaces of a subject
-share its one dataset (the ciphertext column is binary, so their dimensions may
-differ): deleting a memory, dropping the dataset on erasure and verifying it cover
-every space at once. A search, a repair and the counts name one space; the cache
-holds each space's matrix apart.
+share its rows (the ciphertext column is binary, so their dimensions may differ):
+deleting a memory, dropping the subject on erasure and verifying it cover every space
+at once. A search, a repair and the counts name one space; the cache holds each
+space's matrix apart.
 
-Every LanceDB call runs under ``_lance_call``: a dataset that fails to decode
-(damaged or tampered files) is an ``IntegrityError`` on writes, deletes and
-compaction as on reads; a full disk passes through for the facade to type.
-
-Every write is one LanceDB version; versions are compacted every ``compact_every``
-writes, and a delete compacts at once and removes the old versions, so a deleted
-vector's ciphertext is in no file afterwards.
+A legacy dataset that fails to decode (damaged or tampered files) is an
+``IntegrityError`` (``_lance_call``); a full disk passes through for the facade to
+type.
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import shutil
 import threading
 import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlalchemy as sa
 
 from keyshred._handle import is_disk_full
 from keyshred.errors import IntegrityError, InvalidInput, KeyshredError, SubjectErased
 from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
+from keyshred.storage.catalog import Catalog
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.freeze import FreezeLock
 from keyshred.storage.objects import ObjectStore
+from keyshred.storage.schema import memory_vectors
+from keyshred.storage.subject_lock import SubjectLocks
 
-__all__ = ["DEFAULT_SPACE", "VEC_SCHEMA", "VectorIndex", "VectorItem", "space_of", "space_tag"]
+__all__ = [
+    "DEFAULT_SPACE",
+    "VEC_SCHEMA",
+    "StagedVectors",
+    "VectorIndex",
+    "VectorItem",
+    "space_of",
+    "space_tag",
+]
 
 VEC_SCHEMA = pa.schema(
     [
@@ -194,13 +217,14 @@ class _Cached:
 
 
 class VectorIndex:
-    """Sealed vectors, one LanceDB dataset per subject."""
+    """Sealed vectors, rows of the catalog's ``ks_mem_vectors`` keyed by subject."""
 
     def __init__(
         self,
         uri: str,
         keyring: Keyring,
         *,
+        catalog: Catalog | None = None,
         cache_max_vectors: int = 500_000,
         compact_every: int = 32,
         storage_options: dict[str, str] | None = None,
@@ -209,31 +233,89 @@ class VectorIndex:
         cache_ttl_seconds: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # ``uri`` is where the datasets of the layout before revision 0013 are (a
+        # folder or an ``s3://`` prefix, ``storage_options`` for LanceDB): read only
+        # to import them (``_settle``). ``compact_every`` is accepted and unused (it
+        # compacted those datasets). Without a catalog the index is a reader only
+        # (``_open_spaces``: the residue scan).
+        del compact_every
         self._uri = uri
+        self._catalog = catalog
         # On an object store, every object (every version, on a versioned bucket)
-        # under a dataset's prefix: what an erasure deletes and verifies, beyond what
-        # LanceDB's drop_table removes (it leaves older versions behind).
+        # under a legacy dataset's prefix: what an import and an erasure delete.
         self._store = store
         # The data folder's freeze lock (shared with the memory store): an erasure's
-        # drop holds it shared, so a backup never links half of a dataset.
+        # drop holds it shared, so a backup never links half of a legacy dataset.
         self._freeze = freeze
         self._keyring = keyring
         self._cache_max = cache_max_vectors
-        self._compact_every = max(1, compact_every)
         self._storage_options = storage_options
         self._db: Any = None
         self._lock = threading.RLock()
         # subject_ref -> space tag -> that space's decrypted vectors.
         self._cache: OrderedDict[str, dict[str, _Cached]] = OrderedDict()
         self._evictions = 0  # bumped by every eviction: see ``_cached``
+        # Subjects being loaded (how many loads), and those of them written since a
+        # load began: such a load may predate the write, and is not cached.
+        self._loading: dict[str, int] = {}
+        self._written: set[str] = set()
         # When each cached subject was last used: decrypted vectors idle for the TTL
         # leave memory (``purge_expired``), asked for or not.
         self._used: dict[str, float] = {}
         self._ttl = cache_ttl_seconds
         self._clock = clock
-        self._writes: dict[str, int] = {}
+        # The subjects that still have a legacy dataset (listed once, on first use).
+        self._legacy: set[str] | None = None
+        self._locks: SubjectLocks | None = None
+        self._sql = catalog.compile(_statements(catalog)) if catalog is not None else {}
 
-    # -- LanceDB plumbing ----------------------------------------------------------
+    def use_locks(self, locks: SubjectLocks) -> None:
+        """The subject locks of the memory store: a legacy import runs under the
+        subject's lock, like every other change of the subject's data."""
+        self._locks = locks
+
+    # -- the catalog table ---------------------------------------------------------
+
+    def _need_catalog(self) -> Catalog:
+        if self._catalog is None:
+            raise KeyshredError("this vector index has no catalog (a reader only)")
+        return self._catalog
+
+    def exists(self, ref: str) -> bool:
+        """Whether the subject has any vector row (readable or not) or a legacy
+        dataset left."""
+        catalog = self._need_catalog()
+        with catalog.hot(write=False) as cur:
+            cur.execute(self._sql["any"], {"ref": ref})
+            row = cur.fetchone()
+            if row is not None and row[0]:
+                return True
+        return self._legacy_left(ref)
+
+    def _rows(self, ref: str) -> pa.Table:
+        """The subject's rows as a table of ``VEC_SCHEMA``, in the order they were
+        written (a put's fields in field order): the order searches break ties by."""
+        catalog = self._need_catalog()
+        with catalog.hot(write=False) as cur:
+            cur.execute(self._sql["load"], {"ref": ref})
+            rows = cur.fetchall()
+        if not rows:
+            return VEC_SCHEMA.empty_table()
+        rows.sort(key=_write_order)
+        vec_ids, memory_ids, scopes, fields, updated, vecs = zip(*rows, strict=True)
+        return pa.table(
+            [
+                list(vec_ids),
+                list(memory_ids),
+                list(scopes),
+                list(fields),
+                list(updated),
+                [bytes(v) for v in vecs],
+            ],
+            schema=VEC_SCHEMA,
+        )
+
+    # -- the layout before revision 0013 (one LanceDB dataset per subject) -----------
 
     def _connect(self) -> Any:
         if self._db is None:
@@ -242,28 +324,94 @@ class VectorIndex:
             self._db = lancedb.connect(self._uri, storage_options=self._storage_options)
         return self._db
 
-    def _names(self) -> set[str]:
-        db = self._connect()
-        listed = db.list_tables()
-        names = getattr(listed, "tables", listed)
-        return set(names)
+    def _legacy_refs(self) -> set[str]:
+        """Subjects with a dataset of the old layout, listed once per process: the
+        code never writes one any more, so the set only shrinks."""
+        with self._lock:
+            if self._legacy is None:
+                self._legacy = self._list_legacy()
+            return self._legacy
 
-    def _table(self, ref: str, *, create: bool) -> Any:
-        db = self._connect()
-        try:
-            return db.open_table(ref)
-        except _LANCE_ERRORS as exc:
-            # Listed but unreadable: a damaged manifest, not a missing dataset (which
-            # must not be re-created empty over the damaged one).
-            if _lance_failure(exc) and ref in self._names():
+    def _list_legacy(self) -> set[str]:
+        if not self._uri or self._catalog is None:
+            return set()
+        if "://" not in self._uri:
+            folder = Path(self._uri)
+            if not folder.is_dir():
+                return set()
+            return {p.name.removesuffix(".lance") for p in folder.glob("*.lance") if p.is_dir()}
+        with _lance_call("(listing)"):
+            listed = self._connect().list_tables()
+        return set(getattr(listed, "tables", listed))
+
+    def _legacy_left(self, ref: str) -> bool:
+        if ref not in self._legacy_refs():
+            return False
+        if "://" not in self._uri:
+            return (Path(self._uri) / f"{ref}.lance").exists()
+        if self._store is not None:
+            return bool(self._store.versions(f"{ref}.lance"))
+        return ref in self._list_legacy()
+
+    def _settle(self, ref: str) -> None:
+        """Import the subject's legacy dataset into the table, then remove it: on
+        the subject's first touch, under its subject lock (a concurrent import by
+        another process finds the dataset gone, or inserts rows already there). The
+        ciphertext moves as it is: its associated data names no file."""
+        if ref not in self._legacy_refs():
+            return
+        with self._locks.hold(ref) if self._locks is not None else nullcontext():
+            if not self._legacy_left(ref):
+                self._forget_legacy(ref)
+                return
+            try:
+                table = self._connect().open_table(ref)
+            except _LANCE_ERRORS as exc:
                 raise _unreadable(ref, exc) from None
-            if not create:
-                return None
-        with _lance_call(ref):
-            return db.create_table(ref, schema=VEC_SCHEMA, exist_ok=True)
+            with _lance_call(ref):
+                arrow = table.to_arrow()
+            rows = [
+                {
+                    "ref": ref,
+                    "vec_id": vec_id,
+                    "memory_id": memory_id,
+                    "scope": scope,
+                    "field": field,
+                    "updated_us": int(updated),
+                    "vec": vec,
+                }
+                for vec_id, memory_id, scope, field, updated, vec in zip(
+                    *(arrow.column(n).to_pylist() for n in VEC_SCHEMA.names), strict=True
+                )
+            ]
+            if rows:
+                with self._need_catalog().hot(write=True) as cur:
+                    cur.executemany(self._sql["import"], rows)
+            faults.reached("vectors.after_import")
+            self._remove_legacy(ref)
+            self._forget_legacy(ref)
 
-    def exists(self, ref: str) -> bool:
-        return self._table(ref, create=False) is not None
+    def _forget_legacy(self, ref: str) -> None:
+        with self._lock:
+            if self._legacy is not None:
+                self._legacy.discard(ref)
+
+    def _remove_legacy(self, ref: str) -> bool:
+        """Delete the subject's legacy dataset, every file (and object version)."""
+        removed = False
+        if "://" not in self._uri:
+            folder = Path(self._uri) / f"{ref}.lance"
+            if folder.exists():
+                shutil.rmtree(folder)
+                removed = True
+        else:
+            with _lance_call(ref):
+                if ref in self._list_legacy():
+                    self._connect().drop_table(ref)
+                    removed = True
+            if self._store is not None:
+                removed = bool(self._store.delete_prefix(f"{ref}.lance")) or removed
+        return removed
 
     # -- sealing -------------------------------------------------------------------
 
@@ -420,25 +568,32 @@ class VectorIndex:
                 self._used[ref] = self._clock()
                 return entry
             # An eviction while this loads (another process erased the subject after
-            # this read passed its guard) leaves the loaded vectors out of the cache.
+            # this read passed its guard) leaves the loaded vectors out of the cache;
+            # so does a write committed meanwhile (the load may predate it).
             since = self._evictions
-        table = self._table(ref, create=False)
-        if table is None:
-            entry = {}
-        else:
+            self._loading[ref] = self._loading.get(ref, 0) + 1
+        try:
+            self._settle(ref)
             # Loading makes tens of thousands of small objects at once; the cyclic
             # GC would walk the whole heap for nothing (they hold no cycles).
             enabled = gc.isenabled()
             gc.disable()
             try:
-                with _lance_call(ref):
-                    arrow = table.to_arrow()
-                entry = self._open_spaces(ref, arrow)
+                entry = self._open_spaces(ref, self._rows(ref))
             finally:
                 if enabled:
                     gc.enable()
+        finally:
+            with self._lock:
+                written = ref in self._written
+                left = self._loading[ref] - 1
+                if left:
+                    self._loading[ref] = left
+                else:
+                    del self._loading[ref]
+                    self._written.discard(ref)
         with self._lock:
-            if since != self._evictions:
+            if since != self._evictions or written:
                 return entry
             self._cache[ref] = entry
             self._used[ref] = self._clock()
@@ -495,114 +650,180 @@ class VectorIndex:
         only: str | None = None,
     ) -> None:
         """Replace the vectors of the ``replace`` memory ids (and of the items'), then
-        add ``items``. The vectors replaced are those of every space (a memory
-        written anew: what other spaces embedded is of its old value), or with
-        ``only`` those of that space (a repair in one space leaves the others be)."""
+        add ``items``, in one catalog transaction of its own. The vectors replaced
+        are those of every space (a memory written anew: what other spaces embedded
+        is of its old value), or with ``only`` those of that space (a repair in one
+        space leaves the others be)."""
+        staged = self.stage(ref, items, replace, only=only)
+        if staged is None:
+            return
+        with self._need_catalog().hot(write=True) as cur:
+            staged.run(cur)
+        staged.done()
+
+    def stage(
+        self,
+        ref: str,
+        items: Sequence[VectorItem],
+        replace: Iterable[str] = (),
+        *,
+        only: str | None = None,
+    ) -> StagedVectors | None:
+        """``upsert``'s statements for a caller's catalog transaction (a put's: its
+        rows, assets and vectors in one commit); the caller calls ``done`` once it
+        committed, and the decrypted cache takes the change then. None: nothing to
+        write. Sealing happens here, before the transaction."""
         replace = set(replace) | {it.memory_id for it in items}
         dims = _dims_by_space(items)
         if only is not None and any(space != only for space in dims):
             raise InvalidInput("vectors of another space than the one being replaced")
+        if only is not None and only != DEFAULT_SPACE and not only.isalnum():
+            raise InvalidInput("a space tag is alphanumeric")
+        if not items and not replace:
+            return None
+        self._settle(ref)
         with self._lock:
             entry = self._cache.get(ref)
             for space, width in dims.items():
                 # The space's width is fixed by its first vector; a cached space
-                # tells it without a read (the dataset would refuse to load).
+                # tells it without a read (a partition of mixed widths would refuse
+                # to load).
                 have = entry[space].dims if entry is not None and space in entry else None
                 if have is not None and have != width:
                     raise InvalidInput(
                         f"vectors of {width} dimensions in a space of {have} dimensions"
                     )
-            table = self._table(ref, create=bool(items))
-            if table is None:
-                return
-            rows = self._sealed_rows(ref, items) if items else None
-            with _lance_call(ref):
-                if replace and self._has_rows(table):
-                    table.delete(_in("memory_id", replace) + _space_filter(only))
-                if rows is not None:
-                    table.add(rows)
-            if entry is not None:
-                for space, cached in entry.items():
-                    if only is None or space == only:
-                        cached.remove(replace)
-                for space in dims:
-                    entry.setdefault(space, _empty()).add([it for it in items if it.space == space])
-            self._writes[ref] = self._writes.get(ref, 0) + 1
-            if self._writes[ref] >= self._compact_every:
-                self._compact(ref, table)
-                self._writes[ref] = 0
-
-    def _sealed_rows(self, ref: str, items: Sequence[VectorItem]) -> pa.Table:
-        return pa.table(
+        rows = [
             {
-                "vec_id": [it.vec_id for it in items],
-                "memory_id": [it.memory_id for it in items],
-                "scope": [it.scope for it in items],
-                "field": [it.field for it in items],
-                "updated_us": [it.updated_us for it in items],
-                "vec": [self._seal(ref, it) for it in items],
-            },
-            schema=VEC_SCHEMA,
-        )
+                "ref": ref,
+                "vec_id": it.vec_id,
+                "memory_id": it.memory_id,
+                "scope": it.scope,
+                "field": it.field,
+                "updated_us": it.updated_us,
+                "vec": self._seal(ref, it),
+            }
+            for it in items
+        ]
+        return StagedVectors(self, ref, items=list(items), replace=replace, only=only, rows=rows)
 
-    @staticmethod
-    def _has_rows(table: Any) -> bool:
-        return bool(table.count_rows())
+    def _statements_for(
+        self, ref: str, replace: set[str], only: str | None, rows: list[dict[str, Any]]
+    ) -> Callable[[Any], None]:
+        sql = self._sql
+        # A memory's vectors are the key range [<memory id>/, <memory id>0) of its
+        # subject ('0' follows '/'; memory ids are hex): an index seek, not a scan
+        # of the subject's rows.
+        ranges = [{"ref": ref, "lo": f"{m}/", "hi": f"{m}0"} for m in sorted(replace)]
+        if only is None:
+            delete = sql["delete_range"]
+        elif only == DEFAULT_SPACE:
+            delete = sql["delete_range_default"]
+            ranges = [{**r, "space": f"%{_SPACE_SEP}%"} for r in ranges]
+        else:
+            delete = sql["delete_range_space"]
+            ranges = [{**r, "space": f"%{_SPACE_SEP}{only}"} for r in ranges]
 
-    def _compact(self, ref: str, table: Any) -> None:
-        with warnings.catch_warnings(), _lance_call(ref):
-            # cleanup_older_than=0 warns about concurrent readers of old versions;
-            # keyshred holds the partition's lock while it writes.
-            warnings.simplefilter("ignore", UserWarning)
-            table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+        def run(cur: Any) -> None:
+            if ranges:
+                cur.executemany(delete, ranges)
+            if rows:
+                cur.executemany(sql["insert"], rows)
+            faults.reached("put.after_vectors")
+
+        return run
+
+    def _committed(
+        self, ref: str, items: Sequence[VectorItem], replace: set[str], only: str | None
+    ) -> None:
+        """A write committed: the cached entry (if any) takes it."""
+        dims = {it.space for it in items}
+        with self._lock:
+            self._wrote(ref)
+            entry = self._cache.get(ref)
+            if entry is None:
+                return
+            for space, cached in entry.items():
+                if only is None or space == only:
+                    cached.remove(replace)
+            for space in dims:
+                entry.setdefault(space, _empty()).add([it for it in items if it.space == space])
+
+    def _wrote(self, ref: str) -> None:
+        """Under ``_lock``: a write of ``ref`` committed (a load under way of it is
+        not cached)."""
+        if ref in self._loading:
+            self._written.add(ref)
 
     def delete(self, ref: str, memory_ids: Iterable[str]) -> int:
-        """Delete the vectors of these memories physically (old versions removed)."""
+        """Delete the vectors of these memories (no key needed: by memory id)."""
         ids = set(memory_ids)
         if not ids:
             return 0
+        self._settle(ref)
+        ranges = [{"ref": ref, "lo": f"{m}/", "hi": f"{m}0"} for m in sorted(ids)]
+        with self._need_catalog().hot(write=True) as cur:
+            removed = 0
+            for params in ranges:
+                cur.execute(self._sql["delete_range"], params)
+                removed += max(0, int(cur.rowcount))
         with self._lock:
-            table = self._table(ref, create=False)
-            if table is None:
-                return 0
-            with _lance_call(ref):
-                before = table.count_rows()
-                table.delete(_in("memory_id", ids))
-                removed = int(before - table.count_rows())
-            self._compact(ref, table)
+            self._wrote(ref)
             entry = self._cache.get(ref)
             for cached in (entry or {}).values():
                 cached.remove(ids)
-            return removed
+        return removed
 
     def delete_scope(self, ref: str, scope: str) -> int:
-        """Delete every vector of one scope physically."""
+        """Delete every vector of one scope (and scrub the catalog's WAL)."""
+        self._settle(ref)
+        catalog = self._need_catalog()
+        with catalog.hot(write=True) as cur:
+            cur.execute(self._sql["delete_scope"], {"ref": ref, "scope": scope})
+            removed = max(0, int(cur.rowcount))
         with self._lock:
-            table = self._table(ref, create=False)
-            if table is None:
-                return 0
-            with _lance_call(ref):
-                before = table.count_rows()
-                table.delete(_in("scope", {scope}))
-                removed = int(before - table.count_rows())
-            self._compact(ref, table)
+            self._wrote(ref)
             self._cache.pop(ref, None)
-            return removed
+        catalog.scrub()
+        return removed
 
     def drop(self, ref: str) -> bool:
-        """Remove the subject's whole dataset (erasure)."""
+        """``drop_rows``: whether there was anything to remove."""
+        return self.drop_rows(ref) > 0
+
+    def drop_rows(self, ref: str) -> int:
+        """Remove every vector of the subject (erasure): one DELETE by subject_ref,
+        then the catalog's scrub (on SQLite the WAL that held the deleted pages is
+        checkpointed and truncated; ``secure_delete`` zeroed them in the database),
+        and a legacy dataset if one is left."""
+        catalog = self._need_catalog()
         with self._lock:
             self._cache.pop(ref, None)
-            self._writes.pop(ref, None)
-            with _lance_call(ref):
-                if ref not in self._names():
-                    dropped = False
-                else:
-                    self._connect().drop_table(ref)
-                    dropped = True
-            if self._store is not None:
-                dropped = bool(self._store.delete_prefix(f"{ref}.lance")) or dropped
-            return dropped
+            self._wrote(ref)
+        with catalog.hot(write=True) as cur:
+            cur.execute(self._sql["drop"], {"ref": ref})
+            dropped = max(0, int(cur.rowcount))
+        catalog.scrub()
+        # No import first: the keys are destroyed, and the dataset goes as it is
+        # (counted as one: what it held was never counted).
+        if ref in self._legacy_refs():
+            with self._locks.hold(ref) if self._locks is not None else nullcontext():
+                dropped += 1 if self._remove_legacy(ref) else 0
+                self._forget_legacy(ref)
+        with self._lock:
+            self._cache.pop(ref, None)
+        return dropped
+
+    def remaining(self, ref: str, scope: str | None = None) -> int:
+        """How many vector rows the catalog holds for the subject (or one scope)."""
+        catalog = self._need_catalog()
+        with catalog.hot(write=False) as cur:
+            if scope is None:
+                cur.execute(self._sql["count"], {"ref": ref})
+            else:
+                cur.execute(self._sql["count_scope"], {"ref": ref, "scope": scope})
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
 
     # -- reads ---------------------------------------------------------------------
 
@@ -708,14 +929,14 @@ class VectorIndex:
     phase: Phase = DROP
 
     def erase(self, target: ErasureTarget) -> StoreErasure:
-        """The subject's dataset, or one scope's vectors; listed memories' vectors
-        went with them (``MemoryStore.erase``)."""
+        """The subject's vector rows, or one scope's; listed memories' vectors went
+        with them (``MemoryStore.erase``)."""
         now = datetime.now(UTC)
         if target.assets is not None:
             return StoreErasure(self.name, "deleted-with-their-memories", 0, now)
         with self._freeze.shared() if self._freeze is not None else nullcontext():
             if target.scope is None:
-                n, action = (1 if self.drop(target.subject_ref) else 0), "dataset-dropped"
+                n, action = self.drop_rows(target.subject_ref), "partition-dropped"
             else:
                 n, action = self.delete_scope(target.subject_ref, target.scope), "scope-deleted"
         faults.reached("erase.vectors")
@@ -724,14 +945,20 @@ class VectorIndex:
     def verify(self, target: ErasureTarget) -> list[StoreCheck]:
         if not target.whole_subject:
             return []  # scope vectors: counted by the catalog's asset check
+        ref = target.subject_ref
+        rows = self.remaining(ref)
+        checks = [StoreCheck("vector rows removed", rows == 0, f"{rows} rows left")]
         if self._store is not None:
-            # The object store's own listing (every version), not LanceDB's view.
-            left = self._store.versions(f"{target.subject_ref}.lance")
+            # A legacy dataset's objects: the object store's own listing (every
+            # version), not LanceDB's view.
+            left = self._store.versions(f"{ref}.lance")
             detail = f"{len(left)} objects left (listed {self._store.url})"
-            return [StoreCheck("vector partition removed", not left, detail)]
-        gone = not self.exists(target.subject_ref)
-        detail = "dataset absent" if gone else "still there"
-        return [StoreCheck("vector partition removed", gone, detail)]
+            checks.append(StoreCheck("legacy vector dataset removed", not left, detail))
+        elif self._uri and "://" not in self._uri:
+            gone = not (Path(self._uri) / f"{ref}.lance").exists()
+            detail = "absent" if gone else "still there"
+            checks.append(StoreCheck("legacy vector dataset removed", gone, detail))
+        return checks
 
     # ``evict`` (above) forgets the decrypted vectors: the Erasable ``evict``.
 
@@ -778,23 +1005,94 @@ def _dims_by_space(items: Sequence[VectorItem]) -> dict[str, int]:
     return dims
 
 
-def _space_filter(only: str | None) -> str:
-    """The LanceDB predicate that keeps a delete inside one space (tags are hex)."""
-    if only is None:
-        return ""
-    if only == DEFAULT_SPACE:
-        return f" AND vec_id NOT LIKE '%{_SPACE_SEP}%'"
-    if not only.isalnum():
-        raise InvalidInput("a space tag is alphanumeric")
-    return f" AND vec_id LIKE '%{_SPACE_SEP}{only}'"
-
-
 def _unreadable(ref: str, exc: BaseException) -> IntegrityError:
     # The backend's message names files and offsets only, but it is not repeated:
     # IntegrityError is deliberately opaque.
     return IntegrityError(f"vector partition {ref} failed to read ({type(exc).__name__})")
 
 
-def _in(column: str, values: Iterable[str]) -> str:
-    quoted = ",".join("'" + v.replace("'", "''") + "'" for v in sorted(values))
-    return f"{column} IN ({quoted})"
+def _p(name: str) -> Any:
+    return sa.bindparam(name)
+
+
+def _statements(catalog: Catalog) -> dict[str, Any]:
+    """The index's statements on ``ks_mem_vectors`` (compiled once per catalog)."""
+    t = memory_vectors.c
+    in_range = sa.and_(t.subject_ref == _p("ref"), t.vec_id >= _p("lo"), t.vec_id < _p("hi"))
+    return {
+        "any": sa.select(sa.exists().where(t.subject_ref == _p("ref"))),
+        "count": sa.select(sa.func.count()).where(t.subject_ref == _p("ref")),
+        "count_scope": sa.select(sa.func.count()).where(
+            t.subject_ref == _p("ref"), t.scope == _p("scope")
+        ),
+        "load": sa.select(t.vec_id, t.memory_id, t.scope, t.field, t.updated_us, t.vec).where(
+            t.subject_ref == _p("ref")
+        ),
+        "insert": memory_vectors.insert().values(
+            subject_ref=_p("ref"),
+            vec_id=_p("vec_id"),
+            memory_id=_p("memory_id"),
+            scope=_p("scope"),
+            field=_p("field"),
+            updated_us=_p("updated_us"),
+            vec=_p("vec"),
+        ),
+        # A legacy import: rows already there (an import that died before it
+        # removed the dataset) stay as they are.
+        "import": catalog.insert_ignore(memory_vectors).values(
+            subject_ref=_p("ref"),
+            vec_id=_p("vec_id"),
+            memory_id=_p("memory_id"),
+            scope=_p("scope"),
+            field=_p("field"),
+            updated_us=_p("updated_us"),
+            vec=_p("vec"),
+        ),
+        "delete_range": memory_vectors.delete().where(in_range),
+        "delete_range_default": memory_vectors.delete().where(
+            in_range, t.vec_id.not_like(_p("space"))
+        ),
+        "delete_range_space": memory_vectors.delete().where(in_range, t.vec_id.like(_p("space"))),
+        "delete_scope": memory_vectors.delete().where(
+            t.subject_ref == _p("ref"), t.scope == _p("scope")
+        ),
+        "drop": memory_vectors.delete().where(t.subject_ref == _p("ref")),
+    }
+
+
+def _write_order(row: Sequence[Any]) -> tuple[int, str, int, str]:
+    """Rows as they were written: by version, memory, field number (numerically:
+    field 10 after field 9), space."""
+    base, _, space = str(row[0]).partition(_SPACE_SEP)
+    _, _, n = base.rpartition("/")
+    return int(row[4]), str(row[1]), int(n) if n.isdigit() else -1, space
+
+
+class StagedVectors:
+    """A vector write for a caller's catalog transaction (``VectorIndex.stage``):
+    ``run`` its statements on the transaction's cursor, ``done`` once it committed."""
+
+    __slots__ = ("_index", "_items", "_only", "_ref", "_replace", "run")
+
+    def __init__(
+        self,
+        index: VectorIndex,
+        ref: str,
+        *,
+        items: list[VectorItem],
+        replace: set[str],
+        only: str | None,
+        rows: list[dict[str, Any]],
+    ) -> None:
+        self._index = index
+        self._ref = ref
+        self._items = items
+        self._replace = replace
+        self._only = only
+        self.run: Callable[[Any], None] = index._statements_for(ref, replace, only, rows)
+
+    def done(self) -> None:
+        self._index._committed(self._ref, self._items, self._replace, self._only)
+
+    def __repr__(self) -> str:
+        return f"StagedVectors(ref={self._ref!r}, vectors={len(self._items)})"
