@@ -161,9 +161,12 @@ class BackupManager(Maintenance, Restore):
     # -- create --------------------------------------------------------------------
 
     def _capture(self, staging: Path) -> list[tuple[Path, str, str]]:
-        """Link or copy every vector dataset file into ``staging`` (writers are
-        frozen). Returns (staged path, relative path, subject_ref). Memory segments
-        are not here: the catalog snapshot lists them (``_copy_segments``)."""
+        """Link or copy every file of a legacy vector dataset (the layout before
+        revision 0013, not yet imported) into ``staging`` (writers are frozen).
+        Returns (staged path, relative path, subject_ref). Vectors are otherwise
+        rows of the catalog and travel in its snapshot, like memory hot rows; memory
+        segments are not here either: the catalog snapshot lists them
+        (``_copy_segments``)."""
         out: list[tuple[Path, str, str]] = []
         vec = self._vector_root()
         if vec is None or not vec.exists():

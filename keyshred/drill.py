@@ -350,8 +350,8 @@ def _drill(
     def partitions_gone() -> str:
         part = ks.memories.partition_path(report.erased_subject_ref)
         _require(not part.exists() or not any(part.rglob("*.*")), "memory partition left")
-        _require(not ks.vectors.exists(report.erased_subject_ref), "vector dataset left")
-        return "Parquet partition and LanceDB dataset removed"
+        _require(not ks.vectors.exists(report.erased_subject_ref), "vector rows left")
+        return "Parquet partition and the catalog's vector rows removed"
 
     def catalog_clean() -> str:
         n = ks.catalog.count(report.erased_subject_ref)

@@ -513,8 +513,9 @@ class _Run:
             for r in (ref, ref2):
                 n = ks.catalog.count(r)
                 _require(n == 0, f"{n} assets of an erased subject left")
+                _require(not ks.vectors.exists(r), "vector rows of an erased subject left")
                 _require(not ks.catalog.mentioning(r), "mentions left")
-            return "no asset or mention of the erased subjects"
+            return "no asset, vector row or mention of the erased subjects"
 
         def reads_refused() -> str:
             for subject in (victim, second):

@@ -14,8 +14,9 @@ strings (a phone number, an e-mail, a name) in two layers:
 2. **decrypted**: everything the *live* keyring can still open, decoded with the
    stores' own readers (``keyshred.storage.partition`` for Parquet segments and
    the catalog's hot rows, each record on its own, rows sealed under owner-set keys
-   opened as the partition opens them; ``keyshred.storage.vectors`` for LanceDB
-   datasets, every version), the catalog's sealed columns (memory hot rows, tokens,
+   opened as the partition opens them; ``keyshred.storage.vectors`` for the
+   catalog's vector rows and for LanceDB datasets of the layout before revision
+   0013, every version), the catalog's sealed columns (memory hot rows, vectors, tokens,
    threads, checkpoints and their writes, in any SQLite catalog found under the
    folders and in the live catalog when the data folder is scanned), the vault's
    token journals, and backup
@@ -102,7 +103,13 @@ from keyshred.storage.objects import ObjectStore
 from keyshred.storage.partition import MemoryRow, Partition, decode_record, hot_place
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.s3 import split_s3_uri
-from keyshred.storage.schema import checkpoint_writes, checkpoints, memory_hot, threads
+from keyshred.storage.schema import (
+    checkpoint_writes,
+    checkpoints,
+    memory_hot,
+    memory_vectors,
+    threads,
+)
 from keyshred.storage.sealer import KeyringSealer
 from keyshred.storage.subject_lock import SubjectLocks
 from keyshred.storage.vectors import VEC_SCHEMA, VectorIndex
@@ -816,6 +823,14 @@ class _Scanner:
             for vec, vec_id, scope, memory_id, fld in zip(*cols, strict=True):
                 if vec is not None and vec not in seen:
                     seen[vec] = (vec_id, scope, memory_id, fld)
+        self._sealed_vectors(root, label, ref, seen)
+
+    def _sealed_vectors(
+        self, root: _Root, label: str, ref: str, seen: dict[bytes, tuple[str, str, str, str]]
+    ) -> None:
+        """One subject's sealed vectors (a legacy dataset's, or the catalog's rows):
+        plaintext columns searched, each key's vectors decrypted by the store's
+        reader."""
         plain_meta = b"\x00".join(
             "\x00".join(map(str, meta)).encode("utf-8") for meta in seen.values()
         )
@@ -950,6 +965,14 @@ class _Scanner:
             query = sa.select(h.subject_ref, h.seq, h.scope, h.record)
             for row in conn.execute(query):
                 self._hot_record(root, label, row)
+        if memory_vectors.name in names:
+            v = memory_vectors.c
+            query = sa.select(v.subject_ref, v.vec, v.vec_id, v.scope, v.memory_id, v.field)
+            by_ref: dict[str, dict[bytes, tuple[str, str, str, str]]] = defaultdict(dict)
+            for ref, vec, vec_id, scope, memory_id, fld in conn.execute(query):
+                by_ref[ref].setdefault(bytes(vec), (vec_id, scope, memory_id, fld))
+            for ref, seen in by_ref.items():
+                self._sealed_vectors(root, label, ref, seen)
         if checkpoint_writes.name in names:
             w = checkpoint_writes.c
             query = sa.select(

@@ -360,7 +360,12 @@ class VectorIndex:
         ciphertext moves as it is: its associated data names no file."""
         if ref not in self._legacy_refs():
             return
-        with self._locks.hold(ref) if self._locks is not None else nullcontext():
+        with (
+            self._locks.hold(ref) if self._locks is not None else nullcontext(),
+            # Shared like every partition write: a backup never copies half of
+            # the dataset being removed.
+            self._freeze.shared() if self._freeze is not None else nullcontext(),
+        ):
             if not self._legacy_left(ref):
                 self._forget_legacy(ref)
                 return
