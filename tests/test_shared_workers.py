@@ -89,7 +89,13 @@ class Shared:
                         ).scalar()
                         or 0
                     )
-                    for table in ("ks_assets", "ks_mem_partitions", "ks_mem_hot", "ks_mem_segments")
+                    for table in (
+                        "ks_assets",
+                        "ks_mem_partitions",
+                        "ks_mem_hot",
+                        "ks_mem_segments",
+                        "ks_mem_vectors",
+                    )
                 }
         finally:
             engine.dispose()
@@ -251,7 +257,7 @@ def test_an_erasure_from_a_third_worker_leaves_nothing_in_the_bucket_or_the_cata
     (dana,) = gone
     assert shared.versions(f"vectors/{dana}.lance/") == []
     assert shared.catalog_rows(dana) == dict.fromkeys(
-        ("ks_assets", "ks_mem_partitions", "ks_mem_hot", "ks_mem_segments"), 0
+        ("ks_assets", "ks_mem_partitions", "ks_mem_hot", "ks_mem_segments", "ks_mem_vectors"), 0
     )
     for worker in (1, 2):
         assert shared.read(worker, "refuses", "dana") == "refused"

@@ -24,7 +24,7 @@ from keyshred.errors import InvalidInput
 from keyshred.integrations.langgraph import AsyncKeyshredStore, KeyshredStore
 from keyshred.storage.vectors import space_of, space_tag
 from tests.storage.conftest import make_config
-from tests.storage.test_vectors import bag_of_words
+from tests.storage.test_vectors import bag_of_words, vector_rows
 
 DIMS = 16
 
@@ -179,8 +179,8 @@ def test_same_rankings_as_inmemorystore(ks: Keyshred, form: str) -> None:
     ref = ks.subject_ref("alice")
     tag = space_tag(ours._index.space, DIMS)  # type: ignore[union-attr,arg-type]
     assert ks.vectors.spaces(ref) == {tag}
-    rows = ks.vectors._table(ref, create=False).to_arrow().to_pylist()
-    assert {space_of(r["vec_id"]) for r in rows} == {tag}
+    rows = vector_rows(ks, ref)
+    assert rows and {space_of(r["vec_id"]) for r in rows} == {tag}
 
 
 def test_async_twin_same_rankings(ks: Keyshred) -> None:

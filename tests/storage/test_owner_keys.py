@@ -7,6 +7,7 @@ write path (update, correct, flush, restore, export)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -196,18 +197,20 @@ def test_the_pre_erasure_backup_yields_nothing_of_the_victim_to_the_live_keyring
         assert _found(probe, plain) == 0, subject
         assert erased >= 1, subject  # the shared-key rows: SubjectErased
         assert len([v for v in plain if probe.encode() not in v]) >= own  # bob's own
-    # bob's vectors: the summary's under the destroyed shared key, bob's own live.
-    import lancedb
+    # bob's vectors (rows of the generation's catalog snapshot): the summary's under
+    # the destroyed shared key, bob's own live.
+    import sqlite3
 
     bob = ks.subject_ref("bob")
-    table = lancedb.connect(str(copy / "vectors")).open_table(bob).to_arrow()
+    snapshot = copy / "catalog.db"
+    target.get_file(ks.backup.manifest(gen.generation).catalog.object, snapshot)
+    with contextlib.closing(sqlite3.connect(snapshot)) as db:
+        rows = db.execute(
+            "SELECT vec_id, scope, vec FROM ks_mem_vectors WHERE subject_ref = ? ORDER BY vec_id",
+            (bob,),
+        ).fetchall()
     dead, live = [], []
-    for vec_id, scope, vec in zip(
-        table.column("vec_id").to_pylist(),
-        table.column("scope").to_pylist(),
-        table.column("vec").to_pylist(),
-        strict=True,
-    ):
+    for vec_id, scope, vec in rows:
         try:
             ks.keyring.open(vec, Place(bob, scope, "vectors", vec_id, "embedding"))
             live.append(vec_id)

@@ -1,6 +1,7 @@
-"""Embedding spaces on S3 (moto's server over HTTP): a subject's vectors of two
-spaces and two widths live in its one dataset on the bucket, and its erasure leaves
-no object version of either (the verification lists the bucket)."""
+"""Embedding spaces on the shared layout (partitions on moto's S3 over HTTP): a
+subject's vectors of two spaces and two widths are rows of the catalog, never
+objects of the bucket, and its erasure leaves no row of either and no object under
+the vectors prefix (the verification lists the bucket)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from keyshred.storage.erasable import ErasureTarget
 from keyshred.storage.vectors import space_tag
 from tests.servers import Server
 from tests.storage.test_s3_partitions import bucket, ks, versions  # noqa: F401 - fixtures
-from tests.storage.test_vectors import hashed
+from tests.storage.test_vectors import hashed, vector_rows
 
 NS = ("notes",)
 
@@ -33,10 +34,12 @@ def test_two_spaces_on_the_bucket_are_erased_together(
     assert ks.vectors.count(ref) == 6
     hits = ks.memories.search("carol", (), query="other 1", embedder=other, limit=1)
     assert [h.key for h in hits] == ["o1"]
-    assert versions(moto, bucket, f"vectors/{ref}.lance")
+    assert len(vector_rows(ks, ref)) == 6
+    assert versions(moto, bucket, "vectors/") == []  # no object per subject
     req = ks.erase("carol", requested_by="dpo", reason="gdpr-art17")
     assert req.state == "completed", req.error
     assert versions(moto, bucket, f"vectors/{ref}.lance") == []
+    assert vector_rows(ks, ref) == []
     checks = ks.vectors.verify(ErasureTarget(ref))
     assert checks and all(c.passed for c in checks)
     kept = ks.memories.search("dave", (), query="other", embedder=other, limit=1)
