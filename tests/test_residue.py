@@ -331,16 +331,21 @@ def test_a_token_journal_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> No
         journal.close()
 
 
-def test_every_vector_version_is_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> None:
-    """A re-embedded memory leaves its old vector in an older LanceDB version until
-    compaction: the scan decrypts every version, not only the latest."""
+def test_the_catalogs_vector_rows_are_decrypted(sqlite_ks: Keyshred, tmp_path: Path) -> None:
+    """Vectors are rows of the catalog: the scan decrypts them there (a re-embedded
+    memory's row was replaced in place, so only the live vector is left), and a
+    probe's float bytes are searched in what they decrypt to."""
     ks = sqlite_ks
     ks.memories.put("fay", NS, "k", {"text": "fay rows kayaks"}, index=["text"])
     ks.memories.put("fay", NS, "k", {"text": "fay climbs rocks"}, index=["text"])
-    assert ks.vectors.count(ks.subject_ref("fay")) == 1  # the live version holds one
-    report = ks.erasure.residue_scan(["nothing-here"], [tmp_path / "data" / "vectors"])
-    assert report.decrypted == {"vector": 2}
+    assert ks.vectors.count(ks.subject_ref("fay")) == 1
+    assert not (tmp_path / "data" / "vectors").exists()
+    report = ks.erasure.residue_scan(["nothing-here"], [tmp_path / "data"])
+    assert report.decrypted.get("vector") == 1, report.as_dict()
     assert report.hits == []
+    assert ks.erase("fay", requested_by="dpo", reason="art17").state == "completed"
+    after = ks.erasure.residue_scan(["nothing-here"], [tmp_path / "data"])
+    assert "vector" not in after.decrypted and after.hits == []
 
 
 def test_a_mention_is_unreadable_in_every_copy_after_erasure(
