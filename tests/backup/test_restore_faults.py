@@ -42,6 +42,7 @@ def _setup(data: Path, victims: list[str], probe: str) -> tuple[str, list[bytes]
         ks.vault.sanitize(f"mail {probe}@example.org", victims[0], "support", timedelta(days=1))
         refs = [ks.subject_ref(s) for s in (*victims, "bob")]
         wrapped = {r.key_id: r.wrapped for ref in refs for r in ks.keyring.store.for_subject(ref)}
+        ks.memories.flush()  # segments: objects of the generation (a restore copies them)
         gen = ks.backup.create().generation
         for victim in victims:
             req = ks.erase(victim, requested_by="dpo", reason="art17", probes=[probe])
