@@ -969,8 +969,10 @@ class _Scanner:
             v = memory_vectors.c
             query = sa.select(v.subject_ref, v.vec, v.vec_id, v.scope, v.memory_id, v.field)
             by_ref: dict[str, dict[bytes, tuple[str, str, str, str]]] = defaultdict(dict)
-            for ref, vec, vec_id, scope, memory_id, fld in conn.execute(query):
-                by_ref[ref].setdefault(bytes(vec), (vec_id, scope, memory_id, fld))
+            for row in conn.execute(query):
+                by_ref[str(row[0])].setdefault(
+                    bytes(row[1]), (str(row[2]), str(row[3]), str(row[4]), str(row[5]))
+                )
             for ref, seen in by_ref.items():
                 self._sealed_vectors(root, label, ref, seen)
         if checkpoint_writes.name in names:

@@ -96,7 +96,9 @@ def test_segments_are_objects_in_the_bucket_and_nothing_local(
     assert got is not None and got.value == {"text": "alice likes kayaks 3"}
     hits = ks.memories.search("alice", query="kayaks", limit=3)
     assert len(hits) == 3
-    assert [k for k, _ in versions(moto, bucket, "vectors/")]  # LanceDB on the bucket
+    # Vectors are rows of the catalog: no object on the bucket, none on the disk.
+    assert not [k for k, _ in versions(moto, bucket, "vectors/")]
+    assert not (tmp_path / "data" / "vectors").exists()
 
 
 def test_a_new_process_reads_everything_from_the_bucket_and_the_catalog(
