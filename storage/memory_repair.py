@@ -92,7 +92,8 @@ class RepairMixin(EraseMixin):
         at once (before moving ``storage.uri`` to S3, say, or to find a tampered
         folder today rather than at its subject's next read). Returns the
         subject_refs imported and those left to their erasure in progress (its drop
-        removes their folders unread)."""
+        removes their folders unread). Vector datasets of the layout before revision
+        0013 are imported (or, for an erased subject, removed) here too."""
         done, left = [], []
         root = self._root
         names = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
@@ -110,7 +111,23 @@ class RepairMixin(EraseMixin):
             with part.flocked():  # the load under the lock imports (or removes) it
                 pass
             done.append(ref)
-        return done, left
+        # Vectors kept as one LanceDB dataset per subject (before revision 0013): an
+        # active subject's are imported into the catalog, an erased one's removed
+        # unread (its keys are destroyed), one under erasure left to its drop.
+        vectors = self._vectors
+        for ref in vectors.legacy_refs() if vectors is not None else []:
+            assert vectors is not None  # noqa: S101 - listed by it
+            status = self._catalog.guard(ref).status
+            if status == ACTIVE:
+                vectors.settle(ref)
+            elif status == ERASED:
+                vectors.drop(ref)
+            elif ref not in left:
+                left.append(ref)
+                continue
+            if ref not in done:
+                done.append(ref)
+        return sorted(done), left
 
     def partition_refs(self) -> list[str]:
         """Every subject_ref whose partition the catalog or the partition store

@@ -396,6 +396,15 @@ class VectorIndex:
             self._remove_legacy(ref)
             self._forget_legacy(ref)
 
+    def legacy_refs(self) -> list[str]:
+        """The subjects that still have a dataset of the layout before revision
+        0013 (``keyshred migrate`` imports them at once)."""
+        return sorted(self._legacy_refs())
+
+    def settle(self, ref: str) -> None:
+        """Import the subject's legacy dataset now (``_settle``), if it has one."""
+        self._settle(ref)
+
     def _forget_legacy(self, ref: str) -> None:
         with self._lock:
             if self._legacy is not None:

@@ -158,3 +158,14 @@ def test_a_tampered_dataset_raises_integrity_error_and_stays(tmp_path: Path) -> 
             ks.memories.search("carol", NS, query="violin")
         assert "lance error" not in str(info.value).lower()
         assert carol in datasets(data) and rows_of(ks, carol) == []
+
+
+def test_keyshred_migrate_imports_every_dataset_at_once(tmp_path: Path) -> None:
+    data = unpack(tmp_path)
+    with Keyshred.open(data, embeddings=MK.embed) as ks:
+        refs = sorted(ks.subject_ref(s) for s in MK.SUBJECTS)
+        done, left = ks.memories.import_legacy()
+        assert done == refs and left == []
+        assert datasets(data) == set()
+        assert all(rows_of(ks, ref) for ref in refs)
+        assert ks.memories.import_legacy() == ([], [])
