@@ -597,16 +597,14 @@ class VectorIndex:
             finally:
                 if enabled:
                     gc.enable()
-        finally:
+        except BaseException:
             with self._lock:
-                written = ref in self._written
-                left = self._loading[ref] - 1
-                if left:
-                    self._loading[ref] = left
-                else:
-                    del self._loading[ref]
-                    self._written.discard(ref)
+                self._loaded(ref)
+            raise
         with self._lock:
+            # One hold of the lock from the check to the cache: a write committed
+            # after it finds the entry cached and updates it (``_committed``).
+            written = self._loaded(ref)
             if since != self._evictions or written:
                 return entry
             self._cache[ref] = entry
@@ -616,6 +614,18 @@ class VectorIndex:
                 _, old = self._cache.popitem(last=False)
                 total -= _size(old)
         return entry
+
+    def _loaded(self, ref: str) -> bool:
+        """Under ``_lock``: a load of ``ref`` ended; whether a write of it committed
+        while it ran."""
+        written = ref in self._written
+        left = self._loading[ref] - 1
+        if left:
+            self._loading[ref] = left
+        else:
+            del self._loading[ref]
+            self._written.discard(ref)
+        return written
 
     def evict(self, ref: str | None = None) -> None:
         """Forget decrypted vectors (one subject, or all)."""
@@ -814,16 +824,18 @@ class VectorIndex:
         with self._lock:
             self._cache.pop(ref, None)
             self._wrote(ref)
-        with catalog.hot(write=True) as cur:
-            cur.execute(self._sql["drop"], {"ref": ref})
-            dropped = max(0, int(cur.rowcount))
-        catalog.scrub()
-        # No import first: the keys are destroyed, and the dataset goes as it is
-        # (counted as one: what it held was never counted).
+        dropped = 0
+        # A legacy dataset first, unread (the keys are destroyed; counted as one:
+        # what it held was never counted), under the subject lock: an import under
+        # way elsewhere has committed its rows before this goes on to delete them.
         if ref in self._legacy_refs():
             with self._locks.hold(ref) if self._locks is not None else nullcontext():
                 dropped += 1 if self._remove_legacy(ref) else 0
                 self._forget_legacy(ref)
+        with catalog.hot(write=True) as cur:
+            cur.execute(self._sql["drop"], {"ref": ref})
+            dropped += max(0, int(cur.rowcount))
+        catalog.scrub()
         with self._lock:
             self._cache.pop(ref, None)
         return dropped
