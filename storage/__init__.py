@@ -8,7 +8,8 @@
   per-subject ``partition``s: PME-encrypted Parquet segments and sealed
   hot rows in the catalog (``hot``), segment objects (``objects``), subject locks
   (``subject_lock``), the row format (``rowcodec``);
-- ``vectors``: sealed vectors in per-subject LanceDB datasets; ``checkpoints``: the
+- ``vectors``: sealed vectors as rows of the catalog (``ks_mem_vectors``; LanceDB
+  datasets of the layout before revision 0013 are imported); ``checkpoints``: the
   LangGraph thread engine; ``mentions``: registered identifiers and detected mentions;
 - ``pme``: Parquet Modular Encryption with the keyring as its KMS;
 - ``erasable``: ``Erasable``, the interface every store holding personal data

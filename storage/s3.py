@@ -155,7 +155,8 @@ def s3_storage_options(
     endpoint_url: str | None, region: str | None, addressing_style: str
 ) -> dict[str, str]:
     """LanceDB's ``storage_options`` for the same S3 service (its object_store
-    reads credentials from the same AWS chain)."""
+    reads credentials from the same AWS chain): only to import vector datasets of
+    the layout before revision 0013 from an ``s3://`` ``vectors.uri``."""
     options: dict[str, str] = {}
     if endpoint_url:
         options["aws_endpoint"] = endpoint_url
