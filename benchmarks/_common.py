@@ -138,10 +138,11 @@ def interleaved(children: dict[str, Child], commands: Iterable[str]) -> dict[str
 
 def serve(handlers: dict[str, Any], header: dict[str, Any]) -> None:
     """The child's loop: print ``header``, then answer ``cmd args...`` lines with
-    ``handlers[cmd](*args)`` as one JSON line each, until ``end``."""
+    ``handlers[cmd](*args)`` as one JSON line each, until ``end`` (answered ``{}``)."""
     print(json.dumps(header), flush=True)
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "end":
+            print("{}", flush=True)
             break
         print(json.dumps(handlers[cmd](*rest)), flush=True)
