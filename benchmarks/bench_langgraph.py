@@ -199,7 +199,7 @@ class KeyshredSide(Side):
 
 
 class SqliteSide(Side):
-    name = "SqliteSaver/SqliteStore WAL+FULL"
+    name = "SqliteSaver+Store WAL+FULL"
 
     def __init__(self, root: Path) -> None:
         super().__init__()
@@ -451,7 +451,7 @@ def compare(names: list[str], n: int, rounds: int, store: bool) -> None:
     took = time.perf_counter() - started
     print(f"\n{n} threads/users; medians of {rounds} interleaved rounds ({took:.0f} s)")
     print(
-        f"{'operation':42} {label[ours][:22]:>22} {label[theirs][:22]:>22} "
+        f"{'operation':42} {label[ours][:26]:>26} {label[theirs][:26]:>26} "
         f"{'ratio':>6} {'rounds':>11}"
     )
     for metric, value in a.items():
@@ -460,7 +460,7 @@ def compare(names: list[str], n: int, rounds: int, store: bool) -> None:
         ]
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
         print(
-            f"{metric:42} {value:22,.0f} {b[metric]:22,.0f} {value / b[metric]:6.2f} {spread:>11}"
+            f"{metric:42} {value:26,.0f} {b[metric]:26,.0f} {value / b[metric]:6.2f} {spread:>11}"
         )
     print(f"  (ratio: {label[ours]} / {label[theirs]} throughput; rounds: each round's ratio)")
 
