@@ -13,7 +13,7 @@ On PostgreSQL both sides commit every write with the server's defaults
 its own process's and not counted.
 
 Workload, per side, in a process of its own (``_common.Child``): ``--threads`` threads
-(default 3,000), each of its own subject ``user-<t>``, with 5 checkpoints (a growing
+(default 3,500), each of its own subject ``user-<t>``, with 5 checkpoints (a growing
 list of 20 ~60-byte messages, two pending writes per step), the first ``HOT`` (20)
 with 100; ``--threads`` users with 10 store items each (``("users", id, "notes")``).
 Then ``--rounds`` rounds; in each, every operation runs once per side, the sides'
@@ -22,7 +22,7 @@ rounds' rates. Every operation runs twice:
 
 - **hot**: on the 20 hot threads/users (warmed: within every cache of keyshred's);
 - **spread**: on random threads/users of all of them: beyond the 256 open partitions
-  (``storage.max_open_partitions``) and, at the default 3,000 subjects of 3 keys each
+  (``storage.max_open_partitions``) and, at the default 3,500 subjects of 3 keys each
   (an index key, a scope key, a thread key), beyond the keyring's 10,000-key cache
   (``keyring.cache_max_entries``).
 
@@ -31,7 +31,7 @@ thread's latest checkpoint and of a specific one, ``list`` of a thread's checkpo
 (up to 100: hot threads have 100+, the others 5+), store put (a new key), store get,
 store search (the user's prefix with a ``$gte`` filter, limit 10).
 
-Run: ``.venv/bin/python benchmarks/bench_langgraph.py [--threads 3000] [--rounds 5]
+Run: ``.venv/bin/python benchmarks/bench_langgraph.py [--threads 3500] [--rounds 5]
 [--fsyncs] [--no-postgres]``.
 """
 
@@ -467,7 +467,7 @@ def compare(names: list[str], n: int, rounds: int, store: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=3000, help="threads (and users)")
+    parser.add_argument("--threads", type=int, default=3500, help="threads (and users)")
     parser.add_argument("--pg-threads", type=int, default=300, help="threads on PostgreSQL")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fsyncs", action="store_true", help="only count fsyncs per op")
