@@ -2,26 +2,25 @@
 engine unencrypted and LangGraph's SqliteStore, and the shared profile across worker
 processes, each on one workload in one run with ratios printed.
 
-**Embedded** (SQLite catalog, segments in a folder). 100 subjects x 100 memories
-(~150-byte JSON values) written one put at a time, then again in batches (one
-``put_many`` per subject; LangGraph: one ``batch`` of PutOps per namespace), warm gets
-of every memory, and a subject with 10,000 memories for search (namespace prefix,
-newest 10) and cold open (the store reopened, first search). A put is one catalog
-transaction: its sealed hot rows and its assets, one commit; compaction folds hot rows
-into a PME-encrypted Parquet segment every ``storage.flush_records`` rows. Engines,
-each in a fresh process, alternating order:
+**Embedded** (SQLite catalog, segments in a folder; issue #25 item 5's method).
+Three engines, each in a process of its own driven line by line
+(``benchmarks/_common.py``), at the same durability, read back from SQLite and printed:
 
 - keyshred, ``storage.durability = "fsync"`` (the default): WAL, ``synchronous=FULL``,
   one fsync'd commit per put;
 - the same engine with its sealing and PME replaced by plaintext (benchmark-only);
-- keyshred with ``durability = "flush"`` (WAL, ``synchronous=NORMAL``: no fsync at
-  commit; survives a killed process, not a power cut);
-- LangGraph ``SqliteStore`` as shipped (SQLite's rollback journal, ``synchronous=FULL``:
-  several fsyncs per commit);
-- ``SqliteStore`` with WAL and ``synchronous=FULL``: exactly keyshred's default
-  durability, the fair comparison.
+- LangGraph ``SqliteStore`` set to WAL and ``synchronous=FULL``.
 
-The durability each side really ran with is read back from SQLite and printed.
+``--fsyncs`` counts each engine's fsync/fdatasync calls per operation with strace.
+Load: ``--subjects`` subjects (5,500) x 10 memories, one batch each, in 6 chunks
+interleaved between the engines, and one subject with 10,000 memories. Then
+``--rounds`` (5) rounds; in each, every operation runs once per engine, the engines'
+order reversed from one operation to the next; figures are medians of the rounds.
+Operations, each **hot** (the first 20 subjects, warmed: within every cache) and
+**spread** (random subjects of all: beyond the 256 open partitions and, at 2 keys per
+subject, beyond the keyring's 10,000-key cache): single puts of new keys, batched puts
+(100 per call), gets, searches (namespace prefix, newest 10); and searches of the
+10,000-memory subject, a cold open (the store reopened, its first search).
 
 **Shared** (``--shared``; PostgreSQL on 127.0.0.1:5432 database ``test``, moto's S3
 server over HTTP, a shared local key file or OpenBao's Transit as the KEK; the
@@ -41,7 +40,8 @@ own data folder.
   with the same options, from the same bucket.
 
 Run: ``.venv/bin/python benchmarks/bench_memories.py`` (both profiles, full size) or
-with ``--quick`` (a smaller workload, one round: a few minutes); ``--embedded`` or
+with ``--quick`` (a smaller workload, one round: a few minutes); ``--embedded
+[--fsyncs] [--subjects N] [--rounds R]`` or
 ``--shared`` for one profile; ``--kek openbao`` for Transit; ``--profile`` writes
 cProfile output of the measured sections to stderr files it names.
 """
