@@ -5,7 +5,7 @@ of interleaved rounds.
 Every side runs in a process of its own (``_common.Child``) and holds the same data:
 
 - ``--others`` other subjects (sizes, default ``100,500``: within and beyond the 256
-  open partitions), 20 memories each (~120-byte text, indexed: a 384-d vector each),
+  open partitions), 20 memories each (~75-byte text, indexed: a 384-d vector each),
   one in five of them with one memory that mentions a victim;
 - ``--rounds`` victims (default 5), ``--victim`` memories each (default 2,000, indexed),
   whose text carries a probe string unique to the victim;
