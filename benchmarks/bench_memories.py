@@ -1063,13 +1063,13 @@ def shared_main(args: argparse.Namespace, size: dict[str, int]) -> None:
                         flush=True,
                     )
             print(
-                f"\n  {'workers':<8}{'puts/s best [median]':>26}{'gets/s best [median]':>26}"
+                f"\n  {'workers':<8}{'puts/s median [best]':>26}{'gets/s median [best]':>26}"
                 f"{'puts/s per worker':>20}{'gets/s per worker':>20}"
             )
             for n in (1, 2, 4):
                 rs = runs[n]
                 cells = [
-                    f"{max(r[m] for r in rs):,.0f} [{statistics.median(r[m] for r in rs):,.0f}]"
+                    f"{statistics.median(r[m] for r in rs):,.0f} [{max(r[m] for r in rs):,.0f}]"
                     for m in ("puts/s", "gets/s")
                 ] + [
                     f"{statistics.median(r[m] for r in rs):,.0f}"
@@ -1113,10 +1113,10 @@ def shared_main(args: argparse.Namespace, size: dict[str, int]) -> None:
         ("pyarrow read_table", pa_read),
         ("pyarrow read_table + to_pylist", pa_py),
     ):
-        print(f"  {label}: best {min(xs) * 1e3:.1f} ms [median {statistics.median(xs) * 1e3:.1f}]")
-    ratio = min(ks_cold) / min(pa_read)
+        print(f"  {label}: median {statistics.median(xs) * 1e3:.1f} ms [best {min(xs) * 1e3:.1f}]")
+    ratio_best = min(ks_cold) / min(pa_read)
     ratio_med = statistics.median(ks_cold) / statistics.median(pa_read)
-    ratio_py = min(ks_cold) / min(pa_py)
+    ratio_py = statistics.median(ks_cold) / statistics.median(pa_py)
 
     print("\ntargets (issue #21, shared):")
     wp = counted["warm put"]
@@ -1129,9 +1129,10 @@ def shared_main(args: argparse.Namespace, size: dict[str, int]) -> None:
     new = counted["first put of a new subject"]["KEK calls"]
     _target("KEK calls per new subject <= 1", new <= 1, f"{new}")
     _target(
-        "cold read <= 1.5x pyarrow read_table (best of rounds)",
-        ratio <= 1.5,
-        f"{ratio:.2f}x (medians {ratio_med:.2f}x; vs read_table + to_pylist {ratio_py:.2f}x)",
+        "cold read <= 1.5x pyarrow read_table (medians of the rounds)",
+        ratio_med <= 1.5,
+        f"{ratio_med:.2f}x (best rounds {ratio_best:.2f}x; vs read_table + to_pylist "
+        f"{ratio_py:.2f}x)",
     )
 
 
