@@ -23,7 +23,7 @@ rounds' rates. Every operation runs twice:
 - **hot**: on the 20 hot threads/users (warmed: within every cache of keyshred's);
 - **spread**: on random threads/users of all of them: beyond the 256 open partitions
   (``storage.max_open_partitions``) and, at the default 3,500 subjects of 3 keys each
-  (an index key, a scope key, a thread key), beyond the keyring's 10,000-key cache
+  (counted in the key store), beyond the keyring's 10,000-key cache
   (``keyring.cache_max_entries``).
 
 Operations: checkpoint put + 2 writes (continuing a thread), ``get_tuple`` of a
