@@ -60,7 +60,6 @@ import os
 import random
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +71,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+from _common import Child, count_ops, strace_syncs, uptime
 
 from tests.storage.test_vectors import DIMS, bag_of_words
 
@@ -177,11 +177,6 @@ def disk(root: Path) -> tuple[int, int]:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-def mark(name: str) -> None:
-    """A marker in an strace log (``--fsyncs``): a syscall nothing else makes."""
-    os.access(f"/ks-bench-mark-{name}", os.F_OK)
 
 
 # =====================================================================================
@@ -662,11 +657,7 @@ def fsync_probe(side: Side, per: int) -> None:
         ("erase", lambda j: side.erase(100 + j)),
     ]
     for name, op in ops:
-        op(-1 + 1000)  # a warm-up call outside the markers
-        mark(f"{name}-start")
-        for j in range(20):
-            op(j)
-        mark(f"{name}-end")
+        count_ops(name, 20, op)  # a warm-up call, then 20 between markers
 
 
 def child(args: argparse.Namespace) -> None:
@@ -703,96 +694,21 @@ def child(args: argparse.Namespace) -> None:
 # =====================================================================================
 
 
-class Child:
-    """One side's process, driven line by line (``child``'s commands)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in end()
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.err,
-            text=True,
-            env=env,
-        )
-        self.header = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait()
-            self.err.seek(0)
-            raise SystemExit(f"a side failed:\n{self.err.read()[-4000:]}")
-        doc: dict[str, Any] = json.loads(line)
-        return doc
-
-    def ask(self, command: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def end(self) -> dict[str, Any]:
-        doc = self.ask("end")
-        self.proc.wait()
-        self.err.seek(0)
-        for line in self.err.read().splitlines():
-            if line.startswith("pyinstrument profile"):
-                print(f"  {line}", flush=True)
-        self.err.close()
-        return doc
-
-
 def count_fsyncs(args: argparse.Namespace, name: str, env: dict[str, str]) -> dict[str, float]:
     """fsync + fdatasync per operation of one side, from strace's log between the
     probe's markers (every thread and child process of the side traced)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "strace.log"
-        argv = [
-            "strace",
-            "-f",
-            "-qq",
-            "-o",
-            str(log),
-            "-e",
-            "trace=fsync,fdatasync,sync_file_range,syncfs,access,faccessat,faccessat2",
-            sys.executable,
-            __file__,
-            "--child",
-            name,
-            "--profile",
-            args.profile,
-            "--per-subject",
-            str(args.per_subject),
-            "--fsync-probe",
-        ]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"strace of {name} failed:\n{proc.stderr[-3000:]}")
-        counts: dict[str, float] = {}
-        current = None
-        syncs = 0
-        for line in log.read_text().splitlines():
-            if "/ks-bench-mark-" in line:
-                tag = line.split("/ks-bench-mark-", 1)[1].split('"', 1)[0]
-                op, edge = tag.rsplit("-", 1)
-                if edge == "start":
-                    current, syncs = op, 0
-                else:
-                    counts[op] = syncs / 20
-                    current = None
-            elif current is not None and any(
-                f" {c}(" in line or line.startswith(f"{c}(")
-                for c in ("fsync", "fdatasync", "sync_file_range", "syncfs")
-            ):
-                syncs += 1
-        return counts
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    argv = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        "--profile",
+        args.profile,
+        "--per-subject",
+        str(args.per_subject),
+        "--fsync-probe",
+    ]
+    return strace_syncs(argv, env)
 
 
 @contextlib.contextmanager
@@ -859,7 +775,7 @@ def main() -> None:
                 argv += ["--child-subjects", str(n), "--per-subject", str(args.per_subject)]
                 if args.pyinstrument:
                     argv += ["--pyinstrument", args.pyinstrument]
-                children[name] = Child(argv, env)
+                children[name] = Child(__file__, argv, env)
             label = {name: c.header["side"] for name, c in children.items()}
             runs: dict[str, list[dict[str, float]]] = {label[x]: [] for x in names}
             loads: dict[str, list[dict[str, float]]] = {label[x]: [] for x in names}

@@ -358,6 +358,14 @@ class ReadMixin(IndexMixin):
             self._catalog.enforce(ref, guard, None)
             part, closes = self._reading(ref)
             now = to_us(self._clock())
+            if part.earliest_retain_us > now:
+                # No row is past its retention: the namespaces counted, not every row.
+                found = {
+                    ns
+                    for ns, scope, _ in list(part.ns_counts)
+                    if ns[: len(p)] == p and scope not in guard.scopes and not ns[0].startswith("~")
+                }
+                return part, closes, found
             found = {
                 r.namespace
                 for r in list(part.rows.values())

@@ -184,6 +184,10 @@ class Partition:
         # scope key) holds: the namespace index (``keyshred.storage.namespaces``)
         # learns from them, under the lock, which namespaces a write adds or empties.
         self.ns_counts: dict[tuple[tuple[str, ...], str, bytes | None], int] = {}
+        # No readable row's retain-until is before this (a lower bound: a row that
+        # leaves does not raise it). While it is in the future, the namespaces of
+        # the live rows are the keys of ``ns_counts`` (``namespaces_ref``).
+        self.earliest_retain_us = _NEVER
         # Keys of shared owner sets that opened rows here (a mention, data derived
         # from another subject's): the eviction of any co-owner takes this cache.
         self.shared_keys: set[bytes] = set()
@@ -247,6 +251,7 @@ class Partition:
         with self.lock:
             self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
             self.by_id, self.changed, self.ns_counts = {}, [], {}
+            self.earliest_retain_us = _NEVER
             self.shared_keys = set()
             self.generation = next(_GENERATIONS)
             self._token = None
@@ -577,6 +582,8 @@ class Partition:
         self.opaque.pop(lookup, None)
 
     def _count(self, row: MemoryRow, n: int) -> None:
+        if n > 0 and row.retain_us < self.earliest_retain_us:
+            self.earliest_retain_us = row.retain_us
         k = ns_key(row)
         count = self.ns_counts.get(k, 0) + n
         if count > 0:
@@ -968,6 +975,9 @@ class Partition:
         """How many decrypted rows (and parsed values) the cache holds."""
         with self.lock:
             return len(self.rows) + len(self.opaque) + len(self._parsed)
+
+
+_NEVER = 2**63 - 1  # a retain-until no row has
 
 
 def ns_key(row: MemoryRow) -> tuple[tuple[str, ...], str, bytes | None]:

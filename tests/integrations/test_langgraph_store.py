@@ -217,3 +217,38 @@ def test_deleting_a_users_items_in_one_batch_is_one_rewrite(
     assert len(events) == 300  # one per memory, chained (verify below), none for "nope"
     assert ks.audit.verify() >= 300
     assert ks.memories.count(store.subject_of(other)) == 1  # the item of the other namespace
+
+
+def test_one_subjects_namespaces_leave_out_expired_memories(ks: Keyshred) -> None:
+    """A prefix naming one subject lists from its partition (its namespace counts
+    while no memory is past retention, its rows once one is): a namespace whose
+    only memory expired is not listed, before and after the sweep, and a namespace
+    listed again once a live memory is put there."""
+    store = KeyshredStore(ks, subject_from=1)
+    store.put(("u", "ann", "keep"), "a", {"v": 1}, ttl=None)
+    store.put(("u", "ann", "short"), "b", {"v": 2}, ttl=1)
+    store.put(("u", "ann", "deep", "x"), "c", {"v": 3}, ttl=None)
+    assert store.list_namespaces(prefix=("u", "ann")) == [
+        ("u", "ann", "deep", "x"),
+        ("u", "ann", "keep"),
+        ("u", "ann", "short"),
+    ]
+    real = ks.memories._clock
+    ks.memories._clock = lambda: real() + timedelta(minutes=2)  # type: ignore[method-assign]
+    try:
+        listed = store.list_namespaces(prefix=("u", "ann"))
+        assert listed == [("u", "ann", "deep", "x"), ("u", "ann", "keep")]
+        assert store.list_namespaces(prefix=("u", "ann"), max_depth=3) == [
+            ("u", "ann", "deep"),
+            ("u", "ann", "keep"),
+        ]
+        store.put(("u", "ann", "short"), "b2", {"v": 4}, ttl=None)
+        assert ("u", "ann", "short") in store.list_namespaces(prefix=("u", "ann"))
+    finally:
+        ks.memories._clock = real  # type: ignore[method-assign]
+    # The fast path and the row scan agree on an ordinary subject.
+    ref = ks.subject_ref("ann")
+    part = ks.memories._partition(ref)
+    fast = ks.memories.namespaces_ref(ref, ("u",))
+    part.earliest_retain_us = 0  # as if a memory had expired: the rows are read
+    assert ks.memories.namespaces_ref(ref, ("u",)) == fast

@@ -1,0 +1,148 @@
+"""Helpers the benchmarks share (issue #25 item 5): one process per side driven line
+by line, rounds interleaved between the sides and reported as medians, fsyncs per
+operation counted with strace between markers, the machine's load.
+
+A script that uses them runs each side as ``python <script> --child NAME ...``: the
+child prints one JSON header line (its name and durability, read back from the
+engine), then answers each command line on stdin with one JSON line. The parent
+sends the same command to every side, in an order reversed every other time, so no
+side runs on a systematically cooler or hotter machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SYNC_CALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs")
+MARK_PREFIX = "/ks-bench-mark-"
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load averages), printed at the start and end of a run."""
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def mark(name: str) -> None:
+    """A marker in an strace log (``strace_syncs``): a syscall nothing else makes."""
+    os.access(f"{MARK_PREFIX}{name}", os.F_OK)
+
+
+def median_of(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per metric, the median over the rounds that reported it."""
+    names: list[str] = []
+    for r in runs:
+        names += [m for m in r if m not in names]
+    return {m: statistics.median(r[m] for r in runs if m in r) for m in names}
+
+
+def strace_syncs(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Run ``argv`` under ``strace -f`` and count fsync, fdatasync, sync_file_range and
+    syncfs calls (every thread and child process) between each ``mark(f"{op}-start")``
+    and ``mark(f"{op}-end-{n}")``: the count divided by ``n``, per ``op``."""
+    with tempfile.TemporaryDirectory(prefix="ks-bench-strace-") as tmp:
+        log = Path(tmp) / "strace.log"
+        traced = ",".join((*SYNC_CALLS, "access", "faccessat", "faccessat2"))
+        cmd = ["strace", "-f", "-qq", "-o", str(log), "-e", f"trace={traced}", *argv]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"strace of {argv} failed:\n{proc.stderr[-3000:]}")
+        counts: dict[str, float] = {}
+        current = None
+        syncs = 0
+        for line in log.read_text().splitlines():
+            if MARK_PREFIX in line:
+                tag = line.split(MARK_PREFIX, 1)[1].split('"', 1)[0]
+                if tag.endswith("-start"):
+                    current, syncs = tag[: -len("-start")], 0
+                else:
+                    op, n = tag.rsplit("-end-", 1)
+                    counts[op] = syncs / int(n)
+                    current = None
+            elif current is not None and any(
+                f" {c}(" in line or line.startswith(f"{c}(") for c in SYNC_CALLS
+            ):
+                syncs += 1
+        return counts
+
+
+def count_ops(name: str, n: int, op: Any) -> None:
+    """Inside a probe process: one warm-up call outside the markers, then ``op(j)``
+    for ``j`` in ``range(n)`` between ``name``'s markers (``strace_syncs``)."""
+    op(n)
+    mark(f"{name}-start")
+    for j in range(n):
+        op(j)
+    mark(f"{name}-end-{n}")
+
+
+class Child:
+    """One side's process, driven line by line (``script --child ...``)."""
+
+    def __init__(self, script: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in end()
+        self.proc = subprocess.Popen(
+            [sys.executable, script, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env=env,
+        )
+        self.header = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.err.seek(0)
+            raise SystemExit(f"a side failed:\n{self.err.read()[-4000:]}")
+        doc: dict[str, Any] = json.loads(line)
+        return doc
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def end(self) -> dict[str, Any]:
+        doc = self.ask("end")
+        self.proc.wait()
+        self.err.seek(0)
+        for line in self.err.read().splitlines():
+            if line.startswith("pyinstrument profile"):
+                print(f"  {line}", flush=True)
+        self.err.close()
+        return doc
+
+
+def interleaved(children: dict[str, Child], commands: Iterable[str]) -> dict[str, list[Any]]:
+    """Each command to every side, the order of the sides reversed every other
+    command; every side's answers, in order."""
+    names = list(children)
+    out: dict[str, list[Any]] = {name: [] for name in names}
+    for i, command in enumerate(commands):
+        for name in names if i % 2 == 0 else reversed(names):
+            out[name].append(children[name].ask(command))
+    return out
+
+
+def serve(handlers: dict[str, Any], header: dict[str, Any]) -> None:
+    """The child's loop: print ``header``, then answer ``cmd args...`` lines with
+    ``handlers[cmd](*args)`` as one JSON line each, until ``end`` (answered ``{}``)."""
+    print(json.dumps(header), flush=True)
+    for line in sys.stdin:
+        cmd, *rest = line.split()
+        if cmd == "end":
+            print("{}", flush=True)
+            break
+        print(json.dumps(handlers[cmd](*rest)), flush=True)
