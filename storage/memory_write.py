@@ -272,7 +272,9 @@ class WriteMixin(IndexMixin):
             }
             stale = [v for p in previous.values() if p is not None for v in _vector_ids(p)]
             vec_items = [
-                VectorItem(r.memory_id, i, f, r.scope, now_us, vec, row_key_id(r), space)
+                # Stamped with the row's own version (``_repair`` compares them): a
+                # batch's rows are a microsecond apart.
+                VectorItem(r.memory_id, i, f, r.scope, r.updated_us, vec, row_key_id(r), space)
                 for r, vecs in zip(rows, vectors, strict=True)
                 for i, (f, vec) in enumerate(vecs)
             ]

@@ -117,3 +117,29 @@ def test_a_memory_left_stale_is_re_embedded_by_the_next_search(
         assert again.memories.search("alice", query="memory 3")[0].key == "k3"
     finally:
         again.close()
+
+
+def test_a_batch_s_vectors_are_current_at_the_first_search_after_a_reopen(
+    ks: Keyshred, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch's vectors carry each row's own version: a search after a reopen (every
+    # memory checked once) re-embeds and rewrites none of them. They carried the
+    # batch's clock, one microsecond off every row but the first, so the first
+    # search of every subject written by put_many was a write of all its vectors.
+    from keyshred.storage.vectors import VectorIndex
+
+    ks.close()
+    rewritten: list[int] = []
+    real = VectorIndex.upsert
+
+    def spy(self: Any, ref: str, items: Any, *a: Any, **kw: Any) -> Any:
+        rewritten.append(len(items))
+        return real(self, ref, items, *a, **kw)
+
+    monkeypatch.setattr(VectorIndex, "upsert", spy)
+    again = Keyshred.open(tmp_path / "data", embeddings=_embed)
+    try:
+        assert again.memories.search("alice", query="memory 3")[0].key == "k3"
+        assert rewritten == []
+    finally:
+        again.close()
