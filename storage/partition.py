@@ -184,6 +184,9 @@ class Partition:
         # scope key) holds: the namespace index (``keyshred.storage.namespaces``)
         # learns from them, under the lock, which namespaces a write adds or empties.
         self.ns_counts: dict[tuple[tuple[str, ...], str, bytes | None], int] = {}
+        # How many readable rows mention each subject: another subject's erasure
+        # asks every open partition (``mentions``) without a pass over its rows.
+        self.mentioned: dict[str, int] = {}
         # No readable row's retain-until is before this (a lower bound: a row that
         # leaves does not raise it). While it is in the future, the namespaces of
         # the live rows are the keys of ``ns_counts`` (``namespaces_ref``).
@@ -250,7 +253,7 @@ class Partition:
         """Forget the cache: the next use reads the catalog again."""
         with self.lock:
             self.rows, self.opaque, self._parsed, self.loaded = {}, {}, {}, False
-            self.by_id, self.changed, self.ns_counts = {}, [], {}
+            self.by_id, self.changed, self.ns_counts, self.mentioned = {}, [], {}, {}
             self.earliest_retain_us = _NEVER
             self.shared_keys = set()
             self.generation = next(_GENERATIONS)
@@ -590,6 +593,12 @@ class Partition:
             self.ns_counts[k] = count
         else:
             self.ns_counts.pop(k, None)
+        for ref in row.mentions:
+            count = self.mentioned.get(ref, 0) + n
+            if count > 0:
+                self.mentioned[ref] = count
+            else:
+                self.mentioned.pop(ref, None)
 
     def _changed(self, memory_id: str) -> None:
         if len(self.changed) >= _CHANGES_KEPT:
@@ -969,7 +978,7 @@ class Partition:
         """Whether a decrypted row here mentions the subject (its erasure elsewhere
         must take this cache too). Read without the lock: a row added meanwhile is
         checked by the next eviction or the erasure's own rebuild."""
-        return any(subject_ref in row.mentions for row in list(self.rows.values()))
+        return subject_ref in self.mentioned
 
     def held(self) -> int:
         """How many decrypted rows (and parsed values) the cache holds."""

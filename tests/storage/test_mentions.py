@@ -575,3 +575,34 @@ def test_a_failed_rehash_blocks_the_old_epoch_and_is_resumed(
     assert {n for n in names if n.startswith("identifier-key")} == {"identifier-key.v2"}
     ks.keyring.destroy_kek_epochs_before(current, force=True)
     assert ks.memories.put("dave", NS, "k", "zofia kowalska").mentions == (victim,)
+
+
+def test_a_partition_counts_the_subjects_its_rows_mention(ks: Keyshred) -> None:
+    """``Partition.mentions`` (asked of every open partition by each eviction) reads
+    a count kept as rows come and go, and answers what a pass over the rows would."""
+    erin, frank = ks.subject_ref("erin"), ks.subject_ref("frank")
+    part = ks.memories._partition(ks.subject_ref("dave"))
+
+    def scan(ref: str) -> bool:
+        return any(ref in row.mentions for row in part.rows.values())
+
+    def agree() -> None:
+        for ref in (erin, frank):
+            assert part.mentions(ref) is scan(ref)
+
+    ks.memories.put("dave", NS, "a", "about erin", mentions=["erin"])
+    ks.memories.put("dave", NS, "b", "about both", mentions=["erin", "frank"])
+    agree()
+    assert part.mentions(erin) and part.mentions(frank)
+    ks.memories.put("dave", NS, "b", "about nobody now")  # an update drops its mentions
+    agree()
+    assert not part.mentions(frank)
+    ks.memories.delete("dave", NS, "a")
+    agree()
+    assert not part.mentions(erin)
+    ks.memories.put("dave", NS, "c", "about frank", mentions=["frank"])
+    part.close()  # reloaded from the catalog: counted again
+    ks.memories.get("dave", NS, "c")
+    part = ks.memories._partition(ks.subject_ref("dave"))
+    agree()
+    assert part.mentions(frank) and not part.mentions(erin)
