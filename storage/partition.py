@@ -362,8 +362,13 @@ class Partition:
         self._read_state()
         if self.holds_flock and self._expected_ids is not None:
             # Under the lock no compaction is in flight: what a killed one left
-            # (an unpublished object, retired ones not yet deleted) goes now.
-            self._cleanup()
+            # (an unpublished object, retired ones not yet deleted) goes now. On an
+            # object store, finding unpublished objects is a LIST request, on every
+            # first touch of every subject (half of a spread get's time against
+            # moto): there they wait for the subject's next compaction, which lists
+            # (every delete compacts, so no deleted memory's bytes wait on it), and
+            # only the retired segments the catalog names go now.
+            self._cleanup(listing=self._objects.local)
         if expected is not None:
             missing = expected - {r.memory_id for r in self.all_rows()}
             if missing and self._finish_deletes is not None:
@@ -656,16 +661,21 @@ class Partition:
             out.append(replace(row, namespace=ns, key=k, value=value))
         return out
 
-    def _leftovers(self, *, purge: bool = False) -> tuple[list[str], list[str]]:
+    def _leftovers(
+        self, *, purge: bool = False, listing: bool = True
+    ) -> tuple[list[str], list[str]]:
         """Objects under the partition's prefix to delete, and the retired segment
         rows to forget with them: objects no segment row names (a compaction that
         never committed: a crash after writing its segment) and segments retired
         longer ago than the grace period (a reader that listed one before its
         compaction committed may still be reading it until then); with ``purge``
-        every retired one (a scope erasure: nobody may read them any more)."""
+        every retired one (a scope erasure: nobody may read them any more). Without
+        ``listing`` the objects are not listed: only the retired ones go."""
         named = self._hot.segment_names(self.subject_ref)
         cutoff = to_us_now() - (0 if purge else self._grace_us)
         expired = {n for n, at in named.items() if at is not None and (purge or at <= cutoff)}
+        if not listing:
+            return sorted(expired), sorted(expired)
         start = len(self._prefix) + 1
         names = [k[start:] for k in self._objects.list_keys(self._prefix)]
         # In a folder, the old layout's files share the subject's folder: they go
@@ -677,11 +687,12 @@ class Partition:
         ]
         return objects, sorted(expired)
 
-    def _cleanup(self, *, purge: bool = False) -> int:
+    def _cleanup(self, *, purge: bool = False, listing: bool = True) -> int:
         """Delete leftover objects and forget retired segments past the grace
-        period; returns how many objects went. Under the subject lock only: a
-        compaction writes its objects under it, so none is in flight."""
-        objects, retired = self._leftovers(purge=purge)
+        period; returns how many objects went (without ``listing``: retired ones
+        only, see ``_leftovers``). Under the subject lock only: a compaction writes
+        its objects under it, so none is in flight."""
+        objects, retired = self._leftovers(purge=purge, listing=listing)
         for name in objects:
             self._objects.delete(f"{self._prefix}/{name}")
         self._hot.forget_segments(self.subject_ref, retired)

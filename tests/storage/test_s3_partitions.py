@@ -308,3 +308,34 @@ def test_the_retention_scan_reads_the_listed_segments_that_hold_something_expire
     # Today nothing has expired: the catalog says so, and no segment is opened.
     monkeypatch.setattr(ObjectStore, "open_parquet", opened)
     assert ks._memories.expired_in_segments(datetime.now(UTC)) == {}
+
+
+def test_a_reads_first_load_does_not_list_the_bucket_and_a_compaction_removes_leftovers(
+    catalog_url: str, bucket: str, moto: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An object no segment row names (a compaction killed after writing it) costs a
+    # LIST to find: a read's first load of the subject does not look for it; the
+    # subject's next compaction (every delete is one) lists and removes it.
+    cfg = s3_config(catalog_url, bucket, moto, flush_records=3)
+    with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
+        for i in range(4):
+            ks.memories.put("kim", NS, f"k{i}", {"i": i})
+        ref = ks.subject_ref("kim")
+    prefix = f"parts/subject={ref}/"
+    stray = f"{prefix}seg-default-killed.parquet"
+    _client(moto).put_object(Bucket=bucket, Key=stray, Body=b"left by a killed compaction")
+    listed: list[str] = []
+    real = ObjectStore.list_keys
+
+    def spy(self: ObjectStore, where: str) -> list[str]:
+        listed.append(where)
+        return real(self, where)
+
+    monkeypatch.setattr(ObjectStore, "list_keys", spy)
+    with Keyshred.open(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
+        assert ks.memories.get("kim", NS, "k1").value == {"i": 1}  # type: ignore[union-attr]
+        assert listed == [] and stray in _current(moto, bucket, prefix)
+        assert ks.memories.delete("kim", NS, "k0")
+        assert listed and stray not in _current(moto, bucket, prefix)
+        assert not [k for k, _ in versions(moto, bucket, prefix) if k == stray]
+        assert ks.memories.count("kim") == 3
