@@ -522,7 +522,7 @@ class Partition:
                 self._dirty.add(seg.scope)
                 continue
             for row in rows:
-                self._keep(row)
+                self._keep_stored(row)
         self._apply(records, head.base_seq, head.next_seq)
         self._head = head
         self.loaded = True
@@ -564,9 +564,29 @@ class Partition:
         """Every row the partition holds: the readable ones and the opaque ones."""
         return [*self.rows.values(), *self.opaque.values()]
 
+    def _keep_stored(self, row: MemoryRow) -> None:
+        """``_keep`` for a row read from a segment: segments of two scopes may both
+        hold a memory that moved scope (releases before this check did not rewrite
+        the old scope when a load, not a write, applied the move), and the newer
+        version counts, whatever the order the segments are read in."""
+        held = self.rows.get(row.lookup) or self.opaque.get(row.lookup)
+        if held is not None and held.updated_us > row.updated_us:
+            self._dirty.add(row.scope)  # rewritten without it at the next compaction
+            return
+        self._keep(row)
+
     def _keep(self, row: MemoryRow) -> None:
-        """File a row read or written: opaque rows apart from the readable ones."""
+        """File a row read or written: opaque rows apart from the readable ones. A
+        row that replaces one of another scope (a memory moved scope) makes that
+        scope dirty: its segment still holds the old version, which the next
+        compaction rewrites away. Loads and writes alike: a load that applied a
+        move from the hot rows and then compacted only the new scope left the old
+        version in the old scope's segment, where a later load read it over the
+        new one (an erasure of a co-owner then dropped the memory)."""
         old = self.rows.pop(row.lookup, None)
+        stale = old if old is not None else self.opaque.get(row.lookup)
+        if stale is not None and stale.scope != row.scope:
+            self._dirty.add(stale.scope)
         if old is not None:
             self.by_id.pop(old.memory_id, None)
             self._changed(old.memory_id)
@@ -747,10 +767,7 @@ class Partition:
         self._write(records, commit=commit)
         self._pending += len(rows)
         for r in rows:
-            old = self.rows.get(r.lookup) or self.opaque.get(r.lookup)
-            if old is not None and old.scope != r.scope:
-                self._dirty.add(old.scope)
-            self._keep(r)
+            self._keep(r)  # a move makes the old scope dirty too
             self._dirty.add(r.scope)
 
     def append_deletes(self, rows: Sequence[MemoryRow]) -> None:

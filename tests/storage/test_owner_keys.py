@@ -667,3 +667,72 @@ def test_the_erasure_sweeps_a_key_made_about_the_subject_after_destroy(ks: Keysh
     assert receipt is not None
     check = next(c for c in receipt.verification if c.name.startswith("no key held"))
     assert check.passed and "1 made during the erasure" in check.detail
+
+
+def _erase(ks: Keyshred, subject: str, scope: str | None = None) -> None:
+    req = ks.erase(subject, scope, requested_by="dpo", reason="art17")
+    assert req.state == "completed", req.error
+
+
+def test_a_memory_moved_to_another_scope_survives_the_erasure_of_its_old_owners(
+    catalog_url: str, tmp_path: Path
+) -> None:
+    # k4 is written in "marketing" under a key erin and frank co-own, compacted, then
+    # rewritten in "default" about nobody. frank's erasure reloads dave's partition
+    # and compacts: the old scope must be rewritten too, or its segment keeps the old
+    # version (opaque now), which a later load read over the new one; hal's erasure
+    # then dropped k4, and the scope erasure failed with IntegrityError.
+    cfg = make_config(catalog_url, flush_records=5)
+    with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
+        m = ks.memories
+        m.put("dave", NS, "k3", "about gus and hal", mentions=["gus", "hal"])
+        m.put("dave", NS, "k4", "old", mentions=["erin", "frank"], scope="marketing",
+              category="preference")  # fmt: skip
+        m.flush("dave")
+        m.put("dave", NS, "k4", "moved")
+        m.put("dave", NS, "k0", "about gus and frank", mentions=["gus", "frank"])
+        for subject in ("frank", "hal"):
+            _erase(ks, subject)
+            assert m.get("dave", NS, "k4").value == "moved"  # type: ignore[union-attr]
+        _erase(ks, "dave", "marketing")
+        ref = ks.subject_ref("dave")
+        m._partition(ref).close()
+        assert m.get("dave", NS, "k4").value == "moved"  # type: ignore[union-attr]
+        assert m.get("dave", NS, "k3") is None and m.get("dave", NS, "k0") is None
+        assert {s.scope for s in m._hot.state(ref, since=None)[1] or []} == {"default"}
+
+
+def test_a_store_holding_a_moved_memory_in_two_segments_reads_the_newer_one(
+    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store written before the fix: the move left the old version in the old
+    # scope's segment beside the new one. The newer version is read whatever the
+    # order of the segments, and the next compaction rewrites the old scope.
+    from keyshred.storage.partition import Partition
+
+    real = Partition._keep
+
+    def keep_as_before(self: Partition, row: Any) -> None:
+        dirty = set(self._dirty)
+        real(self, row)
+        self._dirty = dirty  # a move left the old scope clean
+
+    with Keyshred.init(tmp_path / "data", make_config(catalog_url)) as ks:
+        m, ref = ks.memories, ks.subject_ref("dave")
+        with monkeypatch.context() as patched:
+            patched.setattr(Partition, "_keep", keep_as_before)
+            patched.setattr(Partition, "_keep_stored", keep_as_before)
+            m.put("dave", NS, "k4", "old", scope="marketing", category="preference")
+            m.flush("dave")
+            m.put("dave", NS, "k4", "moved")
+            m.flush("dave")
+        assert {s.scope for s in m._hot.state(ref, since=None)[1] or []} == {
+            "default",
+            "marketing",
+        }
+        m._partition(ref).close()
+        assert m.get("dave", NS, "k4").value == "moved"  # type: ignore[union-attr]
+        m.flush("dave")
+        assert {s.scope for s in m._hot.state(ref, since=None)[1] or []} == {"default"}
+        m._partition(ref).close()
+        assert m.get("dave", NS, "k4").value == "moved"  # type: ignore[union-attr]
