@@ -385,3 +385,21 @@ def test_found_by_sequences_a_scope_erasure_does_not_bring_back_a_moved_memorys_
         assert m.count("D") == 0
         m._partition(ks.subject_ref("D")).close()
         assert m.get("D", NS, "k2") is None
+
+
+def test_found_by_sequences_a_batch_whose_overwritten_item_is_about_an_erased_subject_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Found by ErasureSequences (fixed in the commit that added this test): in one
+    # put_many the last write of a key wins, and the owner check ran only on the rows
+    # kept, so a batch holding a write about an erased subject was accepted when a
+    # later item overwrote it (the same writes one by one: refused).
+    with Keyshred.init(tmp_path / "data", make_config(None), embeddings=bag_of_words) as ks:
+        m = ks.memories
+        m.put("D", NS, "k", "about D")
+        req = ks.erase("D", requested_by=REQUESTED_BY, reason=REASON, block=True)
+        assert req.state == "completed", req.error
+        batch = [PutItem(NS, "k0", "about D", mentions=["D"]), PutItem(NS, "k0", "other")]
+        with pytest.raises(SubjectSuppressed):
+            m.put_many("A", batch)
+        assert m.get("A", NS, "k0") is None
