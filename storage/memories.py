@@ -43,10 +43,17 @@ class MemoryStore(EditMixin, RepairMixin):
     # -- locks -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def locked(self, ref: str) -> Iterator[None]:
-        """Hold the subject's partition lock (without loading it)."""
+    def locked(self, ref: str, *, compact: bool = False) -> Iterator[None]:
+        """Hold the subject's partition lock (without loading it). ``compact``: load
+        and compact the partition first, so that no scope's segment or hot row
+        holds a version a row of another scope superseded (a memory that moved
+        scope). A scope erasure destroys the scope's key under this lock: once its
+        rows are unreadable, nothing would say that the old version was replaced,
+        and the next load read it back as the memory."""
         part = self._partition(ref)
-        with part.flocked(refresh=False):
+        with part.flocked(refresh=compact):
+            if compact:
+                part.flush()
             yield
 
     def first_key(self, ref: str, key_scope: str, guard_scope: str | None = None) -> DataKey:

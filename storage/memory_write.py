@@ -263,6 +263,14 @@ class WriteMixin(IndexMixin):
                 seen[lookup] = row
                 rows.append(row)
             last = {r.lookup: i for i, r in enumerate(rows)}  # last write of a key wins
+            if len(last) < len(rows):
+                # A write the batch overwrites is not stored, but it is refused all the
+                # same if it is about an erased subject: the batch is all-or-nothing,
+                # as the same writes one by one would be.
+                kept = set(last.values())
+                for owner in {m for i, r in enumerate(rows) if i not in kept for m in r.mentions}:
+                    if owner != ref:
+                        self._check_owner(owner)
             vectors = [vectors[i] for i in last.values()]
             rows = [rows[i] for i in last.values()]
             if self._sealer.encrypted:

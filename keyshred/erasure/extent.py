@@ -42,7 +42,9 @@ class Partitions(Protocol):
     passed its guard check before the suppression finishes first), the key ids of
     rows (co-owned keys' assets) and the probe search."""
 
-    def locked(self, ref: str) -> contextlib.AbstractContextManager[None]: ...
+    def locked(
+        self, ref: str, *, compact: bool = False
+    ) -> contextlib.AbstractContextManager[None]: ...
 
     def key_ids_of(self, ref: str, memory_ids: Iterable[str]) -> dict[str, bytes | None]: ...
 
@@ -133,8 +135,11 @@ class Extent:
     def destroy_keys(self) -> dict[str, Any]:
         w = self.w
         # Under the partition lock: a writer that passed its guard check before the
-        # suppression finishes first; every later one sees the suppression.
-        with w.partitions.locked(self.ref):
+        # suppression finishes first; every later one sees the suppression. A scope's
+        # key goes only once the partition is compacted: a memory that moved out of
+        # the scope is then in no other scope's files in its old version, which the
+        # next load would otherwise read back once the new one is unreadable.
+        with w.partitions.locked(self.ref, compact=self.scope is not None):
             result = w.keyring.destroy(self.ref, self.scope)
         w.evict(self.ref)
         epoch = self.req.doc["details"].get("suppress", {}).get("epoch")
@@ -314,7 +319,7 @@ class ReplayExtent(Extent):
             datetime.fromisoformat(t["erased_at"]),
         )
         w = self.w
-        with w.partitions.locked(self.ref):
+        with w.partitions.locked(self.ref, compact=self.scope is not None):  # as above
             destroyed = w.keyring.store.destroy(tombstone.key_ids, tombstone)
         w.keyring.cache.clear()
         w.evict(self.ref)
