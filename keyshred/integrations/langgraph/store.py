@@ -657,7 +657,24 @@ def _checked_op(op: Any) -> Op:
             check_count(op.max_depth, "max_depth")
         for cond in op.match_conditions or ():
             _ns(cond.path, prefix=True)
+    # LangGraph's label rules, which its methods check before batching and its SQL
+    # stores check in batch too (validate_op_namespace, in recent versions only): a
+    # label with "." must not reach subject_of (the shared subject's name has one, so
+    # such a label would file a person's item under it, unchecked).
+    if isinstance(op, GetOp | PutOp):
+        _labels(op.namespace)
+    elif isinstance(op, SearchOp):
+        _labels(op.namespace_prefix)
+    elif isinstance(op, ListNamespacesOp):
+        for cond in op.match_conditions or ():
+            _labels(cond.path)
     return op  # type: ignore[no-any-return]
+
+
+def _labels(namespace: Sequence[str]) -> None:
+    """LangGraph's label rules: no empty label, none with "." or NUL."""
+    if any(not label or "." in label or "\x00" in label for label in namespace):
+        raise InvalidInput("namespace labels are non-empty and contain no '.' or NUL")
 
 
 def _search_item(m: Memory, score: float | None = None) -> SearchItem:
