@@ -455,20 +455,26 @@ class KeyshredStore(BaseStore):
         by_subject: dict[str, list[PutOp]] = {}
         for op in puts:
             by_subject.setdefault(self.subject_of(tuple(op.namespace)), []).append(op)
+        # What is refused is refused before anything is written: each subject's writes
+        # are one put_many (all or nothing), but a batch spans subjects, and a refusal
+        # of a later subject's writes left the earlier ones applied.
         for subject, ops in by_subject.items():
             if subject == SHARED_SUBJECT:
                 for op in ops:
                     if op.value is not None:
                         self._refuse_personal(op)
+        if len(by_subject) > 1:
+            for subject in by_subject:
+                self._ks.catalog.check_guard(self._ks.subject_ref(subject), scope=self._scope)
+        for subject, ops in by_subject.items():
             deletes = [(tuple(op.namespace), op.key) for op in ops if op.value is None]
             if deletes:  # one rewrite for all of them: linear in their number
                 self._ks.memories.delete_many(subject, deletes)
+        for subject, ops in by_subject.items():
             items = []
             for op in ops:
                 if op.value is None:
                     continue
-                if not isinstance(op.value, dict):
-                    raise InvalidInput("a store value is a dict")
                 items.append(
                     PutItem(
                         tuple(op.namespace),
