@@ -470,23 +470,29 @@ class KeyshredStore(BaseStore):
             deletes = [(tuple(op.namespace), op.key) for op in ops if op.value is None]
             if deletes:  # one rewrite for all of them: linear in their number
                 self._ks.memories.delete_many(subject, deletes)
-        for subject, ops in by_subject.items():
-            items = []
-            for op in ops:
-                if op.value is None:
-                    continue
-                items.append(
-                    PutItem(
-                        tuple(op.namespace),
-                        op.key,
-                        dict(op.value),
-                        scope=self._scope,
-                        index=self._index_for(op),
-                        ttl=None if op.ttl is None else timedelta(minutes=float(op.ttl)),
-                    )
+        # Items are written in the batch's order, a run of one subject's at a time:
+        # across subjects the order of a search is the items' creation times, which
+        # must follow the batch as InMemoryStore's order does (one put_many a subject
+        # wrote a later subject's items first when an earlier one came back).
+        runs: list[tuple[str, list[PutItem]]] = []
+        for op in puts:
+            if op.value is None:
+                continue
+            subject = self.subject_of(tuple(op.namespace))
+            if not runs or runs[-1][0] != subject:
+                runs.append((subject, []))
+            runs[-1][1].append(
+                PutItem(
+                    tuple(op.namespace),
+                    op.key,
+                    dict(op.value),
+                    scope=self._scope,
+                    index=self._index_for(op),
+                    ttl=None if op.ttl is None else timedelta(minutes=float(op.ttl)),
                 )
-            if items:
-                self._ks.memories.put_many(subject, items, embedder=self._embedder)
+            )
+        for subject, items in runs:
+            self._ks.memories.put_many(subject, items, embedder=self._embedder)
 
     def _index_for(self, op: PutOp) -> Literal[False] | list[str]:
         """The paths a put embeds: its own ``index``, else the config's ``fields``;
