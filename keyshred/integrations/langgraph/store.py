@@ -455,32 +455,44 @@ class KeyshredStore(BaseStore):
         by_subject: dict[str, list[PutOp]] = {}
         for op in puts:
             by_subject.setdefault(self.subject_of(tuple(op.namespace)), []).append(op)
+        # What is refused is refused before anything is written: each subject's writes
+        # are one put_many (all or nothing), but a batch spans subjects, and a refusal
+        # of a later subject's writes left the earlier ones applied.
         for subject, ops in by_subject.items():
             if subject == SHARED_SUBJECT:
                 for op in ops:
                     if op.value is not None:
                         self._refuse_personal(op)
+        if len(by_subject) > 1:
+            for subject in by_subject:
+                self._ks.catalog.check_guard(self._ks.subject_ref(subject), scope=self._scope)
+        for subject, ops in by_subject.items():
             deletes = [(tuple(op.namespace), op.key) for op in ops if op.value is None]
             if deletes:  # one rewrite for all of them: linear in their number
                 self._ks.memories.delete_many(subject, deletes)
-            items = []
-            for op in ops:
-                if op.value is None:
-                    continue
-                if not isinstance(op.value, dict):
-                    raise InvalidInput("a store value is a dict")
-                items.append(
-                    PutItem(
-                        tuple(op.namespace),
-                        op.key,
-                        dict(op.value),
-                        scope=self._scope,
-                        index=self._index_for(op),
-                        ttl=None if op.ttl is None else timedelta(minutes=float(op.ttl)),
-                    )
+        # Items are written in the batch's order, a run of one subject's at a time:
+        # across subjects the order of a search is the items' creation times, which
+        # must follow the batch as InMemoryStore's order does (one put_many a subject
+        # wrote a later subject's items first when an earlier one came back).
+        runs: list[tuple[str, list[PutItem]]] = []
+        for op in puts:
+            if op.value is None:
+                continue
+            subject = self.subject_of(tuple(op.namespace))
+            if not runs or runs[-1][0] != subject:
+                runs.append((subject, []))
+            runs[-1][1].append(
+                PutItem(
+                    tuple(op.namespace),
+                    op.key,
+                    dict(op.value),
+                    scope=self._scope,
+                    index=self._index_for(op),
+                    ttl=None if op.ttl is None else timedelta(minutes=float(op.ttl)),
                 )
-            if items:
-                self._ks.memories.put_many(subject, items, embedder=self._embedder)
+            )
+        for subject, items in runs:
+            self._ks.memories.put_many(subject, items, embedder=self._embedder)
 
     def _index_for(self, op: PutOp) -> Literal[False] | list[str]:
         """The paths a put embeds: its own ``index``, else the config's ``fields``;
@@ -657,7 +669,24 @@ def _checked_op(op: Any) -> Op:
             check_count(op.max_depth, "max_depth")
         for cond in op.match_conditions or ():
             _ns(cond.path, prefix=True)
+    # LangGraph's label rules, which its methods check before batching and its SQL
+    # stores check in batch too (validate_op_namespace, in recent versions only): a
+    # label with "." must not reach subject_of (the shared subject's name has one, so
+    # such a label would file a person's item under it, unchecked).
+    if isinstance(op, GetOp | PutOp):
+        _labels(op.namespace)
+    elif isinstance(op, SearchOp):
+        _labels(op.namespace_prefix)
+    elif isinstance(op, ListNamespacesOp):
+        for cond in op.match_conditions or ():
+            _labels(cond.path)
     return op  # type: ignore[no-any-return]
+
+
+def _labels(namespace: Sequence[str]) -> None:
+    """LangGraph's label rules: no empty label, none with "." or NUL."""
+    if any(not label or "." in label or "\x00" in label for label in namespace):
+        raise InvalidInput("namespace labels are non-empty and contain no '.' or NUL")
 
 
 def _search_item(m: Memory, score: float | None = None) -> SearchItem:
