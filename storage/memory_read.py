@@ -443,6 +443,25 @@ class ReadMixin(IndexMixin):
                 continue  # suppressed meanwhile
         return {ns for ns in out if ns[: len(p)] == p}
 
+    def namespace_first(self, ref: str, prefix: Sequence[str] = ()) -> NamespaceFirst:
+        """The namespace index's first time of each of ``ref``'s namespaces under
+        ``prefix`` (when the namespace first held a memory: LangGraph's order of
+        namespaces), read with one query at the first question; ``_insertion_order``
+        asks only when the hits span two namespaces or more. A namespace the index
+        does not know (a partition not indexed yet) gets None: its oldest hit."""
+        firsts: dict[str, int] | None = None
+        p = _prefix(prefix)
+
+        def first_of(ns: tuple[str, ...]) -> int | None:
+            nonlocal firsts
+            if firsts is None:
+                firsts = {}
+                for r in self._ns.listed(p, refs=[ref]):
+                    firsts[r.ns_hash] = min(firsts.get(r.ns_hash, r.first_us), r.first_us)
+            return firsts.get(self._ns.hash(ns))
+
+        return first_of
+
     def search_across(
         self,
         prefix: Sequence[str] = (),
@@ -557,9 +576,12 @@ def _insertion_order(
     """The first ``n`` rows oldest first, namespaces in the order they first
     appeared (LangGraph's ``InMemoryStore`` order) among ``among`` (default: ``rows``),
     or as ``first_of`` tells for the namespaces it knows."""
+    source = rows if among is None else among
+    if first_of is not None and len({r.namespace for r in source}) < 2:
+        first_of = None  # one namespace: no order between namespaces to ask about
     first: dict[tuple[str, ...], int] = {}
     known: set[tuple[str, ...]] = set()
-    for r in rows if among is None else among:
+    for r in source:
         if r.namespace in known:
             continue
         if first_of is not None and r.namespace not in first:

@@ -253,8 +253,7 @@ class StoreModel(RuleBasedStateMachine):
         """Namespaces that hold nothing are forgotten: ``InMemoryStore`` creates one
         on a lookup (a read creates nothing in keyshred) and keeps an emptied one's
         place in its search order, which keyshred does not (a namespace filled again
-        sorts by its new first item: ``test_refilled_namespace_keeps_its_place``,
-        an xfail, keeps that difference in view)."""
+        sorts by its new first item; README.md, LangGraph section)."""
         for ns in [ns for ns, items in self.model._data.items() if not items]:
             del self.model._data[ns]
 
@@ -323,16 +322,6 @@ class StoreModel(RuleBasedStateMachine):
             want: tuple[str, Any] = ("error", SubjectSuppressed)
         else:
             want = outcome(lambda: call(self.model))
-        if self.user_of(prefix) is not None and got[0] == want[0] == "ok":
-            # KNOWN BUG, not a documented difference: a search within one user orders
-            # namespaces by their oldest matching item, not by when they first held
-            # one (test_one_users_search_orders_namespaces_as_inmemorystore, xfail).
-            # Until fixed: the page's size and the whole answer as a set.
-            def whole(store: Any) -> Any:
-                return sorted(map(repr, norm(store.search(prefix, filter=filter, limit=10_000))))
-
-            assert len(got[1]) == len(want[1]), (got, want)
-            got, want = ("ok", whole(self.store)), ("ok", whole(self.model))
         self.compare(got, want, f"search {prefix} {filter} limit={limit} offset={offset}")
 
     @rule(prefix=paths, suffix=paths, max_depth=depths, limit=limits, offset=offsets)
@@ -486,12 +475,6 @@ def test_a_batch_across_subjects_keeps_its_order(store: KeyshredStore) -> None:
     assert norm(store.search(())) == norm(model.search(()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a search whose prefix names one user orders namespaces by their oldest "
-    "item that matches (and is still there), not by the namespace's first item as "
-    "InMemoryStore and keyshred's own cross-user search (the namespace index) do",
-)
 @pytest.mark.parametrize("case", ["filter", "deleted-first-item"])
 def test_one_users_search_orders_namespaces_as_inmemorystore(
     store: KeyshredStore, case: str

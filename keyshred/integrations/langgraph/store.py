@@ -365,6 +365,9 @@ class KeyshredStore(BaseStore):
         refs = self._refs(prefix)
         if len(refs) == 1 and not semantic:
             # One subject: the memory store already returns insertion order; no merge.
+            # Namespaces by when they first held a memory (the namespace index, asked
+            # only if the hits span several), as across subjects and InMemoryStore:
+            # not by their oldest hit (a filter or a deletion moved that later).
             found = self._ks.memories.search_ref(
                 refs[0],
                 prefix,
@@ -372,6 +375,7 @@ class KeyshredStore(BaseStore):
                 limit=op.limit,
                 offset=op.offset,
                 order="insertion",
+                namespace_first=self._ks.memories.namespace_first(refs[0], prefix),
             )
             return [_search_item(m) for m in found]
         for ref in refs:
