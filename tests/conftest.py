@@ -28,11 +28,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("LINES", None)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """``make test`` runs the suite on two xdist workers (``--dist loadgroup``): each
     test file is one group, so its module-scoped servers start once; ``tests/api`` is
     one group, because its session server's logs are scanned by
-    ``test_zz_log_scan.py`` after every other API test ran against it."""
+    ``test_zz_log_scan.py`` after every other API test ran against it. First among
+    the hooks: xdist's worker reads the marks in its own ``modifyitems`` (it appends
+    ``@group`` to the node ids the scheduler groups by), and a mark added after it is
+    ignored: tests of one file ran on both workers at once (pytest is also held
+    below 9, whose node ids ignore what xdist appends: pyproject.toml)."""
     for item in items:
         parts = Path(str(item.path)).parts
         where = parts[parts.index("tests") :] if "tests" in parts else parts

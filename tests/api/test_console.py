@@ -152,7 +152,9 @@ def test_an_operator_records_an_erasure_watches_it_complete_and_opens_its_verifi
     finally:
         running.terminate()
         running.wait(timeout=30)
-    assert len(page.loads) > loads + 1, "the page did not refresh itself"
+    # At least one reload, its own: a worker that finishes within one refresh
+    # interval (2 s) is seen at the first (this asked for two, a timing).
+    assert len(page.loads) > loads, "the page did not refresh itself"
     scan(page)
     assert page.locator("meta[http-equiv=refresh]").count() == 0  # done: no more refresh
     steps = page.inner_text("#steps")
