@@ -4,6 +4,9 @@
 erasure of the synthetic victim and SIGKILLs itself at POINT: right after the
 erasure step of that name, or inside a step at a storage fault point
 (``keyshred.storage.faults.POINTS``); the catalog is SQLite unless CATALOG_URL.
+``python erasure_worker.py erase-scope DATA REQUEST_ID POINT`` moves the store
+test's subject's memory "moved" into its "marketing" scope, then erases that scope
+the same way (the move still in the hot rows).
 ``python erasure_worker.py store DATA OP POINT`` writes a few memories (printing
 ``ACK subject key`` for each), then runs OP (``delete``, ``update`` or ``compact``)
 on the store's own subject and SIGKILLs itself at POINT.
@@ -109,6 +112,12 @@ def main() -> None:
         request_id, point = sys.argv[3], sys.argv[4]
         kill_at(ks, point)
         ks.erase(VICTIM, requested_by="dpo", reason="fault-injection", request_id=request_id)
+        print("finished without crashing")
+    elif mode == "erase-scope":  # OWNER's "marketing" scope, right after a move into it
+        request_id, point = sys.argv[3], sys.argv[4]
+        ks.memories.put(OWNER, ("m",), "moved", "new", scope="marketing", category="preference")
+        kill_at(ks, point)
+        ks.erase(OWNER, "marketing", requested_by="dpo", reason="consent", request_id=request_id)
         print("finished without crashing")
     elif mode == "store":
         op, point = sys.argv[3], sys.argv[4]

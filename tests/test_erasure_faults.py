@@ -183,3 +183,46 @@ def test_writers_racing_the_erasure(tmp_path: Path) -> None:
         p for p in ks.memories.partition_path(ref).rglob("*.parquet")
     ]
     ks.close()
+
+
+@pytest.mark.parametrize("point", ["flush.after_segment", "flush.after_manifest"])
+def test_sigkill_inside_a_scope_erasures_compaction_then_resume(point: str, tmp_path: Path) -> None:
+    """A scope erasure compacts the partition under the subject lock before it
+    destroys the scope's key (a memory moved into the scope must leave no old version
+    in another scope). Killed inside that compaction: every acknowledged memory of the
+    other scope reads, the moved memory's old value never comes back, and the resumed
+    erasure completes."""
+    from tests.erasure_worker import OWNER
+
+    data = tmp_path / "data"
+    with Keyshred.init(data, make_config(None), embeddings=bag_of_words) as ks:
+        for i in range(3):
+            ks.memories.put(OWNER, ("m",), f"keep{i}", f"kept {i}")
+        ks.memories.put(OWNER, ("m",), "moved", f"{PROBE.decode()} old")
+        ks.memories.flush(OWNER)
+    # The worker moves "moved" into "marketing" and erases that scope at once.
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "erase-scope", str(data), "req-scope", point],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -9, proc.stdout + proc.stderr[-2000:]
+    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+        done_steps = ks.erasure.status("req-scope").steps_done
+        assert "suppress" in done_steps and "destroy_keys" not in done_steps  # inside it
+        for i in range(3):
+            assert ks.memories.get(OWNER, ("m",), f"keep{i}").value == f"kept {i}"  # type: ignore[union-attr]
+        # The scope is suppressed: its memory is refused, and the old value in the
+        # default scope's segment does not stand in for it.
+        with pytest.raises(SubjectSuppressed):
+            ks.memories.get(OWNER, ("m",), "moved")
+        done = ks.erasure.resume("req-scope")
+        assert done.state == "completed", done.error
+        assert ks.memories.get(OWNER, ("m",), "moved") is None  # not its old value
+        for i in range(3):
+            assert ks.memories.get(OWNER, ("m",), f"keep{i}").value == f"kept {i}"  # type: ignore[union-attr]
+        assert all(r.clean for r in ks.memories.repair_all())
+    for path in (p for p in data.rglob("*") if p.is_file()):
+        assert PROBE not in path.read_bytes(), path
