@@ -138,7 +138,10 @@ def test_an_interrupted_shared_drill_leaves_no_process_or_schema(
     schemas = _drill_schemas()
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(
-        [KEYSHRED, "drill", "--profile", "shared", "--json", "--subjects", "4", "--memories", "2"],
+        # A workload long enough that the signal lands while the workers run: at 4
+        # subjects of 2 memories the run was over (11 s in all) by the time a busy
+        # machine's scan had seen every process, and the drill exited 0.
+        [KEYSHRED, "drill", "--profile", "shared", "--json", "--subjects", "30", "--memories", "9"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tmp_path,

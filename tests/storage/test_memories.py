@@ -214,14 +214,18 @@ def test_a_writer_that_finds_the_subject_erased_leaves_no_folder(
     ks.erase("alice", requested_by="dpo", reason="test")
     path = ks.memories.partition_path(ref)
     assert not path.exists()
-    real = ks.catalog.guard
+    # The catalog itself, not the handle's guarded view of it: undoing the patch on
+    # the view would set the view's wrapper (which refuses once the handle closes) on
+    # the catalog, and the fixture's close reads the guard through it.
+    catalog = object.__getattribute__(ks.catalog, "_target")
+    real = catalog.guard
     reads: list[str] = []
 
     def first_read_stale(subject_ref: str) -> GuardState:
         reads.append(subject_ref)
         return GuardState(ACTIVE, 0) if len(reads) == 1 else real(subject_ref)
 
-    monkeypatch.setattr(ks.catalog, "guard", first_read_stale)
+    monkeypatch.setattr(catalog, "guard", first_read_stale)
     with pytest.raises(SubjectSuppressed):
         ks.memories.put("alice", NS, "k2", 2)
     assert len(reads) >= 2  # the second read, under the lock, refused
