@@ -68,15 +68,20 @@ def kill_erasure_at(point: str, tmp_path: Path) -> Path:
     """Populate a data folder, run the erasure in a worker killed at ``point``."""
     data = tmp_path / "data"
     populate(data)
+    run_killed("erase", data, "req-fault", point)
+    return data
+
+
+def run_killed(mode: str, data: Path, request_id: str, point: str) -> None:
+    """Run the worker's ``mode`` (an erasure) on ``data``; it must die at ``point``."""
     proc = subprocess.run(
-        [sys.executable, str(WORKER), "erase", str(data), "req-fault", point],
+        [sys.executable, str(WORKER), mode, str(data), request_id, point],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert proc.returncode == -9, proc.stdout + proc.stderr[-2000:]
-    return data
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -201,14 +206,7 @@ def test_sigkill_inside_a_scope_erasures_compaction_then_resume(point: str, tmp_
         ks.memories.put(OWNER, ("m",), "moved", f"{PROBE.decode()} old")
         ks.memories.flush(OWNER)
     # The worker moves "moved" into "marketing" and erases that scope at once.
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "erase-scope", str(data), "req-scope", point],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == -9, proc.stdout + proc.stderr[-2000:]
+    run_killed("erase-scope", data, "req-scope", point)
     with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
         done_steps = ks.erasure.status("req-scope").steps_done
         assert "suppress" in done_steps and "destroy_keys" not in done_steps  # inside it
