@@ -456,9 +456,10 @@ class KeyshredStore(BaseStore):
     def _apply_puts(self, puts: Sequence[PutOp]) -> None:
         from keyshred.storage.memories import PutItem
 
+        subjects = [self.subject_of(tuple(op.namespace)) for op in puts]  # once per op
         by_subject: dict[str, list[PutOp]] = {}
-        for op in puts:
-            by_subject.setdefault(self.subject_of(tuple(op.namespace)), []).append(op)
+        for subject, op in zip(subjects, puts, strict=True):
+            by_subject.setdefault(subject, []).append(op)
         # What is refused is refused before anything is written: each subject's writes
         # are one put_many (all or nothing), but a batch spans subjects, and a refusal
         # of a later subject's writes left the earlier ones applied.
@@ -479,10 +480,9 @@ class KeyshredStore(BaseStore):
         # must follow the batch as InMemoryStore's order does (one put_many a subject
         # wrote a later subject's items first when an earlier one came back).
         runs: list[tuple[str, list[PutItem]]] = []
-        for op in puts:
+        for subject, op in zip(subjects, puts, strict=True):
             if op.value is None:
                 continue
-            subject = self.subject_of(tuple(op.namespace))
             if not runs or runs[-1][0] != subject:
                 runs.append((subject, []))
             runs[-1][1].append(
