@@ -26,7 +26,7 @@ from typing import IO, Any
 import sqlalchemy as sa
 
 from keyshred.drill import DrillFailure
-from keyshred.drill_servers import find_tool, stop_process
+from keyshred.drill_servers import find_tool, signals_held, stop_process
 from keyshred.errors import KeyshredError
 from keyshred.facade import Keyshred
 from keyshred.schema import deletion_requests
@@ -72,11 +72,14 @@ class Workers:
     def start(self, folders: Sequence[Path]) -> None:
         for folder in folders:
             argv = worker_command(folder)
-            log = (folder.parent / f"{folder.name}.log").open("wb")
-            self.logs.append(log)
-            self.procs.append(
-                subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
+            with signals_held():  # a signal between the fork and the append leaked it
+                log = (folder.parent / f"{folder.name}.log").open("wb")
+                self.logs.append(log)
+                self.procs.append(
+                    subprocess.Popen(
+                        argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
 
     def owner_of(self, pid: int) -> subprocess.Popen[bytes] | None:
         """Our worker whose process group ``pid`` belongs to (a worker may run its

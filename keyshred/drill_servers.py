@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +43,7 @@ __all__ = [
     "moto",
     "openbao",
     "scratch_schema",
+    "signals_held",
     "stop_process",
 ]
 
@@ -79,30 +81,95 @@ def find_tool(name: str) -> str:
     return found
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM the process group ``proc`` leads, SIGKILL it if it does not exit."""
-    if proc.poll() is not None:
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a process is started and registered for
+    stopping, then deliver one that came meanwhile. A Ctrl-C that landed between the
+    fork and the registration (``Popen`` waits for the child's exec) left a worker
+    that nobody stopped, running after the drill had exited."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals
         return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, hold) for s in watched}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # now to the handler that was in place
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM the process group ``proc`` leads, SIGKILL what is left of it after
+    ``timeout``; return once no live process of the group is left. The leader's exit
+    is not enough: a wrapper that starts the real server as its child (or a server
+    that forks) exits first, and its child was still running when the drill had
+    returned."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
+    if _group_gone(proc, time.monotonic() + timeout):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    _group_gone(proc, time.monotonic() + timeout)
+
+
+def _group_gone(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Wait until the group ``proc`` leads has no live process, or ``deadline``."""
+    while True:
+        proc.poll()  # reap the leader: an unreaped leader is a zombie of the group
+        if not _group_alive(proc.pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    """A process of group ``pgid`` that is not a zombie (a zombie holds no memory and
+    runs nothing, and one whose parent has gone is reaped by whoever adopted it,
+    which in a container may be never)."""
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():  # no procfs: a zombie counts as alive
+        return True
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            return True
+    return False
 
 
 @contextlib.contextmanager
 def _serve(
     name: str, argv: list[str], health_url: str, log: Path, env: dict[str, str]
 ) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as fh:
-        # Its own session: stopping the group stops whatever the server forked.
-        proc = subprocess.Popen(
-            argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
+    with contextlib.ExitStack() as stack:
+        with signals_held(), log.open("wb") as fh:
+            # Its own session: stopping the group stops whatever the server forked.
+            proc = subprocess.Popen(
+                argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            stack.callback(stop_process, proc)
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
@@ -124,8 +191,6 @@ def _serve(
                 )
             time.sleep(0.1)
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @contextlib.contextmanager

@@ -72,6 +72,7 @@ from keyshred.drill_servers import (
     moto,
     openbao,
     scratch_schema,
+    signals_held,
 )
 from keyshred.errors import KeyshredError, SubjectErased, SubjectSuppressed, TokenError
 from keyshred.facade import Keyshred
@@ -284,7 +285,8 @@ class _Run:
         folders = [tmp / "holder", *(tmp / f"worker-{i}" for i in range(self.n_workers))]
         for folder in folders:
             Keyshred.init(folder, self.config, embeddings=refuse_embedding).close()
-        self.holder = Holder(folders[0])
+        with signals_held():  # started and registered for stopping as one step
+            self.holder = Holder(folders[0])
         self.workers.start(folders[1:])
         pids = [p.pid for p in self.workers.procs]
         report.checks.append(
