@@ -54,16 +54,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-def test_stop_process_waits_for_a_child_that_outlives_its_leader(tmp_path: Path) -> None:
-    """A leader that exits at once on SIGTERM, and its child that takes a second: the
-    drill returned while such a child still ran (a CI run found one left)."""
+def _leader_with_child(tmp_path: Path, child: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A group leader that starts ``child`` (Python source) and sleeps; the leader and
+    the child's pid, once the child runs its code."""
     pidfile = tmp_path / "child.pid"
-    child = (
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.0), sys.exit(0)))\n"
-        "time.sleep(60)\n"
-    )
     leader = (
         "import subprocess, sys, time\n"
         f"c = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
@@ -75,8 +69,20 @@ def test_stop_process_waits_for_a_child_that_outlives_its_leader(tmp_path: Path)
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    child_pid = int(pidfile.read_text())
-    time.sleep(0.3)  # the child's handler is installed
+    time.sleep(0.3)  # the child's signal handler is installed
+    return proc, int(pidfile.read_text())
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_stop_process_waits_for_a_child_that_outlives_its_leader(tmp_path: Path) -> None:
+    """A leader that exits at once on SIGTERM, and its child that takes a second: the
+    drill returned while such a child still ran (a CI run found one left)."""
+    proc, child_pid = _leader_with_child(
+        tmp_path,
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.0), sys.exit(0)))\n"
+        "time.sleep(60)\n",
+    )
     stop_process(proc, timeout=10)
     assert proc.poll() is not None
     assert not _alive(child_pid)
@@ -84,20 +90,9 @@ def test_stop_process_waits_for_a_child_that_outlives_its_leader(tmp_path: Path)
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_stop_process_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
-    pidfile = tmp_path / "child.pid"
-    child = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
-    leader = (
-        "import subprocess, sys, time\n"
-        f"c = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
-        f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
-        "time.sleep(60)\n"
+    proc, child_pid = _leader_with_child(
+        tmp_path,
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n",
     )
-    proc = subprocess.Popen([sys.executable, "-c", leader], start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not pidfile.exists() or not pidfile.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    child_pid = int(pidfile.read_text())
-    time.sleep(0.3)
     stop_process(proc, timeout=1)
     assert not _alive(child_pid)
