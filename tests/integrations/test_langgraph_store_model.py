@@ -2,7 +2,9 @@
 sequences of operations (Hypothesis stateful): put (new and overwrite), delete, get,
 search without a query (prefix, filter, limit, offset), list_namespaces (prefix,
 suffix, max_depth, limit, offset), batch with mixed operations, closing and
-reopening the handle, and a user's erasure. Every answer is compared.
+reopening the handle, and a user's erasure. Every answer is compared. The machine
+runs three ways: on the embedded default, with the catalog and the key store in
+PostgreSQL, and through the async twins (``aput``, ``abatch``, ...).
 
 The model is ``InMemoryStore`` itself, with keyshred's documented differences made
 explicit here (each one named where it is applied):
@@ -23,8 +25,10 @@ explicit here (each one named where it is applied):
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,11 +49,12 @@ from langgraph.store.base import (
 )
 from langgraph.store.memory import InMemoryStore, _compare_values
 
-from keyshred import Keyshred
+from keyshred import Config, Keyshred
 from keyshred.errors import InvalidInput, KeyshredError, SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredStore
 from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 from keyshred.vault.detect import detect
+from tests.conftest import PG_DSN
 
 SHARED = ("faq",)
 
@@ -223,13 +228,16 @@ class StoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="ks-store-model-"))
-        self.ks = Keyshred.init(self.dir / "data")
+        self.ks = Keyshred.init(self.dir / "data", self.config())
         self.store = self.make_store()
         self.model = Model()
         self.written: set[str] = set()  # users that ever held an item (keys exist)
         self.erased: set[str] = set()  # users erased with data found
 
-    def make_store(self) -> KeyshredStore:
+    def config(self) -> Config | None:
+        return None  # the embedded default
+
+    def make_store(self) -> Any:
         return KeyshredStore(self.ks, subject_from=1, shared=[SHARED])
 
     def teardown(self) -> None:
@@ -413,6 +421,82 @@ StoreModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestStoreModel = StoreModel.TestCase
+
+
+class PostgresStoreModel(StoreModel):
+    """The same machine with the catalog and the key store in PostgreSQL (a fresh
+    schema per example, dropped after it)."""
+
+    def __init__(self) -> None:
+        psycopg = pytest.importorskip("psycopg")
+        self.schema = f"ks_model_{uuid.uuid4().hex[:12]}"
+        self.admin = psycopg.connect(PG_DSN, autocommit=True)
+        self.admin.execute(f"CREATE SCHEMA {self.schema}")
+        super().__init__()
+
+    def config(self) -> Config:
+        url = (
+            "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+            f"?options=-csearch_path%3D{self.schema}"
+        )
+        return Config.model_validate(
+            {"storage": {"catalog_url": url}, "keyring": {"store_url": url}}
+        )
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            self.admin.execute(f"DROP SCHEMA {self.schema} CASCADE")
+            self.admin.close()
+
+
+class AsyncTwins:
+    """``KeyshredStore`` driven through its async twins (``aput``, ``aget``,
+    ``asearch``, ``alist_namespaces``, ``abatch``, ``adelete``), each on an event
+    loop of its own, so that the machine checks them against the same model."""
+
+    def __init__(self, store: KeyshredStore) -> None:
+        self._store = store
+
+    def put(self, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(self._store.aput(*args, **kwargs))
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(self._store.adelete(*args, **kwargs))
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(self._store.aget(*args, **kwargs))
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(self._store.asearch(*args, **kwargs))
+
+    def list_namespaces(self, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(self._store.alist_namespaces(*args, **kwargs))
+
+    def batch(self, ops: list[Op]) -> Any:
+        return asyncio.run(self._store.abatch(ops))
+
+
+class AsyncStoreModel(StoreModel):
+    """The same machine through the async API."""
+
+    def make_store(self) -> Any:
+        return AsyncTwins(KeyshredStore(self.ks, subject_from=1, shared=[SHARED]))
+
+
+# Fewer examples for the variants: the rules are the same, the backend or the
+# calling convention is what they add (about 10 s each here).
+_VARIANT = settings(
+    max_examples=12,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+PostgresStoreModel.TestCase.settings = _VARIANT
+AsyncStoreModel.TestCase.settings = _VARIANT
+TestPostgresStoreModel = PostgresStoreModel.TestCase
+TestAsyncStoreModel = AsyncStoreModel.TestCase
 
 
 # -- minimal reproductions of what the machine found ------------------------------
