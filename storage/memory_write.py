@@ -31,6 +31,7 @@ from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _JSON,
     Memory,
+    ProducedBy,
     PutItem,
     _checked,
     _key,
@@ -125,7 +126,7 @@ class WriteMixin(IndexMixin):
         *,
         epoch: int | None = None,
         mention_refs: Sequence[tuple[str, ...]] | None = None,
-        produced_by: tuple[str, str | None, str | None] | None = None,
+        produced_by: ProducedBy | None = None,
         carried_detected: frozenset[str] = frozenset(),
         kept_sources: Collection[str] = (),
         embedder: Embedder | None = None,
