@@ -24,7 +24,7 @@ from keyshred.storage.memory_types import (
     _namespace,
 )
 from keyshred.storage.memory_write import WriteMixin
-from keyshred.storage.partition import MemoryRow, from_us, to_us
+from keyshred.storage.partition import MemoryRow, from_us, row_key_id, to_us
 
 __all__ = ["EditMixin"]
 
@@ -79,6 +79,14 @@ class EditMixin(WriteMixin, ReadMixin):
             carried_detected=carried,
             kept_sources=existing.sources,
         )[0]
+
+    def _key_owners(self, row: MemoryRow) -> tuple[str, ...]:
+        """The other owners of the key ``row`` is sealed under (none: its holder's
+        scope key)."""
+        key_id = row_key_id(row)
+        if key_id is None:
+            return ()
+        return self._keyring.owners_of([key_id]).get(key_id, ())
 
     def _produced_by(self, row: MemoryRow) -> Made | None:
         """A derived memory's (kind, producer, producer version), for a rewrite that
@@ -146,6 +154,9 @@ class EditMixin(WriteMixin, ReadMixin):
             produced_by={(ns, k): made} if made is not None else None,
             carried_detected=carried,
             kept_sources=old.sources,
+            # The old value stays owned by whom it was: its sources may be gone from
+            # the catalog (deleted) while it still holds their text.
+            kept_owners={(self._history_ns(ns), items[0].key): self._key_owners(old)},
         )[1]
         if self._audit is not None:
             self._audit.record(
