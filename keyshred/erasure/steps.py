@@ -29,6 +29,7 @@ def closure(w: Wiring, req: ErasureRequest) -> dict[str, Any]:
     level = [a for a in extent.first_level() if a.asset_id not in seen]
     level += [a for a in _sealed_under_destroyed(w, req) if a.asset_id not in seen]
     holders: dict[str, list[str]] = {}
+    rows: dict[str, AssetRow] = {}
     while frontier or level:
         derived = w.catalog.derived_from(frontier) if frontier else []
         nxt = [a for a in [*level, *derived] if a.asset_id not in seen]
@@ -39,13 +40,52 @@ def closure(w: Wiring, req: ErasureRequest) -> dict[str, Any]:
                 continue
             seen.add(a.asset_id)
             found.append(a.asset_id)
+            rows[a.asset_id] = a
             frontier.add(a.asset_id)
             holders.setdefault(a.subject_ref, []).append(a.asset_id)
     counts: dict[str, int] = {}
     for kind in own.values():
         counts[kind] = counts.get(kind, 0) + 1
     shared = _shared_assets(w, req, holders)
-    return {"own": sorted(own_ids), "own_counts": counts, "closure": found, "shared": shared}
+    return {
+        "own": sorted(own_ids),
+        "own_counts": counts,
+        "closure": _sources_first(found, rows),
+        "shared": shared,
+    }
+
+
+def _sources_first(found: list[str], rows: dict[str, AssetRow]) -> list[str]:
+    """``found`` with every asset after those of its sources that are in it.
+
+    The derived step rebuilds in this order from the sources' values as they are
+    then. Found level by level, a summary that mentions the subject (first level)
+    came before a summary it was built from (a later level, or the same one): that
+    source, unreadable until rebuilt, was left out of its rebuild (or, dropped
+    afterwards, counted as remaining, and the function ran on no source at all).
+    Depth first, iterative; a cycle (never made by the API) keeps the found order."""
+    inside = set(found)
+    out: list[str] = []
+    placed: set[str] = set()
+    for start in found:
+        if start in placed:
+            continue
+        path = {start}
+        stack = [(start, iter(rows[start].sources))]
+        while stack:
+            node, sources = stack[-1]
+            nxt = next(
+                (x for x in sources if x in inside and x not in placed and x not in path), None
+            )
+            if nxt is not None:
+                path.add(nxt)
+                stack.append((nxt, iter(rows[nxt].sources)))
+                continue
+            stack.pop()
+            path.discard(node)
+            placed.add(node)
+            out.append(node)
+    return out
 
 
 def _sealed_under_destroyed(w: Wiring, req: ErasureRequest) -> list[AssetRow]:
