@@ -14,9 +14,17 @@ from typing import Any
 
 from keyshred.errors import InvalidInput, NotFound
 from keyshred.storage.memory_read import ReadMixin
-from keyshred.storage.memory_types import _VERSION_SEP, Memory, PutItem, _checked, _key, _namespace
+from keyshred.storage.memory_types import (
+    _VERSION_SEP,
+    Made,
+    Memory,
+    PutItem,
+    _checked,
+    _key,
+    _namespace,
+)
 from keyshred.storage.memory_write import WriteMixin
-from keyshred.storage.partition import MemoryRow, from_us, to_us
+from keyshred.storage.partition import MemoryRow, from_us, row_key_id, to_us
 
 __all__ = ["EditMixin"]
 
@@ -67,9 +75,30 @@ class EditMixin(WriteMixin, ReadMixin):
             [_checked(item)],
             epoch=epoch,
             mention_refs=[refs],
+            produced_by=self._produced_by(existing),
             carried_detected=carried,
             kept_sources=existing.sources,
         )[0]
+
+    def _key_owners(self, row: MemoryRow) -> tuple[str, ...]:
+        """The other owners of the key ``row`` is sealed under (none: its holder's
+        scope key)."""
+        key_id = row_key_id(row)
+        if key_id is None:
+            return ()
+        return self._keyring.owners_of([key_id]).get(key_id, ())
+
+    def _produced_by(self, row: MemoryRow) -> Made | None:
+        """A derived memory's (kind, producer, producer version), for a rewrite that
+        keeps its provenance: without it the rewrite registered the asset as a plain
+        memory, and the erasure of a source dropped it instead of rebuilding it (or
+        waiting in ``manual_review`` for an unknown producer)."""
+        if not row.sources:
+            return None
+        asset = self._catalog.asset(row.memory_id)
+        if asset is None or asset.producer is None:
+            return None
+        return (asset.kind, asset.producer, asset.producer_version)
 
     # -- correction (supersede, keep history) ------------------------------------------
 
@@ -116,12 +145,18 @@ class EditMixin(WriteMixin, ReadMixin):
             PutItem(ns, k, value, old.scope, old.purpose, old.category, old.sources, (), None),
         ]
         carried = self._catalog.detected_mentions(old.memory_id) if old.mentions else frozenset()
+        made = self._produced_by(old)
         memory = self._put_rows(
             ref,
             items,
             mention_refs=[old.mentions, old.mentions],
+            # The new value keeps its producer; the old version is a plain memory.
+            produced_by={(ns, k): made} if made is not None else None,
             carried_detected=carried,
             kept_sources=old.sources,
+            # The old value stays owned by whom it was: its sources may be gone from
+            # the catalog (deleted) while it still holds their text.
+            kept_owners={(self._history_ns(ns), items[0].key): self._key_owners(old)},
         )[1]
         if self._audit is not None:
             self._audit.record(

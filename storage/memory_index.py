@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -28,7 +28,13 @@ from keyshred.errors import InvalidInput, KeyshredError
 from keyshred.storage.catalog import ASSET_COLUMNS, AssetRow
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_base import MemoryStoreBase
-from keyshred.storage.memory_types import MEMORY_KIND, VECTOR_KIND, _storage_key, text_at
+from keyshred.storage.memory_types import (
+    MEMORY_KIND,
+    VECTOR_KIND,
+    ProducedBy,
+    _storage_key,
+    text_at,
+)
 from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
 from keyshred.storage.vectors import DEFAULT_SPACE, VectorIndex, VectorItem, space_tag
 
@@ -184,7 +190,7 @@ class IndexMixin(MemoryStoreBase):
         expected_epoch: int,
         replace: bool,
         remove: Sequence[str],
-        produced_by: tuple[str, str | None, str | None] | None = None,
+        produced_by: ProducedBy | None = None,
         detected: Sequence[tuple[str, str]] = (),
         also: Callable[[Any], None] | None = None,
     ) -> None:
@@ -202,13 +208,21 @@ class IndexMixin(MemoryStoreBase):
             return value
 
         storage_key = _storage_key(ref)
-        kind, producer, version = produced_by or (MEMORY_KIND, None, None)
+        plain = (MEMORY_KIND, None, None)
+
+        def made_by(r: MemoryRow) -> tuple[str, str | None, str | None]:
+            # One (kind, producer, version) for the batch, or per (namespace, key):
+            # a correction's old version is a plain memory, its new value derived.
+            if isinstance(produced_by, Mapping):
+                return produced_by.get((r.namespace, r.key)) or plain
+            return produced_by or plain
+
         params = [
             (
                 r.memory_id,
                 ref,
                 r.scope,
-                kind,
+                made_by(r)[0],
                 "parquet",
                 storage_key,
                 r.purpose,
@@ -217,8 +231,8 @@ class IndexMixin(MemoryStoreBase):
                 db_time(r.retain_us),
                 "live",
                 r.lookup,
-                producer,
-                version,
+                made_by(r)[1],
+                made_by(r)[2],
             )
             for r in rows
         ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 from keyshred._validate import check_count, check_filter, check_text
@@ -542,6 +542,13 @@ class ReadMixin(IndexMixin):
         (read from the rows; no key is needed)."""
         rows = self.rows_by_id(ref, memory_ids, opaque=True)
         return {asset_id: row_key_id(row) for asset_id, row in rows.items()}
+
+    def sealed_under(self, ref: str, key_ids: Collection[bytes]) -> list[str]:
+        """The ids of ``ref``'s rows sealed under any of ``key_ids``, opaque rows too
+        (read from the rows; no key is needed)."""
+        part = self._partition(ref)
+        part.ensure_loaded()
+        return sorted(r.memory_id for r in part.all_rows() if row_key_id(r) in key_ids)
 
     def probe_hits(self, ref: str, probes: Sequence[str]) -> int:
         """How often the probe strings are found in ``ref``'s memories, by value and

@@ -28,6 +28,7 @@ __all__ = [
     "VECTOR_KIND",
     "AuditSink",
     "Memory",
+    "ProducedBy",
     "PutItem",
     "RepairReport",
     "text_at",
@@ -37,6 +38,10 @@ MEMORY_KIND = "memory"
 HISTORY = "~history"  # superseded versions of corrected memories live under it
 _VERSION_SEP = "\x1f"
 VECTOR_KIND = "vector"
+# A derived asset's (kind, producer, producer version): one for every row a write
+# registers, or one per (namespace, key) (rows not listed are plain memories).
+Made = tuple[str, str | None, str | None]
+ProducedBy = Made | Mapping[tuple[tuple[str, ...], str], Made]
 # The status of assets whose deletion has started (``_delete_rows``): the rows may be
 # gone from the partition while the catalog still holds them.
 DELETING = "deleting"

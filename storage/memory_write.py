@@ -31,6 +31,7 @@ from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _JSON,
     Memory,
+    ProducedBy,
     PutItem,
     _checked,
     _key,
@@ -125,9 +126,10 @@ class WriteMixin(IndexMixin):
         *,
         epoch: int | None = None,
         mention_refs: Sequence[tuple[str, ...]] | None = None,
-        produced_by: tuple[str, str | None, str | None] | None = None,
+        produced_by: ProducedBy | None = None,
         carried_detected: frozenset[str] = frozenset(),
         kept_sources: Collection[str] = (),
+        kept_owners: Mapping[tuple[tuple[str, ...], str], Collection[str]] | None = None,
         embedder: Embedder | None = None,
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
@@ -135,7 +137,10 @@ class WriteMixin(IndexMixin):
         producer version) (rebuilding derived assets); ``carried_detected`` are
         mentions of ``mention_refs`` carried over from an earlier version that were
         detected there (they stay counted as detected); ``kept_sources`` are sources
-        the memory had already (an update keeps them even once they are deleted)."""
+        the memory had already (an update keeps them even once they are deleted);
+        ``kept_owners`` are owners the rows at (namespace, key) keep whatever their
+        sources say now (a correction's old version: the owners of the key it was
+        sealed under)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -190,6 +195,9 @@ class WriteMixin(IndexMixin):
             if self._sealer.encrypted and any(item.sources for *_, item in prepared)
             else {}
         )
+        if source_owners:
+            for source, owners in self._sealed_owners(source_owners).items():
+                source_owners[source] |= owners
         if self._sealer.encrypted:
             # A new source the catalog does not hold gives no owner, so the value
             # derived from it would go under the holder's key alone: refused. It was
@@ -274,7 +282,7 @@ class WriteMixin(IndexMixin):
             vectors = [vectors[i] for i in last.values()]
             rows = [rows[i] for i in last.values()]
             if self._sealer.encrypted:
-                rows = self._seal_shared(ref, rows, source_owners)
+                rows = self._seal_shared(ref, rows, source_owners, kept_owners or {})
             previous = {
                 r.lookup: part.rows.get(r.lookup) or part.opaque.get(r.lookup) for r in rows
             }
@@ -343,7 +351,11 @@ class WriteMixin(IndexMixin):
             )
 
     def _seal_shared(
-        self, ref: str, rows: list[MemoryRow], source_owners: Mapping[str, set[str]]
+        self,
+        ref: str,
+        rows: list[MemoryRow],
+        source_owners: Mapping[str, set[str]],
+        kept_owners: Mapping[tuple[tuple[str, ...], str], Collection[str]],
     ) -> list[MemoryRow]:
         """Seal every row whose owner set is more than its holder (the subjects it
         mentions, the owners of its sources) under the key of that owner set: one
@@ -356,6 +368,7 @@ class WriteMixin(IndexMixin):
             owners = set(r.mentions)
             for source in r.sources:
                 owners |= source_owners.get(source, set())
+            owners |= set(kept_owners.get((r.namespace, r.key), ()))
             # The holder's own data of this scope is under the scope key already; of
             # another scope it stays an owner (withdrawing that scope kills this key).
             owners -= {ref, owner_token(ref, r.scope)}
@@ -383,6 +396,34 @@ class WriteMixin(IndexMixin):
         for owner in checked:
             self._check_owner(owner)
         return out
+
+    def _sealed_owners(self, asset_ids: Iterable[str]) -> dict[str, set[str]]:
+        """The other owners of the key each listed memory's row is sealed under.
+
+        The catalog's walk (``source_owners``) finds a source's owners through the
+        provenance it still holds, and a deleted memory leaves the catalog: a summary
+        built from it still holds its text, under a key still owned by its subject,
+        but the walk no longer reaches that subject. A value built from the summary
+        then went under a key its subject did not own, and stayed readable after
+        that subject's erasure. The key the summary was sealed under still names
+        every owner it had when written: they own what is built from it too."""
+        by_holder: dict[str, set[str]] = {}
+        for asset_id in asset_ids:
+            asset = self._catalog.asset(asset_id)
+            if asset is not None:
+                by_holder.setdefault(asset.subject_ref, set()).add(asset_id)
+        key_of: dict[str, bytes] = {}
+        for holder, owned in by_holder.items():
+            part = self._partition(holder)
+            part.ensure_loaded()
+            for row in part.all_rows():
+                key_id = row_key_id(row) if row.memory_id in owned else None
+                if key_id is not None:
+                    key_of[row.memory_id] = key_id
+        if not key_of:
+            return {}
+        owners = self._keyring.owners_of(set(key_of.values()))
+        return {a: set(owners.get(k, ())) for a, k in key_of.items()}
 
     def _check_owner(self, owner: str) -> None:
         """Refuse data about an owner (``ref``, or ``ref@scope``: its data in that

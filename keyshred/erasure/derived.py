@@ -221,7 +221,13 @@ class DerivedStore:
             self._catalog.check_guard(owner)
         except SubjectSuppressed:
             return None  # its owner is being erased too; that erasure takes it
-        remaining = [s for s in asset.sources if s not in erased]
+        # A source its holder deleted does not remain either: the catalog no longer
+        # holds it. Counted, it made the rebuild function run on no source at all
+        # (an asset rebuilt from nothing, where the promise is "dropped when no
+        # source remains"), or wait in manual_review for a producer with nothing left.
+        remaining = [
+            s for s in asset.sources if s not in erased and self._catalog.asset(s) is not None
+        ]
         mentions = [
             m for m in asset.mentions if m != target.subject_ref or target.scope is not None
         ]

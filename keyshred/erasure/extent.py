@@ -11,7 +11,7 @@ only as an ``ErasureTarget``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -47,6 +47,8 @@ class Partitions(Protocol):
     ) -> contextlib.AbstractContextManager[None]: ...
 
     def key_ids_of(self, ref: str, memory_ids: Iterable[str]) -> dict[str, bytes | None]: ...
+
+    def sealed_under(self, ref: str, key_ids: Collection[bytes]) -> list[str]: ...
 
     def probe_hits(self, ref: str, probes: Sequence[str]) -> int: ...
 

@@ -9,7 +9,7 @@ from typing import Any
 from keyshred.erasure.extent import Wiring, extent_of
 from keyshred.erasure.requests import ErasureRequest, VerificationFailed, iso
 from keyshred.errors import KeyNotFound, SubjectErased
-from keyshred.storage.catalog import ACTIVE
+from keyshred.storage.catalog import ACTIVE, AssetRow
 
 __all__ = ["closure", "verify"]
 
@@ -27,7 +27,9 @@ def closure(w: Wiring, req: ErasureRequest) -> dict[str, Any]:
     # First level by one join on the subject; further levels (derived from
     # derived) by the few ids found.
     level = [a for a in extent.first_level() if a.asset_id not in seen]
+    level += [a for a in _sealed_under_destroyed(w, req) if a.asset_id not in seen]
     holders: dict[str, list[str]] = {}
+    rows: dict[str, AssetRow] = {}
     while frontier or level:
         derived = w.catalog.derived_from(frontier) if frontier else []
         nxt = [a for a in [*level, *derived] if a.asset_id not in seen]
@@ -38,13 +40,75 @@ def closure(w: Wiring, req: ErasureRequest) -> dict[str, Any]:
                 continue
             seen.add(a.asset_id)
             found.append(a.asset_id)
+            rows[a.asset_id] = a
             frontier.add(a.asset_id)
             holders.setdefault(a.subject_ref, []).append(a.asset_id)
     counts: dict[str, int] = {}
     for kind in own.values():
         counts[kind] = counts.get(kind, 0) + 1
     shared = _shared_assets(w, req, holders)
-    return {"own": sorted(own_ids), "own_counts": counts, "closure": found, "shared": shared}
+    return {
+        "own": sorted(own_ids),
+        "own_counts": counts,
+        "closure": _sources_first(found, rows),
+        "shared": shared,
+    }
+
+
+def _sources_first(found: list[str], rows: dict[str, AssetRow]) -> list[str]:
+    """``found`` with every asset after those of its sources that are in it.
+
+    The derived step rebuilds in this order from the sources' values as they are
+    then. Found level by level, a summary that mentions the subject (first level)
+    came before a summary it was built from (a later level, or the same one): that
+    source, unreadable until rebuilt, was left out of its rebuild (or, dropped
+    afterwards, counted as remaining, and the function ran on no source at all).
+    Depth first, iterative; a cycle (never made by the API) keeps the found order."""
+    inside = set(found)
+    out: list[str] = []
+    placed: set[str] = set()
+    for start in found:
+        if start in placed:
+            continue
+        path = {start}
+        stack = [(start, iter(rows[start].sources))]
+        while stack:
+            node, sources = stack[-1]
+            nxt = next(
+                (x for x in sources if x in inside and x not in placed and x not in path), None
+            )
+            if nxt is not None:
+                path.add(nxt)
+                stack.append((nxt, iter(rows[nxt].sources)))
+                continue
+            stack.pop()
+            path.discard(node)
+            placed.add(node)
+            out.append(node)
+    return out
+
+
+def _sealed_under_destroyed(w: Wiring, req: ErasureRequest) -> list[AssetRow]:
+    """Other holders' assets sealed under a co-owned key the request destroyed.
+
+    The catalog's joins find what is derived from the subject's assets it still
+    holds. A summary built from a memory its holder deleted since names an asset
+    the catalog no longer has, yet its key is co-owned by the subject: it became
+    unreadable here and, found by no join, was left opaque (lost to its holder,
+    neither rebuilt from its remaining sources nor dropped). Its rows say which key
+    they are sealed under; that finds it whatever the catalog's provenance says."""
+    by_holder: dict[str, set[bytes]] = {}
+    for key_hex, holder in req.doc["details"]["destroy_keys"].get("shared_keys", []):
+        by_holder.setdefault(holder, set()).add(bytes.fromhex(key_hex))
+    found: list[AssetRow] = []
+    for holder, key_ids in sorted(by_holder.items()):
+        if holder == req.subject_ref and req.scope is None:
+            continue  # the subject's own assets go with it
+        for asset_id in w.partitions.sealed_under(holder, key_ids):
+            asset = w.catalog.asset(asset_id)
+            if asset is not None:
+                found.append(asset)
+    return found
 
 
 def _shared_assets(

@@ -26,7 +26,8 @@ What the store promises (README.md "Erasure", "Keys and their owners"; DESIGN.md
   raise ``NotFound``.
 
 Not modelled: derived memories (``sources=``), registered identifiers (detected
-mentions), retention expiry, vectors and semantic search, PostgreSQL and object stores.
+mentions) (both: ``test_derived_sequences.py``), retention expiry, vectors and
+semantic search, PostgreSQL and object stores.
 The machine found the two bugs whose reproductions close this file.
 """
 
