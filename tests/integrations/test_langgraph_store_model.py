@@ -23,6 +23,7 @@ explicit here (each one named where it is applied):
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -489,3 +490,26 @@ def test_one_users_search_orders_namespaces_as_inmemorystore(
     found = store.search(("users", "ann"), filter={"a": 1})
     assert norm(found) == norm(model.search(("users", "ann"), filter={"a": 1}))
     assert norm(found) == norm(store.search(("users",), filter={"a": 1}))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.aget(("users", "a.b"), "k"),
+        lambda s: s.asearch(("users", "a.b")),
+        lambda s: s.aput(("users", "a.b"), "k", {"v": 1}),
+        lambda s: s.aput(("langgraph", "ann"), "k", {"v": 1}),
+        lambda s: s.adelete(("users", ""), "k"),
+        lambda s: s.alist_namespaces(prefix=("users", "a.b")),
+        lambda s: s.aget(("users", "ann"), 5),
+    ],
+    ids=["aget", "asearch", "aput", "aput-root", "adelete", "alist_namespaces", "aget-key"],
+)
+def test_async_twins_refuse_as_the_sync_methods(store: KeyshredStore, call: Any) -> None:
+    # The async twins were LangGraph's own: InvalidNamespaceError, whose message
+    # repeats the label (a subject id, here), where the sync methods raise
+    # InvalidInput without it; and a key that is no string was str()-ed.
+    with pytest.raises(InvalidInput) as caught:
+        asyncio.run(call(store))
+    assert "a.b" not in str(caught.value)
+    assert store.search(()) == []

@@ -258,6 +258,70 @@ class KeyshredStore(BaseStore):
                 prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
             )
 
+    # The async twins check as the sync methods do: BaseStore's own raise
+    # InvalidNamespaceError, whose message repeats the label (a subject id), and
+    # str() a key that is no string where the sync methods raise InvalidInput.
+
+    async def aget(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
+        with _langgraph_rules():
+            return await super().aget(_ns(namespace), _text(key), refresh_ttl=refresh_ttl)
+
+    async def asearch(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        with _langgraph_rules():
+            return await super().asearch(
+                _ns(namespace_prefix, prefix=True),
+                query=query,
+                filter=filter,
+                limit=limit,
+                offset=offset,
+                refresh_ttl=refresh_ttl,
+            )
+
+    async def aput(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
+    ) -> None:
+        with _langgraph_rules():
+            await super().aput(_ns(namespace), _text(key), value, index, ttl=ttl)
+
+    async def adelete(self, namespace: tuple[str, ...], key: str) -> None:
+        with _langgraph_rules():
+            await super().adelete(_ns(namespace), _text(key))
+
+    async def alist_namespaces(
+        self,
+        *,
+        prefix: NamespacePath | None = None,
+        suffix: NamespacePath | None = None,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        for path in (prefix, suffix):
+            if path is not None:
+                _ns(path, prefix=True)
+        with _langgraph_rules():
+            return await super().alist_namespaces(
+                prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
+            )
+
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Reads see the state before the batch's writes (as ``InMemoryStore``);
         writes apply in order, the last write of a key winning."""
