@@ -119,6 +119,19 @@ class WriteMixin(IndexMixin):
         ref = self._ref(subject)
         return self._put_rows(ref, items, epoch=epoch, embedder=embedder)
 
+    def check_put(self, item: PutItem) -> None:
+        """Refuse, as ``put_many`` would and writing nothing, an item it refuses on
+        its own (its fields, keyshred's own namespaces, a value that is no JSON or
+        too large, a ttl not positive). For a caller whose writes take several calls
+        (``KeyshredStore.batch`` across subjects, or deletes then puts): each call is
+        all or nothing, so the refusal must come before the first one."""
+        if _namespace(_checked(item).namespace)[0].startswith("~"):
+            raise InvalidInput("namespaces starting with '~' are keyshred's own")
+        _key(item.key)
+        self._encode(item.value)
+        if item.ttl is not None and item.ttl <= timedelta(0):
+            raise InvalidInput("a ttl is positive")
+
     def _put_rows(
         self,
         ref: str,

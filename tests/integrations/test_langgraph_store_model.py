@@ -573,3 +573,56 @@ def test_one_users_search_orders_namespaces_as_inmemorystore(
     found = store.search(("users", "ann"), filter={"a": 1})
     assert norm(found) == norm(model.search(("users", "ann"), filter={"a": 1}))
     assert norm(found) == norm(store.search(("users",), filter={"a": 1}))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.aget(("users", "a.b"), "k"),
+        lambda s: s.asearch(("users", "a.b")),
+        lambda s: s.aput(("users", "a.b"), "k", {"v": 1}),
+        lambda s: s.aput(("langgraph", "ann"), "k", {"v": 1}),
+        lambda s: s.adelete(("users", ""), "k"),
+        lambda s: s.alist_namespaces(prefix=("users", "a.b")),
+        lambda s: s.aget(("users", "ann"), 5),
+    ],
+    ids=["aget", "asearch", "aput", "aput-root", "adelete", "alist_namespaces", "aget-key"],
+)
+def test_async_twins_refuse_as_the_sync_methods(store: KeyshredStore, call: Any) -> None:
+    # The async twins were LangGraph's own: InvalidNamespaceError, whose message
+    # repeats the label (a subject id, here), where the sync methods raise
+    # InvalidInput without it; and a key that is no string was str()-ed.
+    with pytest.raises(InvalidInput) as caught:
+        asyncio.run(call(store))
+    assert "a.b" not in str(caught.value)
+    assert store.search(()) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        PutOp(("users", "bob", "notes"), "k", {"v": 2}, ttl=-1.0),
+        PutOp(("users", "bob", "notes"), "k", {"v": 2}, ttl=1e300),
+        PutOp(("users", "bob", "notes"), "k", {"v": 2}, ttl=float("nan")),
+        PutOp(("users", "bob", "notes"), "k", {1: "not a JSON object key"}),
+        PutOp(("users", "bob", "notes"), "k", {"v": "x" * (2 << 20)}),
+        PutOp(("~own", "bob"), "k", {"v": 2}),
+        PutOp(("users", "ann", "notes"), "k2", {"v": 2}, ttl=-1.0),
+    ],
+    ids=["ttl-negative", "ttl-huge", "ttl-nan", "key-not-str", "too-large", "own-ns", "same"],
+)
+def test_a_batch_refused_by_a_later_write_writes_nothing(store: KeyshredStore, bad: PutOp) -> None:
+    # Each subject's writes were refused by its own delete_many/put_many, in turn: a
+    # refusal of bob's (or of ann's puts, after ann's deletes) left the writes made
+    # before it applied, and a ttl no timedelta holds raised OverflowError/ValueError.
+    store.put(("users", "ann", "notes"), "old", {"v": 0})
+    before = norm(store.search(()))
+    with pytest.raises(InvalidInput):
+        store.batch(
+            [
+                PutOp(("users", "ann", "notes"), "old", None),
+                PutOp(("users", "ann", "notes"), "k", {"v": 1}),
+                bad,
+            ]
+        )
+    assert norm(store.search(())) == before

@@ -258,6 +258,70 @@ class KeyshredStore(BaseStore):
                 prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
             )
 
+    # The async twins check as the sync methods do: BaseStore's own raise
+    # InvalidNamespaceError, whose message repeats the label (a subject id), and
+    # str() a key that is no string where the sync methods raise InvalidInput.
+
+    async def aget(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
+        with _langgraph_rules():
+            return await super().aget(_ns(namespace), _text(key), refresh_ttl=refresh_ttl)
+
+    async def asearch(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        with _langgraph_rules():
+            return await super().asearch(
+                _ns(namespace_prefix, prefix=True),
+                query=query,
+                filter=filter,
+                limit=limit,
+                offset=offset,
+                refresh_ttl=refresh_ttl,
+            )
+
+    async def aput(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
+    ) -> None:
+        with _langgraph_rules():
+            await super().aput(_ns(namespace), _text(key), value, index, ttl=ttl)
+
+    async def adelete(self, namespace: tuple[str, ...], key: str) -> None:
+        with _langgraph_rules():
+            await super().adelete(_ns(namespace), _text(key))
+
+    async def alist_namespaces(
+        self,
+        *,
+        prefix: NamespacePath | None = None,
+        suffix: NamespacePath | None = None,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        for path in (prefix, suffix):
+            if path is not None:
+                _ns(path, prefix=True)
+        with _langgraph_rules():
+            return await super().alist_namespaces(
+                prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
+            )
+
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Reads see the state before the batch's writes (as ``InMemoryStore``);
         writes apply in order, the last write of a key winning."""
@@ -471,14 +535,11 @@ class KeyshredStore(BaseStore):
         if len(by_subject) > 1:
             for subject in by_subject:
                 self._ks.catalog.check_guard(self._ks.subject_ref(subject), scope=self._scope)
-        for subject, ops in by_subject.items():
-            deletes = [(tuple(op.namespace), op.key) for op in ops if op.value is None]
-            if deletes:  # one rewrite for all of them: linear in their number
-                self._ks.memories.delete_many(subject, deletes)
         # Items are written in the batch's order, a run of one subject's at a time:
         # across subjects the order of a search is the items' creation times, which
         # must follow the batch as InMemoryStore's order does (one put_many a subject
-        # wrote a later subject's items first when an earlier one came back).
+        # wrote a later subject's items first when an earlier one came back). Built
+        # before any write: building one may refuse it (its index, its ttl).
         runs: list[tuple[str, list[PutItem]]] = []
         for subject, op in zip(subjects, puts, strict=True):
             if op.value is None:
@@ -492,9 +553,24 @@ class KeyshredStore(BaseStore):
                     dict(op.value),
                     scope=self._scope,
                     index=self._index_for(op),
-                    ttl=None if op.ttl is None else timedelta(minutes=float(op.ttl)),
+                    ttl=_ttl(op.ttl),
                 )
             )
+        deletes = {
+            subject: [(tuple(op.namespace), op.key) for op in ops if op.value is None]
+            for subject, ops in by_subject.items()
+        }
+        calls = len(runs) + sum(1 for d in deletes.values() if d)
+        if calls > 1:
+            # Each call is all or nothing, the batch is several: an item a later
+            # put_many would refuse (its value, its namespace, its ttl) left the
+            # writes of the calls before it applied. Asked of every item first.
+            for _, items in runs:
+                for item in items:
+                    self._ks.memories.check_put(item)
+        for subject, keys in deletes.items():
+            if keys:  # one rewrite for all of them: linear in their number
+                self._ks.memories.delete_many(subject, keys)
         for subject, items in runs:
             self._ks.memories.put_many(subject, items, embedder=self._embedder)
 
@@ -609,6 +685,18 @@ class KeyshredStore(BaseStore):
             self._sweeper.join(timeout)
             return not self._sweeper.is_alive()
         return True
+
+
+def _ttl(minutes: float | None) -> timedelta | None:
+    """A put's ttl (minutes) as the memory store's: InvalidInput for one no
+    ``timedelta`` holds (NaN, infinite, beyond its range), which ``timedelta`` would
+    raise as ValueError or OverflowError."""
+    if minutes is None:
+        return None
+    try:
+        return timedelta(minutes=float(minutes))
+    except (OverflowError, ValueError):
+        raise InvalidInput("a ttl is a finite number of minutes") from None
 
 
 def _text(value: Any) -> str:
