@@ -250,9 +250,7 @@ class KeyshredStore(BaseStore):
         limit: int = 100,
         offset: int = 0,
     ) -> list[tuple[str, ...]]:
-        for path in (prefix, suffix):
-            if path is not None:
-                _ns(path, prefix=True)
+        _check_paths(prefix, suffix)
         with _langgraph_rules():
             return super().list_namespaces(
                 prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
@@ -314,9 +312,7 @@ class KeyshredStore(BaseStore):
         limit: int = 100,
         offset: int = 0,
     ) -> list[tuple[str, ...]]:
-        for path in (prefix, suffix):
-            if path is not None:
-                _ns(path, prefix=True)
+        _check_paths(prefix, suffix)
         with _langgraph_rules():
             return await super().alist_namespaces(
                 prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
@@ -714,6 +710,13 @@ def _strings(value: Any) -> Iterator[str]:
     elif isinstance(value, list | tuple):
         for v in value:
             yield from _strings(v)
+
+
+def _check_paths(*paths: NamespacePath | None) -> None:
+    """``list_namespaces``' prefix and suffix as prefixes (``*`` allowed)."""
+    for path in paths:
+        if path is not None:
+            _ns(path, prefix=True)
 
 
 def _ns(namespace: Any, *, prefix: bool = False) -> tuple[str, ...]:
