@@ -122,7 +122,7 @@ class EditMixin(WriteMixin, ReadMixin):
         if old is None:
             raise NotFound("no memory to correct at that namespace and key")
         part = self._partition(ref)
-        version = len(self._history_rows(part, ns, k)) + 1
+        version = self._next_version(part, ns, k)
         now = self._clock()
         record = {
             "value": json.loads(old.value),

@@ -312,6 +312,14 @@ class ReadMixin(IndexMixin):
         mark = k + _VERSION_SEP
         return [r for r in part.rows.values() if r.namespace == hns and r.key.startswith(mark)]
 
+    def _next_version(self, part: Partition, ns: tuple[str, ...], k: str) -> int:
+        """One past the highest version kept. Not the count: an erasure removes the
+        versions about the erased subject, and a count then named the next version
+        after one still kept, overwriting it."""
+        mark = k + _VERSION_SEP
+        kept = (r.key[len(mark) :] for r in self._history_rows(part, ns, k))
+        return max((int(n) for n in kept if n.isdigit()), default=0) + 1
+
     def history(
         self, subject: Any, namespace: Sequence[str] | str, key: str
     ) -> list[dict[str, Any]]:
@@ -330,7 +338,7 @@ class ReadMixin(IndexMixin):
                     "valid_from": from_us(current.updated_us).isoformat(),
                     "valid_to": None,
                     "reason": None,
-                    "version": len(out) + 1,
+                    "version": self._next_version(part, ns, k),
                 }
             )
         return out

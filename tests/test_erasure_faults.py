@@ -52,6 +52,22 @@ def populate(data: Path) -> None:
             producer_version="1",
             index=True,  # its rebuild writes vectors too
         )
+        # Made from a victim memory deleted since: the catalog's provenance no longer
+        # reaches the victim, the key it is sealed under still does (co-owned, destroyed
+        # by the erasure), so the closure must find it by its key and rebuild it.
+        gone_src = ks.memories.get(VICTIM, ("m",), "k9")
+        assert gone_src is not None
+        ks.derived.register(
+            "recap",
+            subject="bob",
+            namespace=("s",),
+            key="recap",
+            value=f"{PROBE.decode()} recap",
+            produced_from=[gone_src.memory_id, src.memory_id],
+            producer="digest",
+            producer_version="1",
+        )
+        ks.memories.delete(VICTIM, ("m",), "k9")
 
 
 def victim_unreadable(ks: Keyshred) -> None:
@@ -130,6 +146,8 @@ def resume_and_check(data: Path) -> None:
         rebuilt = ks.memories.get("bob", ("s",), "digest")
         assert rebuilt is not None and rebuilt.value == "digest of 1 memories"
         assert ks.catalog.asset(rebuilt.memory_id).producer == "digest"  # type: ignore[union-attr]
+        recap = ks.memories.get("bob", ("s",), "recap")  # its victim source deleted before
+        assert recap is not None and recap.value == "digest of 1 memories"
         assert all(r.clean for r in ks.memories.repair_all())
     for path in (p for p in data.rglob("*") if p.is_file()):
         assert PROBE not in path.read_bytes(), path

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from langgraph.store.base import (
@@ -55,6 +54,9 @@ from keyshred.integrations.langgraph import KeyshredStore
 from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 from keyshred.vault.detect import detect
 from tests.conftest import PG_DSN
+from tests.model_settings import MODEL_TIMEOUT, model_settings
+
+pytestmark = pytest.mark.timeout(MODEL_TIMEOUT)
 
 SHARED = ("faq",)
 
@@ -414,12 +416,7 @@ class StoreModel(RuleBasedStateMachine):
         self.compare(got, want, "search everything")
 
 
-StoreModel.TestCase.settings = settings(
-    max_examples=50,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+StoreModel.TestCase.settings = model_settings(max_examples=50, stateful_step_count=30)
 TestStoreModel = StoreModel.TestCase
 
 
@@ -487,12 +484,7 @@ class AsyncStoreModel(StoreModel):
 
 # Fewer examples for the variants: the rules are the same, the backend or the
 # calling convention is what they add (about 10 s each here).
-_VARIANT = settings(
-    max_examples=12,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+_VARIANT = model_settings(max_examples=12, stateful_step_count=30)
 PostgresStoreModel.TestCase.settings = _VARIANT
 AsyncStoreModel.TestCase.settings = _VARIANT
 TestPostgresStoreModel = PostgresStoreModel.TestCase

@@ -16,9 +16,9 @@ What the store promises, as the model encodes it:
   identifier) is owned by the person (README.md "Keys and their owners", capability
   rows "keys owned by every subject the data is about", "mentions found");
 - the erasure of S (or of S's scope) "rebuilds every derived asset whose provenance or
-  mentions include the subject (or drops it when no rebuild is registered)" (README.md
-  "Erasure"): with the producer's function from the remaining sources, dropped when
-  the function returns ``None`` or no source remains (``keyshred/erasure/derived.py``).
+  mentions include the subject with its producer's function from the remaining
+  sources" (README.md "Erasure"), dropped when the function returns ``None`` or no
+  source remains (``keyshred/erasure/derived.py``).
   A memory about S with no producer (a mention, a corrected version) is dropped; a
   scope erasure reaches what was derived from that scope, not mentions. "About S" is
   what its key says (owners at the time of writing, even of a source deleted since),
@@ -51,14 +51,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from keyshred import Keyshred
 from keyshred.errors import NotFound, SubjectSuppressed
 from keyshred.storage.memories import Memory
+from tests.model_settings import MODEL_TIMEOUT, model_settings
 from tests.storage.conftest import make_config
+
+pytestmark = pytest.mark.timeout(MODEL_TIMEOUT)
 
 SUBJECTS = ("A", "B", "C", "D")
 KEYS = ("k0", "k1", "k2")  # plain memories
@@ -578,12 +580,7 @@ class DerivedSequences(RuleBasedStateMachine):
             assert got == want, (subject, key)
 
 
-DerivedSequences.TestCase.settings = settings(
-    max_examples=30,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+DerivedSequences.TestCase.settings = model_settings(max_examples=30, stateful_step_count=40)
 TestDerivedSequences = DerivedSequences.TestCase
 
 
@@ -670,6 +667,33 @@ def test_found_by_sequences_erased_text_in_what_was_built_from_a_deleted_sources
         values += [d.value] if d is not None else []
         assert values == ["[3]", "[3]"]  # C's value, and D's rebuilt from it
         assert ks.memories.count("C") == 1
+
+
+def test_found_by_sequences_a_correction_after_an_erasure_keeps_every_version(
+    tmp_path: Path,
+) -> None:
+    # Found by DerivedSequences (fixed in the commit that added this test): C's
+    # summary of A's and B's memories, both deleted since, corrected twice: the first
+    # version holds A's text, the second is C's own. A's erasure removes the first;
+    # the next correction numbered its version by the count of those kept (2) and
+    # overwrote C's second version.
+    with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        a = ks.memories.put("A", NS, "k0", "[1]")
+        b = ks.memories.put("B", NS, "k0", "[2]")
+        _summary(ks, "C", "d0", [a, b], "[1] + [2]")
+        assert ks.memories.delete("A", NS, "k0") and ks.memories.delete("B", NS, "k0")
+        ks.memories.correct("C", NS, "d0", "[3]", reason="fix")
+        ks.memories.correct("C", NS, "d0", "[4]", reason="fix")
+        req = ks.erase("A", requested_by=REQUESTED_BY, reason=REASON)
+        assert req.state == "completed", req.error
+        ks.memories.correct("C", NS, "d0", "[5]", reason="fix")
+        history = ks.memories.history("C", NS, "d0")
+        assert [(h["value"], h["version"]) for h in history] == [
+            ("[3]", 2),
+            ("[4]", 3),
+            ("[5]", 4),
+        ]
+        assert ks.memories.count("C") == 3
 
 
 def test_an_unknown_producer_waits_in_manual_review_then_resume_rebuilds(tmp_path: Path) -> None:

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -54,8 +53,11 @@ from hypothesis.stateful import (
 from keyshred import Keyshred
 from keyshred.errors import NotFound, SubjectSuppressed
 from keyshred.storage.memories import PutItem
+from tests.model_settings import MODEL_TIMEOUT, model_settings
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
+
+pytestmark = pytest.mark.timeout(MODEL_TIMEOUT)
 
 SUBJECTS = ("A", "B", "C", "D", "E")
 KEYS = ("k0", "k1", "k2")
@@ -356,12 +358,7 @@ class ErasureSequences(RuleBasedStateMachine):
             assert got == want, (subject, key)
 
 
-ErasureSequences.TestCase.settings = settings(
-    max_examples=40,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+ErasureSequences.TestCase.settings = model_settings(max_examples=40, stateful_step_count=40)
 TestErasureSequences = ErasureSequences.TestCase
 
 
