@@ -29,44 +29,30 @@ def populate(data: Path) -> None:
         for i in range(10):
             ks.memories.put(VICTIM, ("m",), f"k{i}", f"{PROBE.decode()} {i}", index=True)
         src = ks.memories.put("bob", ("m",), "b", "bob likes chess", index=True)
-        victim_src = ks.memories.get(VICTIM, ("m",), "k0")
-        assert victim_src is not None
-        ks.derived.register(
-            "summary",
-            subject="bob",
-            namespace=("s",),
-            key="summary",
-            value=f"{PROBE.decode()} and chess",
-            produced_from=[victim_src.memory_id, src.memory_id],
-            producer="concat",
-            producer_version="1",
-        )
-        ks.derived.register(  # rebuilt by the erasure (the worker knows "digest")
-            "digest",
-            subject="bob",
-            namespace=("s",),
-            key="digest",
-            value=f"{PROBE.decode()} digest",
-            produced_from=[victim_src.memory_id, src.memory_id],
-            producer="digest",
-            producer_version="1",
-            index=True,  # its rebuild writes vectors too
-        )
+
+        def bobs(key: str, victims: str, producer: str, *, index: bool | None = None) -> None:
+            """Bob's derived memory ``key`` of the victim's memory ``victims`` and his."""
+            victim_src = ks.memories.get(VICTIM, ("m",), victims)
+            assert victim_src is not None
+            ks.derived.register(
+                key,
+                subject="bob",
+                namespace=("s",),
+                key=key,
+                value=f"{PROBE.decode()} {key}",
+                produced_from=[victim_src.memory_id, src.memory_id],
+                producer=producer,
+                producer_version="1",
+                index=index,
+            )
+
+        bobs("summary", "k0", "concat")  # dropped: its producer returns None
+        # rebuilt by the erasure (the worker knows "digest"), writing vectors too
+        bobs("digest", "k0", "digest", index=True)
         # Made from a victim memory deleted since: the catalog's provenance no longer
         # reaches the victim, the key it is sealed under still does (co-owned, destroyed
         # by the erasure), so the closure must find it by its key and rebuild it.
-        gone_src = ks.memories.get(VICTIM, ("m",), "k9")
-        assert gone_src is not None
-        ks.derived.register(
-            "recap",
-            subject="bob",
-            namespace=("s",),
-            key="recap",
-            value=f"{PROBE.decode()} recap",
-            produced_from=[gone_src.memory_id, src.memory_id],
-            producer="digest",
-            producer_version="1",
-        )
+        bobs("recap", "k9", "digest")
         ks.memories.delete(VICTIM, ("m",), "k9")
 
 

@@ -54,7 +54,7 @@ from keyshred.integrations.langgraph import KeyshredStore
 from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 from keyshred.vault.detect import detect
 from tests.conftest import PG_DSN
-from tests.model_settings import MODEL_TIMEOUT, model_settings
+from tests.model_machine import MODEL_TIMEOUT, model_settings
 
 pytestmark = pytest.mark.timeout(MODEL_TIMEOUT)
 

@@ -43,8 +43,6 @@ reproductions close this file.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,12 +50,12 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from keyshred import Keyshred
 from keyshred.errors import NotFound, SubjectSuppressed
 from keyshred.storage.memories import Memory
-from tests.model_settings import MODEL_TIMEOUT, model_settings
+from tests.model_machine import MODEL_TIMEOUT, StoreMachine, model_settings
 from tests.storage.conftest import make_config
 
 pytestmark = pytest.mark.timeout(MODEL_TIMEOUT)
@@ -237,14 +235,12 @@ class Model:
         return waited
 
 
-class DerivedSequences(RuleBasedStateMachine):
+class DerivedSequences(StoreMachine):
+    TOKEN = "[{}]"
+
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        self.step = 0
-        self.dir = Path(tempfile.mkdtemp(prefix="ks-derived-"))
-        self.path = self.dir / "data"
-        self.ks: Keyshred | None = None
 
     # -- setup ----------------------------------------------------------------------
 
@@ -260,22 +256,6 @@ class DerivedSequences(RuleBasedStateMachine):
         for name in STARTUP:
             self.store.derived.register_producer(name, "1", rebuilder(name))
         self.model.known = set(STARTUP)
-
-    def teardown(self) -> None:
-        try:
-            if self.ks is not None:
-                self.ks.close()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    @property
-    def store(self) -> Keyshred:
-        assert self.ks is not None
-        return self.ks
-
-    def token(self) -> str:
-        self.step += 1
-        return f"[{self.step}]"
 
     # -- plain writes ---------------------------------------------------------------
 
@@ -571,13 +551,7 @@ class DerivedSequences(RuleBasedStateMachine):
 
     @invariant()
     def history_matches_the_model(self) -> None:
-        if self.ks is None:
-            return
-        for (subject, key), versions in self.model.history.items():
-            current = self.model.mems.get((subject, key))
-            want = [v.value for v in versions] + ([current.value] if current else [])
-            got = [h["value"] for h in self.store.memories.history(subject, NS, key)]
-            assert got == want, (subject, key)
+        self.check_history(NS, self.model.mems, self.model.history)
 
 
 DerivedSequences.TestCase.settings = model_settings(max_examples=30, stateful_step_count=40)
@@ -585,6 +559,13 @@ TestDerivedSequences = DerivedSequences.TestCase
 
 
 # -- minimal reproductions of what the machine above found ------------------------------
+
+
+def _c_sums_up_a_and_b(ks: Keyshred) -> tuple[Memory, Memory, Memory]:
+    """A's "[1]" and B's "[2]" (both at k0), and C's summary of them at d0."""
+    a = ks.memories.put("A", NS, "k0", "[1]")
+    b = ks.memories.put("B", NS, "k0", "[2]")
+    return a, b, _summary(ks, "C", "d0", [a, b], "[1] + [2]")
 
 
 def _summary(ks: Keyshred, owner: str, key: str, sources: list[Memory], value: str) -> Memory:
@@ -610,9 +591,7 @@ def test_found_by_sequences_a_rewritten_derived_memory_is_still_rebuilt(
     # the erasure of a source's subject dropped C's summary instead of rebuilding it
     # from B's memory (or waiting in manual_review for an unknown producer).
     with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
-        a = ks.memories.put("A", NS, "k0", "[1]")
-        b = ks.memories.put("B", NS, "k0", "[2]")
-        summary = _summary(ks, "C", "d0", [a, b], "[1] + [2]")
+        _, _, summary = _c_sums_up_a_and_b(ks)
         if how == "update":
             ks.memories.update("C", NS, "d0", "[3]")
         else:
@@ -635,9 +614,7 @@ def test_found_by_sequences_a_summary_of_a_deleted_source_is_rebuilt_not_lost(
     # erasure destroyed the key and never rebuilt the summary: it was left opaque,
     # gone from C's reads, instead of rebuilt from B's memory.
     with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
-        a = ks.memories.put("A", NS, "k0", "[1]")
-        b = ks.memories.put("B", NS, "k0", "[2]")
-        _summary(ks, "C", "d0", [a, b], "[1] + [2]")
+        _c_sums_up_a_and_b(ks)
         assert ks.memories.delete("A", NS, "k0")
         req = ks.erase("A", requested_by=REQUESTED_BY, reason=REASON)
         assert req.state == "completed", req.error
@@ -654,9 +631,7 @@ def test_found_by_sequences_erased_text_in_what_was_built_from_a_deleted_sources
     # summary D built from C's summary, and the old version C's correction keeps,
     # were sealed under keys A did not own: both read "[1]" after A's erasure.
     with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
-        a = ks.memories.put("A", NS, "k0", "[1]")
-        b = ks.memories.put("B", NS, "k0", "[2]")
-        c = _summary(ks, "C", "d0", [a, b], "[1] + [2]")
+        _, _, c = _c_sums_up_a_and_b(ks)
         assert ks.memories.delete("A", NS, "k0")
         _summary(ks, "D", "d0", [c], "[1] + [2]")
         ks.memories.correct("C", NS, "d0", "[3]", reason="fix")
@@ -678,9 +653,7 @@ def test_found_by_sequences_a_correction_after_an_erasure_keeps_every_version(
     # the next correction numbered its version by the count of those kept (2) and
     # overwrote C's second version.
     with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
-        a = ks.memories.put("A", NS, "k0", "[1]")
-        b = ks.memories.put("B", NS, "k0", "[2]")
-        _summary(ks, "C", "d0", [a, b], "[1] + [2]")
+        _c_sums_up_a_and_b(ks)
         assert ks.memories.delete("A", NS, "k0") and ks.memories.delete("B", NS, "k0")
         ks.memories.correct("C", NS, "d0", "[3]", reason="fix")
         ks.memories.correct("C", NS, "d0", "[4]", reason="fix")

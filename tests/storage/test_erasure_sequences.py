@@ -33,8 +33,6 @@ The machine found the two bugs whose reproductions close this file.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -43,7 +41,6 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -53,7 +50,7 @@ from hypothesis.stateful import (
 from keyshred import Keyshred
 from keyshred.errors import NotFound, SubjectSuppressed
 from keyshred.storage.memories import PutItem
-from tests.model_settings import MODEL_TIMEOUT, model_settings
+from tests.model_machine import MODEL_TIMEOUT, StoreMachine, model_settings
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -104,14 +101,10 @@ class Model:
         return live + sum(len(v) for (s, _), v in self.history.items() if s == subject)
 
 
-class ErasureSequences(RuleBasedStateMachine):
+class ErasureSequences(StoreMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        self.step = 0
-        self.dir = Path(tempfile.mkdtemp(prefix="ks-seq-"))
-        self.path = self.dir / "data"
-        self.ks: Keyshred | None = None
 
     # -- setup ----------------------------------------------------------------------
 
@@ -119,22 +112,6 @@ class ErasureSequences(RuleBasedStateMachine):
     def open_store(self, flush_records: int) -> None:
         self.cfg = make_config(None, flush_records=flush_records)
         self.ks = Keyshred.init(self.path, self.cfg, embeddings=bag_of_words)
-
-    def teardown(self) -> None:
-        try:
-            if self.ks is not None:
-                self.ks.close()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    @property
-    def store(self) -> Keyshred:
-        assert self.ks is not None
-        return self.ks
-
-    def value(self) -> str:
-        self.step += 1
-        return f"v{self.step}"
 
     def refused(self, subject: str, mentions: frozenset[str]) -> bool:
         """Whether a write of ``subject`` about ``mentions`` is refused with
@@ -162,7 +139,7 @@ class ErasureSequences(RuleBasedStateMachine):
         self._put(subject, key, scope, about)
 
     def _put(self, subject: str, key: str, scope: str, mentions: frozenset[str]) -> None:
-        value = self.value()
+        value = self.token()
         put = self.store.memories.put
         if self.refused(subject, mentions):
             with pytest.raises(SubjectSuppressed):
@@ -182,7 +159,7 @@ class ErasureSequences(RuleBasedStateMachine):
         batch, model = [], []
         for key, scope in items:
             mentions = frozenset(data.draw(st.lists(st.sampled_from(others), max_size=1)))
-            value = self.value()
+            value = self.token()
             batch.append(PutItem(NS, key, value, mentions=sorted(mentions), **_scope_args(scope)))
             model.append((key, Version(value, scope, mentions)))
         if any(self.refused(subject, v.mentions) for _, v in model) or (
@@ -203,7 +180,7 @@ class ErasureSequences(RuleBasedStateMachine):
         if new_mentions:
             others = [s for s in SUBJECTS if s != subject]
             mentions = frozenset(data.draw(st.lists(st.sampled_from(others), max_size=2)))
-        value = self.value()
+        value = self.token()
         old = self.model.memories.get((subject, key))
         call = {"mentions": sorted(mentions)} if mentions is not None else {}
         if subject in self.model.erased:
@@ -225,7 +202,7 @@ class ErasureSequences(RuleBasedStateMachine):
     @rule(data=st.data(), key=st.sampled_from(KEYS))
     def correct(self, data: st.DataObject, key: str) -> None:
         subject = data.draw(st.sampled_from(SUBJECTS), label="subject")
-        value = self.value()
+        value = self.token()
         old = self.model.memories.get((subject, key))
         if subject in self.model.erased:
             with pytest.raises(SubjectSuppressed):
@@ -349,13 +326,7 @@ class ErasureSequences(RuleBasedStateMachine):
 
     @invariant()
     def history_matches_the_model(self) -> None:
-        if self.ks is None:
-            return
-        for (subject, key), versions in self.model.history.items():
-            current = self.model.memories.get((subject, key))
-            want = [v.value for v in versions] + ([current.value] if current else [])
-            got = [h["value"] for h in self.store.memories.history(subject, NS, key)]
-            assert got == want, (subject, key)
+        self.check_history(NS, self.model.memories, self.model.history)
 
 
 ErasureSequences.TestCase.settings = model_settings(max_examples=40, stateful_step_count=40)
