@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize
 
 from keyshred import Keyshred
+from keyshred.errors import SubjectSuppressed
+from tests.storage.conftest import make_config
 
 __all__ = ["MODEL_TIMEOUT", "StoreMachine", "model_settings"]
 
@@ -42,12 +46,22 @@ class _Valued(Protocol):
     def value(self) -> str: ...
 
 
+class _Modelled(_Valued, Protocol):
+    @property
+    def scope(self) -> str: ...
+
+    @property
+    def mentions(self) -> frozenset[str]: ...
+
+
 class StoreMachine(RuleBasedStateMachine):
-    """A store at ``self.path`` (opened by the subclass's ``initialize`` rule into
-    ``self.ks``), closed and removed at teardown; fresh values ``TOKEN`` numbered
-    by step."""
+    """An embedded store at ``self.path`` (``self.ks``, its config ``self.cfg``:
+    flushing every 2 or 3 records, so partitions compact all the time; the
+    ``EMBEDDINGS`` function), closed and removed at teardown; ``opened`` runs once
+    it is made. Fresh values ``TOKEN`` numbered by step."""
 
     TOKEN = "v{}"
+    EMBEDDINGS: Any = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,6 +69,15 @@ class StoreMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="ks-model-"))
         self.path = self.dir / "data"
         self.ks: Keyshred | None = None
+
+    @initialize(flush_records=st.sampled_from([2, 3]))
+    def open_store(self, flush_records: int) -> None:
+        self.cfg = make_config(None, flush_records=flush_records)
+        self.ks = Keyshred.init(self.path, self.cfg, embeddings=self.EMBEDDINGS)
+        self.opened()
+
+    def opened(self) -> None:
+        """What the subclass does first on its new store."""
 
     def teardown(self) -> None:
         try:
@@ -87,3 +110,40 @@ class StoreMachine(RuleBasedStateMachine):
             want = [v.value for v in versions] + ([now.value] if now else [])
             got = [h["value"] for h in self.store.memories.history(subject, namespace, key)]
             assert got == want, (subject, key)
+
+    def check_reads(
+        self,
+        namespace: tuple[str, ...],
+        subjects: Sequence[str],
+        keys: Sequence[str],
+        *,
+        current: Mapping[tuple[str, str], _Modelled],
+        erased: Collection[str],
+        count: Callable[[str], int],
+        dead: Collection[str] = (),
+    ) -> None:
+        """Each of ``subjects``: an erased one is refused;
+        another reads at each key what ``current`` holds (value, scope, the subjects
+        it mentions), no value holding a ``dead`` text, and counts ``count``."""
+        if self.ks is None:
+            return
+        memories = self.store.memories
+        for subject in subjects:
+            if subject in erased:
+                with pytest.raises(SubjectSuppressed):
+                    memories.get(subject, namespace, keys[0])
+                continue
+            for key in keys:
+                want = current.get((subject, key))
+                got = memories.get(subject, namespace, key)
+                where = (subject, key)
+                if got is not None:
+                    assert not any(t in got.value for t in dead), (where, "erased text")
+                if want is None:
+                    assert got is None, (where, got.value if got else None)
+                    continue
+                assert got is not None, (where, "lost", want.value)
+                assert (got.value, got.scope) == (want.value, want.scope), where
+                refs = {self.store.subject_ref(s) for s in want.mentions}
+                assert set(got.mentions) == refs, (where, want.mentions)
+            assert memories.count(subject) == count(subject), subject

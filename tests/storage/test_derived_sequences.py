@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from keyshred import Keyshred
 from keyshred.errors import NotFound, SubjectSuppressed
@@ -244,10 +244,7 @@ class DerivedSequences(StoreMachine):
 
     # -- setup ----------------------------------------------------------------------
 
-    @initialize(flush_records=st.sampled_from([2, 3]))
-    def open_store(self, flush_records: int) -> None:
-        self.cfg = make_config(None, flush_records=flush_records)
-        self.ks = Keyshred.init(self.path, self.cfg)
+    def opened(self) -> None:
         self._startup()
         for subject in SUBJECTS:  # something to derive from at the first step
             self._put(subject, KEYS[0], SCOPES[0], frozenset(), None)
@@ -526,28 +523,10 @@ class DerivedSequences(StoreMachine):
 
     @invariant()
     def reads_match_the_model(self) -> None:
-        if self.ks is None:
-            return
-        memories, m = self.store.memories, self.model
-        for subject in SUBJECTS:
-            if subject in m.erased:
-                with pytest.raises(SubjectSuppressed):
-                    memories.get(subject, NS, KEYS[0])
-                continue
-            for key in KEYS + DKEYS:
-                want = m.mems.get((subject, key))
-                got = memories.get(subject, NS, key)
-                where = (subject, key)
-                if got is not None:
-                    assert not any(t in got.value for t in m.dead), (where, "erased text")
-                if want is None:
-                    assert got is None, (where, got.value if got else None)
-                    continue
-                assert got is not None, (where, "lost", want.value)
-                assert (got.value, got.scope) == (want.value, want.scope), where
-                refs = {self.store.subject_ref(s) for s in want.mentions}
-                assert set(got.mentions) == refs, (where, want.mentions)
-            assert memories.count(subject) == m.count(subject), subject
+        m = self.model
+        self.check_reads(
+            NS, SUBJECTS, KEYS + DKEYS, current=m.mems, erased=m.erased, count=m.count, dead=m.dead
+        )
 
     @invariant()
     def history_matches_the_model(self) -> None:

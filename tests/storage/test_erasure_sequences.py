@@ -41,7 +41,6 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    initialize,
     invariant,
     precondition,
     rule,
@@ -102,16 +101,11 @@ class Model:
 
 
 class ErasureSequences(StoreMachine):
+    EMBEDDINGS = staticmethod(bag_of_words)
+
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-
-    # -- setup ----------------------------------------------------------------------
-
-    @initialize(flush_records=st.sampled_from([2, 3]))
-    def open_store(self, flush_records: int) -> None:
-        self.cfg = make_config(None, flush_records=flush_records)
-        self.ks = Keyshred.init(self.path, self.cfg, embeddings=bag_of_words)
 
     def refused(self, subject: str, mentions: frozenset[str]) -> bool:
         """Whether a write of ``subject`` about ``mentions`` is refused with
@@ -301,25 +295,10 @@ class ErasureSequences(StoreMachine):
     def reads_match_the_model(self) -> None:
         if self.ks is None:
             return
-        memories, m = self.store.memories, self.model
-        for subject in SUBJECTS:
-            if subject in m.erased:
-                with pytest.raises(SubjectSuppressed):
-                    memories.get(subject, NS, KEYS[0])
-                continue
-            for key in KEYS:
-                want = m.memories.get((subject, key))
-                got = memories.get(subject, NS, key)
-                where = (subject, key)
-                if want is None:
-                    assert got is None, (where, got.value if got else None)
-                    continue
-                assert got is not None, (where, "lost", want)
-                assert (got.value, got.scope) == (want.value, want.scope), (where, want)
-                refs = {self.store.subject_ref(s) for s in want.mentions}
-                assert set(got.mentions) == refs, (where, want.mentions)
-            assert memories.count(subject) == m.count(subject), subject
-            found = memories.search(subject, NS, limit=100)
+        m = self.model
+        self.check_reads(NS, SUBJECTS, KEYS, current=m.memories, erased=m.erased, count=m.count)
+        for subject in m.live():
+            found = self.store.memories.search(subject, NS, limit=100)
             assert {(x.key, x.value) for x in found} == {
                 (k, v.value) for (s, k), v in m.memories.items() if s == subject
             }, subject
