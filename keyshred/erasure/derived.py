@@ -32,7 +32,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from keyshred.erasure.requests import ProducerUnknown, iso, safe
-from keyshred.errors import SubjectSuppressed
+from keyshred.errors import InvalidInput, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.erasable import REBUILD, ErasureTarget, Phase, StoreCheck, StoreErasure
@@ -135,8 +135,10 @@ class DerivedApi:
         """Store a derived asset (a summary, a fact, an edge) as a memory of
         ``subject`` with its provenance; erasing any source rebuilds it."""
         safe("kind", kind)
-        if rebuild is not None:
-            self.register_producer(producer, producer_version, rebuild)
+        safe("producer", producer)
+        safe("producer version", producer_version)
+        if rebuild is not None and not callable(rebuild):
+            raise InvalidInput("rebuild is a function of the remaining source memories")
         memory = self._memories.put(
             subject,
             namespace,
@@ -167,6 +169,10 @@ class DerivedApi:
             producer_version=producer_version,
             sources=len(produced_from),
         )
+        # Only once the asset is stored: a refused write (a suppressed subject, bad
+        # input) changes nothing, not even which producers this handle knows.
+        if rebuild is not None:
+            self.register_producer(producer, producer_version, rebuild)
         return memory
 
 

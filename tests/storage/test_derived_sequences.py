@@ -199,6 +199,15 @@ class Model:
             }
             pending |= more
             grew = bool(more)
+        # A kept version keeps its provenance edges: one built from an asset this
+        # erasure removes or rebuilds goes with it (no producer rebuilds a version).
+        touched = gone | {self.mems[sk].mid for sk in pending}
+        for sk, versions in list(self.history.items()):
+            kept = [v for v in versions if not touched & set(v.sources)]
+            if kept:
+                self.history[sk] = kept
+            else:
+                del self.history[sk]
         waited: set[str] = set()
         while pending:
             # Sources first: an asset is rebuilt from its sources' rebuilt values.
@@ -646,6 +655,65 @@ def test_found_by_sequences_a_correction_after_an_erasure_keeps_every_version(
             ("[5]", 4),
         ]
         assert ks.memories.count("C") == 3
+
+
+def test_found_by_sequences_a_refused_register_registers_no_producer(tmp_path: Path) -> None:
+    # Found by DerivedSequences (fixed in the commit that added this test): a
+    # register refused for an erased owner had registered its rebuild function
+    # first, so a later erasure rebuilt with a producer the handle should not have
+    # known (it completed where it must wait in manual_review).
+    data = tmp_path / "data"
+    with Keyshred.init(data, make_config(None)) as ks:
+        a = ks.memories.put("A", NS, "k0", "[1]")
+        b = ks.memories.put("B", NS, "k0", "[2]")
+        ks.memories.put("D", NS, "k0", "[3]")
+        summary = ks.derived.register(
+            "summary",
+            subject="C",
+            namespace=NS,
+            key="d0",
+            value="[1] + [2]",
+            produced_from=[a.memory_id, b.memory_id],
+            producer="join",
+            producer_version="1",
+        )
+        assert ks.erase("D", requested_by=REQUESTED_BY, reason=REASON).state == "completed"
+        with pytest.raises(SubjectSuppressed):
+            ks.derived.register(
+                "summary",
+                subject="D",
+                namespace=NS,
+                key="d0",
+                value="[2]",
+                produced_from=[b.memory_id],
+                producer="join",
+                producer_version="1",
+                rebuild=rebuilder("join"),
+            )
+        assert ks.derived.rebuilder("join", "1") is None
+        req = ks.erase("A", requested_by=REQUESTED_BY, reason=REASON)
+        assert req.state == "manual_review", req.error
+        assert ks.catalog.asset(summary.memory_id) is not None
+
+
+def test_found_by_sequences_a_version_built_from_a_source_now_about_the_subject_goes(
+    tmp_path: Path,
+) -> None:
+    # Found by DerivedSequences, the store right and the model wrong: a kept version
+    # of A's summary names A's memory as its source; A rewrote that memory since to
+    # mention C. C's erasure drops the memory (about C), the summary (no source
+    # left) and the version too: provenance is taken as it is now, and no producer
+    # rebuilds a version.
+    with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        a = ks.memories.put("A", NS, "k0", "[1]")
+        ks.memories.put("C", NS, "k0", "[2]")
+        _summary(ks, "A", "d0", [a], "[1]")
+        ks.memories.correct("A", NS, "d0", "[3]", reason="fix")
+        ks.memories.put("A", NS, "k0", "[4]", mentions=["C"])
+        req = ks.erase("C", requested_by=REQUESTED_BY, reason=REASON)
+        assert req.state == "completed", req.error
+        assert ks.memories.history("A", NS, "d0") == []
+        assert ks.memories.count("A") == 0
 
 
 def test_an_unknown_producer_waits_in_manual_review_then_resume_rebuilds(tmp_path: Path) -> None:
