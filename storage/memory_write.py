@@ -30,6 +30,7 @@ from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _JSON,
+    Made,
     Memory,
     ProducedBy,
     PutItem,
@@ -118,6 +119,15 @@ class WriteMixin(IndexMixin):
                 raise InvalidInput("namespaces starting with '~' are keyshred's own")
         ref = self._ref(subject)
         return self._put_rows(ref, items, epoch=epoch, embedder=embedder)
+
+    def put_derived(self, subject: Any, item: PutItem, made: Made) -> Memory:
+        """``put`` of a derived asset: ``made`` (kind, producer, producer version)
+        goes into the catalog in the transaction that registers the row. Set after
+        it, a crash between left a plain memory, which an erasure of a source drops
+        instead of rebuilding."""
+        if _namespace(_checked(item).namespace)[0].startswith("~"):
+            raise InvalidInput("namespaces starting with '~' are keyshred's own")
+        return self._put_rows(self._ref(subject), [item], produced_by=made)[0]
 
     def check_put(self, item: PutItem) -> None:
         """Refuse, as ``put_many`` would and writing nothing, an item it refuses on

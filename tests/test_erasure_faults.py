@@ -14,6 +14,7 @@ from keyshred import Keyshred
 from keyshred.erasure import STEPS
 from keyshred.errors import StaleEpoch, SubjectErased, SubjectSuppressed
 from keyshred.receipts import verify_receipt
+from keyshred.storage import faults
 from keyshred.storage.faults import POINTS
 from tests.erasure_worker import register_producers
 from tests.storage.conftest import make_config
@@ -228,3 +229,47 @@ def test_sigkill_inside_a_scope_erasures_compaction_then_resume(point: str, tmp_
         assert all(r.clean for r in ks.memories.repair_all())
     for path in (p for p in data.rglob("*") if p.is_file()):
         assert PROBE not in path.read_bytes(), path
+
+
+def test_a_derived_asset_stops_nowhere_as_a_plain_memory(tmp_path: Path) -> None:
+    """``derived.register`` stopped right after its row's catalog transaction (the
+    ``put.after_catalog`` fault point; a kill there leaves the same files) left an
+    asset with its producer: the producer was written in a second transaction, and
+    a crash between left a plain memory that an erasure of its source dropped
+    instead of rebuilding."""
+    data = tmp_path / "data"
+
+    class Stop(Exception):
+        pass
+
+    def stop(point: str, *_: object) -> None:
+        if point == "put.after_catalog":
+            raise Stop
+
+    with Keyshred.init(data, make_config(None)) as ks:
+        src = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+        mine = ks.memories.put("bob", ("m",), "b", "bob likes chess")
+        faults.hook = stop
+        try:
+            with pytest.raises(Stop):
+                ks.derived.register(
+                    "digest",
+                    subject="bob",
+                    namespace=("s",),
+                    key="digest",
+                    value="victim text and chess",
+                    produced_from=[src.memory_id, mine.memory_id],
+                    producer="digest",
+                    producer_version="1",
+                )
+        finally:
+            faults.hook = None
+    with Keyshred.open(data, make_config(None)) as ks:
+        register_producers(ks)
+        got = ks.memories.get("bob", ("s",), "digest")
+        assert got is not None
+        asset = ks.catalog.asset(got.memory_id)
+        assert asset is not None and (asset.kind, asset.producer) == ("derived:digest", "digest")
+        assert ks.erase(VICTIM, requested_by="dpo", reason="art17").state == "completed"
+        rebuilt = ks.memories.get("bob", ("s",), "digest")
+        assert rebuilt is not None and rebuilt.value == "digest of 1 memories"

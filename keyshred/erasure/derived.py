@@ -36,8 +36,7 @@ from keyshred.errors import InvalidInput, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.erasable import REBUILD, ErasureTarget, Phase, StoreCheck, StoreErasure
-from keyshred.storage.memories import Memory, MemoryStore
-from keyshred.storage.schema import assets
+from keyshred.storage.memories import Memory, MemoryStore, PutItem
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -139,27 +138,15 @@ class DerivedApi:
         safe("producer version", producer_version)
         if rebuild is not None and not callable(rebuild):
             raise InvalidInput("rebuild is a function of the remaining source memories")
-        memory = self._memories.put(
-            subject,
-            namespace,
-            key,
-            value,
-            scope=scope,
-            sources=list(produced_from),
-            mentions=mentions,
-            index=index,
+        if isinstance(mentions, str) or not isinstance(mentions, Iterable):
+            raise InvalidInput("mentions is a list of subjects")
+        item = PutItem(
+            namespace, key, value, scope, None, None, list(produced_from), tuple(mentions), index
+        )
+        memory = self._memories.put_derived(
+            subject, item, (f"derived:{kind}", producer, producer_version)
         )
         ref = self._ref(subject)
-        with self._catalog.transaction() as conn:
-            conn.execute(
-                assets.update()
-                .where(assets.c.asset_id == memory.memory_id)
-                .values(
-                    kind=f"derived:{kind}",
-                    producer=safe("producer", producer),
-                    producer_version=safe("producer version", producer_version),
-                )
-            )
         self._audit.record(
             "derived.registered",
             subject_ref=ref,
