@@ -115,8 +115,7 @@ class WriteMixin(IndexMixin):
         if not isinstance(items, Sequence):
             raise InvalidInput("put_many takes a list of PutItem")
         for item in items:
-            if _namespace(_checked(item).namespace)[0].startswith("~"):
-                raise InvalidInput("namespaces starting with '~' are keyshred's own")
+            _callers(item)
         ref = self._ref(subject)
         return self._put_rows(ref, items, epoch=epoch, embedder=embedder)
 
@@ -125,8 +124,7 @@ class WriteMixin(IndexMixin):
         goes into the catalog in the transaction that registers the row. Set after
         it, a crash between left a plain memory, which an erasure of a source drops
         instead of rebuilding."""
-        if _namespace(_checked(item).namespace)[0].startswith("~"):
-            raise InvalidInput("namespaces starting with '~' are keyshred's own")
+        _callers(item)
         return self._put_rows(self._ref(subject), [item], produced_by=made)[0]
 
     def check_put(self, item: PutItem) -> None:
@@ -135,8 +133,7 @@ class WriteMixin(IndexMixin):
         too large, a ttl not positive). For a caller whose writes take several calls
         (``KeyshredStore.batch`` across subjects, or deletes then puts): each call is
         all or nothing, so the refusal must come before the first one."""
-        if _namespace(_checked(item).namespace)[0].startswith("~"):
-            raise InvalidInput("namespaces starting with '~' are keyshred's own")
+        _callers(item)
         _key(item.key)
         self._encode(item.value)
         if item.ttl is not None and item.ttl <= timedelta(0):
@@ -511,3 +508,10 @@ def _both(
         then(cur)
 
     return run
+
+
+def _callers(item: PutItem) -> None:
+    """Refuse an item a caller may not write: bad fields, or keyshred's own
+    namespaces (``~``)."""
+    if _namespace(_checked(item).namespace)[0].startswith("~"):
+        raise InvalidInput("namespaces starting with '~' are keyshred's own")
