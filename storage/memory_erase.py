@@ -32,6 +32,7 @@ from keyshred.storage.memory_types import (
     _key,
     _namespace,
     _vector_ids,
+    _version_of,
 )
 from keyshred.storage.partition import MemoryRow, Partition, partition_prefix, row_key_id, to_us
 
@@ -87,20 +88,20 @@ class EraseMixin(ReadMixin):
                     found.append(row)
             if not found:
                 return 0
-            # Every earlier version of each, in one pass over the partition (keys hold
-            # no control character, so a version's key is its key, the separator, a
-            # number).
+            # Every earlier version of each, in one pass over the partition (a
+            # version's key is its key, the separator, a number: split at the last
+            # separator, which the key itself may hold).
             names_found = {(r.namespace, r.key) for r in found}
             history = [
                 r
                 for r in part.rows.values()
                 if r.namespace[:1] == (HISTORY,)
-                and (r.namespace[1:], r.key.partition(_VERSION_SEP)[0]) in names_found
-                and _VERSION_SEP in r.key
+                and (v := _version_of(r.key)) is not None
+                and (r.namespace[1:], v[0]) in names_found
             ]
             self._delete_rows(ref, part, [*found, *history])
         if self._audit is not None:
-            earlier = Counter((r.namespace[1:], r.key.partition(_VERSION_SEP)[0]) for r in history)
+            earlier = Counter((r.namespace[1:], r.key.rpartition(_VERSION_SEP)[0]) for r in history)
             self._audit.record_many(
                 "memory.deleted",
                 [

@@ -13,7 +13,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 from keyshred._validate import check_count, check_filter, check_text
-from keyshred.errors import BackendUnavailable, InvalidInput, SubjectErased, SubjectSuppressed
+from keyshred.errors import (
+    BackendUnavailable,
+    InvalidInput,
+    KeyNotFound,
+    SubjectErased,
+    SubjectSuppressed,
+)
 from keyshred.storage.catalog_base import ACTIVE, ERASED, GuardState
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
@@ -27,6 +33,7 @@ from keyshred.storage.memory_types import (
     _namespace,
     _newest_first,
     _prefix,
+    _version_of,
 )
 from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
 from keyshred.storage.vectors import DEFAULT_SPACE
@@ -308,40 +315,68 @@ class ReadMixin(IndexMixin):
         return (HISTORY, *ns)
 
     def _history_rows(self, part: Partition, ns: tuple[str, ...], k: str) -> list[MemoryRow]:
+        """The readable history versions of (``ns``, ``k``)."""
         hns = self._history_ns(ns)
-        mark = k + _VERSION_SEP
-        return [r for r in part.rows.values() if r.namespace == hns and r.key.startswith(mark)]
+        return [
+            r
+            for r in part.rows.values()
+            if r.namespace == hns and (v := _version_of(r.key)) is not None and v[0] == k
+        ]
 
     def _next_version(self, part: Partition, ns: tuple[str, ...], k: str) -> int:
         """One past the highest version kept. Not the count: an erasure removes the
         versions about the erased subject, and a count then named the next version
-        after one still kept, overwriting it."""
-        mark = k + _VERSION_SEP
-        kept = (r.key[len(mark) :] for r in self._history_rows(part, ns, k))
-        return max((int(n) for n in kept if n.isdigit()), default=0) + 1
+        after one still kept, overwriting it. Nor a number an unreadable version
+        holds (its key destroyed by an erasure still under way: its name is sealed,
+        its lookup hash is not): a correction written there would replace it under
+        its asset id, which that erasure then deletes."""
+        n = 1 + max(
+            (v[1] for r in self._history_rows(part, ns, k) if (v := _version_of(r.key))),
+            default=0,
+        )
+        if part.opaque:
+            hns = self._history_ns(ns)
+            try:
+                while part.lookup(hns, f"{k}{_VERSION_SEP}{n:08d}", create=False) in part.opaque:
+                    n += 1
+            except (KeyNotFound, SubjectErased):
+                pass  # no index key: no row at any name
+        return n
 
     def history(
         self, subject: Any, namespace: Sequence[str] | str, key: str
     ) -> list[dict[str, Any]]:
         """Every superseded version (oldest first), then the current value:
-        ``{"value", "valid_from", "valid_to", "reason", "version"}``."""
+        ``{"value", "valid_from", "valid_to", "reason", "version"}``. As every read:
+        nothing of a suppressed scope (``SubjectSuppressed`` if the current value is
+        in one; its versions are left out) and nothing past its retain-until."""
         ref = self._ref(subject)
         ns, k = _namespace(namespace), _key(key)
-        current = self._row(subject, ns, k)
-        part = self._partition(ref)
-        versions = sorted(self._history_rows(part, ns, k), key=lambda r: r.key)
-        out = [json.loads(r.value) for r in versions]
-        if current is not None:
-            out.append(
-                {
-                    "value": json.loads(current.value),
-                    "valid_from": from_us(current.updated_us).isoformat(),
-                    "valid_to": None,
-                    "reason": None,
-                    "version": self._next_version(part, ns, k),
-                }
-            )
-        return out
+
+        def once() -> Read[list[dict[str, Any]]]:
+            part, closes, current = self._row_once(ref, ns, k)
+            hidden = self._catalog.guard(ref).scopes  # (read again: cached, and no laxer)
+            now_us = to_us(self._clock())
+            versions = [
+                r
+                for r in self._history_rows(part, ns, k)
+                if r.scope not in hidden and r.retain_us > now_us
+            ]
+            versions.sort(key=lambda r: r.key)
+            out = [json.loads(r.value) for r in versions]
+            if current is not None:
+                out.append(
+                    {
+                        "value": json.loads(current.value),
+                        "valid_from": from_us(current.updated_us).isoformat(),
+                        "valid_to": None,
+                        "reason": None,
+                        "version": self._next_version(part, ns, k),
+                    }
+                )
+            return part, closes, out
+
+        return self._settled(ref, once)
 
     # -- by subject_ref: the erasure coordinator's and exports' entry points -----------
 

@@ -38,6 +38,19 @@ MEMORY_KIND = "memory"
 HISTORY = "~history"  # superseded versions of corrected memories live under it
 _VERSION_SEP = "\x1f"
 VECTOR_KIND = "vector"
+
+
+def _version_of(history_key: str) -> tuple[str, int] | None:
+    """(key, version) of a history row's key ``<key><_VERSION_SEP><8 digits>``, or
+    None. Split at the last separator: a key may hold the separator itself, and
+    a prefix match on ``key + _VERSION_SEP`` then took ``"a\x1fb"``'s versions
+    for ``"a"``'s."""
+    key, sep, number = history_key.rpartition(_VERSION_SEP)
+    if not sep or not number.isdigit() or not number.isascii():
+        return None
+    return key, int(number)
+
+
 # A derived asset's (kind, producer, producer version): one for every row a write
 # registers, or one per (namespace, key) (rows not listed are plain memories).
 Made = tuple[str, str | None, str | None]
