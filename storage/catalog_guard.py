@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from keyshred import db
-from keyshred.errors import StaleEpoch, SubjectSuppressed
+from keyshred.errors import InvalidInput, StaleEpoch, SubjectSuppressed
 from keyshred.storage import events
 from keyshred.storage.catalog_base import (
     ACTIVE,
@@ -154,6 +154,10 @@ class GuardMixin(CatalogBase):
         scope: str | None = None,
     ) -> int:
         """Raise ``SubjectSuppressed``/``StaleEpoch`` for ``state``, or return the epoch."""
+        if expected_epoch is not None and type(expected_epoch) is not int:
+            # A caller's value (``put(..., epoch=)``): compared below, "1" < 2 raised
+            # TypeError.
+            raise InvalidInput("a deletion epoch is an int")
         on_stale = self.on_stale
         if state.status != ACTIVE:
             raise SubjectSuppressed(f"subject_ref {subject_ref} is {state.status}")

@@ -127,17 +127,34 @@ class WriteMixin(IndexMixin):
         _callers(item)
         return self._put_rows(self._ref(subject), [item], produced_by=made)[0]
 
-    def check_put(self, item: PutItem) -> None:
+    def check_put(self, item: PutItem, subject: Any = None) -> None:
         """Refuse, as ``put_many`` would and writing nothing, an item it refuses on
         its own (its fields, keyshred's own namespaces, a value that is no JSON or
-        too large, a ttl not positive). For a caller whose writes take several calls
-        (``KeyshredStore.batch`` across subjects, or deletes then puts): each call is
-        all or nothing, so the refusal must come before the first one."""
+        too large, a ttl not positive) and, given the ``subject`` it is for, what it
+        refuses for that subject: the subject or the item's scope suppressed, no
+        consent its policy needs, a subject it names (declared or found by its
+        registered identifiers) being erased. For a caller whose writes take
+        several calls (``KeyshredStore.batch`` across subjects, or deletes then
+        puts): each call is all or nothing, so the refusal must come before the
+        first one. (A suppression between this check and the write is still
+        refused by the write, after the calls before it.)"""
         _callers(item)
         _key(item.key)
         self._encode(item.value)
         if item.ttl is not None and item.ttl <= timedelta(0):
             raise InvalidInput("a ttl is positive")
+        if subject is None:
+            return
+        ref = self._ref(subject)
+        guard = self._catalog.guard(ref)
+        self._catalog.enforce(ref, guard, None)
+        scope = self._target(ref, item, self._clock())[0]
+        if scope in guard.scopes:
+            raise SubjectSuppressed(f"scope {scope!r} of subject_ref {ref} is suppressed")
+        named = set().union(*self._mentions.find(ref, [item]))
+        named |= {self._ref(m) for m in item.mentions}
+        for owner in sorted(named - {ref}):
+            self._check_owner(owner)
 
     def _put_rows(
         self,
@@ -216,7 +233,7 @@ class WriteMixin(IndexMixin):
             else {}
         )
         if source_owners:
-            for source, owners in self._sealed_owners(source_owners).items():
+            for source, owners in self._sealed_owners(ref, source_owners).items():
                 source_owners[source] |= owners
         if self._sealer.encrypted:
             # A new source the catalog does not hold gives no owner, so the value
@@ -417,7 +434,7 @@ class WriteMixin(IndexMixin):
             self._check_owner(owner)
         return out
 
-    def _sealed_owners(self, asset_ids: Iterable[str]) -> dict[str, set[str]]:
+    def _sealed_owners(self, ref: str, asset_ids: Iterable[str]) -> dict[str, set[str]]:
         """The other owners of the key each listed memory's row is sealed under.
 
         The catalog's walk (``source_owners``) finds a source's owners through the
@@ -426,13 +443,21 @@ class WriteMixin(IndexMixin):
         but the walk no longer reaches that subject. A value built from the summary
         then went under a key its subject did not own, and stayed readable after
         that subject's erasure. The key the summary was sealed under still names
-        every owner it had when written: they own what is built from it too."""
+        every owner it had when written: they own what is built from it too.
+
+        Reading those key ids loads each holder's partition (its rows decrypted into
+        this process's cache): a holder being erased is refused first, as the write
+        would be once its owners are checked, so that its rows are not decrypted
+        again after its suppression's eviction dropped them."""
         by_holder: dict[str, set[str]] = {}
         for asset_id in asset_ids:
             asset = self._catalog.asset(asset_id)
             if asset is not None:
                 by_holder.setdefault(asset.subject_ref, set()).add(asset_id)
         key_of: dict[str, bytes] = {}
+        for holder in by_holder:
+            if holder != ref:  # (``ref``'s own guard was enforced by the caller)
+                self._check_owner(holder)
         for holder, owned in by_holder.items():
             part = self._partition(holder)
             part.ensure_loaded()

@@ -252,3 +252,51 @@ def test_one_subjects_namespaces_leave_out_expired_memories(ks: Keyshred) -> Non
     fast = ks.memories.namespaces_ref(ref, ("u",))
     part.earliest_retain_us = 0  # as if a memory had expired: the rows are read
     assert ks.memories.namespaces_ref(ref, ("u",)) == fast
+
+
+def test_a_batch_refused_for_a_later_users_consent_writes_nothing(ks: Keyshred) -> None:
+    # check_put asked what put_many refuses of an item on its own, not what it
+    # refuses for its subject: a later user's missing consent (ConsentRequired) was
+    # raised after the earlier user's items were written.
+    from langgraph.store.base import PutOp
+
+    from keyshred.errors import ConsentRequired
+
+    ks.consent.grant("alice", scope="support/health", category="health")
+    store = KeyshredStore(ks, scope="support/health")
+    with pytest.raises(ConsentRequired):
+        store.batch(
+            [
+                PutOp(("alice", "notes"), "a", {"t": "alice note"}),
+                PutOp(("bob", "notes"), "b", {"t": "bob note"}),  # bob gave no consent
+            ]
+        )
+    assert store.get(("alice", "notes"), "a") is None
+
+
+def test_a_batch_naming_a_subject_being_erased_writes_nothing(ks: Keyshred) -> None:
+    # The same for a value that names (by a registered identifier) a subject whose
+    # erasure has started: refused after alice's item was written.
+    from langgraph.store.base import PutOp
+
+    victim = "victim@example.org"
+    ks.subjects.register_identifiers(victim, emails=["vic@example.org"])
+    ks.memories.put(victim, ("m",), "k", "x")
+
+    def stop(step: str, req: object) -> None:
+        if step == "suppress":
+            raise RuntimeError("stopped after the suppression")
+
+    ks.erasure.on_step = stop
+    with pytest.raises(RuntimeError):
+        ks.erase(victim, requested_by="dpo", reason="art17")
+    ks.erasure.on_step = None
+    store = KeyshredStore(ks)
+    with pytest.raises(SubjectSuppressed):
+        store.batch(
+            [
+                PutOp(("alice", "notes"), "a", {"t": "alice note"}),
+                PutOp(("bob", "notes"), "b", {"t": "wrote to vic@example.org"}),
+            ]
+        )
+    assert store.get(("alice", "notes"), "a") is None

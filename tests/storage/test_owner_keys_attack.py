@@ -198,3 +198,39 @@ def test_a_derived_assets_name_cannot_carry_another_subjects_identifier(
     assert rebuilt is not None and rebuilt.memory_id == summary.memory_id
     report = ks.erasure.residue_scan([email], [tmp_path / "data"])
     assert report.clean, report.as_dict()
+
+
+def test_a_write_refused_for_a_suppressed_source_decrypts_nothing_of_it(ks: Keyshred) -> None:
+    """The victim is suppressed (its erasure stopped after the suppress step, whose
+    eviction dropped its cached partition). Bob registers a summary of one of its
+    memories: refused, but only after reading the key ids of the sources had loaded
+    the victim's whole partition, so its decrypted rows sat in this process's cache
+    again. The holder's guard is read before its partition is loaded."""
+    victim = "victim@example.org"
+    v = ks.memories.put(victim, ("m",), "k", "victim plaintext")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+
+    def stop(step: str, req: object) -> None:
+        if step == "suppress":
+            raise RuntimeError("stopped after the suppression")
+
+    ks.erasure.on_step = stop
+    with pytest.raises(RuntimeError):
+        ks.erase(victim, requested_by="dpo", reason="art17", request_id="r1")
+    ks.erasure.on_step = None
+    ref = ks.subject_ref(victim)
+    ks.memories.evict(ref)
+    with pytest.raises(SubjectSuppressed):
+        ks.derived.register(
+            "digest",
+            subject="bob",
+            namespace=("s",),
+            key="d",
+            value="summary",
+            produced_from=[v.memory_id, b.memory_id],
+            producer="p",
+            producer_version="1",
+        )
+    part = ks.memories._partitions.get(ref)
+    assert part is None or not part.rows, "the suppressed subject's rows were decrypted"
+    assert ks.memories.get("bob", ("s",), "d") is None

@@ -561,9 +561,9 @@ class KeyshredStore(BaseStore):
             # Each call is all or nothing, the batch is several: an item a later
             # put_many would refuse (its value, its namespace, its ttl) left the
             # writes of the calls before it applied. Asked of every item first.
-            for _, items in runs:
+            for subject, items in runs:
                 for item in items:
-                    self._ks.memories.check_put(item)
+                    self._ks.memories.check_put(item, subject)
         for subject, keys in deletes.items():
             if keys:  # one rewrite for all of them: linear in their number
                 self._ks.memories.delete_many(subject, keys)
