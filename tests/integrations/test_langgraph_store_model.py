@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from langgraph.store.base import (
     GetOp,
     InvalidNamespaceError,
@@ -54,6 +54,7 @@ from keyshred.integrations.langgraph import KeyshredStore
 from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 from keyshred.vault.detect import detect
 from tests.conftest import PG_DSN
+from tests.integrations.test_langgraph_index import DIMS, hash_embed
 from tests.model_machine import MODEL_TIMEOUT, model_settings
 
 pytestmark = pytest.mark.timeout(MODEL_TIMEOUT)
@@ -196,10 +197,10 @@ def bad_label(ns: tuple[str, ...]) -> bool:
 
 
 class Model(InMemoryStore):
-    """``InMemoryStore``, but a comparison (``$gt`` ...) on a field an item lacks
-    matches nothing where ``InMemoryStore`` raises ``TypeError`` (float(None));
-    keyshred, as LangGraph's SQL stores, matches nothing. And a batch's reads
-    create no namespace."""
+    """``InMemoryStore``, but a put replaces the item's vectors; a comparison
+    (``$gt`` ...) on a field an item lacks matches nothing where ``InMemoryStore``
+    raises ``TypeError`` (float(None)); keyshred, as LangGraph's SQL stores, matches
+    nothing. And a batch's reads create no namespace."""
 
     def _filter_items(self, op: SearchOp) -> list[tuple[Item, list[list[float]]]]:
         if not op.filter:
@@ -210,6 +211,18 @@ class Model(InMemoryStore):
             for item, vectors in super()._filter_items(every)
             if all(matches(item.value.get(k), want) for k, want in op.filter.items())
         ]
+
+    def _extract_texts(
+        self, put_ops: dict[tuple[tuple[str, ...], str], PutOp]
+    ) -> dict[str, list[tuple[tuple[str, ...], str, str]]]:
+        # A put replaces all of the item's vectors (README, "deliberate differences"):
+        # ``InMemoryStore`` keeps an earlier value's vectors of paths the new put does
+        # not embed, which then rank the new value by the old text. Dropped before the
+        # new ones are inserted (``batch`` extracts, inserts, then applies).
+        for (ns, key), op in put_ops.items():
+            if op.value is not None:
+                self._vectors[ns].pop(key, None)
+        return super()._extract_texts(put_ops)
 
     def _apply_put_ops(self, put_ops: dict[tuple[tuple[str, ...], str], PutOp]) -> None:
         # A batch's GetOp created its namespace before the batch's puts, in the
@@ -232,7 +245,7 @@ class StoreModel(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="ks-store-model-"))
         self.ks = Keyshred.init(self.dir / "data", self.config())
         self.store = self.make_store()
-        self.model = Model()
+        self.model = self.make_model()
         self.written: set[str] = set()  # users that ever held an item (keys exist)
         self.erased: set[str] = set()  # users erased with data found
 
@@ -241,6 +254,9 @@ class StoreModel(RuleBasedStateMachine):
 
     def make_store(self) -> Any:
         return KeyshredStore(self.ks, subject_from=1, shared=[SHARED])
+
+    def make_model(self) -> Model:
+        return Model()
 
     def teardown(self) -> None:
         try:
@@ -482,13 +498,107 @@ class AsyncStoreModel(StoreModel):
         return AsyncTwins(KeyshredStore(self.ks, subject_from=1, shared=[SHARED]))
 
 
+# A few words, so that texts repeat (equal scores: ties) and queries hit them.
+WORDS = ("sail", "boat", "wind", "tea", "rain")
+texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join)
+INDEX = {"dims": DIMS, "embed": hash_embed, "fields": ["text", "b"]}
+
+
+class SemanticStoreModel(StoreModel):
+    """The same machine with LangGraph's ``index`` on both sides (the same custom
+    embedding function, two fields: max pooling), puts with and without text (and
+    the batch's ``index=False`` puts: unscored items) and searches with a query:
+    the same items in the same order (best score first, ties and unscored items in
+    insertion order, as ``InMemoryStore``), with the same scores."""
+
+    def make_store(self) -> Any:
+        return KeyshredStore(self.ks, subject_from=1, shared=[SHARED], index=INDEX)  # type: ignore[arg-type]
+
+    def make_model(self) -> Model:
+        return Model(index=INDEX)  # type: ignore[arg-type]
+
+    @initialize(
+        seed=st.lists(st.tuples(st.sampled_from(USERS), keys, texts), min_size=2, max_size=6)
+    )
+    def seeded(self, seed: list[tuple[str, str, str]]) -> None:
+        """Items with text first, so that most searches rank something."""
+        for user, key, text in seed:
+            self.put_text(user_ns(user, ("notes",)), key, {}, text, None)
+
+    @rule(
+        ns=namespaces,
+        key=keys,
+        value=values,
+        text=st.one_of(st.none(), texts),
+        index=st.sampled_from([None, None, False, ["text"]]),
+    )
+    def put_text(
+        self,
+        ns: tuple[str, ...],
+        key: str,
+        value: dict[str, Any],
+        text: str | None,
+        index: Any,
+    ) -> None:
+        value = value if text is None else {**value, "text": text}
+        error = self.expect_write(ns, key, value)
+        got = outcome(lambda: self.store.put(ns, key, value, index=index))
+        if error is None:
+            self.model.put(ns, key, value, index=index)
+            self.applied(ns, value)
+            self.compare(got, ("ok", None), f"put {ns} {key!r} index={index}")
+        else:
+            self.compare(got, ("error", error), f"put {ns} {key!r} index={index}")
+
+    @rule(
+        prefix=st.one_of(st.sampled_from([(), ("users",), SHARED]), prefixes),
+        query=texts,
+        filter=st.one_of(st.none(), filters),
+        limit=limits,
+        offset=offsets,
+    )
+    def semantic_search(
+        self,
+        prefix: tuple[str, ...],
+        query: str,
+        filter: dict[str, Any] | None,
+        limit: int,
+        offset: int,
+    ) -> None:
+        def call(store: Any) -> Any:
+            found = store.search(prefix, query=query, filter=filter, limit=limit, offset=offset)
+            return [(*norm(item), item.score) for item in found]
+
+        what = f"search {prefix} {query!r} {filter} limit={limit} offset={offset}"
+        got = outcome(lambda: call(self.store))
+        if not bad_label(prefix) and self.refused(prefix):
+            self.compare(got, ("error", SubjectSuppressed), what)
+            return
+        want = outcome(lambda: call(self.model))
+        # float32 vectors on one side, float64 on the other: scores agree to 1e-5.
+        self.compare(strip_scores(got), strip_scores(want), what)
+        if got[0] == "ok":
+            for (*_, mine), (*_, theirs) in zip(got[1], want[1], strict=True):
+                assert (mine is None) == (theirs is None), (what, mine, theirs)
+                if mine is not None:
+                    assert abs(mine - theirs) < 1e-5, (what, mine, theirs)
+
+
+def strip_scores(answer: tuple[str, Any]) -> tuple[str, Any]:
+    if answer[0] != "ok":
+        return answer
+    return "ok", [found[:3] for found in answer[1]]
+
+
 # Fewer examples for the variants: the rules are the same, the backend or the
 # calling convention is what they add (about 10 s each here).
 _VARIANT = model_settings(max_examples=12, stateful_step_count=30)
 PostgresStoreModel.TestCase.settings = _VARIANT
 AsyncStoreModel.TestCase.settings = _VARIANT
+SemanticStoreModel.TestCase.settings = model_settings(max_examples=25, stateful_step_count=30)
 TestPostgresStoreModel = PostgresStoreModel.TestCase
 TestAsyncStoreModel = AsyncStoreModel.TestCase
+TestSemanticStoreModel = SemanticStoreModel.TestCase
 
 
 # -- minimal reproductions of what the machine found ------------------------------
