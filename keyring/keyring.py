@@ -87,6 +87,8 @@ __all__ = [
     "verify_signature",
 ]
 
+_OWNER_SETS_KEPT = 20_000  # owner sets ``shared_owners`` keeps (then it starts over)
+
 _REF_KEY = "subject-ref-key"
 _SIGNING_KEY = "receipt-signing-key"  # its version 1; version n > 1 is "...key.v<n>"
 _TOKEN_ID_KEY = "token-id-key"  # noqa: S105 - a secret's name, not a secret
@@ -306,6 +308,8 @@ class Keyring:
         self._archive_marker = marker(kek.name, ARCHIVE)
         self.tenant = tenant
         self.cache = KeyCache(cache_max_entries, cache_ttl_seconds)
+        self._owners: dict[bytes, tuple[str, ...]] = {}  # ``shared_owners``
+        self._owners_lock = threading.Lock()
         self._clock = clock
         self._create_lock = threading.Lock()
         # The subject-ref key is read at once, so a keyring on another KEK's store
@@ -654,6 +658,24 @@ class Keyring:
     def owners_of(self, key_ids: Iterable[bytes]) -> dict[bytes, tuple[str, ...]]:
         """The other owners of each shared key (scope keys are absent)."""
         return self.store.owners_of(list(key_ids))
+
+    def shared_owners(self, key_ids: Iterable[bytes]) -> dict[bytes, tuple[str, ...]]:
+        """``owners_of`` for keys known to be shared (``DataKey.owner_tag``), cached:
+        a key's owner set is fixed when it is made (its tag names it), so the
+        readers that ask on every load or read (is any owner being erased?) pay one
+        key store query per key, not per read. Bounded like the key cache."""
+        wanted = set(key_ids)
+        with self._owners_lock:
+            out = {k: self._owners[k] for k in wanted if k in self._owners}
+        missing = wanted - out.keys()
+        if missing:
+            found = self.store.owners_of(list(missing))
+            with self._owners_lock:
+                if len(self._owners) + len(found) > _OWNER_SETS_KEPT:
+                    self._owners.clear()
+                self._owners.update(found)
+            out.update(found)
+        return out
 
     def _create(self, subject_ref: str, scope: str, others: tuple[str, ...] = ()) -> KeyRecord:
         tag = owner_tag(others)

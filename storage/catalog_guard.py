@@ -187,6 +187,18 @@ class GuardMixin(CatalogBase):
                     return state.epoch
         return self.enforce(subject_ref, self.guard(subject_ref), expected_epoch, scope)
 
+    def owners_suppressed(self, owners: Iterable[str]) -> bool:
+        """Whether any owner token of a shared key (``ref``, or ``ref@scope``: its
+        data in that scope) names a subject, or a scope of it, that is suppressed or
+        erased. What is sealed under that key is data about them: unreadable from
+        their suppression on, as it will be once their erasure destroys the key."""
+        for token in owners:
+            subject, _, scope = token.partition("@")
+            state = self.guard(subject)
+            if state.status != ACTIVE or (scope and scope in state.scopes):
+                return True
+        return False
+
     def suppress(self, subject_ref: str, scope: str | None = None) -> int:
         """Suppress the subject (or one scope of it) and bump its deletion epoch, in
         one transaction; returns the new epoch."""

@@ -40,9 +40,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from keyshred.errors import InvalidInput, KeyNotFound, NotFound, SubjectErased, SubjectSuppressed
+from keyshred.errors import (
+    IntegrityError,
+    InvalidInput,
+    KeyNotFound,
+    NotFound,
+    SubjectErased,
+    SubjectSuppressed,
+)
 from keyshred.keyring.datakey import DataKey
-from keyshred.keyring.envelope import Place, PlaceTemplate
+from keyshred.keyring.envelope import Place, PlaceTemplate, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.storage import faults
 from keyshred.storage.catalog import ACTIVE, AssetRow, Catalog
@@ -471,9 +478,28 @@ class CheckpointStore:
             writes = cur.fetchall()
         return self._rows(th, ns, cid, parent, data, writes)
 
+    def _refuse_suppressed_owners(self, datas: Iterable[bytes]) -> None:
+        """Decided before decrypting: state sealed under a key shared with subjects
+        it names, one of whom is being erased, is unreadable from that subject's
+        suppression on (``SubjectSuppressed``), as it will be once the erasure
+        destroys the key (``SubjectErased``); listings skip it either way."""
+        shared = []
+        for kid in {key_id_of(d) for d in datas}:
+            try:
+                key = self._keyring.data_key_by_id(kid)
+            except KeyNotFound:
+                raise IntegrityError() from None  # an id never issued: forged
+            if key.owner_tag:
+                shared.append(kid)
+        if shared:
+            owners = self._keyring.shared_owners(shared)
+            if any(self._catalog.owners_suppressed(owners.get(k, ())) for k in shared):
+                raise SubjectSuppressed("this checkpoint is about a subject being erased or erased")
+
     def _rows(  # noqa: PLR0917 - one row's columns, positionally as the query returns them
         self, th: _Thread, ns: str, cid: str, parent: str | None, data: bytes, writes: Any
     ) -> tuple[CheckpointRow, list[WriteRow]]:
+        self._refuse_suppressed_owners([data, *(w[-1] for w in writes)])
         plain = self._open(th, "checkpoints", f"{th.thread_ref}/{ns}/{cid}", data)
         out = [
             WriteRow(
@@ -514,6 +540,8 @@ class CheckpointStore:
                     )
                 except SubjectErased:
                     return  # the thread's key went while we listed
+                except SubjectSuppressed:
+                    continue  # about a subject being erased: skipped, as once erased
                 yield ref, row, wrs
             return
         c, w = checkpoints.c, checkpoint_writes.c
@@ -565,8 +593,8 @@ class CheckpointStore:
                 continue
             try:
                 row, wrs = self._rows(t, ns, cid, parent, data, writes.get((ref, ns, cid), []))
-            except SubjectErased:
-                continue  # its key went while we listed: nothing of it may be returned
+            except (SubjectErased, SubjectSuppressed):
+                continue  # its key went (or goes) while we listed: nothing of it returned
             yield ref, row, wrs
 
     def thread_id(self, thread_ref: str) -> str:

@@ -235,6 +235,7 @@ class MemoryStoreBase:
             retired_grace_seconds=self._grace_seconds,
             legacy=self._legacy_folder(subject_ref),
             guard_status=self._guard_status,
+            owners_suppressed=self._catalog.owners_suppressed,
         )
 
     def _legacy_folder(self, subject_ref: str) -> LegacyFolder:

@@ -43,7 +43,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -147,6 +147,7 @@ class Partition:
         retired_grace_seconds: float = 300.0,
         legacy: LegacyFolder | None = None,
         guard_status: Callable[[str], str] | None = None,
+        owners_suppressed: Callable[[Iterable[str]], bool] | None = None,
     ) -> None:
         self._objects = objects
         # How long a retired segment's object outlives the compaction that retired
@@ -158,6 +159,9 @@ class Partition:
         # guard's status of the subject, read before anything of it is decrypted.
         self._legacy = legacy
         self._guard_status = guard_status
+        # Whether any of a shared key's other owners is suppressed or erased: its
+        # rows then load opaque (``_unseal``).
+        self._owners_suppressed = owners_suppressed
         self._prefix = partition_prefix(subject_ref)
         self._hot = hot
         self._locks = locks
@@ -637,10 +641,8 @@ class Partition:
         whose key was destroyed comes back opaque; one whose key is not the holder's
         own for that scope, or that fails to open, raises ``IntegrityError``."""
         keys: dict[bytes, DataKey | None] = {}
-        out = []
         for row in rows:
             if row.sealed is None:
-                out.append(row)
                 continue
             key_id = row_key_id(row)
             assert key_id is not None  # noqa: S101 - sealed rows have one
@@ -660,7 +662,21 @@ class Partition:
                 if found is not None and found.owner_tag:
                     self.shared_keys.add(key_id)
                 keys[key_id] = found
-            key = keys[key_id]
+        shared = [k for k, key in keys.items() if key is not None and key.owner_tag]
+        if shared and self._owners_suppressed is not None:
+            # Decided before decrypting: rows about a subject whose erasure has
+            # started (a co-owner suppressed) load opaque, as they will be once its
+            # erasure destroys their key; no read sees them in between.
+            owners = self._keyring.shared_owners(shared)
+            for key_id in shared:
+                if self._owners_suppressed(owners.get(key_id, ())):
+                    keys[key_id] = None
+        out = []
+        for row in rows:
+            if row.sealed is None:
+                out.append(row)
+                continue
+            key = keys[row_key_id(row)]  # type: ignore[index]  # (sealed rows have one)
             if key is None:
                 out.append(replace(row, value=b"", opaque=True))
                 continue

@@ -53,3 +53,41 @@ def test_a_registered_phone_in_another_subjects_thread_goes_with_the_subject(
     saver.delete_thread("bob-1")
     graph.invoke({"notes": ["again"]}, cfg)
     assert graph.get_state(cfg).values["notes"] == ["again", "remembered", "answered"]
+
+
+def test_a_thread_about_a_subject_being_erased_is_unreadable_from_its_suppression(
+    ks: Keyshred,
+) -> None:
+    """Between the victim's suppression and the destruction of its keys (a crash,
+    a KEK outage, an erasure waiting), bob's thread state holding the victim's
+    phone still opened: "stop every read at once" held for the victim's own data
+    only. It is refused from the suppression on (listings skip it), as it is once
+    the key is destroyed."""
+    from keyshred.errors import SubjectSuppressed
+
+    victim = "victim@example.org"
+    ks.subjects.register_identifiers(victim, phones=[PHONE])
+    ks.memories.put(victim, ("notes",), "own", "the victim's own note")
+    saver = KeyshredSaver(ks)
+    graph = _graph(saver, interrupt=False)
+    cfg, other = _config("bob-1", "bob"), _config("bob-2", "bob")
+    graph.invoke({"notes": [f"call the victim on {PHONE}"]}, cfg)
+    graph.invoke({"notes": ["bob's own plans"]}, other)
+
+    def stop(step: str, req: object) -> None:
+        if step == "suppress":
+            raise RuntimeError("stopped after the suppression")
+
+    ks.erasure.on_step = stop
+    with pytest.raises(RuntimeError):
+        ks.erase(victim, requested_by="dpo", reason="gdpr-art17", request_id="r1")
+    ks.erasure.on_step = None
+    with pytest.raises(SubjectSuppressed):
+        graph.get_state(cfg)
+    listed = [t.checkpoint["channel_values"] for t in saver.list(_config("bob-1", "bob"))]
+    assert all(PHONE not in str(values) for values in listed)
+    assert graph.get_state(other).values["notes"][0] == "bob's own plans"
+    assert ks.erasure.resume("r1").state == "completed"
+    with pytest.raises(SubjectErased):
+        graph.get_state(cfg)
+    assert graph.get_state(other).values["notes"][0] == "bob's own plans"

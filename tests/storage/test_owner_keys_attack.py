@@ -234,3 +234,49 @@ def test_a_write_refused_for_a_suppressed_source_decrypts_nothing_of_it(ks: Keys
     part = ks.memories._partitions.get(ref)
     assert part is None or not part.rows, "the suppressed subject's rows were decrypted"
     assert ks.memories.get("bob", ("s",), "d") is None
+
+
+def test_data_about_a_subject_being_erased_is_unreadable_from_its_suppression(
+    ks: Keyshred,
+) -> None:
+    """Bob's memory naming the victim and his summary built from the victim's
+    memory are sealed under keys the victim co-owns. Between the victim's
+    suppression and the destruction of those keys (a crash, a KEK outage, an
+    erasure waiting in manual_review) get, search, history and export still
+    decrypted them: the suppression stopped reads of the victim's own data only.
+    They load opaque from the suppression on, in this process and in a new one."""
+    victim = "victim@example.org"
+    ks.subjects.register_identifiers(victim, emails=["vic@example.org"])
+    v = ks.memories.put(victim, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    ks.memories.put("bob", ("m",), "met", "met vic@example.org today")
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="p",
+        producer_version="1",
+    )
+    ks.memories.correct("bob", ("s",), "d", "summary, corrected", reason="typo")
+
+    def stop(step: str, req: object) -> None:
+        if step == "suppress":
+            raise RuntimeError("stopped after the suppression")
+
+    ks.erasure.on_step = stop
+    with pytest.raises(RuntimeError):
+        ks.erase(victim, requested_by="dpo", reason="art17", request_id="r1")
+    ks.erasure.on_step = None
+    for handle in (ks, Keyshred.open(ks.path, embeddings=bag_of_words)):
+        m = handle.memories
+        assert m.get("bob", ("m",), "met") is None
+        assert m.get("bob", ("s",), "d") is None
+        assert m.history("bob", ("s",), "d") == []
+        assert [x.value for x in m.search("bob", ("m",))] == ["bob text"]
+        assert [x.key for x in m.search("bob", ("s",), query="summary victim")] == []
+        if handle is not ks:
+            handle.close()
+    assert ks.memories.get("bob", ("m",), "b").value == "bob text"  # type: ignore[union-attr]
