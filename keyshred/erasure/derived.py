@@ -50,6 +50,11 @@ __all__ = [
 ENTRY_POINT_GROUP = "keyshred.rebuilders"
 Rebuild = Callable[[list[Memory]], Any]
 
+# Widths of the catalog's ``ks_assets`` columns (keyshred/storage/schema.py).
+_KIND_PREFIX = "derived:"
+_KIND_WIDTH = 32
+_VERSION_WIDTH = 64
+
 _registry: dict[tuple[str, str], Rebuild] = {}
 _registry_lock = threading.Lock()
 
@@ -133,18 +138,31 @@ class DerivedApi:
     ) -> Memory:
         """Store a derived asset (a summary, a fact, an edge) as a memory of
         ``subject`` with its provenance; erasing any source rebuilds it."""
+        # Everything is checked before the first write: a refusal writes nothing.
         safe("kind", kind)
         safe("producer", producer)
         safe("producer version", producer_version)
+        # The catalog's columns (PostgreSQL refuses a longer value only at the
+        # insert, with a driver error; SQLite stores it): kind is String(32) with
+        # "derived:" before it, producer_version String(64).
+        if len(_KIND_PREFIX) + len(kind) > _KIND_WIDTH:
+            raise InvalidInput(f"kind is at most {_KIND_WIDTH - len(_KIND_PREFIX)} characters")
+        if len(producer_version) > _VERSION_WIDTH:
+            raise InvalidInput(f"producer version is at most {_VERSION_WIDTH} characters")
+        # Materialized once: an iterator would be used up by the write, leaving the
+        # audit event (and the caller) a different list than the one stored.
+        if not isinstance(produced_from, list | tuple) or not all(
+            isinstance(s, str) for s in produced_from
+        ):
+            raise InvalidInput("produced_from is a list of asset ids")
+        sources = list(produced_from)
         if rebuild is not None and not callable(rebuild):
             raise InvalidInput("rebuild is a function of the remaining source memories")
         if isinstance(mentions, str) or not isinstance(mentions, Iterable):
             raise InvalidInput("mentions is a list of subjects")
-        item = PutItem(
-            namespace, key, value, scope, None, None, list(produced_from), tuple(mentions), index
-        )
+        item = PutItem(namespace, key, value, scope, None, None, sources, tuple(mentions), index)
         memory = self._memories.put_derived(
-            subject, item, (f"derived:{kind}", producer, producer_version)
+            subject, item, (f"{_KIND_PREFIX}{kind}", producer, producer_version)
         )
         ref = self._ref(subject)
         self._audit.record(
@@ -154,7 +172,7 @@ class DerivedApi:
             kind=kind,
             producer=producer,
             producer_version=producer_version,
-            sources=len(produced_from),
+            sources=len(sources),
         )
         # Only once the asset is stored: a refused write (a suppressed subject, bad
         # input) changes nothing, not even which producers this handle knows.
