@@ -12,21 +12,23 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from keyshred.errors import InvalidInput, NotFound
+from keyshred.errors import BackendUnavailable, InvalidInput, NotFound
 from keyshred.storage.memory_read import ReadMixin
 from keyshred.storage.memory_types import (
     _VERSION_SEP,
     Made,
     Memory,
     PutItem,
+    _caller_namespace,
     _checked,
     _key,
-    _namespace,
 )
-from keyshred.storage.memory_write import WriteMixin
-from keyshred.storage.partition import MemoryRow, from_us, row_key_id, to_us
+from keyshred.storage.memory_write import Changed, Kept, WriteMixin
+from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
 
 __all__ = ["EditMixin"]
+
+_ATTEMPTS = 50  # corrections of one key racing each other: each round, one wins
 
 
 class EditMixin(WriteMixin, ReadMixin):
@@ -47,7 +49,7 @@ class EditMixin(WriteMixin, ReadMixin):
         scope, purpose, category and provenance stay as they are, unless ``sources``
         or ``mentions`` (subjects) are given: those replace the old ones. Dropping a
         mention silently would take the memory out of that subject's erasure."""
-        existing = self._row(subject, namespace, key)
+        existing = self._row(subject, _caller_namespace(namespace), key)
         if existing is None:
             raise NotFound("no memory at that namespace and key")
         if mentions is not None and (
@@ -70,6 +72,14 @@ class EditMixin(WriteMixin, ReadMixin):
             existing.category,
             existing.sources if sources is None else sources,
         )
+        # A new value derived from what the old one was (a source kept) stays owned
+        # by whom the old one was, but for a mention dropped on purpose: a source
+        # deleted since names no owner, yet the value may still hold its text.
+        kept = None
+        if existing.sources and set(item.sources) & set(existing.sources):
+            dropped = set(existing.mentions).difference(refs)
+            owners = [o for o in self._key_owners(existing) if o not in dropped]
+            kept = {(existing.namespace, existing.key): Kept(owners)}
         return self._put_rows(
             self._ref(subject),
             [_checked(item)],
@@ -78,6 +88,7 @@ class EditMixin(WriteMixin, ReadMixin):
             produced_by=self._produced_by(existing),
             carried_detected=carried,
             kept_sources=existing.sources,
+            kept=kept,
         )[0]
 
     def _key_owners(self, row: MemoryRow) -> tuple[str, ...]:
@@ -117,11 +128,33 @@ class EditMixin(WriteMixin, ReadMixin):
         if not isinstance(reason, str) or not 0 < len(reason) <= 128:
             raise InvalidInput("a correction has a short reason (it is audited)")
         ref = self._ref(subject)
-        ns, k = _namespace(namespace), _key(key)
-        old = self._row(subject, ns, k)
+        ns, k = _caller_namespace(namespace), _key(key)
+        part = self._partition(ref)
+        for _ in range(_ATTEMPTS):
+            try:
+                memory, version = self._correct_once(ref, part, ns, k, value=value, reason=reason)
+                break
+            except Changed:
+                # Another write of this key (a correction) landed between this one's
+                # read and its lock: read and number again (each round one of the
+                # racing writers wins). Reading under the lock instead would hold it
+                # while other subjects' partitions are loaded (the owners of the
+                # sources), in whatever order two writers take theirs.
+                continue
+        else:
+            raise BackendUnavailable("the memory kept changing while it was corrected")
+        if self._audit is not None:
+            self._audit.record(
+                "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
+            )
+        return memory
+
+    def _correct_once(
+        self, ref: str, part: Partition, ns: tuple[str, ...], k: str, *, value: Any, reason: str
+    ) -> tuple[Memory, int]:
+        old = self._settled(ref, lambda: self._row_once(ref, ns, k))
         if old is None:
             raise NotFound("no memory to correct at that namespace and key")
-        part = self._partition(ref)
         version = self._next_version(part, ns, k)
         now = self._clock()
         record = {
@@ -146,6 +179,10 @@ class EditMixin(WriteMixin, ReadMixin):
         ]
         carried = self._catalog.detected_mentions(old.memory_id) if old.mentions else frozenset()
         made = self._produced_by(old)
+        # Both stay owned by whom the old value was: its sources may be gone from the
+        # catalog (deleted) while it, and a value corrected from it, hold their text.
+        # The old value, now a version, keeps its retention too.
+        owners = self._key_owners(old)
         memory = self._put_rows(
             ref,
             items,
@@ -154,15 +191,14 @@ class EditMixin(WriteMixin, ReadMixin):
             produced_by={(ns, k): made} if made is not None else None,
             carried_detected=carried,
             kept_sources=old.sources,
-            # The old value stays owned by whom it was: its sources may be gone from
-            # the catalog (deleted) while it still holds their text.
-            kept_owners={(self._history_ns(ns), items[0].key): self._key_owners(old)},
+            kept={
+                (self._history_ns(ns), items[0].key): Kept(owners, old.retain_us),
+                (ns, k): Kept(owners),
+            },
+            # Numbered from the value read: written only if it is still the value.
+            unchanged={(ns, k): old},
         )[1]
-        if self._audit is not None:
-            self._audit.record(
-                "memory.corrected", subject_ref=ref, asset_id=memory.memory_id, version=version
-            )
-        return memory
+        return memory, version
 
     # -- retention and rebuilds --------------------------------------------------------
 
@@ -171,6 +207,16 @@ class EditMixin(WriteMixin, ReadMixin):
     ) -> int:
         """Give memories a new retention of ``ttl`` from now (never beyond the
         policy's maximum): a TTL refreshed on read. Returns how many."""
+        if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
+            raise InvalidInput("a ttl is a positive timedelta")
+        if isinstance(keys, str) or not isinstance(keys, Sequence):
+            raise InvalidInput("keys is a list of (namespace, key) pairs")
+        names = []
+        for pair in keys:
+            if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
+                raise InvalidInput("keys is a list of (namespace, key) pairs")
+            # A history version's retention is its superseded value's, not a caller's.
+            names.append((_caller_namespace(pair[0]), _key(pair[1])))
         ref = self._ref(subject)
         self._catalog.check_guard(ref)
         part = self._partition(ref)
@@ -178,7 +224,7 @@ class EditMixin(WriteMixin, ReadMixin):
         new_us = to_us(now) + int(ttl.total_seconds() * 1_000_000)
         with part.flocked():
             changed = []
-            for ns, k in keys:
+            for ns, k in names:
                 row = part.rows.get(part.lookup(ns, k)) if part.rows else None
                 if row is None:
                     continue

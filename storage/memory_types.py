@@ -236,6 +236,16 @@ def _namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
     return ns
 
 
+def _caller_namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
+    """A namespace a caller may write to: those starting with ``~`` are keyshred's
+    own (history versions are written by ``correct`` alone; rewritten by a caller
+    they would forge what was true when, or outlive their retention)."""
+    ns = _namespace(namespace)
+    if ns[0].startswith("~"):
+        raise InvalidInput("namespaces starting with '~' are keyshred's own")
+    return ns
+
+
 def _prefix(namespace: Sequence[str] | str) -> tuple[str, ...]:
     return _labels(namespace)
 

@@ -10,6 +10,7 @@ holds both the rows (hot rows of the partition) and their assets: one commit.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +35,7 @@ from keyshred.storage.memory_types import (
     Memory,
     ProducedBy,
     PutItem,
+    _caller_namespace,
     _checked,
     _key,
     _memory,
@@ -44,7 +46,24 @@ from keyshred.storage.memory_types import (
 from keyshred.storage.partition import MemoryRow, Partition, row_key_id, seal_row, to_us
 from keyshred.storage.vectors import DEFAULT_SPACE, VectorItem
 
-__all__ = ["WriteMixin"]
+__all__ = ["Changed", "Kept", "WriteMixin"]
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """What a rewritten row keeps of the row it rewrites, whatever its sources and
+    mentions say now: the ``owners`` of the key the old row was sealed under (a
+    source deleted since names none, yet the value still holds its text), and
+    its ``retain_us`` (a superseded value, kept as a history version, lives no
+    longer than it would have)."""
+
+    owners: Collection[str] = ()
+    retain_us: int | None = None
+
+
+class Changed(Exception):
+    """Internal: a row a rewrite read was changed before the rewrite took the
+    subject lock; the rewrite reads again (never seen by callers)."""
 
 
 class WriteMixin(IndexMixin):
@@ -166,7 +185,8 @@ class WriteMixin(IndexMixin):
         produced_by: ProducedBy | None = None,
         carried_detected: frozenset[str] = frozenset(),
         kept_sources: Collection[str] = (),
-        kept_owners: Mapping[tuple[tuple[str, ...], str], Collection[str]] | None = None,
+        kept: Mapping[tuple[tuple[str, ...], str], Kept] | None = None,
+        unchanged: Mapping[tuple[tuple[str, ...], str], MemoryRow] | None = None,
         embedder: Embedder | None = None,
     ) -> list[Memory]:
         """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
@@ -175,9 +195,9 @@ class WriteMixin(IndexMixin):
         mentions of ``mention_refs`` carried over from an earlier version that were
         detected there (they stay counted as detected); ``kept_sources`` are sources
         the memory had already (an update keeps them even once they are deleted);
-        ``kept_owners`` are owners the rows at (namespace, key) keep whatever their
-        sources say now (a correction's old version: the owners of the key it was
-        sealed under)."""
+        ``kept`` is what the rows at (namespace, key) keep of the rows they rewrite
+        (``Kept``); ``unchanged`` the rows a rewrite read at those names, which must
+        still be there under the lock (else ``Changed``, nothing written)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -222,6 +242,9 @@ class WriteMixin(IndexMixin):
                     raise InvalidInput("a ttl is positive")
                 capped = min(target[3], now_us + int(item.ttl.total_seconds() * 1_000_000))
                 target = (target[0], target[1], target[2], capped)
+            keep = kept.get((ns, k)) if kept else None
+            if keep is not None and keep.retain_us is not None:
+                target = (target[0], target[1], target[2], min(target[3], keep.retain_us))
             prepared.append((ns, k, raw, *target, mentioned, item))
         if not prepared:
             return []
@@ -281,6 +304,8 @@ class WriteMixin(IndexMixin):
                 # An opaque row at this name (its shared key destroyed) is replaced
                 # like any other: same asset, its vectors and catalog row renewed.
                 old = seen.get(lookup) or part.rows.get(lookup) or part.opaque.get(lookup)
+                if unchanged is not None and (ns, k) in unchanged and old != unchanged[(ns, k)]:
+                    raise Changed  # nothing staged yet: the lock is left as it was
                 replaced = replaced or old is not None
                 if item.index is None and old is not None and old.index != fields[n]:
                     fields[n] = old.index
@@ -312,14 +337,14 @@ class WriteMixin(IndexMixin):
                 # A write the batch overwrites is not stored, but it is refused all the
                 # same if it is about an erased subject: the batch is all-or-nothing,
                 # as the same writes one by one would be.
-                kept = set(last.values())
-                for owner in {m for i, r in enumerate(rows) if i not in kept for m in r.mentions}:
+                stored = set(last.values())
+                for owner in {m for i, r in enumerate(rows) if i not in stored for m in r.mentions}:
                     if owner != ref:
                         self._check_owner(owner)
             vectors = [vectors[i] for i in last.values()]
             rows = [rows[i] for i in last.values()]
             if self._sealer.encrypted:
-                rows = self._seal_shared(ref, rows, source_owners, kept_owners or {})
+                rows = self._seal_shared(ref, rows, source_owners, kept or {})
             previous = {
                 r.lookup: part.rows.get(r.lookup) or part.opaque.get(r.lookup) for r in rows
             }
@@ -392,7 +417,7 @@ class WriteMixin(IndexMixin):
         ref: str,
         rows: list[MemoryRow],
         source_owners: Mapping[str, set[str]],
-        kept_owners: Mapping[tuple[tuple[str, ...], str], Collection[str]],
+        kept: Mapping[tuple[tuple[str, ...], str], Kept],
     ) -> list[MemoryRow]:
         """Seal every row whose owner set is more than its holder (the subjects it
         mentions, the owners of its sources) under the key of that owner set: one
@@ -405,7 +430,9 @@ class WriteMixin(IndexMixin):
             owners = set(r.mentions)
             for source in r.sources:
                 owners |= source_owners.get(source, set())
-            owners |= set(kept_owners.get((r.namespace, r.key), ()))
+            keep = kept.get((r.namespace, r.key))
+            if keep is not None:
+                owners |= set(keep.owners)
             # The holder's own data of this scope is under the scope key already; of
             # another scope it stays an owner (withdrawing that scope kills this key).
             owners -= {ref, owner_token(ref, r.scope)}
@@ -538,5 +565,4 @@ def _both(
 def _callers(item: PutItem) -> None:
     """Refuse an item a caller may not write: bad fields, or keyshred's own
     namespaces (``~``)."""
-    if _namespace(_checked(item).namespace)[0].startswith("~"):
-        raise InvalidInput("namespaces starting with '~' are keyshred's own")
+    _caller_namespace(_checked(item).namespace)

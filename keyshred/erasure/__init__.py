@@ -29,6 +29,7 @@ from keyshred.erasure.requests import (
     ExternalProcessor,
     Hold,
     ProducerUnknown,
+    RebuildFailed,
     VerificationFailed,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "ExternalProcessor",
     "Hold",
     "ProducerUnknown",
+    "RebuildFailed",
     "VerificationFailed",
     "register_rebuilder",
 ]

@@ -31,12 +31,13 @@ from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from keyshred.erasure.requests import ProducerUnknown, iso, safe
+from keyshred.erasure.requests import ProducerUnknown, RebuildFailed, iso, safe
 from keyshred.errors import InvalidInput, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.erasable import REBUILD, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.memories import Memory, MemoryStore, PutItem
+from keyshred.storage.rowcodec import MemoryRow
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -185,7 +186,22 @@ class DerivedStore:
     """Other holders' derived assets built from what an erasure removes, as an
     erasable store: each is rebuilt from its remaining sources with its pinned
     producer version, or dropped. Runs after the catalog rows of the erased
-    assets are gone (``REBUILD`` phase), one asset at a time, each recorded."""
+    assets are gone (``REBUILD`` phase), one asset at a time, each recorded.
+
+    What is done to an asset is decided from its row as it is *now*, never from
+    what the closure step saw: the step may run long after the closure was listed
+    (a request waiting in ``manual_review`` for a producer, a worker SIGKILLed and
+    resumed later), and meanwhile the holder may have written a memory of their own
+    at the asset's name, which keeps the asset id. A row that no longer touches the
+    erasure (``_touches``) is left alone: it holds nothing of the subject.
+
+    Crash safety: before it writes, the step records its intent with the row's
+    version (``updated_us``); an intent without its result is all a kill leaves.
+    Resumed, a row still at that version was not written (acted on again); a row
+    changed since and no longer touching the erasure was rebuilt by the killed run
+    (recorded as rebuilt, so the receipt lists it); a row that still touches it is
+    acted on again, which is idempotent (the same remaining sources, the same
+    function); an asset gone with a drop intended was dropped."""
 
     name = "derived"
     phase: Phase = REBUILD
@@ -196,20 +212,51 @@ class DerivedStore:
         self._producers = producers
 
     def erase(self, target: ErasureTarget) -> StoreErasure:
-        erased = set(target.erased)
-        done: list[Mapping[str, Any]] = list(target.done)
+        # What no longer remains: the request's own assets (a retention request's
+        # listed memories too, even one the catalog no longer held at its closure)
+        # and the closure's assets this step dropped, in this run or a killed one.
+        erased = set(target.erased) | set(target.assets or ())
+        closure = set(target.closure)
+        done: list[Mapping[str, Any]] = []
+        intents: dict[str, Mapping[str, Any]] = {}
+        for entry in target.done:
+            if "action" in entry:
+                done.append(entry)
+            else:
+                intents[entry["asset_id"]] = entry
+        erased |= {d["asset_id"] for d in done if d["action"] == "dropped"}
         handled = {d["asset_id"] for d in done}
+
+        def record() -> None:
+            if target.record is not None:
+                target.record([*done, *intents.values()])
+
+        def intend(action: Mapping[str, Any], row: MemoryRow) -> None:
+            intents[action["asset_id"]] = {
+                "asset_id": action["asset_id"],
+                "intent": dict(action),
+                "updated_us": row.updated_us,
+            }
+            record()
+
         for asset_id in target.closure:
             if asset_id in handled:
                 continue
+            intent = intents.get(asset_id)
             asset = self._catalog.asset(asset_id)
             if asset is None:
-                continue  # already gone (dropped earlier, or erased with its owner)
-            action = self._rebuild_one(target, asset, erased)
+                # Gone: dropped by a killed run of this step (its intent says so),
+                # or earlier, or by its holder, or with its owner's own erasure.
+                action = _landed(intent, "dropped")
+            else:
+                action = self._rebuild_one(
+                    target, asset, erased, closure, intent=intent, intend=intend
+                )
+            if intents.pop(asset_id, None) is not None and action is None:
+                record()  # a stale intent must not claim a later change of the holder's
             if action is not None:
                 done.append(action)
-                if target.record is not None:
-                    target.record(done)
+                record()
                 faults.reached("erase.derived")
                 if action["action"] == "dropped":
                     erased.add(asset_id)
@@ -223,33 +270,43 @@ class DerivedStore:
         )
 
     def _rebuild_one(
-        self, target: ErasureTarget, asset: AssetRow, erased: set[str]
+        self,
+        target: ErasureTarget,
+        asset: AssetRow,
+        erased: set[str],
+        closure: set[str],
+        *,
+        intent: Mapping[str, Any] | None,
+        intend: Callable[[Mapping[str, Any], MemoryRow], None],
     ) -> dict[str, Any] | None:
         owner = asset.subject_ref
         if owner == target.subject_ref and target.whole_subject:
             return None  # the subject's own derived assets go with it
         try:
-            self._catalog.check_guard(owner)
+            self._catalog.check_guard(owner, scope=asset.scope)
         except SubjectSuppressed:
-            return None  # its owner is being erased too; that erasure takes it
-        # A source its holder deleted does not remain either: the catalog no longer
-        # holds it. Counted, it made the rebuild function run on no source at all
-        # (an asset rebuilt from nothing, where the promise is "dropped when no
-        # source remains"), or wait in manual_review for a producer with nothing left.
-        remaining = [
-            s for s in asset.sources if s not in erased and self._catalog.asset(s) is not None
-        ]
-        mentions = [
-            m for m in asset.mentions if m != target.subject_ref or target.scope is not None
-        ]
-        rebuild = self._producers.rebuilder(asset.producer, asset.producer_version)
+            return None  # its owner (or its scope) is being erased too; that erasure takes it
         memories = self._memories
         # Opaque too: its shared key went with the subject's; rebuilt (sealed under
         # the key of its remaining owners) or dropped like a readable one.
         row = memories.rows_by_id(owner, [asset.asset_id], opaque=True).get(asset.asset_id)
         if row is None:
+            # Its row gone, its catalog row not yet: a delete killed halfway, which
+            # the next open of the partition finishes.
+            return _landed(intent, "dropped")
+        if not _touches(target, asset, row, erased, closure):
+            if intent is not None and intent["updated_us"] != row.updated_us:
+                return _landed(intent, "rebuilt")
             return None
-        if rebuild is None and remaining and asset.producer is not None:
+        # Only sources that remain *and can be read* count (``_readable_sources``):
+        # deciding by catalog presence while the function got only the readable
+        # ones ran it on no source at all.
+        sources = self._readable_sources([s for s in asset.sources if s not in erased])
+        mentions = [
+            m for m in asset.mentions if m != target.subject_ref or target.scope is not None
+        ]
+        rebuild = self._producers.rebuilder(asset.producer, asset.producer_version)
+        if rebuild is None and sources and asset.producer is not None:
             raise ProducerUnknown(
                 f"derived asset {asset.asset_id}: no rebuild function registered for "
                 f"producer {asset.producer} version {asset.producer_version}; register "
@@ -265,40 +322,60 @@ class DerivedStore:
             "at": iso(datetime.now(UTC)),
         }
         value = None
-        if rebuild is not None and remaining:
-            value = rebuild(self._source_memories(remaining))
+        if rebuild is not None and sources:
+            value = _run(rebuild, list(sources.values()), asset)
+        dropped = {**base, "action": "dropped"}
         if value is None:
+            intend(dropped, row)
             memories.delete_by_id(owner, asset.asset_id)
-            return {**base, "action": "dropped"}
+            return dropped
         produced_by = (asset.kind, asset.producer, asset.producer_version)
+        rebuilt = {**base, "action": "rebuilt"}
+        intend(rebuilt, row)
         try:
             memories.rebuild(
-                owner, row, value, sources=remaining, mentions=mentions, produced_by=produced_by
+                owner, row, value, sources=list(sources), mentions=mentions, produced_by=produced_by
             )
         except SubjectSuppressed:
-            # Another subject it is about (a mention, a source's owner) is being
-            # erased at the same time: no new copy is made under a key that erasure
-            # may already have passed. Dropped, the safe way (the owner was checked
-            # above, so it is not the holder that is refused).
+            # Another subject it is about (a mention) is being erased at the same
+            # time: no new copy is made under a key that erasure may already have
+            # passed. Dropped, the safe way (the owner was checked above, so it is
+            # not the holder that is refused).
+            intend(dropped, row)
             memories.delete_by_id(owner, asset.asset_id)
-            return {**base, "action": "dropped"}
-        return {**base, "action": "rebuilt"}
+            return dropped
+        return rebuilt
 
-    def _source_memories(self, ids: Sequence[str]) -> list[Memory]:
+    def _readable_sources(self, ids: Sequence[str]) -> dict[str, Memory]:
+        """The sources among ``ids`` a rebuild may use, in provenance order: held by
+        the catalog, their owner and scope not suppressed, their row readable.
+
+        A source whose owner (or scope) is suppressed does not remain: suppression
+        ends only in that erasure, which removes the source (a subject found to
+        hold nothing is re-admitted, but then holds no source either). So the asset
+        is rebuilt without it, or dropped when nothing else is left, rather than
+        waiting for that erasure: waiting would tie this request's completion to
+        another subject's (a legal hold, a manual review, each of two erasures
+        waiting for the other), and the other erasure would rebuild or drop it the
+        same way. Without it in the provenance, the rebuilt asset is not sealed
+        under a key that subject co-owns (a write naming it would be refused).
+        An opaque source (its key destroyed; in a provenance cycle, one this step
+        has not rebuilt yet) cannot be read either, and does not count."""
         by_owner: dict[str, list[str]] = {}
         for asset_id in ids:
             a = self._catalog.asset(asset_id)
-            if a is not None:
-                by_owner.setdefault(a.subject_ref, []).append(asset_id)
-        out: list[Memory] = []
-        for owner, owned in by_owner.items():
+            if a is None:
+                continue  # deleted by its holder: the catalog no longer holds it
             try:
-                self._catalog.check_guard(owner)
+                self._catalog.check_guard(a.subject_ref, scope=a.scope)
             except SubjectSuppressed:
                 continue
-            rows = self._memories.rows_by_id(owner, owned)
-            out += [self._memories.memory(rows[i]) for i in owned if i in rows]
-        return out
+            by_owner.setdefault(a.subject_ref, []).append(asset_id)
+        found: dict[str, Memory] = {}
+        for owner, owned in by_owner.items():
+            rows = self._memories.rows_by_id(owner, owned)  # readable rows only
+            found.update({i: self._memories.memory(rows[i]) for i in owned if i in rows})
+        return {i: found[i] for i in ids if i in found}
 
     def verify(self, target: ErasureTarget) -> list[StoreCheck]:
         still = self._catalog.any_source_in(list(target.erased))
@@ -307,3 +384,39 @@ class DerivedStore:
     def evict(self, subject_ref: str) -> None:
         """Nothing cached here: derived assets are memories (``MemoryStore.evict``)."""
         del subject_ref
+
+
+def _touches(
+    target: ErasureTarget, asset: AssetRow, row: MemoryRow, erased: set[str], closure: set[str]
+) -> bool:
+    """Whether the asset's current row still holds something of the erasure: it is
+    opaque (sealed under a key the erasure destroyed, or co-owned by a subject
+    being erased), a source is gone with it or is in its closure (rebuilt or
+    dropped by it), or, for a whole subject, it mentions the subject. The closure
+    step found every asset by one of these; a row that shows none of them now was
+    written since (by its holder: a new memory at the same name keeps the asset id;
+    or by this step's rebuild, killed before recording it)."""
+    if row.opaque:
+        return True
+    if any(s in erased or s in closure for s in (*asset.sources, *row.sources)):
+        return True
+    return target.whole_subject and target.subject_ref in (*asset.mentions, *row.mentions)
+
+
+def _landed(intent: Mapping[str, Any] | None, action: str) -> dict[str, Any] | None:
+    """The recorded intent of a killed run, if it was ``action``: what it did."""
+    if intent is None or intent["intent"]["action"] != action:
+        return None
+    return dict(intent["intent"])
+
+
+def _run(rebuild: Rebuild, sources: list[Memory], asset: AssetRow) -> Any:
+    """The application's rebuild function on ``sources``; whatever it raises becomes
+    ``RebuildFailed`` with the exception's type name only (its message, the
+    application's text, may quote the values it was given). Raised outside the
+    ``except`` block so that not even ``__context__`` keeps the original."""
+    try:
+        return rebuild(sources)
+    except Exception as exc:  # noqa: BLE001 - the application's code: anything
+        failed = type(exc).__name__
+    raise RebuildFailed(asset.asset_id, asset.producer, asset.producer_version, failed)

@@ -38,6 +38,7 @@ __all__ = [
     "ExternalProcessor",
     "Hold",
     "ProducerUnknown",
+    "RebuildFailed",
     "VerificationFailed",
 ]
 
@@ -96,6 +97,21 @@ class ProducerUnknown(KeyshredError):
     its producer and version in this process: the request waits in
     ``manual_review`` until one is (``ks.derived.register_producer`` or the
     start-up registry, ``keyshred.erasure.register_rebuilder``), then ``resume``."""
+
+
+class RebuildFailed(KeyshredError):
+    """A producer's rebuild function raised. A failed step like any other (the
+    request is retried, then waits in ``manual_review``), never an exception of
+    the application's escaping ``ks.erase``. Only the exception's type name is
+    kept (``exception_type``, and in the message): its message, the application's
+    text, may hold the personal data the function was rebuilding from."""
+
+    def __init__(self, asset_id: str, producer: str | None, version: str | None, kind: str):
+        super().__init__(
+            f"derived asset {asset_id}: the rebuild function of producer {producer} "
+            f"version {version} raised {kind}"
+        )
+        self.exception_type = kind
 
 
 @dataclass(frozen=True, slots=True)

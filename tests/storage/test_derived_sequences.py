@@ -26,7 +26,8 @@ What the store promises, as the model encodes it:
   or from one the erasure rebuilds ("derived from derived", by the provenance edges
   as they are now); an asset is rebuilt after the sources it is built from;
 - "update and correct keep mentions and sources" (README.md), and "provenance"
-  (``MemoryStore.update``): the producer too;
+  (``MemoryStore.update``): the producer too; and a derived memory's owners (the
+  owners of the key its old value was sealed under, a source deleted since included);
 - a value written under another subject that holds a registered identifier of S
   mentions S; not retroactive; ``forget_identifiers``: later writes no longer find it,
   mentions found before stay; an erasure deletes the identifiers;
@@ -364,11 +365,14 @@ class DerivedSequences(StoreMachine):
         self.store.memories.update(subject, NS, key, value)
         m.written[token] = (subject, old.scope)
         mentions = old.mentions | m.detect(subject, value)
+        # Derived from what the old value was (its sources kept): owned by whom that
+        # was, a source deleted since included.
+        kept = old.owners if old.sources else frozenset()
         m.mems[(subject, key)] = replace(
             old,
             value=value,
             mentions=mentions,
-            owners=m.owners(subject, old.scope, mentions, old.sources),
+            owners=m.owners(subject, old.scope, mentions, old.sources) | kept,
         )
 
     @rule(data=st.data(), key=st.sampled_from(KEYS + DKEYS))
@@ -399,7 +403,9 @@ class DerivedSequences(StoreMachine):
         )
         m.history.setdefault((subject, key), []).append(version)
         m.mems[(subject, key)] = replace(
-            old, value=token, owners=m.owners(subject, old.scope, old.mentions, old.sources)
+            old,
+            value=token,
+            owners=m.owners(subject, old.scope, old.mentions, old.sources) | old.owners,
         )
 
     @rule(data=st.data(), key=st.sampled_from(KEYS + DKEYS))
@@ -628,7 +634,9 @@ def test_found_by_sequences_erased_text_in_what_was_built_from_a_deleted_sources
         values = [h["value"] for h in ks.memories.history("C", NS, "d0")]
         d = ks.memories.get("D", NS, "d0")
         values += [d.value] if d is not None else []
-        assert values == ["[3]", "[3]"]  # C's value, and D's rebuilt from it
+        # C's correction keeps its provenance (A's memory among it) and so its owners:
+        # rebuilt from what remains (B's "[2]"), and D rebuilt from that.
+        assert values == ["[2]", "[2]"]
         assert ks.memories.count("C") == 1
 
 
@@ -636,23 +644,25 @@ def test_found_by_sequences_a_correction_after_an_erasure_keeps_every_version(
     tmp_path: Path,
 ) -> None:
     # Found by DerivedSequences (fixed in the commit that added this test): C's
-    # summary of A's and B's memories, both deleted since, corrected twice: the first
-    # version holds A's text, the second is C's own. A's erasure removes the first;
-    # the next correction numbered its version by the count of those kept (2) and
-    # overwrote C's second version.
+    # summary of A's and B's memories, both deleted since, corrected: the first
+    # version holds A's text. C then writes a value of its own (an update dropping
+    # the provenance) and corrects it: the second version is C's own. A's erasure
+    # removes the first; the next correction numbered its version by the count of
+    # those kept (2) and overwrote C's second version.
     with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
         _c_sums_up_a_and_b(ks)
         assert ks.memories.delete("A", NS, "k0") and ks.memories.delete("B", NS, "k0")
         ks.memories.correct("C", NS, "d0", "[3]", reason="fix")
-        ks.memories.correct("C", NS, "d0", "[4]", reason="fix")
+        ks.memories.update("C", NS, "d0", "[4]", sources=[])
+        ks.memories.correct("C", NS, "d0", "[5]", reason="fix")
         req = ks.erase("A", requested_by=REQUESTED_BY, reason=REASON)
         assert req.state == "completed", req.error
-        ks.memories.correct("C", NS, "d0", "[5]", reason="fix")
+        ks.memories.correct("C", NS, "d0", "[6]", reason="fix")
         history = ks.memories.history("C", NS, "d0")
         assert [(h["value"], h["version"]) for h in history] == [
-            ("[3]", 2),
-            ("[4]", 3),
-            ("[5]", 4),
+            ("[4]", 2),
+            ("[5]", 3),
+            ("[6]", 4),
         ]
         assert ks.memories.count("C") == 3
 
