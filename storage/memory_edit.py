@@ -72,14 +72,15 @@ class EditMixin(WriteMixin, ReadMixin):
             existing.category,
             existing.sources if sources is None else sources,
         )
-        # A new value derived from what the old one was (a source kept) stays owned
-        # by whom the old one was, but for a mention dropped on purpose: a source
-        # deleted since names no owner, yet the value may still hold its text.
+        # A new value derived from a source deleted since stays owned by whom the old
+        # value was: the deleted source names no owner, yet the value may still hold
+        # its text. Which owners came through it is not known any more, so all are
+        # kept (a mention dropped too): passing sources without it sheds them.
         kept = None
-        if existing.sources and set(item.sources) & set(existing.sources):
-            dropped = set(existing.mentions).difference(refs)
-            owners = [o for o in self._key_owners(existing) if o not in dropped]
-            kept = {(existing.namespace, existing.key): Kept(owners)}
+        if existing.sources:
+            kept = {
+                (existing.namespace, existing.key): Kept(self._key_owners(existing), None, True)
+            }
         return self._put_rows(
             self._ref(subject),
             [_checked(item)],
@@ -193,7 +194,7 @@ class EditMixin(WriteMixin, ReadMixin):
             kept_sources=old.sources,
             kept={
                 (self._history_ns(ns), items[0].key): Kept(owners, old.retain_us),
-                (ns, k): Kept(owners),
+                (ns, k): Kept(owners, None, True),
             },
             # Numbered from the value read: written only if it is still the value.
             unchanged={(ns, k): old},
@@ -224,13 +225,17 @@ class EditMixin(WriteMixin, ReadMixin):
         new_us = to_us(now) + int(ttl.total_seconds() * 1_000_000)
         with part.flocked():
             changed = []
+            # Never past what a put now would keep it: the policy's maximum, and the
+            # end of the consent it is stored under (none active: ConsentRequired).
+            limits: dict[tuple[str, str | None, str | None], int] = {}
             for ns, k in names:
                 row = part.rows.get(part.lookup(ns, k)) if part.rows else None
                 if row is None:
                     continue
-                rule, _, _ = self._policy.resolve(row.scope, row.purpose, row.category)
-                limit = to_us(self._policy.retain_until(rule, now, None))
-                changed.append(replace(row, retain_us=min(new_us, limit)))
+                at = (row.scope, row.purpose, row.category)
+                if at not in limits:
+                    limits[at] = self._target(ref, PutItem(ns, k, None, *at), now)[3]
+                changed.append(replace(row, retain_us=min(new_us, limits[at])))
             if not changed:
                 return 0
             part.append_puts(changed)

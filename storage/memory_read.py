@@ -381,15 +381,19 @@ class ReadMixin(IndexMixin):
     # -- by subject_ref: the erasure coordinator's and exports' entry points -----------
 
     def rows_by_id(
-        self, ref: str, memory_ids: Iterable[str], *, opaque: bool = False
+        self, ref: str, memory_ids: Iterable[str], *, opaque: bool = False, live: bool = False
     ) -> dict[str, MemoryRow]:
         """Rows of ``ref`` by memory id (no guard check: the coordinator decides);
         with ``opaque`` also those whose shared key is destroyed (``row.opaque``:
-        no value; a derived asset keeps its namespace and key, for its rebuild)."""
+        no value; a derived asset keeps its namespace and key, for its rebuild);
+        with ``live`` only those within their retain-until, as every read."""
         wanted = set(memory_ids)
         part = self._partition(ref)
         part.ensure_loaded()
         rows = part.all_rows() if opaque else part.rows.values()
+        if live:
+            now = to_us(self._clock())
+            return {r.memory_id: r for r in rows if r.memory_id in wanted and r.retain_us > now}
         return {r.memory_id: r for r in rows if r.memory_id in wanted}
 
     def namespaces_ref(self, ref: str, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:

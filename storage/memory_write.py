@@ -55,10 +55,14 @@ class Kept:
     mentions say now: the ``owners`` of the key the old row was sealed under (a
     source deleted since names none, yet the value still holds its text), and
     its ``retain_us`` (a superseded value, kept as a history version, lives no
-    longer than it would have)."""
+    longer than it would have). ``while_gone``: the owners are kept only if a
+    source of the new row is gone from the catalog; with every source there, the
+    owners they give now are the whole truth (a source or mention the caller
+    dropped no longer owns the row)."""
 
     owners: Collection[str] = ()
     retain_us: int | None = None
+    while_gone: bool = False
 
 
 class Changed(Exception):
@@ -431,7 +435,9 @@ class WriteMixin(IndexMixin):
             for source in r.sources:
                 owners |= source_owners.get(source, set())
             keep = kept.get((r.namespace, r.key))
-            if keep is not None:
+            if keep is not None and (
+                not keep.while_gone or any(s not in source_owners for s in r.sources)
+            ):
                 owners |= set(keep.owners)
             # The holder's own data of this scope is under the scope key already; of
             # another scope it stays an owner (withdrawing that scope kills this key).

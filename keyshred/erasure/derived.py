@@ -32,6 +32,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from keyshred.erasure.requests import ProducerUnknown, RebuildFailed, iso, safe
+from keyshred.erasure.steps import sources_first
 from keyshred.errors import InvalidInput, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
@@ -193,13 +194,18 @@ class DerivedStore:
     (a request waiting in ``manual_review`` for a producer, a worker SIGKILLed and
     resumed later), and meanwhile the holder may have written a memory of their own
     at the asset's name, which keeps the asset id. A row that no longer touches the
-    erasure (``_touches``) is left alone: it holds nothing of the subject.
+    erasure is left alone: it holds nothing of the subject. It touches while it is
+    opaque, mentions the subject, or names a source the erasure removed, one of the
+    closure not acted on yet, or one rebuilt after the row was written. Assets
+    derived from the closure since it was listed (``_grown``) are judged alike.
 
     Crash safety: before it writes, the step records its intent with the row's
-    version (``updated_us``); an intent without its result is all a kill leaves.
-    Resumed, a row still at that version was not written (acted on again); a row
-    changed since and no longer touching the erasure was rebuilt by the killed run
-    (recorded as rebuilt, so the receipt lists it); a row that still touches it is
+    version (``updated_us``) and the sources it rebuilds from; an intent without
+    its result is all a kill leaves. Resumed, a row still at that version was not
+    written (acted on again); a row changed since, no longer touching the erasure
+    and holding exactly those sources was rebuilt by the killed run (recorded as
+    rebuilt, so the receipt lists it; any other change is the holder's and claims
+    nothing); a row that still touches it is
     acted on again, which is idempotent (the same remaining sources, the same
     function); an asset gone with a drop intended was dropped."""
 
@@ -216,7 +222,6 @@ class DerivedStore:
         # listed memories too, even one the catalog no longer held at its closure)
         # and the closure's assets this step dropped, in this run or a killed one.
         erased = set(target.erased) | set(target.assets or ())
-        closure = set(target.closure)
         done: list[Mapping[str, Any]] = []
         intents: dict[str, Mapping[str, Any]] = {}
         for entry in target.done:
@@ -231,15 +236,27 @@ class DerivedStore:
             if target.record is not None:
                 target.record([*done, *intents.values()])
 
-        def intend(action: Mapping[str, Any], row: MemoryRow) -> None:
+        def intend(action: Mapping[str, Any], row: MemoryRow, sources: Sequence[str]) -> None:
             intents[action["asset_id"]] = {
                 "asset_id": action["asset_id"],
                 "intent": dict(action),
                 "updated_us": row.updated_us,
+                "sources": list(sources),
             }
             record()
 
-        for asset_id in target.closure:
+        def forget(asset_id: str) -> None:
+            if intents.pop(asset_id, None) is not None:
+                record()
+
+        order = self._grown(list(target.closure), erased)
+        # A row built from an asset of the closure holds what the erasure removes
+        # while that asset is ``pending`` (not acted on, or left to another erasure);
+        # from one ``rebuilt`` (or found clean), only if written before that.
+        pending = set(order) - handled
+        rebuilt = {d["asset_id"] for d in done if d["action"] == "rebuilt"}
+        clean = _CleanSince(self._catalog, self._memories)
+        for asset_id in order:
             if asset_id in handled:
                 continue
             intent = intents.get(asset_id)
@@ -247,19 +264,48 @@ class DerivedStore:
             if asset is None:
                 # Gone: dropped by a killed run of this step (its intent says so),
                 # or earlier, or by its holder, or with its owner's own erasure.
-                action = _landed(intent, "dropped")
+                action = _landed(intent, "dropped", None)
+            elif self._left_alone(target, asset):
+                action = None
             else:
-                action = self._rebuild_one(
-                    target, asset, erased, closure, intent=intent, intend=intend
+                # Opaque too: its shared key went with the subject's; rebuilt (sealed
+                # under the key of its remaining owners) or dropped like a readable one.
+                row = self._memories.rows_by_id(asset.subject_ref, [asset_id], opaque=True).get(
+                    asset_id
                 )
-            if intents.pop(asset_id, None) is not None and action is None:
-                record()  # a stale intent must not claim a later change of the holder's
+                if row is None:
+                    # Its row gone, its catalog row not yet: a delete killed halfway,
+                    # which the next open of the partition finishes.
+                    action = _landed(intent, "dropped", None)
+                elif not (
+                    row.opaque
+                    or _mentions(target, asset, row)
+                    or any(
+                        s in erased or s in pending or (s in rebuilt and clean.after(s, row))
+                        for s in {*asset.sources, *row.sources}
+                    )
+                ):
+                    # Holds nothing of the erasure: written since the closure was
+                    # listed, by its holder (a new memory at the same name keeps the
+                    # asset id), or by this step's rebuild, killed before recording
+                    # it (its intent says so). Whatever its intent, an exception
+                    # between an intent and its write leaves the intent: only a row
+                    # that rebuild would leave claims it.
+                    action = _landed(intent, "rebuilt", row)
+                    rebuilt.add(asset_id)  # clean since that write
+                    pending.discard(asset_id)
+                else:
+                    action = self._rebuild_one(target, asset, row, erased, intend=intend)
+            forget(asset_id)  # a stale intent must not claim a later change of the holder's
             if action is not None:
                 done.append(action)
                 record()
                 faults.reached("erase.derived")
+                pending.discard(asset_id)
                 if action["action"] == "dropped":
                     erased.add(asset_id)
+                else:
+                    rebuilt.add(asset_id)
         return StoreErasure(
             self.name,
             "rebuilt-or-dropped",
@@ -269,35 +315,54 @@ class DerivedStore:
             found=bool(done),
         )
 
+    def _left_alone(self, target: ErasureTarget, asset: AssetRow) -> bool:
+        """Whether the asset is another erasure's, or the subject's own."""
+        if asset.subject_ref == target.subject_ref and target.whole_subject:
+            return True  # the subject's own derived assets go with it
+        try:
+            self._catalog.check_guard(asset.subject_ref, scope=asset.scope)
+        except SubjectSuppressed:
+            return True  # its owner (or its scope) is being erased too; that erasure takes it
+        return False
+
+    def _grown(self, closure: list[str], erased: set[str]) -> list[str]:
+        """The closure, and after it (sources first) what was derived since it was
+        listed from an asset the erasure removes or from one in the closure: a
+        request that waited (``manual_review``, a legal hold, a killed worker) while
+        the data it removes stayed readable (a retention request destroys no key)
+        saw new summaries of it made, and corrections keep its old value as a
+        version. Whether each still holds something of the erasure is decided by
+        its row, as for the closure's own."""
+        inside = set(closure)
+        frontier = inside | erased
+        rows: dict[str, AssetRow] = {}
+        new: list[str] = []
+        while frontier:
+            found = [
+                a
+                for a in self._catalog.derived_from(frontier)
+                if a.asset_id not in inside and a.kind != "vector"
+            ]
+            frontier = set()
+            for a in found:
+                if a.asset_id not in inside:
+                    inside.add(a.asset_id)
+                    new.append(a.asset_id)
+                    rows[a.asset_id] = a
+                    frontier.add(a.asset_id)
+        return [*closure, *sources_first(new, rows)] if new else closure
+
     def _rebuild_one(
         self,
         target: ErasureTarget,
         asset: AssetRow,
+        row: MemoryRow,
         erased: set[str],
-        closure: set[str],
         *,
-        intent: Mapping[str, Any] | None,
-        intend: Callable[[Mapping[str, Any], MemoryRow], None],
+        intend: Callable[[Mapping[str, Any], MemoryRow, Sequence[str]], None],
     ) -> dict[str, Any] | None:
         owner = asset.subject_ref
-        if owner == target.subject_ref and target.whole_subject:
-            return None  # the subject's own derived assets go with it
-        try:
-            self._catalog.check_guard(owner, scope=asset.scope)
-        except SubjectSuppressed:
-            return None  # its owner (or its scope) is being erased too; that erasure takes it
         memories = self._memories
-        # Opaque too: its shared key went with the subject's; rebuilt (sealed under
-        # the key of its remaining owners) or dropped like a readable one.
-        row = memories.rows_by_id(owner, [asset.asset_id], opaque=True).get(asset.asset_id)
-        if row is None:
-            # Its row gone, its catalog row not yet: a delete killed halfway, which
-            # the next open of the partition finishes.
-            return _landed(intent, "dropped")
-        if not _touches(target, asset, row, erased, closure):
-            if intent is not None and intent["updated_us"] != row.updated_us:
-                return _landed(intent, "rebuilt")
-            return None
         # Only sources that remain *and can be read* count (``_readable_sources``):
         # deciding by catalog presence while the function got only the readable
         # ones ran it on no source at all.
@@ -326,12 +391,12 @@ class DerivedStore:
             value = _run(rebuild, list(sources.values()), asset)
         dropped = {**base, "action": "dropped"}
         if value is None:
-            intend(dropped, row)
+            intend(dropped, row, ())
             memories.delete_by_id(owner, asset.asset_id)
             return dropped
         produced_by = (asset.kind, asset.producer, asset.producer_version)
         rebuilt = {**base, "action": "rebuilt"}
-        intend(rebuilt, row)
+        intend(rebuilt, row, list(sources))
         try:
             memories.rebuild(
                 owner, row, value, sources=list(sources), mentions=mentions, produced_by=produced_by
@@ -341,7 +406,7 @@ class DerivedStore:
             # time: no new copy is made under a key that erasure may already have
             # passed. Dropped, the safe way (the owner was checked above, so it is
             # not the holder that is refused).
-            intend(dropped, row)
+            intend(dropped, row, ())
             memories.delete_by_id(owner, asset.asset_id)
             return dropped
         return rebuilt
@@ -373,7 +438,9 @@ class DerivedStore:
             by_owner.setdefault(a.subject_ref, []).append(asset_id)
         found: dict[str, Memory] = {}
         for owner, owned in by_owner.items():
-            rows = self._memories.rows_by_id(owner, owned)  # readable rows only
+            # Readable rows only, within their retain-until: an expired source not
+            # swept yet would otherwise renew its text in the rebuilt asset.
+            rows = self._memories.rows_by_id(owner, owned, live=True)
             found.update({i: self._memories.memory(rows[i]) for i in owned if i in rows})
         return {i: found[i] for i in ids if i in found}
 
@@ -386,28 +453,54 @@ class DerivedStore:
         del subject_ref
 
 
-def _touches(
-    target: ErasureTarget, asset: AssetRow, row: MemoryRow, erased: set[str], closure: set[str]
-) -> bool:
-    """Whether the asset's current row still holds something of the erasure: it is
-    opaque (sealed under a key the erasure destroyed, or co-owned by a subject
-    being erased), a source is gone with it or is in its closure (rebuilt or
-    dropped by it), or, for a whole subject, it mentions the subject. The closure
-    step found every asset by one of these; a row that shows none of them now was
-    written since (by its holder: a new memory at the same name keeps the asset id;
-    or by this step's rebuild, killed before recording it)."""
-    if row.opaque:
-        return True
-    if any(s in erased or s in closure for s in (*asset.sources, *row.sources)):
-        return True
+def _mentions(target: ErasureTarget, asset: AssetRow, row: MemoryRow) -> bool:
+    """For a whole subject: whether the asset or its row mentions the subject."""
     return target.whole_subject and target.subject_ref in (*asset.mentions, *row.mentions)
 
 
-def _landed(intent: Mapping[str, Any] | None, action: str) -> dict[str, Any] | None:
-    """The recorded intent of a killed run, if it was ``action``: what it did."""
+def _landed(
+    intent: Mapping[str, Any] | None, action: str, row: MemoryRow | None
+) -> dict[str, Any] | None:
+    """What a killed run of the step did, by its recorded intent: ``action``, if
+    the row (None: gone) is what that action leaves. A rebuild leaves a row changed
+    since the intent with the sources it was given; any other change is the
+    holder's, and claims nothing (a receipt must not list a rebuild that never
+    wrote)."""
     if intent is None or intent["intent"]["action"] != action:
         return None
+    if row is not None and (
+        row.updated_us == intent["updated_us"] or list(row.sources) != intent.get("sources")
+    ):
+        return None
     return dict(intent["intent"])
+
+
+class _CleanSince:
+    """When each closure asset this erasure rebuilt was last written (its row now):
+    a row built from it earlier holds what the rebuild removed, a row written
+    later was built from the rebuilt value. (A holder's rewrite after the rebuild
+    moves that time later: what was built in between is then rebuilt or dropped
+    too, the safe side.)"""
+
+    def __init__(self, catalog: Catalog, memories: MemoryStore) -> None:
+        self._catalog = catalog
+        self._memories = memories
+        self._written: dict[str, int] = {}
+
+    def after(self, asset_id: str, row: MemoryRow) -> bool:
+        """Whether ``row`` was written before ``asset_id``'s rebuild (it touches)."""
+        written = self._written.get(asset_id)
+        if written is None:
+            asset = self._catalog.asset(asset_id)
+            found = (
+                self._memories.rows_by_id(asset.subject_ref, [asset_id], opaque=True).get(asset_id)
+                if asset is not None
+                else None
+            )
+            # Gone since: nothing tells when it was clean; built from it, it touches.
+            written = found.updated_us if found is not None else 1 << 62
+            self._written[asset_id] = written
+        return row.updated_us <= written
 
 
 def _run(rebuild: Rebuild, sources: list[Memory], asset: AssetRow) -> Any:

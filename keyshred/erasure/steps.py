@@ -11,7 +11,7 @@ from keyshred.erasure.requests import ErasureRequest, VerificationFailed, iso
 from keyshred.errors import KeyNotFound, SubjectErased
 from keyshred.storage.catalog import ACTIVE, AssetRow
 
-__all__ = ["closure", "verify"]
+__all__ = ["closure", "sources_first", "verify"]
 
 
 def closure(w: Wiring, req: ErasureRequest) -> dict[str, Any]:
@@ -50,12 +50,12 @@ def closure(w: Wiring, req: ErasureRequest) -> dict[str, Any]:
     return {
         "own": sorted(own_ids),
         "own_counts": counts,
-        "closure": _sources_first(found, rows),
+        "closure": sources_first(found, rows),
         "shared": shared,
     }
 
 
-def _sources_first(found: list[str], rows: dict[str, AssetRow]) -> list[str]:
+def sources_first(found: list[str], rows: dict[str, AssetRow]) -> list[str]:
     """``found`` with every asset after those of its sources that are in it.
 
     The derived step rebuilds in this order from the sources' values as they are

@@ -200,7 +200,7 @@ class Model(InMemoryStore):
     """``InMemoryStore``, but a put replaces the item's vectors; a comparison
     (``$gt`` ...) on a field an item lacks matches nothing where ``InMemoryStore``
     raises ``TypeError`` (float(None)); keyshred, as LangGraph's SQL stores, matches
-    nothing. And a batch's reads create no namespace."""
+    nothing. And a batch's reads and deletes create no namespace."""
 
     def _filter_items(self, op: SearchOp) -> list[tuple[Item, list[list[float]]]]:
         if not op.filter:
@@ -229,7 +229,12 @@ class Model(InMemoryStore):
         # search order; a read creates nothing (see ``StoreModel.drop_empty``).
         for ns in [ns for ns, items in self._data.items() if not items]:
             del self._data[ns]
-        super()._apply_put_ops(put_ops)
+        # Nor does a delete: ``InMemoryStore``'s defaultdict made the namespace of a
+        # delete that found nothing, and a later put of the batch into it then
+        # sorted it by the delete's place instead of its first item's.
+        super()._apply_put_ops(
+            {at: op for at, op in put_ops.items() if op.value is not None or at[0] in self._data}
+        )
 
 
 def matches(value: Any, want: Any) -> bool:

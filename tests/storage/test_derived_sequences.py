@@ -26,8 +26,8 @@ What the store promises, as the model encodes it:
   or from one the erasure rebuilds ("derived from derived", by the provenance edges
   as they are now); an asset is rebuilt after the sources it is built from;
 - "update and correct keep mentions and sources" (README.md), and "provenance"
-  (``MemoryStore.update``): the producer too; and a derived memory's owners (the
-  owners of the key its old value was sealed under, a source deleted since included);
+  (``MemoryStore.update``): the producer too; and, while one of its sources is
+  deleted, a derived memory's owners (those of the key its old value was under);
 - a value written under another subject that holds a registered identifier of S
   mentions S; not retroactive; ``forget_identifiers``: later writes no longer find it,
   mentions found before stay; an erasure deletes the identifiers;
@@ -142,6 +142,11 @@ class Model:
             if at is not None:
                 out |= self.mems[at].owners
         return frozenset(out)
+
+    def gone_source(self, mem: Mem) -> bool:
+        """Whether a source of ``mem`` was deleted (its owners are then only known
+        from the key ``mem`` was sealed under)."""
+        return any(self.by_id(sid) is None for sid in mem.sources)
 
     def depends_on(self, mem: Mem, mid: str) -> bool:
         """Whether ``mem`` is ``mid`` or built from it, transitively."""
@@ -365,9 +370,8 @@ class DerivedSequences(StoreMachine):
         self.store.memories.update(subject, NS, key, value)
         m.written[token] = (subject, old.scope)
         mentions = old.mentions | m.detect(subject, value)
-        # Derived from what the old value was (its sources kept): owned by whom that
-        # was, a source deleted since included.
-        kept = old.owners if old.sources else frozenset()
+        # Derived from a source deleted since: owned by whom the old value was.
+        kept = old.owners if m.gone_source(old) else frozenset()
         m.mems[(subject, key)] = replace(
             old,
             value=value,
@@ -405,7 +409,8 @@ class DerivedSequences(StoreMachine):
         m.mems[(subject, key)] = replace(
             old,
             value=token,
-            owners=m.owners(subject, old.scope, old.mentions, old.sources) | old.owners,
+            owners=m.owners(subject, old.scope, old.mentions, old.sources)
+            | (old.owners if m.gone_source(old) else frozenset()),
         )
 
     @rule(data=st.data(), key=st.sampled_from(KEYS + DKEYS))

@@ -1,0 +1,373 @@
+"""Rewrites and resumed erasures, found by an attacker review of the derived
+step's resume logic (keyshred/erasure/derived.py) and of update/correct/touch
+(storage/memory_edit.py, storage/memory_write.py): which owners a rewrite keeps,
+what touch may extend, what a resumed erasure claims, which sources a rebuild
+uses, and what was derived while a request waited. Each docstring says what went
+wrong and why."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyshred import Keyshred
+from keyshred.errors import KeyshredError
+from keyshred.storage import PutItem
+from tests.storage.conftest import make_config
+
+VICTIM = "victim@example.org"
+
+
+@pytest.fixture
+def ks(tmp_path: Path) -> Iterator[Keyshred]:
+    store = Keyshred.init(tmp_path / "data", make_config(None))
+    yield store
+    store.close()
+
+
+def _summary(ks: Keyshred, *, producer: str = "dg", rebuild: Any = None) -> tuple[str, str, str]:
+    """The victim's memory, Bob's memory, and Bob's summary of both (ids)."""
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    s = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer=producer,
+        producer_version="1",
+        rebuild=rebuild,
+    )
+    return v.memory_id, b.memory_id, s.memory_id
+
+
+def _expired_victim_memory_in_manual_review(ks: Keyshred) -> tuple[str, str]:
+    """A retention request for the victim's expired memory waits in manual_review
+    (Bob's summary of it names a producer nobody registered yet). Returns
+    (request id, summary id). During the wait the summary is readable: retention
+    destroys no key."""
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
+    )
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    s = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="later",
+        producer_version="1",
+    )
+    report = ks.retention.run(now=datetime.now(UTC) + timedelta(seconds=30))
+    [req] = report.requests
+    assert req["state"] == "manual_review"
+    return req["request_id"], s.memory_id
+
+
+# -- update / correct / touch -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("sources", [5, [["not", "hashable"]], [{"a": 1}]])
+def test_update_of_a_derived_memory_with_odd_sources_raises_keyshred_error(
+    ks: Keyshred, sources: Any
+) -> None:
+    """update() of a derived memory (one with sources) with ``sources=5`` or a list
+    holding an unhashable item raises a bare ``TypeError`` ('int' object is not
+    iterable / unhashable type: 'list') out of the public API.
+
+    Cause: the new "kept owners" block in ``EditMixin.update`` computes
+    ``set(item.sources) & set(existing.sources)`` *before* ``_checked(item)`` and
+    ``_put_rows`` validate ``sources`` (on a plain memory ``existing.sources`` is
+    empty and the short-circuit hides it; before the change the same input was
+    ``InvalidInput``)."""
+    _summary(ks)
+    with pytest.raises(KeyshredError):
+        ks.memories.update("bob", ("s",), "d", "new", sources=sources)
+
+
+def test_update_that_drops_a_source_still_loses_the_memory_to_that_sources_erasure(
+    ks: Keyshred,
+) -> None:
+    """Bob's plan was written from the victim's memory and his own
+    (``sources=[v, b]``). Bob rewrites it from his own memory only
+    (``update(..., sources=[b])``): the declared provenance no longer includes the
+    victim. Yet the victim's erasure destroys Bob's plan (it is dropped, gone).
+
+    Cause: ``update`` keeps *all* owners of the old key (``Kept``) as soon as *one*
+    old source is kept (``set(item.sources) & set(existing.sources)``); only
+    explicitly dropped *mentions* are subtracted, never the owners that came from an
+    explicitly dropped source that the catalog still holds. The new value is sealed
+    under a key co-owned by ``victim@default`` forever (every later update keeping
+    ``b`` keeps it too), so the victim's erasure makes it opaque and, a plain memory
+    naming no producer, drops it. Before this change the owners came from the new
+    sources, and the plan survived. Inconsistent too: ``sources=[]`` (all dropped)
+    does reset the owners. A bystander's data vanishes through another subject's
+    erasure although nothing in it is declared to be about them."""
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    ks.memories.put(
+        "bob", ("n",), "plan", "plan from victim and bob", sources=[v.memory_id, b.memory_id]
+    )
+    ks.memories.update("bob", ("n",), "plan", "plan from bob text only", sources=[b.memory_id])
+    assert ks.erase(VICTIM, requested_by="dpo", reason="art17").state == "completed"
+    got = ks.memories.get("bob", ("n",), "plan")
+    assert got is not None, "Bob's plan, declared derived from his own memory only, was dropped"
+    assert got.value == "plan from bob text only"
+
+
+def test_dropping_a_mention_drops_an_owner_the_deleted_source_still_gave(ks: Keyshred) -> None:
+    """Alice's memory mentions Carol; Bob's digest is built from it (and mentions
+    Carol too). Alice deletes her memory (its catalog row goes). Bob rewrites the
+    digest keeping its provenance but with ``mentions=[]``. Carol's erasure then
+    leaves Bob's digest readable, with the text about Carol it got from Alice's
+    memory.
+
+    Cause: ``update`` subtracts every dropped mention from the kept owners of the
+    old key, although Carol was an owner of that key *also* through the (kept)
+    deleted source: README, "every owner of a derived asset's sources, followed
+    through derived sources". With the source gone from the catalog the old key's
+    owner list is the only record of that, and the filter erases it. The new commit
+    introduced kept owners precisely for "a summary rewritten after one of its
+    sources was deleted still goes with that source's subject"."""
+    a = ks.memories.put("alice", ("m",), "a", "alice met carol at the clinic", mentions=["carol"])
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="digest: alice met carol at the clinic",
+        produced_from=[a.memory_id, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        mentions=["carol"],
+        rebuild=lambda sources: "rebuilt: " + " | ".join(m.value for m in sources),
+    )
+    ks.memories.delete("alice", ("m",), "a")
+    ks.memories.update("bob", ("s",), "d", "digest v2: alice met carol at the clinic", mentions=[])
+    assert ks.erase("carol", requested_by="dpo", reason="art17").state == "completed"
+    got = ks.memories.get("bob", ("s",), "d")
+    assert got is None or "carol" not in str(got.value), "text about Carol outlived her erasure"
+
+
+def test_touch_extends_retention_past_the_consents_end(ks: Keyshred) -> None:
+    """A memory stored under consent that ends tomorrow is retained until tomorrow
+    (``_target`` caps retain-until at the consent's end). ``touch`` with 30 days
+    pushes it to 30 days: past the end of the consent it was stored under.
+
+    Cause: ``EditMixin.touch`` computes its cap as
+    ``policy.retain_until(rule, now, None)``: the consent end is never looked up
+    (nor whether a consent is still active at all). Nothing else deletes data when
+    a consent's ``end_at`` passes: the retain-until is the only enforcement.
+    (Pre-existing in ``touch``, which this change revised to validate input.)"""
+    end = datetime.now(UTC) + timedelta(days=1)
+    ks.consent.grant("ann", scope="support/health", category="health", end_at=end)
+    m = ks.memories.put(
+        "ann", ("h",), "k", "ann has asthma", scope="support/health", category="health"
+    )
+    assert m.retain_until <= end
+    ks.memories.touch("ann", [(("h",), "k")], timedelta(days=30))
+    got = ks.memories.get("ann", ("h",), "k")
+    assert got is not None
+    assert got.retain_until <= end, "touch kept the memory past the end of its consent"
+
+
+# -- derived step -----------------------------------------------------------------------
+
+
+def test_a_stale_rebuilt_intent_makes_the_receipt_claim_a_rebuild_that_never_ran(
+    ks: Keyshred,
+) -> None:
+    """The derived step records the intent "rebuilt" before writing; here the write
+    fails (the rebuild function returned a non-JSON value: ``InvalidInput`` inside
+    ``memories.rebuild``), so the request is ``retryable_failure`` with the intent
+    left in its progress. Bob then writes his own note at the summary's name (same
+    asset id). The resumed erasure sees a row that no longer touches the erasure and
+    changed since the intent, and ``_landed(intent, "rebuilt")`` records "rebuilt":
+    the signed receipt says the erasure rebuilt Bob's summary with producer dg v1,
+    though the rebuild never wrote anything (the function was never called again).
+
+    The code even says "a stale intent must not claim a later change of the
+    holder's", but ``updated_us`` changing cannot tell the step's own write from the
+    holder's."""
+    calls = {"n": 0}
+
+    def rebuild(sources: list[Any]) -> Any:
+        calls["n"] += 1
+        return {1, 2}  # not JSON: the write after the intent fails
+
+    _, _, s_id = _summary(ks, rebuild=rebuild)
+    req = ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1")
+    assert req.state != "completed"
+    ks.memories.put("bob", ("s",), "d", "bob's own note")  # same asset id
+    assert ks.memories.get("bob", ("s",), "d").memory_id == s_id
+    assert ks.erasure.resume("r1").state == "completed"
+    assert calls["n"] == 1, "the rebuild function ran only once, and failed"
+    receipt = ks.erasure.receipt("r1")
+    assert receipt is not None
+    claimed = [d for d in receipt.derived if d.asset_id == s_id and d.action == "rebuilt"]
+    assert not claimed, "the receipt claims a rebuild that never happened"
+
+
+def test_a_rebuild_runs_on_an_expired_source_and_renews_its_text(ks: Keyshred) -> None:
+    """Bob's digest is built from the victim's memory and a short-lived memory of
+    Bob's whose retain-until has passed (unreadable by every read: ``get`` returns
+    None) but which the retention sweep has not removed yet. The victim's erasure
+    rebuilds the digest *from the expired memory*: its text lives on in the rebuilt
+    digest, with a fresh (ten-year) retention. README: "A rebuild function runs only
+    on sources that remain and can be read (none: the asset is dropped)".
+
+    Cause: ``DerivedStore._readable_sources`` reads with ``rows_by_id``, which returns
+    every readable row whatever its ``retain_us`` (the read path's ``_row_once`` hides
+    rows past their retain-until)."""
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    [e] = ks.memories.put_many(
+        "bob", [PutItem(("m",), "e", "bob short-lived secret", ttl=timedelta(seconds=1))]
+    )
+    seen: list[list[Any]] = []
+
+    def rebuild(sources: list[Any]) -> str:
+        seen.append([m.value for m in sources])
+        return "rebuilt: " + " | ".join(m.value for m in sources)
+
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="digest",
+        produced_from=[v.memory_id, e.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=rebuild,
+    )
+    time.sleep(1.5)
+    assert ks.memories.get("bob", ("m",), "e") is None  # expired: gone for every read
+    assert ks.erase(VICTIM, requested_by="dpo", reason="art17").state == "completed"
+    assert seen == [], f"the rebuild ran on an expired source: {seen}"
+    got = ks.memories.get("bob", ("s",), "d")
+    assert got is None or "short-lived" not in str(got.value)
+
+
+def test_a_derived_asset_made_from_a_closure_asset_during_the_wait_outlives_the_request(
+    ks: Keyshred,
+) -> None:
+    """A retention request for the victim's expired memory waits in manual_review
+    (Bob's summary names a producer not registered yet). Retention destroys no key,
+    so the summary, still holding the expired text, stays readable during the wait.
+    Carol derives her own asset from it. Once the producer is registered, the
+    resumed request rebuilds Bob's summary and completes (signed receipt), but
+    Carol's asset, built from the not-yet-rebuilt summary, still holds the expired
+    victim text.
+
+    Cause: the derived step acts only on ``target.closure``, listed once by the
+    closure step, and "decides from the row as it is now" only for those ids;
+    DerivedStore.verify checks only provenance pointing at *erased* ids, and
+    Carol's points at the summary (rebuilt, not erased). A resumed (or slow)
+    request misses everything derived from its closure since the closure was listed."""
+    rid, s_id = _expired_victim_memory_in_manual_review(ks)
+    summary = ks.memories.get("bob", ("s",), "d")
+    assert summary is not None
+    ks.derived.register(
+        "copy",
+        subject="carol",
+        namespace=("c",),
+        key="t",
+        value="carol's copy: " + str(summary.value),
+        produced_from=[s_id],
+        producer="copy",
+        producer_version="1",
+        rebuild=lambda sources: "carol's copy: " + " | ".join(str(m.value) for m in sources),
+    )
+    ks.derived.register_producer("later", "1", lambda sources: "rebuilt without victim")
+    assert ks.erasure.resume(rid).state == "completed"
+    got = ks.memories.get("carol", ("c",), "t")
+    assert got is None or "victim text" not in str(got.value), (
+        "a copy of the expired victim text outlived the completed retention request"
+    )
+
+
+def test_a_correction_during_the_wait_leaves_a_version_the_request_cannot_remove(
+    ks: Keyshred,
+) -> None:
+    """Same wait as above. Bob corrects his summary meanwhile: the superseded value
+    (the expired victim text) becomes a history version, a new asset the closure
+    never listed. The resumed request rebuilds the summary but not the version;
+    verification then fails ("no provenance points at erased assets") and the
+    request is dead-lettered in manual_review, where ``resume`` does nothing any
+    more, while ``history()`` keeps serving the expired victim text for the
+    summary's full retention.
+
+    Cause: as above, the closure is listed once; ``correct`` of a closure asset of
+    an open (waiting) request is allowed and creates a version outside it."""
+    rid, _ = _expired_victim_memory_in_manual_review(ks)
+    ks.memories.correct("bob", ("s",), "d", "bob's corrected summary", reason="fix")
+    ks.derived.register_producer("later", "1", lambda sources: "rebuilt without victim")
+    state = ks.erasure.resume(rid).state
+    history = ks.memories.history("bob", ("s",), "d")
+    leftover = [h for h in history if "victim text" in str(h["value"])]
+    assert not leftover, f"expired victim text still in history() (request {state})"
+    assert state == "completed"
+
+
+def test_a_holders_memory_written_meanwhile_from_a_rebuilt_source_is_dropped(
+    ks: Keyshred,
+) -> None:
+    """Bob's D1 is built from the victim's memory and his own; his D2 from D1 names
+    a producer nobody registered. The victim's erasure rebuilds D1 (clean now: "d1
+    rebuilt: bob text") and waits in manual_review for D2's producer. Meanwhile Bob
+    writes his own note at D2's name, derived from the rebuilt D1 only. Resumed, the
+    erasure deletes Bob's note. README: "A resumed erasure decides from the asset's
+    row as it is then: a memory its holder wrote meanwhile at the asset's name is
+    left alone".
+
+    Cause: ``_touches`` counts any source that is in the closure (``s in closure``)
+    as touching, even a closure asset the step has already rebuilt (so it holds
+    nothing of the subject any more). Bob's plain note (its catalog row no longer
+    names a producer) is then "rebuilt" with no function, i.e. dropped."""
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    d1 = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d1",
+        value="d1: victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="p1",
+        producer_version="1",
+        rebuild=lambda sources: "d1 rebuilt: " + " | ".join(m.value for m in sources),
+    )
+    d2 = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d2",
+        value="d2 from d1",
+        produced_from=[d1.memory_id],
+        producer="later",
+        producer_version="1",
+    )
+    assert ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1").state == (
+        "manual_review"
+    )
+    clean = ks.memories.get("bob", ("s",), "d1")
+    assert clean is not None and "victim" not in str(clean.value)
+    mine = ks.memories.put(
+        "bob", ("s",), "d2", f"bob's own note on {clean.value}", sources=[d1.memory_id]
+    )
+    assert mine.memory_id == d2.memory_id
+    ks.derived.register_producer("later", "1", lambda sources: "later rebuilt")
+    assert ks.erasure.resume("r1").state == "completed"
+    got = ks.memories.get("bob", ("s",), "d2")
+    assert got is not None, "the resumed erasure deleted Bob's note written meanwhile"
+    assert got.value == f"bob's own note on {clean.value}"
