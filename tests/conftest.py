@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from keyshred import Keyshred
 from tests.servers import Server, moto_server, openbao_dev_server
 
 # moto and boto3 need credentials and a region; these are moto's documented dummies
@@ -85,3 +86,15 @@ def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
+
+
+@pytest.fixture
+def ks(tmp_path: Path) -> Iterator[Keyshred]:
+    """A store on the embedded default (SQLite catalog, local folder) with the test
+    scopes of ``tests/storage/conftest.make_config``; a module that needs another
+    (both catalogs, a server) defines its own."""
+    from tests.storage.conftest import make_config
+
+    store = Keyshred.init(tmp_path / "data", make_config(None))
+    yield store
+    store.close()

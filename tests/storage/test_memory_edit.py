@@ -6,9 +6,7 @@ not the caller's to rewrite, and bad arguments are ``InvalidInput``."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,16 +14,8 @@ import pytest
 from keyshred import Keyshred
 from keyshred.errors import InvalidInput, KeyshredError
 from keyshred.storage import PutItem
-from tests.storage.conftest import make_config
 
 VICTIM = "victim@example.org"
-
-
-@pytest.fixture
-def ks(tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(None))
-    yield store
-    store.close()
 
 
 def _summary_of_a_deleted_source(ks: Keyshred) -> None:
