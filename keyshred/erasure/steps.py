@@ -63,7 +63,9 @@ def sources_first(found: list[str], rows: dict[str, AssetRow]) -> list[str]:
     came before a summary it was built from (a later level, or the same one): that
     source, unreadable until rebuilt, was left out of its rebuild (or, dropped
     afterwards, counted as remaining, and the function ran on no source at all).
-    Depth first, iterative; a cycle (never made by the API) keeps the found order."""
+    Depth first, iterative; a cycle (``update`` may name a source built from the
+    memory it rewrites) keeps the found order: its first asset is rebuilt from
+    what can be read then, the opaque one not counted (``DerivedStore``)."""
     inside = set(found)
     out: list[str] = []
     placed: set[str] = set()
