@@ -224,22 +224,22 @@ class EditMixin(WriteMixin, ReadMixin):
         now = self._clock()
         new_us = to_us(now) + int(ttl.total_seconds() * 1_000_000)
         with part.flocked():
-            changed = []
+            changed: dict[str, MemoryRow] = {}  # by lookup: a key listed twice counts once
             # Never past what a put now would keep it: the policy's maximum, and the
             # end of the consent it is stored under (none active: ConsentRequired).
             limits: dict[tuple[str, str | None, str | None], int] = {}
             for ns, k in names:
                 row = part.rows.get(part.lookup(ns, k)) if part.rows else None
-                if row is None:
-                    continue
+                if row is None or row.retain_us <= to_us(now):
+                    continue  # past its retain-until, it is gone for every read already
                 at = (row.scope, row.purpose, row.category)
                 if at not in limits:
                     limits[at] = self._target(ref, PutItem(ns, k, None, *at), now)[3]
-                changed.append(replace(row, retain_us=min(new_us, limits[at])))
+                changed[row.lookup] = replace(row, retain_us=min(new_us, limits[at]))
             if not changed:
                 return 0
-            part.append_puts(changed)
-            for row in changed:
+            part.append_puts(list(changed.values()))
+            for row in changed.values():
                 self._catalog.update_assets([row.memory_id], retain_until=from_us(row.retain_us))
         return len(changed)
 

@@ -311,60 +311,6 @@ def test_a_correction_during_the_wait_leaves_a_version_the_request_cannot_remove
     assert state == "completed"
 
 
-def test_a_holders_memory_written_meanwhile_from_a_rebuilt_source_is_dropped(
-    ks: Keyshred,
-) -> None:
-    """Bob's D1 is built from the victim's memory and his own; his D2 from D1 names
-    a producer nobody registered. The victim's erasure rebuilds D1 (clean now: "d1
-    rebuilt: bob text") and waits in manual_review for D2's producer. Meanwhile Bob
-    writes his own note at D2's name, derived from the rebuilt D1 only. Resumed, the
-    erasure deletes Bob's note. README: "A resumed erasure decides from the asset's
-    row as it is then: a memory its holder wrote meanwhile at the asset's name is
-    left alone".
-
-    Cause: ``_touches`` counts any source that is in the closure (``s in closure``)
-    as touching, even a closure asset the step has already rebuilt (so it holds
-    nothing of the subject any more). Bob's plain note (its catalog row no longer
-    names a producer) is then "rebuilt" with no function, i.e. dropped."""
-    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d1 = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d1",
-        value="d1: victim text",
-        produced_from=[v.memory_id, b.memory_id],
-        producer="p1",
-        producer_version="1",
-        rebuild=lambda sources: "d1 rebuilt: " + " | ".join(m.value for m in sources),
-    )
-    d2 = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d2",
-        value="d2 from d1",
-        produced_from=[d1.memory_id],
-        producer="later",
-        producer_version="1",
-    )
-    assert ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1").state == (
-        "manual_review"
-    )
-    clean = ks.memories.get("bob", ("s",), "d1")
-    assert clean is not None and "victim" not in str(clean.value)
-    mine = ks.memories.put(
-        "bob", ("s",), "d2", f"bob's own note on {clean.value}", sources=[d1.memory_id]
-    )
-    assert mine.memory_id == d2.memory_id
-    ks.derived.register_producer("later", "1", lambda sources: "later rebuilt")
-    assert ks.erasure.resume("r1").state == "completed"
-    got = ks.memories.get("bob", ("s",), "d2")
-    assert got is not None, "the resumed erasure deleted Bob's note written meanwhile"
-    assert got.value == f"bob's own note on {clean.value}"
-
-
 # -- earlier findings: resumed erasures, rebuilds from nothing, register's input ----
 
 
@@ -577,3 +523,299 @@ def test_register_long_kind_or_version_raises_a_keyshred_error(
             pass
         except Exception as exc:  # noqa: BLE001
             pytest.fail(f"{type(exc).__module__}.{type(exc).__name__}: not a KeyshredError")
+
+
+# -- second review: what a waiting or slow request must still find ---------------------
+
+
+def _join(sources: list[Any]) -> str:
+    return "rebuilt: " + " | ".join(str(m.value) for m in sources)
+
+
+def _retention_chain(ks: Keyshred, *, carol_producer: str = "later") -> tuple[str, str, str]:
+    """The victim's memory expiring in 5 s, Bob's summary S of it and of his own
+    memory (producer p1, registered), Carol's copy D of S (``carol_producer``).
+    Returns (victim memory id, S id, D id)."""
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
+    )
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    s = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="p1",
+        producer_version="1",
+        rebuild=_join,
+    )
+    d = ks.derived.register(
+        "copy",
+        subject="carol",
+        namespace=("c",),
+        key="t",
+        value="carol's copy: summary of victim text",
+        produced_from=[s.memory_id],
+        producer=carol_producer,
+        producer_version="1",
+        rebuild=None if carol_producer == "later" else _join,
+    )
+    return v.memory_id, s.memory_id, d.memory_id
+
+
+def _retention_run(ks: Keyshred) -> dict[str, Any]:
+    report = ks.retention.run(now=datetime.now(UTC) + timedelta(seconds=30))
+    [req] = report.requests
+    return req
+
+
+def test_a_version_corrected_after_its_sources_rebuild_keeps_the_expired_text(
+    ks: Keyshred,
+) -> None:
+    """A retention request for the victim's expired memory rebuilds Bob's summary S
+    and then waits in manual_review on Carol's copy D of S (her producer is not
+    registered yet). Retention destroys no key, so D, still holding the expired
+    victim text, stays readable; Carol corrects it. The superseded value (the
+    expired victim text) becomes a history version H with D's sources ([S]). Once
+    the producer is registered the resumed request completes, yet
+    ``history()`` serves the victim's expired text for the version's whole
+    retention. README: "Another subject's erasure removes the versions ... built
+    from what it removes or rebuilds".
+
+    Cause: ``_grown`` does find H (derived from S since the closure was listed),
+    but ``_CleanSince.after`` judges it by its row's ``updated_us``: H was written
+    after S's rebuild, so it counts as "built from the rebuilt value". A history
+    version's value dates from the superseded row (its ``valid_from``), not from the
+    write that moved it into the ``~`` history namespace.
+
+    Severity: HIGH (data the request certifies as removed stays readable).
+
+    Fix: judge a history version by the time of the value it keeps (the superseded
+    row's ``updated_us``, e.g. carried in the version's row or derived from
+    ``valid_from``), or treat every version derived from a closure asset, or
+    created while the request was open, as touching (rebuilt = dropped: a version
+    has no producer)."""
+    _, _, _ = _retention_chain(ks)
+    req = _retention_run(ks)
+    assert req["state"] == "manual_review"
+    assert ks.memories.get("carol", ("c",), "t").value == "carol's copy: summary of victim text"
+    ks.memories.correct("carol", ("c",), "t", "carol's own corrected note", reason="fix")
+    ks.derived.register_producer("later", "1", _join)
+    assert ks.erasure.resume(req["request_id"]).state == "completed"
+    leftover = [
+        h for h in ks.memories.history("carol", ("c",), "t") if "victim text" in str(h["value"])
+    ]
+    assert not leftover, f"expired victim text still served by history(): {leftover}"
+
+
+def test_a_copy_written_by_a_process_whose_clock_runs_ahead_is_judged_clean(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Carol's copy D of Bob's summary S (which holds the victim's soon-expiring
+    text) is written by a process whose clock runs ahead (here 5 seconds; any skew
+    larger than the time between D's write and S's rebuild does it). The retention
+    request for the expired memory lists D in its closure, rebuilds S, then leaves
+    D alone: it completes with a signed receipt while D still serves the expired
+    victim text. Before this change every closure asset built from a closure asset
+    was rebuilt.
+
+    Cause: ``_CleanSince.after`` compares ``updated_us`` of two rows of different
+    partitions, each stamped by the clock of the process that wrote it
+    (``_put_rows``: ``now_us = to_us(self._clock())``, taken before the lock, even
+    before embedding). Wall clocks of two workers (or one stepped by NTP) do not
+    order writes; in distributed mode they are different machines. Even with one
+    clock, a row is stamped before the rebuild it may race with commits.
+
+    Severity: MEDIUM (needs skew, or a race, between a writer and the erasure
+    worker; the result is data the receipt says is gone).
+
+    Fix: never decide "written after the rebuild" from wall clocks of different
+    writers. A closure asset (listed before anything was rebuilt) always touches
+    unless its row changed since the closure listed it (record each closure
+    asset's ``updated_us`` in the closure step and compare the row with itself);
+    for assets found by ``_grown``, order by a catalog-assigned sequence (the
+    database's clock or a sequence column written in the asset's transaction),
+    not the writer's clock."""
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
+    )
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    s = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="p1",
+        producer_version="1",
+        rebuild=_join,
+    )
+    real = ks.memories._clock
+    monkeypatch.setattr(ks.memories, "_clock", lambda: real() + timedelta(seconds=5))
+    ks.derived.register(
+        "copy",
+        subject="carol",
+        namespace=("c",),
+        key="t",
+        value="carol's copy: summary of victim text",
+        produced_from=[s.memory_id],
+        producer="p2",
+        producer_version="1",
+        rebuild=_join,
+    )
+    monkeypatch.setattr(ks.memories, "_clock", real)
+    req = _retention_run(ks)
+    assert req["state"] == "completed"
+    assert "victim" not in str(ks.memories.get("bob", ("s",), "d").value)  # S was rebuilt
+    got = ks.memories.get("carol", ("c",), "t")
+    assert got is None or "victim text" not in str(got.value), (
+        f"the completed retention request left Carol's copy: {got.value!r}"
+    )
+
+
+def test_a_copy_made_while_the_derived_step_runs_outlives_the_request(ks: Keyshred) -> None:
+    """A retention request for the victim's expired memory rebuilds Bob's summary S
+    (its rebuild function is slow: an LLM call). While it runs, S still holds the
+    expired victim text and is readable (retention destroys no key), and another
+    worker of the application copies it into Carol's asset D. The request completes
+    (signed receipt) and D keeps serving the expired victim text.
+
+    Cause: ``DerivedStore.erase`` lists what was derived from the closure
+    (``_grown``) once, before its loop; an asset derived from a closure asset
+    after that listing but before that asset is rebuilt is never looked at, and
+    ``verify`` checks only provenance naming *erased* ids (D names S, rebuilt). The
+    new ``_grown`` covers a wait between runs, not the run itself.
+
+    Severity: MEDIUM (needs a write racing the step; the receipt then certifies a
+    removal that did not happen).
+
+    Fix: after the loop, call ``_grown`` again with what is now known and act on
+    any new asset (repeat until nothing new), or have ``verify`` look for assets
+    derived from the closure with a row written before their source's rebuild."""
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
+    )
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    copied: list[str] = []
+
+    def slow_rebuild(sources: list[Any]) -> str:
+        # Meanwhile, elsewhere in the application: Carol's worker copies S.
+        old = ks.memories.get("bob", ("s",), "d")
+        d = ks.derived.register(
+            "copy",
+            subject="carol",
+            namespace=("c",),
+            key="t",
+            value=f"carol's copy: {old.value}",
+            produced_from=[old.memory_id],
+            producer="p2",
+            producer_version="1",
+            rebuild=_join,
+        )
+        copied.append(d.memory_id)
+        return _join(sources)
+
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="p1",
+        producer_version="1",
+        rebuild=slow_rebuild,
+    )
+    req = _retention_run(ks)
+    assert copied, "the copy was made during the derived step"
+    assert req["state"] == "completed"
+    got = ks.memories.get("carol", ("c",), "t")
+    assert got is None or "victim text" not in str(got.value), (
+        f"the completed retention request left Carol's copy: {got.value!r}"
+    )
+
+
+def test_touch_brings_back_a_memory_past_its_retain_until(ks: Keyshred) -> None:
+    """A memory stored with a one-second TTL expires: every read hides it ("Reads
+    hide a memory the moment its retain-until passes") and the next retention run
+    is to remove it. ``touch`` with one day, before the sweep, gives it a new
+    retain-until, and ``get`` serves the expired value again. README: "touch never
+    extends a memory past the policy's maximum or the end of the consent it is
+    stored under" - but it extends one past the retain-until it already reached.
+
+    Cause: ``EditMixin.touch`` takes every row of the partition cache
+    (``part.rows.get(part.lookup(ns, k))``) without checking ``row.retain_us``
+    against now, unlike every read (``_row_once``) and now the derived step
+    (``rows_by_id(live=True)``); the new cap (``_target``) is computed from *now*,
+    so it does not stop it either.
+
+    Severity: MEDIUM (data past its retention, the policy's only enforcement, is
+    served again for up to the policy's maximum; a TTL "refreshed on access" over
+    a stored list of keys does it without anyone meaning to).
+
+    Fix: in ``touch`` skip (do not count) rows with ``row.retain_us <= to_us(now)``,
+    as reads do; it already skips names with no row."""
+    import time
+
+    ks.memories.put_many("ann", [PutItem(("m",), "k", "ann short-lived", ttl=timedelta(seconds=1))])
+    time.sleep(1.2)
+    assert ks.memories.get("ann", ("m",), "k") is None  # expired: hidden by every read
+    ks.memories.touch("ann", [(("m",), "k")], timedelta(days=1))
+    assert ks.memories.get("ann", ("m",), "k") is None, "touch resurrected an expired memory"
+
+
+def test_a_failed_rebuild_is_claimed_when_the_holder_rewrites_with_the_same_sources(
+    ks: Keyshred,
+) -> None:
+    """The derived step records the intent "rebuilt" with the sources it rebuilds
+    from ([Bob's memory]); the write then fails (the function returned a value that
+    is no JSON), the request is left for a retry. Bob puts his own note at the
+    summary's name, derived from his own memory (``sources=[b]``, what any holder
+    rewriting a summary of that memory passes). The resumed erasure records
+    "rebuilt" for the summary: the signed receipt says producer dg v1 rebuilt it,
+    although the function's only run failed and Bob's note is what is stored.
+
+    Cause: ``_landed`` claims a killed rebuild for any row that changed since the
+    intent (``updated_us``) and whose sources equal the intent's. The sources are
+    the asset's remaining sources, exactly what a holder deriving from the same
+    memory names too: they do not identify the step's own write.
+
+    Severity: LOW (a false statement in a signed receipt; no data kept).
+
+    Fix: record in the intent something only the step's write can have: e.g. the
+    ``updated_us`` the rebuild will stamp (pass ``now`` into ``memories.rebuild``)
+    or a digest of the rebuilt value, and claim only a row that matches it."""
+    calls = {"n": 0}
+
+    def rebuild(sources: list[Any]) -> Any:
+        calls["n"] += 1
+        return {1, 2}  # no JSON: the write after the intent fails
+
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    s = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=rebuild,
+    )
+    assert ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1").state != (
+        "completed"
+    )
+    mine = ks.memories.put("bob", ("s",), "d", "bob's own note", sources=[b.memory_id])
+    assert mine.memory_id == s.memory_id
+    assert ks.erasure.resume("r1").state == "completed"
+    assert calls["n"] == 1, "the rebuild function ran once, and failed"
+    assert ks.memories.get("bob", ("s",), "d").value == "bob's own note"
+    receipt = ks.erasure.receipt("r1")
+    assert receipt is not None
+    claimed = [d for d in receipt.derived if d.asset_id == s.memory_id and d.action == "rebuilt"]
+    assert not claimed, "the receipt claims a rebuild that never wrote"

@@ -194,10 +194,11 @@ class DerivedStore:
     (a request waiting in ``manual_review`` for a producer, a worker SIGKILLed and
     resumed later), and meanwhile the holder may have written a memory of their own
     at the asset's name, which keeps the asset id. A row that no longer touches the
-    erasure is left alone: it holds nothing of the subject. It touches while it is
-    opaque, mentions the subject, or names a source the erasure removed, one of the
-    closure not acted on yet, or one rebuilt after the row was written. Assets
-    derived from the closure since it was listed (``_grown``) are judged alike.
+    erasure (``_touches``) is left alone: it holds nothing of the subject. Assets
+    derived from the closure or from the erased assets since the closure was
+    listed (a retention request destroys no key: what it removes stays readable
+    while it waits) are found by walking the provenance again, after every round
+    until a walk finds nothing new, and judged alike.
 
     Crash safety: before it writes, the step records its intent with the row's
     version (``updated_us``) and the sources it rebuilds from; an intent without
@@ -205,9 +206,12 @@ class DerivedStore:
     written (acted on again); a row changed since, no longer touching the erasure
     and holding exactly those sources was rebuilt by the killed run (recorded as
     rebuilt, so the receipt lists it; any other change is the holder's and claims
-    nothing); a row that still touches it is
-    acted on again, which is idempotent (the same remaining sources, the same
-    function); an asset gone with a drop intended was dropped."""
+    nothing); a row that still touches it is acted on again, which is idempotent
+    (the same remaining sources, the same function); an asset gone with a drop
+    intended was dropped. A write that raised without landing forgets its intent.
+    (A holder's rewrite naming exactly the intended sources, after a SIGKILL
+    between an intent and its write, is recorded as the rebuild: nothing in the
+    row tells the two apart.)"""
 
     name = "derived"
     phase: Phase = REBUILD
@@ -249,63 +253,40 @@ class DerivedStore:
             if intents.pop(asset_id, None) is not None:
                 record()
 
-        order = self._grown(list(target.closure), erased)
-        # A row built from an asset of the closure holds what the erasure removes
-        # while that asset is ``pending`` (not acted on, or left to another erasure);
-        # from one ``rebuilt`` (or found clean), only if written before that.
-        pending = set(order) - handled
-        rebuilt = {d["asset_id"] for d in done if d["action"] == "rebuilt"}
-        clean = _CleanSince(self._catalog, self._memories)
-        for asset_id in order:
-            if asset_id in handled:
-                continue
-            intent = intents.get(asset_id)
-            asset = self._catalog.asset(asset_id)
-            if asset is None:
-                # Gone: dropped by a killed run of this step (its intent says so),
-                # or earlier, or by its holder, or with its owner's own erasure.
-                action = _landed(intent, "dropped", None)
-            elif self._left_alone(target, asset):
-                action = None
-            else:
-                # Opaque too: its shared key went with the subject's; rebuilt (sealed
-                # under the key of its remaining owners) or dropped like a readable one.
-                row = self._memories.rows_by_id(asset.subject_ref, [asset_id], opaque=True).get(
-                    asset_id
-                )
-                if row is None:
-                    # Its row gone, its catalog row not yet: a delete killed halfway,
-                    # which the next open of the partition finishes.
-                    action = _landed(intent, "dropped", None)
-                elif not (
-                    row.opaque
-                    or _mentions(target, asset, row)
-                    or any(
-                        s in erased or s in pending or (s in rebuilt and clean.after(s, row))
-                        for s in {*asset.sources, *row.sources}
+        # Rounds until a walk finds nothing new: the closure, then what was derived
+        # from it or from the erased assets meanwhile (``_grown``), found again after
+        # each round (a copy made while a slow rebuild function ran).
+        seen: set[str] = set(handled)
+        while True:
+            order = self._grown(list(target.closure), erased)
+            todo = [a for a in order if a not in seen]
+            if not todo:
+                break
+            seen.update(todo)
+            inside = set(order)
+            for asset_id in todo:
+                try:
+                    action = self._act(
+                        target,
+                        asset_id,
+                        intents.get(asset_id),
+                        erased=erased,
+                        inside=inside,
+                        intend=intend,
                     )
-                ):
-                    # Holds nothing of the erasure: written since the closure was
-                    # listed, by its holder (a new memory at the same name keeps the
-                    # asset id), or by this step's rebuild, killed before recording
-                    # it (its intent says so). Whatever its intent, an exception
-                    # between an intent and its write leaves the intent: only a row
-                    # that rebuild would leave claims it.
-                    action = _landed(intent, "rebuilt", row)
-                    rebuilt.add(asset_id)  # clean since that write
-                    pending.discard(asset_id)
-                else:
-                    action = self._rebuild_one(target, asset, row, erased, intend=intend)
-            forget(asset_id)  # a stale intent must not claim a later change of the holder's
-            if action is not None:
-                done.append(action)
-                record()
-                faults.reached("erase.derived")
-                pending.discard(asset_id)
-                if action["action"] == "dropped":
-                    erased.add(asset_id)
-                else:
-                    rebuilt.add(asset_id)
+                except BaseException:
+                    # A write that failed before it landed left the row as it was:
+                    # its intent must not claim a later rewrite of the holder's.
+                    if self._unwritten(asset_id, intents.get(asset_id)):
+                        forget(asset_id)
+                    raise
+                forget(asset_id)  # a stale intent must not claim a later change of the holder's
+                if action is not None:
+                    done.append(action)
+                    record()
+                    faults.reached("erase.derived")
+                    if action["action"] == "dropped":
+                        erased.add(asset_id)
         return StoreErasure(
             self.name,
             "rebuilt-or-dropped",
@@ -314,6 +295,49 @@ class DerivedStore:
             items=tuple(done),
             found=bool(done),
         )
+
+    def _act(
+        self,
+        target: ErasureTarget,
+        asset_id: str,
+        intent: Mapping[str, Any] | None,
+        *,
+        erased: set[str],
+        inside: set[str],
+        intend: Callable[[Mapping[str, Any], MemoryRow, Sequence[str]], None],
+    ) -> dict[str, Any] | None:
+        """Rebuild or drop one asset if its row still touches the erasure; what a
+        killed run did to it (its ``intent``) if that is what the row shows."""
+        asset = self._catalog.asset(asset_id)
+        if asset is None:
+            # Gone: dropped by a killed run of this step (its intent says so), or
+            # earlier, or by its holder, or with its owner's own erasure.
+            return _landed(intent, "dropped", None)
+        if self._left_alone(target, asset):
+            return None
+        # Opaque too: its shared key went with the subject's; rebuilt (sealed under
+        # the key of its remaining owners) or dropped like a readable one.
+        owner = asset.subject_ref
+        row = self._memories.rows_by_id(owner, [asset_id], opaque=True).get(asset_id)
+        if row is None:
+            # Its row gone, its catalog row not yet: a delete killed halfway, which
+            # the next open of the partition finishes.
+            return _landed(intent, "dropped", None)
+        if not _touches(target, asset, row, erased, inside):
+            # Holds nothing of the erasure: written since the closure was listed,
+            # by its holder (a new memory at the same name keeps the asset id), or
+            # by this step's rebuild, killed before recording it (its intent).
+            return _landed(intent, "rebuilt", row)
+        return self._rebuild_one(target, asset, row, erased, intend=intend)
+
+    def _unwritten(self, asset_id: str, intent: Mapping[str, Any] | None) -> bool:
+        """Whether the asset's row is still the one ``intent`` was recorded for
+        (its write did not land)."""
+        asset = self._catalog.asset(asset_id) if intent is not None else None
+        if asset is None or intent is None:
+            return False
+        row = self._memories.rows_by_id(asset.subject_ref, [asset_id], opaque=True).get(asset_id)
+        return row is not None and row.updated_us == intent["updated_us"]
 
     def _left_alone(self, target: ErasureTarget, asset: AssetRow) -> bool:
         """Whether the asset is another erasure's, or the subject's own."""
@@ -453,9 +477,21 @@ class DerivedStore:
         del subject_ref
 
 
-def _mentions(target: ErasureTarget, asset: AssetRow, row: MemoryRow) -> bool:
-    """For a whole subject: whether the asset or its row mentions the subject."""
-    return target.whole_subject and target.subject_ref in (*asset.mentions, *row.mentions)
+def _touches(
+    target: ErasureTarget, asset: AssetRow, row: MemoryRow, erased: set[str], inside: set[str]
+) -> bool:
+    """Whether the asset's row as it is now holds something of the erasure: it is
+    opaque (its key destroyed, or co-owned by a subject being erased), mentions
+    the subject (a whole-subject erasure), or names a source the erasure removed
+    or one of its closure. Any of the closure, rebuilt or not: a row does not say
+    when the value it was built from was read (a history version's value is older
+    than its row; writers' clocks differ), so a row built from a closure asset is
+    rebuilt or dropped with it, even one built after that asset's rebuild."""
+    if row.opaque:
+        return True
+    if target.whole_subject and target.subject_ref in (*asset.mentions, *row.mentions):
+        return True
+    return any(s in erased or s in inside for s in (*asset.sources, *row.sources))
 
 
 def _landed(
@@ -473,34 +509,6 @@ def _landed(
     ):
         return None
     return dict(intent["intent"])
-
-
-class _CleanSince:
-    """When each closure asset this erasure rebuilt was last written (its row now):
-    a row built from it earlier holds what the rebuild removed, a row written
-    later was built from the rebuilt value. (A holder's rewrite after the rebuild
-    moves that time later: what was built in between is then rebuilt or dropped
-    too, the safe side.)"""
-
-    def __init__(self, catalog: Catalog, memories: MemoryStore) -> None:
-        self._catalog = catalog
-        self._memories = memories
-        self._written: dict[str, int] = {}
-
-    def after(self, asset_id: str, row: MemoryRow) -> bool:
-        """Whether ``row`` was written before ``asset_id``'s rebuild (it touches)."""
-        written = self._written.get(asset_id)
-        if written is None:
-            asset = self._catalog.asset(asset_id)
-            found = (
-                self._memories.rows_by_id(asset.subject_ref, [asset_id], opaque=True).get(asset_id)
-                if asset is not None
-                else None
-            )
-            # Gone since: nothing tells when it was clean; built from it, it touches.
-            written = found.updated_us if found is not None else 1 << 62
-            self._written[asset_id] = written
-        return row.updated_us <= written
 
 
 def _run(rebuild: Rebuild, sources: list[Memory], asset: AssetRow) -> Any:

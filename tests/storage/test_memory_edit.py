@@ -140,3 +140,8 @@ def test_touch_refuses_bad_arguments_with_invalid_input(ks: Keyshred, keys: Any,
         ks.memories.touch("bob", keys, ttl)
     after = ks.memories.get("bob", ("m",), "k")
     assert after is not None and after.retain_until == before.retain_until
+
+
+def test_touch_counts_a_key_listed_twice_once(ks: Keyshred) -> None:
+    ks.memories.put("bob", ("m",), "k", "v")
+    assert ks.memories.touch("bob", [(("m",), "k"), (("m",), "k")], timedelta(hours=1)) == 1
