@@ -85,6 +85,15 @@ class MemoryStore(EditMixin, RepairMixin):
             with part.flocked():
                 part.flush()
 
+    def purge_superseded(self, ref: str) -> None:
+        """Rewrite ``ref``'s partition without the values its rows superseded (log
+        records and old segments go at once): an erasure that destroyed no key
+        (retention, a scope) has the old values of the assets it rebuilt, or that
+        their holders rewrote meanwhile, leave the files."""
+        part = self._partition(ref)
+        with part.flocked():
+            part.flush(purge=True)
+
     def close(self, *, flush: bool = True) -> None:
         """Close every partition, first moving logged writes into segments unless
         ``flush=False`` (the logs are durable either way)."""

@@ -16,6 +16,7 @@ from keyshred.errors import BackendUnavailable, InvalidInput, NotFound
 from keyshred.storage.memory_read import ReadMixin
 from keyshred.storage.memory_types import (
     _VERSION_SEP,
+    Changed,
     Made,
     Memory,
     PutItem,
@@ -23,7 +24,7 @@ from keyshred.storage.memory_types import (
     _checked,
     _key,
 )
-from keyshred.storage.memory_write import Changed, Kept, WriteMixin
+from keyshred.storage.memory_write import Kept, WriteMixin
 from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
 
 __all__ = ["EditMixin"]
@@ -256,7 +257,8 @@ class EditMixin(WriteMixin, ReadMixin):
         """Replace a derived memory's value and provenance (erasure rebuild), and
         with ``produced_by`` its (kind, producer, producer version) in the same
         catalog transaction: a crash leaves the old asset or the new, never one
-        that has forgotten how it is rebuilt."""
+        that has forgotten how it is rebuilt. ``Changed`` if ``row`` is no longer
+        the row at its name."""
         item = PutItem(
             row.namespace,
             row.key,
@@ -274,6 +276,11 @@ class EditMixin(WriteMixin, ReadMixin):
             mention_refs=[tuple(mentions)],
             produced_by=produced_by,
             kept_sources=row.sources,
+            # No longer than the value it replaces was kept (a touch may have
+            # shortened it), and only over that value: a holder's write since is
+            # theirs (``Changed``: the erasure decides again).
+            kept={(row.namespace, row.key): Kept((), row.retain_us)},
+            unchanged={(row.namespace, row.key): row},
         )[0]
         # The previous version leaves the live files at once, as a deletion's does: it
         # is unreadable already when a destroyed key sealed it, but a scope erasure

@@ -29,6 +29,7 @@ from keyshred.storage.memory_types import (
     DELETING,
     HISTORY,
     MEMORY_KIND,
+    Changed,
     _key,
     _namespace,
     _vector_ids,
@@ -138,12 +139,16 @@ class EraseMixin(ReadMixin):
             self._delete_rows(ref, part, doomed)
         return len(doomed)
 
-    def delete_by_id(self, ref: str, memory_id: str) -> bool:
-        """Physically delete one memory (and its vectors and assets) by id."""
+    def delete_by_id(self, ref: str, memory_id: str, *, unchanged: MemoryRow | None = None) -> bool:
+        """Physically delete one memory (and its vectors and assets) by id; with
+        ``unchanged``, only if its row is still that one (else ``Changed``: its
+        holder wrote it since, nothing deleted)."""
         part = self._partition(ref)
         with part.flocked():
             # An opaque row too: deleting needs its lookup and id, never its key.
             row = next((r for r in part.all_rows() if r.memory_id == memory_id), None)
+            if unchanged is not None and row is not None and row != unchanged:
+                raise Changed
             if row is None:
                 return False
             self._delete_rows(ref, part, [row])

@@ -380,6 +380,10 @@ class ReadMixin(IndexMixin):
 
     # -- by subject_ref: the erasure coordinator's and exports' entry points -----------
 
+    def expired(self, row: MemoryRow) -> bool:
+        """Whether ``row`` is past its retain-until (gone for every read)."""
+        return row.retain_us <= to_us(self._clock())
+
     def rows_by_id(
         self, ref: str, memory_ids: Iterable[str], *, opaque: bool = False, live: bool = False
     ) -> dict[str, MemoryRow]:

@@ -27,6 +27,7 @@ __all__ = [
     "MEMORY_KIND",
     "VECTOR_KIND",
     "AuditSink",
+    "Changed",
     "Memory",
     "ProducedBy",
     "PutItem",
@@ -234,6 +235,12 @@ def _namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:
         if not label or len(label) > _MAX_LABEL:
             raise InvalidInput(f"namespace labels are non-empty strings of at most {_MAX_LABEL}")
     return ns
+
+
+class Changed(Exception):
+    """Internal: a row a rewrite (a correction, an erasure's rebuild or drop) read
+    was changed by someone else before the rewrite took the subject lock; nothing
+    was written, the rewrite reads again. Never seen by callers."""
 
 
 def _caller_namespace(namespace: Sequence[str] | str) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
     _JSON,
+    Changed,
     Made,
     Memory,
     ProducedBy,
@@ -46,7 +47,7 @@ from keyshred.storage.memory_types import (
 from keyshred.storage.partition import MemoryRow, Partition, row_key_id, seal_row, to_us
 from keyshred.storage.vectors import DEFAULT_SPACE, VectorItem
 
-__all__ = ["Changed", "Kept", "WriteMixin"]
+__all__ = ["Kept", "WriteMixin"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +64,6 @@ class Kept:
     owners: Collection[str] = ()
     retain_us: int | None = None
     while_gone: bool = False
-
-
-class Changed(Exception):
-    """Internal: a row a rewrite read was changed before the rewrite took the
-    subject lock; the rewrite reads again (never seen by callers)."""
 
 
 class WriteMixin(IndexMixin):
@@ -330,7 +326,7 @@ class WriteMixin(IndexMixin):
                     updated_us=now_us + n,
                     retain_us=retain,
                     lookup=lookup,
-                    sources=tuple(item.sources),
+                    sources=tuple(dict.fromkeys(item.sources)),  # one edge per source
                     mentions=mentioned,
                     index=fields[n],
                 )

@@ -588,15 +588,7 @@ def test_a_version_corrected_after_its_sources_rebuild_keeps_the_expired_text(
     but ``_CleanSince.after`` judges it by its row's ``updated_us``: H was written
     after S's rebuild, so it counts as "built from the rebuilt value". A history
     version's value dates from the superseded row (its ``valid_from``), not from the
-    write that moved it into the ``~`` history namespace.
-
-    Severity: HIGH (data the request certifies as removed stays readable).
-
-    Fix: judge a history version by the time of the value it keeps (the superseded
-    row's ``updated_us``, e.g. carried in the version's row or derived from
-    ``valid_from``), or treat every version derived from a closure asset, or
-    created while the request was open, as touching (rebuilt = dropped: a version
-    has no producer)."""
+    write that moved it into the ``~`` history namespace."""
     _, _, _ = _retention_chain(ks)
     req = _retention_run(ks)
     assert req["state"] == "manual_review"
@@ -626,18 +618,7 @@ def test_a_copy_written_by_a_process_whose_clock_runs_ahead_is_judged_clean(
     (``_put_rows``: ``now_us = to_us(self._clock())``, taken before the lock, even
     before embedding). Wall clocks of two workers (or one stepped by NTP) do not
     order writes; in distributed mode they are different machines. Even with one
-    clock, a row is stamped before the rebuild it may race with commits.
-
-    Severity: MEDIUM (needs skew, or a race, between a writer and the erasure
-    worker; the result is data the receipt says is gone).
-
-    Fix: never decide "written after the rebuild" from wall clocks of different
-    writers. A closure asset (listed before anything was rebuilt) always touches
-    unless its row changed since the closure listed it (record each closure
-    asset's ``updated_us`` in the closure step and compare the row with itself);
-    for assets found by ``_grown``, order by a catalog-assigned sequence (the
-    database's clock or a sequence column written in the asset's transaction),
-    not the writer's clock."""
+    clock, a row is stamped before the rebuild it may race with commits."""
     [v] = ks.memories.put_many(
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
     )
@@ -687,14 +668,7 @@ def test_a_copy_made_while_the_derived_step_runs_outlives_the_request(ks: Keyshr
     (``_grown``) once, before its loop; an asset derived from a closure asset
     after that listing but before that asset is rebuilt is never looked at, and
     ``verify`` checks only provenance naming *erased* ids (D names S, rebuilt). The
-    new ``_grown`` covers a wait between runs, not the run itself.
-
-    Severity: MEDIUM (needs a write racing the step; the receipt then certifies a
-    removal that did not happen).
-
-    Fix: after the loop, call ``_grown`` again with what is now known and act on
-    any new asset (repeat until nothing new), or have ``verify`` look for assets
-    derived from the closure with a row written before their source's rebuild."""
+    new ``_grown`` covers a wait between runs, not the run itself."""
     [v] = ks.memories.put_many(
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
     )
@@ -750,14 +724,7 @@ def test_touch_brings_back_a_memory_past_its_retain_until(ks: Keyshred) -> None:
     (``part.rows.get(part.lookup(ns, k))``) without checking ``row.retain_us``
     against now, unlike every read (``_row_once``) and now the derived step
     (``rows_by_id(live=True)``); the new cap (``_target``) is computed from *now*,
-    so it does not stop it either.
-
-    Severity: MEDIUM (data past its retention, the policy's only enforcement, is
-    served again for up to the policy's maximum; a TTL "refreshed on access" over
-    a stored list of keys does it without anyone meaning to).
-
-    Fix: in ``touch`` skip (do not count) rows with ``row.retain_us <= to_us(now)``,
-    as reads do; it already skips names with no row."""
+    so it does not stop it either."""
     import time
 
     ks.memories.put_many("ann", [PutItem(("m",), "k", "ann short-lived", ttl=timedelta(seconds=1))])
@@ -781,13 +748,7 @@ def test_a_failed_rebuild_is_claimed_when_the_holder_rewrites_with_the_same_sour
     Cause: ``_landed`` claims a killed rebuild for any row that changed since the
     intent (``updated_us``) and whose sources equal the intent's. The sources are
     the asset's remaining sources, exactly what a holder deriving from the same
-    memory names too: they do not identify the step's own write.
-
-    Severity: LOW (a false statement in a signed receipt; no data kept).
-
-    Fix: record in the intent something only the step's write can have: e.g. the
-    ``updated_us`` the rebuild will stamp (pass ``now`` into ``memories.rebuild``)
-    or a digest of the rebuilt value, and claim only a row that matches it."""
+    memory names too: they do not identify the step's own write."""
     calls = {"n": 0}
 
     def rebuild(sources: list[Any]) -> Any:
@@ -819,3 +780,370 @@ def test_a_failed_rebuild_is_claimed_when_the_holder_rewrites_with_the_same_sour
     assert receipt is not None
     claimed = [d for d in receipt.derived if d.asset_id == s.memory_id and d.action == "rebuilt"]
     assert not claimed, "the receipt claims a rebuild that never wrote"
+
+
+# -- third review: cycles, expired assets, a holder writing during a rebuild, residue --
+
+
+def _retention_run(ks: Keyshred) -> dict[str, Any]:
+    report = ks.retention.run(now=datetime.now(UTC) + timedelta(seconds=30))
+    [req] = [r for r in report.requests]
+    return req
+
+
+def _expiring_victim_memory(ks: Keyshred) -> str:
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
+    )
+    return v.memory_id
+
+
+def _all_values(ks: Keyshred, subject: str, names: list[tuple[tuple[str, ...], str]]) -> str:
+    out = []
+    for ns, k in names:
+        got = ks.memories.get(subject, ns, k)
+        if got is not None:
+            out.append(str(got.value))
+        out.extend(str(h["value"]) for h in ks.memories.history(subject, ns, k))
+    return "\n".join(out)
+
+
+def test_retention_rebuild_of_a_provenance_cycle_keeps_the_expired_text(ks: Keyshred) -> None:
+    """Bob's digest D is built from the victim's memory (expiring) and his own; his
+    digest E is built from D; Bob then re-derives D from E too (``update(...,
+    sources=[E, v, b])``: the API accepts it, the README says a cycle is possible).
+    The retention request for the victim's expired memory completes (signed receipt
+    of kind retention) while D and E still serve the expired victim text.
+
+    Cause: ``sources_first`` keeps a cycle's found order and ``DerivedStore``
+    rebuilds its first asset "from what can be read then, the opaque one not
+    counted". That reasoning holds only for a subject erasure (the cycle's rows are
+    opaque, their key destroyed). A retention request destroys no key: the cycle's
+    other asset, not rebuilt yet, is readable (``_readable_sources``, live rows),
+    so the first rebuild is fed its old value, which still holds the expired
+    text; the second is rebuilt from the first. Each asset is acted on once
+    (``seen``), so nothing takes the text out again. The step's verify only checks
+    that no provenance names an *erased* id."""
+    v = _expiring_victim_memory(ks)
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    d = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="digest: victim text",
+        produced_from=[v, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=_join,
+    )
+    e = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="e",
+        value="digest of d: victim text",
+        produced_from=[d.memory_id],
+        producer="dg",
+        producer_version="1",
+    )
+    ks.memories.update(
+        "bob", ("s",), "d", "digest: victim text", sources=[e.memory_id, v, b.memory_id]
+    )
+    req = _retention_run(ks)
+    assert req["state"] == "completed"
+    left = _all_values(ks, "bob", [(("s",), "d"), (("s",), "e")])
+    assert "victim text" not in left, f"expired victim text outlived the request:\n{left}"
+
+
+def test_retention_rebuild_of_a_self_derived_asset_keeps_the_expired_text(
+    ks: Keyshred,
+) -> None:
+    """The smallest cycle: Bob re-derives his digest D from itself and its sources
+    (``update(..., sources=[D, v, b])``, accepted: D is in the catalog). The
+    retention request for the victim's expired memory rebuilds D *from D*, whose
+    old value holds the expired text, and completes: the text is in the rebuilt
+    value, under a fresh retention.
+
+    Cause: as for the two-asset cycle: ``_readable_sources`` counts the asset being
+    rebuilt as one of its own remaining sources (a retention request destroys no
+    key, so its old row is readable)."""
+    v = _expiring_victim_memory(ks)
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    d = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="digest: victim text",
+        produced_from=[v, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=_join,
+    )
+    ks.memories.update(
+        "bob", ("s",), "d", "digest: victim text", sources=[d.memory_id, v, b.memory_id]
+    )
+    req = _retention_run(ks)
+    assert req["state"] == "completed"
+    left = _all_values(ks, "bob", [(("s",), "d")])
+    assert "victim text" not in left, f"expired victim text outlived the request:\n{left}"
+
+
+@pytest.mark.parametrize("how", ["put", "update", "register"])
+def test_duplicate_source_ids_raise_a_driver_error(ks: Keyshred, how: str) -> None:
+    """A source id listed twice (``sources=[b, b]``, easily made by an application
+    collecting the memories a summary read) makes ``put``, ``update`` and
+    ``ks.derived.register`` raise ``sqlite3.IntegrityError`` (UNIQUE constraint
+    failed: ks_asset_sources) out of the public API: no ``KeyshredError``, and the
+    driver's message names the catalog's tables.
+
+    Cause: ``_put_rows`` checks each source (a non-empty str) and the catalog
+    inserts one ``ks_asset_sources`` row per listed id; nothing removes or refuses
+    duplicates (mentions are deduplicated with a set, sources are not)."""
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    ks.memories.put("bob", ("n",), "q", "x", sources=[b.memory_id])
+    twice = [b.memory_id, b.memory_id]
+    try:
+        if how == "put":
+            ks.memories.put("bob", ("n",), "p", "x", sources=twice)
+        elif how == "update":
+            ks.memories.update("bob", ("n",), "q", "y", sources=twice)
+        else:
+            ks.derived.register(
+                "digest",
+                subject="bob",
+                namespace=("s",),
+                key="d",
+                value="v",
+                produced_from=twice,
+                producer="p",
+                producer_version="1",
+            )
+    except KeyshredError:
+        pass
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"{type(exc).__module__}.{type(exc).__name__}: not a KeyshredError")
+
+
+def _digest(ks: Keyshred, **kw: Any) -> tuple[str, str, str]:
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    s = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=_join,
+        **kw,
+    )
+    return v.memory_id, b.memory_id, s.memory_id
+
+
+def test_an_erasure_rebuild_brings_back_an_expired_derived_asset_for_years(
+    ks: Keyshred,
+) -> None:
+    """Bob gives his digest one second (``touch``); it expires and every read hides
+    it ("Reads hide a memory the moment its retain-until passes"), waiting for the
+    next retention sweep. The victim's erasure then rebuilds it: ``get`` serves the
+    digest again, with a retain-until ten years away (the policy's default), not
+    the one Bob gave it.
+
+    Cause: ``DerivedStore._act`` reads the asset's row with
+    ``rows_by_id(..., opaque=True)`` (no ``live=True``) and never compares its
+    ``retain_us`` with now; ``memories.rebuild`` then writes through ``_put_rows``
+    without ``kept`` (no ``Kept(retain_us=row.retain_us)``), so the retention is
+    computed afresh from the policy. The last commit made ``touch`` and the rebuild's
+    *sources* respect retain-until; the rebuilt asset itself does not."""
+    _digest(ks)
+    assert ks.memories.touch("bob", [(("s",), "d")], timedelta(seconds=1)) == 1
+    import time
+
+    time.sleep(1.3)
+    assert ks.memories.get("bob", ("s",), "d") is None  # expired: gone for every read
+    assert ks.erase(VICTIM, requested_by="dpo", reason="art17").state == "completed"
+    got = ks.memories.get("bob", ("s",), "d")
+    assert got is None, (
+        f"the erasure brought back an expired memory: {got.value!r} until {got.retain_until}"
+    )
+
+
+def test_a_bystanders_expired_consent_fails_the_erasure(ks: Keyshred) -> None:
+    """Bob's digest of the victim's memory (and of his own) is stored in a scope
+    that needs consent; Bob's consent ends (its retain-until is the consent's end,
+    so the digest is expired and hidden by every read). The victim's erasure
+    cannot finish: its derived step raises ``ConsentRequired`` and the request is
+    ``retryable_failure`` (then ``manual_review``), no receipt, although the
+    digest was already unreadable and due for deletion.
+
+    Cause: as in the previous test, ``_act`` rebuilds an expired row; the rebuild
+    goes through ``_put_rows`` -> ``_target``, which looks up an active consent of
+    the *holder* and finds none. The victim's request depends on a bystander's
+    consent and on when the next retention run happens."""
+    end = datetime.now(UTC) + timedelta(seconds=2)
+    ks.consent.grant("bob", scope="support/health", category="health", end_at=end)
+    _digest(ks, scope="support/health")
+    import time
+
+    time.sleep(2.3)
+    assert ks.memories.get("bob", ("s",), "d") is None  # expired with the consent
+    req = ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1")
+    assert req.state == "completed", f"{req.state}: {ks.erasure.status('r1').error}"
+
+
+def test_a_rebuild_whose_flush_failed_leaves_the_expired_text_in_the_live_files(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retention request for the victim's expired memory rebuilds Bob's digest.
+    The rebuild's catalog transaction commits, then the flush that takes the
+    previous version out of the live files fails (here ``OSError`` ENOSPC; a
+    SIGKILL between the commit and the flush does the same). The request is
+    retried: the resumed derived step sees the rebuilt row, records "rebuilt"
+    (``_landed``) and completes with a signed receipt, yet the previous version,
+    with the expired victim text, is still a hot log record of Bob's partition in
+    the catalog, under Bob's live key: ``ks.erasure.residue_scan`` finds it
+    (``catalog/catalog.db``, ``memory_log_record``, decrypted; no hit without the
+    fault).
+
+    Cause: ``EditMixin.rebuild`` flushes after ``_put_rows`` committed ("the previous
+    version leaves the live files at once ... rebuilding is how its data leaves this
+    asset": a retention request destroys no key). When the flush does not happen,
+    ``DerivedStore._act`` -> ``_landed(intent, "rebuilt", row)`` accepts the row as
+    done and nothing flushes the partition again; the text stays until some later
+    flush or compaction of Bob's partition (``flush_records`` writes away)."""
+    from keyshred.storage import memory_edit
+    from keyshred.storage.partition import Partition
+
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victimsecretxyz text", ttl=timedelta(seconds=5))]
+    )
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victimsecretxyz text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=_join,
+    )
+    armed = {"on": False}
+    flush, rebuild = Partition.flush, memory_edit.EditMixin.rebuild
+
+    def failing_flush(self: Any, *a: Any, **k: Any) -> Any:
+        if armed["on"]:
+            armed["on"] = False
+            raise OSError(28, "No space left on device")
+        return flush(self, *a, **k)
+
+    def arming_rebuild(self: Any, *a: Any, **k: Any) -> Any:
+        armed["on"] = True
+        return rebuild(self, *a, **k)
+
+    monkeypatch.setattr(Partition, "flush", failing_flush)
+    monkeypatch.setattr(memory_edit.EditMixin, "rebuild", arming_rebuild)
+    req = _retention_run(ks)
+    assert req["state"] != "completed"  # the failed flush: retried
+    monkeypatch.setattr(memory_edit.EditMixin, "rebuild", rebuild)
+    assert ks.erasure.resume(req["request_id"]).state == "completed"
+    assert "victimsecretxyz" not in str(ks.memories.get("bob", ("s",), "d").value)
+    report = ks.erasure.residue_scan(["victimsecretxyz"], [ks.path])
+    assert not report.hits, f"expired text left in the live files: {report.hits}"
+
+
+@pytest.mark.parametrize("mode", ["retention-update", "erasure-put", "erasure-put-drop"])
+def test_a_holders_write_during_a_slow_rebuild_is_overwritten(ks: Keyshred, mode: str) -> None:
+    """While the derived step runs the (slow: an LLM call) rebuild function of Bob's
+    digest, Bob writes the digest's name himself: a retention request's digest is
+    readable, and Bob rewrites it from his own memory only (``update(...,
+    sources=[b])``); under a subject erasure it is opaque, and Bob puts a note of
+    his own over it (``put``, no source, no mention). When the function returns,
+    the step writes its rebuilt value over Bob's new one (or, when the function
+    returns ``None``, deletes it): Bob's write, which holds nothing of the victim and
+    names no closure asset, is lost without a trace (not even as a history version).
+
+    Cause: ``DerivedStore._rebuild_one`` decides from the row read before the
+    function ran, then ``memories.rebuild`` writes through ``_put_rows`` without
+    ``unchanged=`` (the guard ``correct`` uses) and ``delete_by_id`` deletes
+    whatever row has that id. The class docstring's rule (decide "from its row as
+    it is *now*"; a holder's new memory at the asset's name is left alone) holds
+    between runs, not across the function's run."""
+    if mode == "retention-update":
+        v = _expiring_victim_memory(ks)
+    else:
+        v = ks.memories.put(VICTIM, ("m",), "k", "victim text").memory_id
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+
+    def slow(sources: list[Any]) -> str | None:
+        # Meanwhile, elsewhere in the application: Bob rewrites his digest.
+        if mode == "retention-update":
+            ks.memories.update("bob", ("s",), "d", "bob's own new text", sources=[b.memory_id])
+        else:
+            ks.memories.put("bob", ("s",), "d", "bob's own new text")
+        return None if mode.endswith("drop") else _join(sources)
+
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victim text",
+        produced_from=[v, b.memory_id],
+        producer="dg",
+        producer_version="1",
+        rebuild=slow,
+    )
+    if mode == "retention-update":
+        assert _retention_run(ks)["state"] == "completed"
+    else:
+        assert ks.erase(VICTIM, requested_by="dpo", reason="art17").state == "completed"
+    got = ks.memories.get("bob", ("s",), "d")
+    assert got is not None and got.value == "bob's own new text", (
+        f"Bob's own write was overwritten by the erasure: {got and got.value!r}"
+    )
+
+
+def test_a_closure_asset_rewritten_during_the_wait_keeps_the_expired_text_on_disk(
+    ks: Keyshred,
+) -> None:
+    """A retention request for the victim's expired memory waits in manual_review
+    (the producer of Bob's digest is not registered yet). Bob rewrites the digest
+    from his own memory only (``update(..., sources=[b])``). Resumed, the request
+    rightly leaves Bob's new value alone and completes with a signed receipt, but
+    the digest's previous value, with the expired victim text, is still a hot log
+    record of Bob's partition under Bob's live key: ``residue_scan`` finds it.
+
+    Cause: a retention request destroys no key: removing the data physically is
+    the whole removal. For the assets it rebuilds, ``EditMixin.rebuild`` flushes the
+    partition so that "the previous version leaves the live files at once"; an
+    asset ``_act`` leaves alone (``_touches`` false, a holder's rewrite) gets no
+    flush, and the superseded record stays until some later flush or compaction of
+    that partition."""
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", "victimsecretxyz text", ttl=timedelta(seconds=5))]
+    )
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="summary of victimsecretxyz text",
+        produced_from=[v.memory_id, b.memory_id],
+        producer="later",
+        producer_version="1",
+    )
+    req = _retention_run(ks)
+    assert req["state"] == "manual_review"
+    ks.memories.update("bob", ("s",), "d", "bob's own new text", sources=[b.memory_id])
+    ks.derived.register_producer("later", "1", _join)
+    assert ks.erasure.resume(req["request_id"]).state == "completed"
+    assert ks.memories.get("bob", ("s",), "d").value == "bob's own new text"
+    report = ks.erasure.residue_scan(["victimsecretxyz"], [ks.path])
+    assert not report.hits, f"expired text left in the live files: {report.hits}"

@@ -33,11 +33,12 @@ from typing import Any, Protocol
 
 from keyshred.erasure.requests import ProducerUnknown, RebuildFailed, iso, safe
 from keyshred.erasure.steps import sources_first
-from keyshred.errors import InvalidInput, SubjectSuppressed
+from keyshred.errors import BackendUnavailable, ConsentRequired, InvalidInput, SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.erasable import REBUILD, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.memories import Memory, MemoryStore, PutItem
+from keyshred.storage.memory_types import Changed
 from keyshred.storage.rowcodec import MemoryRow
 
 __all__ = [
@@ -56,6 +57,8 @@ Rebuild = Callable[[list[Memory]], Any]
 _KIND_PREFIX = "derived:"
 _KIND_WIDTH = 32
 _VERSION_WIDTH = 64
+
+_ATTEMPTS = 20  # rebuilds of one asset its holder keeps rewriting meanwhile
 
 _registry: dict[tuple[str, str], Rebuild] = {}
 _registry_lock = threading.Lock()
@@ -257,29 +260,43 @@ class DerivedStore:
         # from it or from the erased assets meanwhile (``_grown``), found again after
         # each round (a copy made while a slow rebuild function ran).
         seen: set[str] = set(handled)
+        holders: set[str] = set()  # of the assets acted on or found untouched
         while True:
             order = self._grown(list(target.closure), erased)
             todo = [a for a in order if a not in seen]
             if not todo:
                 break
-            seen.update(todo)
             inside = set(order)
             for asset_id in todo:
-                try:
-                    action = self._act(
-                        target,
-                        asset_id,
-                        intents.get(asset_id),
-                        erased=erased,
-                        inside=inside,
-                        intend=intend,
-                    )
-                except BaseException:
-                    # A write that failed before it landed left the row as it was:
-                    # its intent must not claim a later rewrite of the holder's.
-                    if self._unwritten(asset_id, intents.get(asset_id)):
+                for _ in range(_ATTEMPTS):
+                    try:
+                        action = self._act(
+                            target,
+                            asset_id,
+                            intents.get(asset_id),
+                            erased=erased,
+                            inside=inside,
+                            unread=inside - seen,
+                            holders=holders,
+                            intend=intend,
+                        )
+                        break
+                    except Changed:
+                        # Its holder wrote it while the rebuild function ran: that
+                        # write is theirs (its intent claims nothing); decide again.
                         forget(asset_id)
-                    raise
+                    except BaseException:
+                        # A write that failed before it landed left the row as it
+                        # was: its intent must not claim a later rewrite of the
+                        # holder's.
+                        if self._unwritten(asset_id, intents.get(asset_id)):
+                            forget(asset_id)
+                        raise
+                else:
+                    raise BackendUnavailable(
+                        f"derived asset {asset_id} kept changing while it was rebuilt"
+                    )
+                seen.add(asset_id)
                 forget(asset_id)  # a stale intent must not claim a later change of the holder's
                 if action is not None:
                     done.append(action)
@@ -287,6 +304,12 @@ class DerivedStore:
                     faults.reached("erase.derived")
                     if action["action"] == "dropped":
                         erased.add(asset_id)
+        if not target.whole_subject:
+            # No key was destroyed (a retention request, a scope): the values the
+            # rebuilt and dropped assets held, and those their holders superseded
+            # while the request waited, leave the holders' files before it is done.
+            for holder in sorted(holders):
+                self._memories.purge_superseded(holder)
         return StoreErasure(
             self.name,
             "rebuilt-or-dropped",
@@ -304,6 +327,8 @@ class DerivedStore:
         *,
         erased: set[str],
         inside: set[str],
+        unread: set[str],
+        holders: set[str],
         intend: Callable[[Mapping[str, Any], MemoryRow, Sequence[str]], None],
     ) -> dict[str, Any] | None:
         """Rebuild or drop one asset if its row still touches the erasure; what a
@@ -315,6 +340,7 @@ class DerivedStore:
             return _landed(intent, "dropped", None)
         if self._left_alone(target, asset):
             return None
+        holders.add(asset.subject_ref)
         # Opaque too: its shared key went with the subject's; rebuilt (sealed under
         # the key of its remaining owners) or dropped like a readable one.
         owner = asset.subject_ref
@@ -328,7 +354,7 @@ class DerivedStore:
             # by its holder (a new memory at the same name keeps the asset id), or
             # by this step's rebuild, killed before recording it (its intent).
             return _landed(intent, "rebuilt", row)
-        return self._rebuild_one(target, asset, row, erased, intend=intend)
+        return self._rebuild_one(target, asset, row, erased, unread=unread, intend=intend)
 
     def _unwritten(self, asset_id: str, intent: Mapping[str, Any] | None) -> bool:
         """Whether the asset's row is still the one ``intent`` was recorded for
@@ -383,14 +409,28 @@ class DerivedStore:
         row: MemoryRow,
         erased: set[str],
         *,
+        unread: set[str],
         intend: Callable[[Mapping[str, Any], MemoryRow, Sequence[str]], None],
     ) -> dict[str, Any] | None:
+        """Rebuild or drop the asset, over ``row`` only (``Changed`` if its holder
+        wrote it since it was read). ``unread``: assets of the closure this step
+        has not acted on yet (the asset itself among them), never read as sources."""
         owner = asset.subject_ref
         memories = self._memories
+        # Past its retain-until it is gone for every read: dropped, not renewed.
+        expired = memories.expired(row)
         # Only sources that remain *and can be read* count (``_readable_sources``):
         # deciding by catalog presence while the function got only the readable
-        # ones ran it on no source at all.
-        sources = self._readable_sources([s for s in asset.sources if s not in erased])
+        # ones ran it on no source at all. Nor one of the closure not rebuilt yet:
+        # in a provenance cycle (``update`` may make one), or the asset itself, its
+        # value still holds what the erasure removes when no key was destroyed.
+        sources = (
+            {}
+            if expired
+            else self._readable_sources(
+                [s for s in asset.sources if s not in erased and s not in unread]
+            )
+        )
         mentions = [
             m for m in asset.mentions if m != target.subject_ref or target.scope is not None
         ]
@@ -414,26 +454,30 @@ class DerivedStore:
         if rebuild is not None and sources:
             value = _run(rebuild, list(sources.values()), asset)
         dropped = {**base, "action": "dropped"}
-        if value is None:
-            intend(dropped, row, ())
-            memories.delete_by_id(owner, asset.asset_id)
-            return dropped
-        produced_by = (asset.kind, asset.producer, asset.producer_version)
-        rebuilt = {**base, "action": "rebuilt"}
-        intend(rebuilt, row, list(sources))
-        try:
-            memories.rebuild(
-                owner, row, value, sources=list(sources), mentions=mentions, produced_by=produced_by
-            )
-        except SubjectSuppressed:
-            # Another subject it is about (a mention) is being erased at the same
-            # time: no new copy is made under a key that erasure may already have
-            # passed. Dropped, the safe way (the owner was checked above, so it is
-            # not the holder that is refused).
-            intend(dropped, row, ())
-            memories.delete_by_id(owner, asset.asset_id)
-            return dropped
-        return rebuilt
+        if value is not None:
+            rebuilt = {**base, "action": "rebuilt"}
+            intend(rebuilt, row, list(sources))
+            try:
+                memories.rebuild(
+                    owner,
+                    row,
+                    value,
+                    sources=list(sources),
+                    mentions=mentions,
+                    produced_by=(asset.kind, asset.producer, asset.producer_version),
+                )
+                return rebuilt
+            except (SubjectSuppressed, ConsentRequired):
+                # Another subject it is about (a mention) is being erased at the
+                # same time: no new copy is made under a key that erasure may
+                # already have passed. Or its holder's consent ended: a put would
+                # be refused, and a request must not wait on a third party's
+                # consent. Dropped, the safe way (the owner was checked before, so
+                # it is not the holder that is suppressed).
+                pass
+        intend(dropped, row, ())
+        memories.delete_by_id(owner, asset.asset_id, unchanged=row)
+        return dropped
 
     def _readable_sources(self, ids: Sequence[str]) -> dict[str, Memory]:
         """The sources among ``ids`` a rebuild may use, in provenance order: held by
