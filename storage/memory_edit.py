@@ -282,10 +282,8 @@ class EditMixin(WriteMixin, ReadMixin):
             kept={(row.namespace, row.key): Kept((), row.retain_us)},
             unchanged={(row.namespace, row.key): row},
         )[0]
-        # The previous version leaves the live files at once, as a deletion's does: it
-        # is unreadable already when a destroyed key sealed it, but a scope erasure
-        # destroys no co-owned key, and rebuilding is how its data leaves this asset.
-        part = self._partition(ref)
-        with part.flocked():
-            part.flush()
+        # The previous value stays in the partition's log or an old segment until the
+        # erasure's derived step purges the holder's partition, once per holder at
+        # its end (``purge_superseded``): a flush per rebuilt asset rewrote the whole
+        # partition as many times as it held assets to rebuild.
         return memory

@@ -838,6 +838,10 @@ class Partition:
         hot rows; retired objects are deleted after the grace period (``purge``:
         at once)."""
         if not self._dirty and self._head.next_seq == self._head.base_seq:
+            if purge:
+                # Nothing to fold, but segments an earlier compaction retired (with
+                # the values they held) still go at once, as ``purge`` promises.
+                self._cleanup(purge=True)
             return
         by_scope: dict[str, list[MemoryRow]] = {}
         for row in self.all_rows():  # opaque rows too: carried over as they are

@@ -1,13 +1,15 @@
-"""Rewrites and resumed erasures, found by an attacker review of the derived
-step's resume logic (keyshred/erasure/derived.py) and of update/correct/touch
+"""Rewrites and resumed erasures, found by four attacker reviews of the derived
+step (keyshred/erasure/derived.py) and of update/correct/touch
 (storage/memory_edit.py, storage/memory_write.py): which owners a rewrite keeps,
 what touch may extend, what a resumed erasure claims, which sources a rebuild
-uses, and what was derived while a request waited. Each docstring says what went
-wrong and why."""
+uses, what was derived while a request waited, and what is left on disk. Each
+test is named for the property it holds; its docstring tells the defect it
+found (in the past tense of the code it was found in) and why it happened."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from keyshred import Keyshred
 from keyshred.errors import KeyshredError
 from keyshred.storage import PutItem
+from keyshred.storage.partition import Partition
 from tests.storage.conftest import make_config
 
 VICTIM = "victim@example.org"
@@ -86,7 +89,7 @@ def test_update_of_a_derived_memory_with_odd_sources_raises_keyshred_error(
         ks.memories.update("bob", ("s",), "d", "new", sources=sources)
 
 
-def test_update_that_drops_a_source_still_loses_the_memory_to_that_sources_erasure(
+def test_an_update_that_drops_a_live_source_sheds_its_owner(
     ks: Keyshred,
 ) -> None:
     """Bob's plan was written from the victim's memory and his own
@@ -116,7 +119,7 @@ def test_update_that_drops_a_source_still_loses_the_memory_to_that_sources_erasu
     assert got.value == "plan from bob text only"
 
 
-def test_dropping_a_mention_drops_an_owner_the_deleted_source_still_gave(ks: Keyshred) -> None:
+def test_a_dropped_mention_stays_an_owner_while_a_deleted_source_may_name_it(ks: Keyshred) -> None:
     """Alice's memory mentions Carol; Bob's digest is built from it (and mentions
     Carol too). Alice deletes her memory (its catalog row goes). Bob rewrites the
     digest keeping its provenance but with ``mentions=[]``. Carol's erasure then
@@ -151,7 +154,7 @@ def test_dropping_a_mention_drops_an_owner_the_deleted_source_still_gave(ks: Key
     assert got is None or "carol" not in str(got.value), "text about Carol outlived her erasure"
 
 
-def test_touch_extends_retention_past_the_consents_end(ks: Keyshred) -> None:
+def test_touch_stays_within_the_consents_end(ks: Keyshred) -> None:
     """A memory stored under consent that ends tomorrow is retained until tomorrow
     (``_target`` caps retain-until at the consent's end). ``touch`` with 30 days
     pushes it to 30 days: past the end of the consent it was stored under.
@@ -176,7 +179,7 @@ def test_touch_extends_retention_past_the_consents_end(ks: Keyshred) -> None:
 # -- derived step -----------------------------------------------------------------------
 
 
-def test_a_stale_rebuilt_intent_makes_the_receipt_claim_a_rebuild_that_never_ran(
+def test_a_receipt_never_claims_a_rebuild_whose_write_failed(
     ks: Keyshred,
 ) -> None:
     """The derived step records the intent "rebuilt" before writing; here the write
@@ -210,7 +213,7 @@ def test_a_stale_rebuilt_intent_makes_the_receipt_claim_a_rebuild_that_never_ran
     assert not claimed, "the receipt claims a rebuild that never happened"
 
 
-def test_a_rebuild_runs_on_an_expired_source_and_renews_its_text(ks: Keyshred) -> None:
+def test_a_rebuild_never_reads_an_expired_source(ks: Keyshred) -> None:
     """Bob's digest is built from the victim's memory and a short-lived memory of
     Bob's whose retain-until has passed (unreadable by every read: ``get`` returns
     None) but which the retention sweep has not removed yet. The victim's erasure
@@ -250,7 +253,7 @@ def test_a_rebuild_runs_on_an_expired_source_and_renews_its_text(ks: Keyshred) -
     assert got is None or "short-lived" not in str(got.value)
 
 
-def test_a_derived_asset_made_from_a_closure_asset_during_the_wait_outlives_the_request(
+def test_an_asset_derived_from_the_closure_during_the_wait_goes_with_it(
     ks: Keyshred,
 ) -> None:
     """A retention request for the victim's expired memory waits in manual_review
@@ -288,7 +291,7 @@ def test_a_derived_asset_made_from_a_closure_asset_during_the_wait_outlives_the_
     )
 
 
-def test_a_correction_during_the_wait_leaves_a_version_the_request_cannot_remove(
+def test_a_version_made_during_the_wait_goes_with_the_request(
     ks: Keyshred,
 ) -> None:
     """Same wait as above. Bob corrects his summary meanwhile: the superseded value
@@ -353,7 +356,7 @@ def test_sigkilled_erasure_resumed_keeps_a_bystanders_memory_written_meanwhile(
         assert mine.value == "bob's own note"
 
 
-def test_update_cannot_make_a_provenance_cycle_that_rebuilds_from_nothing(ks: Keyshred) -> None:
+def test_a_provenance_cycle_never_rebuilds_from_nothing(ks: Keyshred) -> None:
     """steps._sources_first assumes a cycle is "never made by the API", but update
     accepts any source the catalog holds: D <- E <- D. The victim's erasure then
     rebuilds E from D while D is still opaque: the rebuild function runs on no
@@ -472,7 +475,7 @@ def test_register_refuses_sources_that_are_no_list(ks: Keyshred, produced_from: 
         )
 
 
-def test_register_with_an_iterator_of_sources_writes_nothing_or_succeeds(ks: Keyshred) -> None:
+def test_register_with_an_iterator_of_sources_writes_nothing(ks: Keyshred) -> None:
     """``produced_from`` as a generator: the asset is stored, then the audit's
     ``len(produced_from)`` raises TypeError: no ``derived.registered`` event, the
     rebuild function not registered, and the caller told it failed."""
@@ -499,7 +502,7 @@ def test_register_with_an_iterator_of_sources_writes_nothing_or_succeeds(ks: Key
 @pytest.mark.parametrize(
     "field", [{"kind": "k" * 30}, {"producer_version": "1" * 100}], ids=["kind", "version"]
 )
-def test_register_long_kind_or_version_raises_a_keyshred_error(
+def test_register_refuses_a_kind_or_version_wider_than_the_catalog(
     catalog_url: str, tmp_path: Path, field: dict[str, str]
 ) -> None:
     """safe() admits 128 characters; the catalog's kind column is String(32) (with
@@ -571,7 +574,7 @@ def _retention_run(ks: Keyshred) -> dict[str, Any]:
     return req
 
 
-def test_a_version_corrected_after_its_sources_rebuild_keeps_the_expired_text(
+def test_a_version_corrected_after_its_sources_rebuild_goes_with_the_request(
     ks: Keyshred,
 ) -> None:
     """A retention request for the victim's expired memory rebuilds Bob's summary S
@@ -602,7 +605,7 @@ def test_a_version_corrected_after_its_sources_rebuild_keeps_the_expired_text(
     assert not leftover, f"expired victim text still served by history(): {leftover}"
 
 
-def test_a_copy_written_by_a_process_whose_clock_runs_ahead_is_judged_clean(
+def test_a_copy_written_by_a_clock_ahead_still_goes_with_the_request(
     ks: Keyshred, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Carol's copy D of Bob's summary S (which holds the victim's soon-expiring
@@ -657,7 +660,7 @@ def test_a_copy_written_by_a_process_whose_clock_runs_ahead_is_judged_clean(
     )
 
 
-def test_a_copy_made_while_the_derived_step_runs_outlives_the_request(ks: Keyshred) -> None:
+def test_a_copy_made_while_the_derived_step_runs_goes_with_the_request(ks: Keyshred) -> None:
     """A retention request for the victim's expired memory rebuilds Bob's summary S
     (its rebuild function is slow: an LLM call). While it runs, S still holds the
     expired victim text and is readable (retention destroys no key), and another
@@ -712,7 +715,7 @@ def test_a_copy_made_while_the_derived_step_runs_outlives_the_request(ks: Keyshr
     )
 
 
-def test_touch_brings_back_a_memory_past_its_retain_until(ks: Keyshred) -> None:
+def test_touch_never_brings_back_an_expired_memory(ks: Keyshred) -> None:
     """A memory stored with a one-second TTL expires: every read hides it ("Reads
     hide a memory the moment its retain-until passes") and the next retention run
     is to remove it. ``touch`` with one day, before the sweep, gives it a new
@@ -734,7 +737,7 @@ def test_touch_brings_back_a_memory_past_its_retain_until(ks: Keyshred) -> None:
     assert ks.memories.get("ann", ("m",), "k") is None, "touch resurrected an expired memory"
 
 
-def test_a_failed_rebuild_is_claimed_when_the_holder_rewrites_with_the_same_sources(
+def test_a_failed_rebuild_is_not_claimed_for_the_holders_rewrite(
     ks: Keyshred,
 ) -> None:
     """The derived step records the intent "rebuilt" with the sources it rebuilds
@@ -785,12 +788,6 @@ def test_a_failed_rebuild_is_claimed_when_the_holder_rewrites_with_the_same_sour
 # -- third review: cycles, expired assets, a holder writing during a rebuild, residue --
 
 
-def _retention_run(ks: Keyshred) -> dict[str, Any]:
-    report = ks.retention.run(now=datetime.now(UTC) + timedelta(seconds=30))
-    [req] = [r for r in report.requests]
-    return req
-
-
 def _expiring_victim_memory(ks: Keyshred) -> str:
     [v] = ks.memories.put_many(
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
@@ -808,7 +805,7 @@ def _all_values(ks: Keyshred, subject: str, names: list[tuple[tuple[str, ...], s
     return "\n".join(out)
 
 
-def test_retention_rebuild_of_a_provenance_cycle_keeps_the_expired_text(ks: Keyshred) -> None:
+def test_a_retention_rebuild_of_a_provenance_cycle_keeps_no_expired_text(ks: Keyshred) -> None:
     """Bob's digest D is built from the victim's memory (expiring) and his own; his
     digest E is built from D; Bob then re-derives D from E too (``update(...,
     sources=[E, v, b])``: the API accepts it, the README says a cycle is possible).
@@ -856,7 +853,7 @@ def test_retention_rebuild_of_a_provenance_cycle_keeps_the_expired_text(ks: Keys
     assert "victim text" not in left, f"expired victim text outlived the request:\n{left}"
 
 
-def test_retention_rebuild_of_a_self_derived_asset_keeps_the_expired_text(
+def test_a_retention_rebuild_of_a_self_derived_asset_keeps_no_expired_text(
     ks: Keyshred,
 ) -> None:
     """The smallest cycle: Bob re-derives his digest D from itself and its sources
@@ -891,7 +888,7 @@ def test_retention_rebuild_of_a_self_derived_asset_keeps_the_expired_text(
 
 
 @pytest.mark.parametrize("how", ["put", "update", "register"])
-def test_duplicate_source_ids_raise_a_driver_error(ks: Keyshred, how: str) -> None:
+def test_duplicate_source_ids_are_one_source(ks: Keyshred, how: str) -> None:
     """A source id listed twice (``sources=[b, b]``, easily made by an application
     collecting the memories a summary read) makes ``put``, ``update`` and
     ``ks.derived.register`` raise ``sqlite3.IntegrityError`` (UNIQUE constraint
@@ -944,7 +941,7 @@ def _digest(ks: Keyshred, **kw: Any) -> tuple[str, str, str]:
     return v.memory_id, b.memory_id, s.memory_id
 
 
-def test_an_erasure_rebuild_brings_back_an_expired_derived_asset_for_years(
+def test_an_expired_derived_asset_is_dropped_not_renewed(
     ks: Keyshred,
 ) -> None:
     """Bob gives his digest one second (``touch``); it expires and every read hides
@@ -972,7 +969,7 @@ def test_an_erasure_rebuild_brings_back_an_expired_derived_asset_for_years(
     )
 
 
-def test_a_bystanders_expired_consent_fails_the_erasure(ks: Keyshred) -> None:
+def test_a_bystanders_ended_consent_drops_the_asset_not_the_erasure(ks: Keyshred) -> None:
     """Bob's digest of the victim's memory (and of his own) is stored in a scope
     that needs consent; Bob's consent ends (its retain-until is the consent's end,
     so the digest is expired and hidden by every read). The victim's erasure
@@ -995,7 +992,7 @@ def test_a_bystanders_expired_consent_fails_the_erasure(ks: Keyshred) -> None:
     assert req.state == "completed", f"{req.state}: {ks.erasure.status('r1').error}"
 
 
-def test_a_rebuild_whose_flush_failed_leaves_the_expired_text_in_the_live_files(
+def test_a_rebuild_whose_flush_failed_leaves_no_expired_text_on_disk(
     ks: Keyshred, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A retention request for the victim's expired memory rebuilds Bob's digest.
@@ -1058,7 +1055,7 @@ def test_a_rebuild_whose_flush_failed_leaves_the_expired_text_in_the_live_files(
 
 
 @pytest.mark.parametrize("mode", ["retention-update", "erasure-put", "erasure-put-drop"])
-def test_a_holders_write_during_a_slow_rebuild_is_overwritten(ks: Keyshred, mode: str) -> None:
+def test_a_holders_write_during_a_slow_rebuild_is_kept(ks: Keyshred, mode: str) -> None:
     """While the derived step runs the (slow: an LLM call) rebuild function of Bob's
     digest, Bob writes the digest's name himself: a retention request's digest is
     readable, and Bob rewrites it from his own memory only (``update(...,
@@ -1109,7 +1106,7 @@ def test_a_holders_write_during_a_slow_rebuild_is_overwritten(ks: Keyshred, mode
     )
 
 
-def test_a_closure_asset_rewritten_during_the_wait_keeps_the_expired_text_on_disk(
+def test_a_closure_asset_rewritten_during_the_wait_leaves_no_expired_text_on_disk(
     ks: Keyshred,
 ) -> None:
     """A retention request for the victim's expired memory waits in manual_review
@@ -1147,3 +1144,171 @@ def test_a_closure_asset_rewritten_during_the_wait_keeps_the_expired_text_on_dis
     assert ks.memories.get("bob", ("s",), "d").value == "bob's own new text"
     report = ks.erasure.residue_scan(["victimsecretxyz"], [ks.path])
     assert not report.hits, f"expired text left in the live files: {report.hits}"
+
+
+# -- fourth review: purges that must run, resumed requests, duplicate sources ------------
+
+
+PROBE = "victimsecretxyz"
+
+
+def _clean(sources: list[Any]) -> str:
+    """A rebuild function: what remains, never the probe."""
+    return "rebuilt: " + " | ".join(str(m.value) for m in sources if PROBE not in str(m.value))
+
+
+def _expiring_probe_memory(ks: Keyshred) -> str:
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", f"{PROBE} text", ttl=timedelta(seconds=5))]
+    )
+    return v.memory_id
+
+
+def _probe_digest(
+    ks: Keyshred, holder: str, v: str, *, producer: str = "dg", rebuild: Any = _clean
+) -> str:
+    own = ks.memories.put(holder, ("m",), "own", f"{holder} text")
+    d = ks.derived.register(
+        "digest",
+        subject=holder,
+        namespace=("s",),
+        key="d",
+        value=f"summary of {PROBE} text",
+        produced_from=[v, own.memory_id],
+        producer=producer,
+        producer_version="1",
+        rebuild=rebuild,
+    )
+    return d.memory_id
+
+
+def _hits_in(ks: Keyshred, subject: str) -> list[Any]:
+    prefix = f"subject={ks.memories._ref(subject)}/"
+    report = ks.erasure.residue_scan([PROBE], [ks.path])
+    return [h for h in report.hits if prefix in h.path]
+
+
+def test_a_retention_rebuild_leaves_no_old_segment_on_disk(ks: Keyshred) -> None:
+    """Bob's digest of the victim's expiring memory sits in a flushed Parquet
+    segment of Bob's partition (any flush does it: ``close()``, the flush
+    threshold, a compaction). The retention request for the expired memory
+    rebuilds the digest and completes with a receipt, yet Bob's *previous*
+    segment, holding the expired victim text under Bob's live key, is still on
+    disk: ``residue_scan`` decrypts it (``memory_segment``, layer ``decrypted``).
+    README: "A request that destroyed no key (retention, a scope) rewrites the
+    holders' partitions without the superseded values before it is done".
+
+    Cause: ``EditMixin.rebuild`` flushes with ``purge=False``, so the old segment
+    is only *retired* (deleted after ``retired_grace_seconds``, 300 s by
+    default, and only by a later cleanup). The new ``purge_superseded`` then calls
+    ``Partition.flush(purge=True)``, which returns at once when nothing is dirty
+    (``if not self._dirty and head.next_seq == head.base_seq: return``) - and the
+    rebuild's own flush just left nothing dirty - so ``_cleanup(purge=True)``
+    never runs. Same for a scope erasure, and for a holder's rewrite flushed
+    during a wait (a restart's ``close()`` flushes). The purge is a no-op exactly
+    when it is needed."""
+    v = _expiring_probe_memory(ks)
+    _probe_digest(ks, "bob", v)
+    ks.memories.flush()  # the digest is in a segment, as after any restart
+    assert _hits_in(ks, "bob"), "the probe is planted in Bob's segment"
+    req = _retention_run(ks)
+    assert req["state"] == "completed"
+    assert PROBE not in str(ks.memories.get("bob", ("s",), "d").value)  # rebuilt
+    hits = _hits_in(ks, "bob")
+    assert not hits, f"expired victim text still decryptable in Bob's files: {hits}"
+
+
+def test_a_resumed_request_purges_holders_acted_on_before(ks: Keyshred) -> None:
+    """A retention request rebuilds Bob's digest (producer registered), then stops
+    in ``manual_review`` on Carol's digest (producer not registered yet). Once it
+    is registered, the resumed request rebuilds Carol's digest and completes; but
+    Bob's partition is never purged: his previous segment with the expired victim
+    text is still decryptable on disk after the "completed" receipt.
+
+    Cause: ``DerivedStore.erase`` builds ``holders`` (the partitions it purges at
+    the end) only from the assets ``_act`` handles *in this run*; assets already
+    in ``target.done`` (``handled``/``seen``) are skipped, so their holders are
+    never purged by any run. Independent of the early return of the previous
+    test: fixing only ``purge_superseded`` leaves Bob out of ``holders``."""
+    v = _expiring_probe_memory(ks)
+    _probe_digest(ks, "bob", v)
+    _probe_digest(ks, "carol", v, producer="later", rebuild=None)
+    ks.memories.flush()
+    req = _retention_run(ks)
+    assert req["state"] == "manual_review"
+    assert PROBE not in str(ks.memories.get("bob", ("s",), "d").value)  # rebuilt in run 1
+    ks.derived.register_producer("later", "1", _clean)
+    assert ks.erasure.resume(req["request_id"]).state == "completed"
+    hits = _hits_in(ks, "bob")
+    assert not hits, f"expired victim text still decryptable in Bob's files: {hits}"
+
+
+def test_register_audits_the_sources_stored(ks: Keyshred) -> None:
+    """``ks.derived.register(..., produced_from=[b, b])`` now stores one provenance
+    edge (``_put_rows`` deduplicates), but the ``derived.registered`` audit event
+    says ``sources: 2``: the tamper-evident audit trail records a provenance the
+    catalog never held (and disagrees with exports and ``catalog.asset``).
+
+    Cause: ``DerivedApi.register`` audits ``len(sources)`` of the caller's list;
+    the dedup happens later, inside ``_put_rows``."""
+    b = ks.memories.put("bob", ("m",), "b", "bob text")
+    m = ks.derived.register(
+        "digest",
+        subject="bob",
+        namespace=("s",),
+        key="d",
+        value="v",
+        produced_from=[b.memory_id, b.memory_id],
+        producer="p",
+        producer_version="1",
+    )
+    stored = ks.catalog.asset(m.memory_id).sources
+    [event] = [
+        e for e in ks.audit.events(event="derived.registered") if e.data["asset_id"] == m.memory_id
+    ]
+    assert event.data["sources"] == len(stored), (
+        f"audit says {event.data['sources']} sources, the catalog holds {len(stored)}"
+    )
+
+
+def test_a_retention_rebuild_of_many_assets_compacts_the_holder_once(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One expiring memory of the victim feeds N digests of one holder. The
+    retention request rebuilds them one by one, and each ``EditMixin.rebuild``
+    flushes (compacts) the holder's whole partition: N compactions, each writing
+    every row of the scope's segment again - O(N x partition size), quadratic
+    for a holder with many derived assets (10k digests: 10k rewrites of a 10k-row
+    segment). The new end-of-request ``purge_superseded`` (one per holder) makes
+    the per-asset flush redundant for a request that destroys no key. (Also
+    quadratic, smaller: ``unread=inside - seen`` builds a fresh set of the
+    closure's size for every asset.) A dropped asset still costs a purge of its
+    own (``delete_by_id``: "deleted" means the bytes are gone at once)."""
+    v = _expiring_probe_memory(ks)
+    b = ks.memories.put("bob", ("m",), "b", "bob text").memory_id
+    n = 30
+    for i in range(n):
+        ks.derived.register(
+            "digest",
+            subject="bob",
+            namespace=("s",),
+            key=f"d{i}",
+            value=f"summary {i} of victim",
+            produced_from=[v, b],
+            producer="dg",
+            producer_version="1",
+            rebuild=lambda sources: "rebuilt",
+        )
+    ks.memories.flush()
+    calls: Counter[str] = Counter()
+    flush = Partition.flush
+    bob = ks.memories._ref("bob")
+
+    def counting(self: Partition, **kw: Any) -> None:
+        if self.subject_ref == bob:
+            calls["flush"] += 1
+        return flush(self, **kw)
+
+    monkeypatch.setattr(Partition, "flush", counting)
+    assert _retention_run(ks)["state"] == "completed"
+    assert calls["flush"] <= 3, f"{calls['flush']} compactions of Bob's partition for {n} rebuilds"

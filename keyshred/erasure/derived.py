@@ -25,6 +25,7 @@ the producer and version) until one is registered, then ``resume`` completes it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -33,7 +34,14 @@ from typing import Any, Protocol
 
 from keyshred.erasure.requests import ProducerUnknown, RebuildFailed, iso, safe
 from keyshred.erasure.steps import sources_first
-from keyshred.errors import BackendUnavailable, ConsentRequired, InvalidInput, SubjectSuppressed
+from keyshred.errors import (
+    BackendUnavailable,
+    ConsentRequired,
+    InvalidInput,
+    KeyNotFound,
+    SubjectErased,
+    SubjectSuppressed,
+)
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.erasable import REBUILD, ErasureTarget, Phase, StoreCheck, StoreErasure
@@ -160,7 +168,7 @@ class DerivedApi:
             isinstance(s, str) for s in produced_from
         ):
             raise InvalidInput("produced_from is a list of asset ids")
-        sources = list(produced_from)
+        sources = list(dict.fromkeys(produced_from))  # one edge per source, as stored
         if rebuild is not None and not callable(rebuild):
             raise InvalidInput("rebuild is a function of the remaining source memories")
         if isinstance(mentions, str) or not isinstance(mentions, Iterable):
@@ -260,13 +268,17 @@ class DerivedStore:
         # from it or from the erased assets meanwhile (``_grown``), found again after
         # each round (a copy made while a slow rebuild function ran).
         seen: set[str] = set(handled)
-        holders: set[str] = set()  # of the assets acted on or found untouched
+        # Holders whose partitions are purged at the end: of the assets acted on or
+        # found untouched, in this run or (recorded) a killed or waiting one.
+        holders: set[str] = {d["owner_subject_ref"] for d in done}
+        holders |= {i["intent"]["owner_subject_ref"] for i in intents.values()}
         while True:
             order = self._grown(list(target.closure), erased)
             todo = [a for a in order if a not in seen]
             if not todo:
                 break
             inside = set(order)
+            unread = inside - seen  # shrinks as assets are acted on
             for asset_id in todo:
                 for _ in range(_ATTEMPTS):
                     try:
@@ -276,7 +288,7 @@ class DerivedStore:
                             intents.get(asset_id),
                             erased=erased,
                             inside=inside,
-                            unread=inside - seen,
+                            unread=unread,
                             holders=holders,
                             intend=intend,
                         )
@@ -297,6 +309,7 @@ class DerivedStore:
                         f"derived asset {asset_id} kept changing while it was rebuilt"
                     )
                 seen.add(asset_id)
+                unread.discard(asset_id)
                 forget(asset_id)  # a stale intent must not claim a later change of the holder's
                 if action is not None:
                     done.append(action)
@@ -304,12 +317,14 @@ class DerivedStore:
                     faults.reached("erase.derived")
                     if action["action"] == "dropped":
                         erased.add(asset_id)
-        if not target.whole_subject:
-            # No key was destroyed (a retention request, a scope): the values the
-            # rebuilt and dropped assets held, and those their holders superseded
-            # while the request waited, leave the holders' files before it is done.
-            for holder in sorted(holders):
+        # The values the rebuilt assets held, and those their holders superseded
+        # while the request waited, leave the holders' files before it is done: no
+        # key was destroyed for them in a retention request or a scope erasure.
+        for holder in sorted(holders):
+            # A holder being erased itself meanwhile: that erasure removes the files.
+            with contextlib.suppress(SubjectSuppressed, SubjectErased, KeyNotFound):
                 self._memories.purge_superseded(holder)
+
         return StoreErasure(
             self.name,
             "rebuilt-or-dropped",
