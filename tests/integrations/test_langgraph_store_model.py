@@ -231,10 +231,15 @@ class Model(InMemoryStore):
             del self._data[ns]
         # Nor does a delete: ``InMemoryStore``'s defaultdict made the namespace of a
         # delete that found nothing, and a later put of the batch into it then
-        # sorted it by the delete's place instead of its first item's.
-        super()._apply_put_ops(
-            {at: op for at, op in put_ops.items() if op.value is not None or at[0] in self._data}
-        )
+        # sorted it by the delete's place instead of its first item's. And one a
+        # delete empties is forgotten at once: a later put of the same batch sorts
+        # it by its new first item, as keyshred does (``StoreModel.drop_empty``).
+        for at, op in put_ops.items():
+            if op.value is None and at[0] not in self._data:
+                continue
+            super()._apply_put_ops({at: op})
+            if not self._data[at[0]]:
+                del self._data[at[0]]
 
 
 def matches(value: Any, want: Any) -> bool:
