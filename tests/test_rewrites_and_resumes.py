@@ -18,26 +18,50 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.errors import KeyshredError
-from keyshred.storage import PutItem
+from keyshred.storage import Memory, PutItem
 from keyshred.storage.partition import Partition
 from tests.storage.conftest import make_config
 
 VICTIM = "victim@example.org"
 
 
+def _derive(
+    store: Keyshred,
+    subject: str,
+    key: str,
+    sources: list[str],
+    *,
+    value: Any,
+    producer: str,
+    rebuild: Any = None,
+    kind: str = "digest",
+    namespace: tuple[str, ...] = ("s",),
+) -> Memory:
+    """``ks.derived.register`` at the producer version every test here uses."""
+    return store.derived.register(
+        kind,
+        subject=subject,
+        namespace=namespace,
+        key=key,
+        value=value,
+        produced_from=sources,
+        producer=producer,
+        producer_version="1",
+        rebuild=rebuild,
+    )
+
+
 def _summary(ks: Keyshred, *, producer: str = "dg", rebuild: Any = None) -> tuple[str, str, str]:
     """The victim's memory, Bob's memory, and Bob's summary of both (ids)."""
     v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    s = _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
         producer=producer,
-        producer_version="1",
         rebuild=rebuild,
     )
     return v.memory_id, b.memory_id, s.memory_id
@@ -52,15 +76,8 @@ def _expired_victim_memory_in_manual_review(ks: Keyshred) -> tuple[str, str]:
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
     )
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
-        producer="later",
-        producer_version="1",
+    s = _derive(
+        ks, "bob", "d", [v.memory_id, b.memory_id], value="summary of victim text", producer="later"
     )
     report = ks.retention.run(now=datetime.now(UTC) + timedelta(seconds=30))
     [req] = report.requests
@@ -234,16 +251,8 @@ def test_a_rebuild_never_reads_an_expired_source(ks: Keyshred) -> None:
         seen.append([m.value for m in sources])
         return "rebuilt: " + " | ".join(m.value for m in sources)
 
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="digest",
-        produced_from=[v.memory_id, e.memory_id],
-        producer="dg",
-        producer_version="1",
-        rebuild=rebuild,
+    _derive(
+        ks, "bob", "d", [v.memory_id, e.memory_id], value="digest", producer="dg", rebuild=rebuild
     )
     time.sleep(1.5)
     assert ks.memories.get("bob", ("m",), "e") is None  # expired: gone for every read
@@ -272,15 +281,15 @@ def test_an_asset_derived_from_the_closure_during_the_wait_goes_with_it(
     rid, s_id = _expired_victim_memory_in_manual_review(ks)
     summary = ks.memories.get("bob", ("s",), "d")
     assert summary is not None
-    ks.derived.register(
-        "copy",
-        subject="carol",
+    _derive(
+        ks,
+        "carol",
+        "t",
+        [s_id],
+        kind="copy",
         namespace=("c",),
-        key="t",
         value="carol's copy: " + str(summary.value),
-        produced_from=[s_id],
         producer="copy",
-        producer_version="1",
         rebuild=lambda sources: "carol's copy: " + " | ".join(str(m.value) for m in sources),
     )
     ks.derived.register_producer("later", "1", lambda sources: "rebuilt without victim")
@@ -368,27 +377,16 @@ def test_a_provenance_cycle_never_rebuilds_from_nothing(ks: Keyshred) -> None:
     def digest(sources: list[object]) -> str:
         return f"digest of {len(sources)} memories"
 
-    d = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    d = _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="victim text digest",
-        produced_from=[v.memory_id, b.memory_id],
         producer="dg",
-        producer_version="1",
         rebuild=digest,
     )
-    e = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="e",
-        value="digest of d",
-        produced_from=[d.memory_id],
-        producer="dg",
-        producer_version="1",
-    )
+    e = _derive(ks, "bob", "e", [d.memory_id], value="digest of d", producer="dg")
     try:
         ks.memories.update("bob", ("s",), "d", "cyclic", sources=[e.memory_id, v.memory_id])
     except KeyshredError:
@@ -416,26 +414,24 @@ def test_a_rebuild_never_runs_on_no_source_when_a_source_owner_is_suppressed(
 
     v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d = ks.derived.register(
-        "first",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    d = _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
+        kind="first",
         value="victim text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="first",
-        producer_version="1",
         rebuild=first,
     )
-    ks.derived.register(
-        "first",
-        subject="carol",
-        namespace=("s",),
-        key="e",
+    _derive(
+        ks,
+        "carol",
+        "e",
+        [d.memory_id],
+        kind="first",
         value="summary: victim text",
-        produced_from=[d.memory_id],
         producer="first",
-        producer_version="1",
     )
 
     class Stop(Exception):
@@ -543,26 +539,24 @@ def _retention_chain(ks: Keyshred, *, carol_producer: str = "later") -> tuple[st
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
     )
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    s = _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="p1",
-        producer_version="1",
         rebuild=_join,
     )
-    d = ks.derived.register(
-        "copy",
-        subject="carol",
+    d = _derive(
+        ks,
+        "carol",
+        "t",
+        [s.memory_id],
+        kind="copy",
         namespace=("c",),
-        key="t",
         value="carol's copy: summary of victim text",
-        produced_from=[s.memory_id],
         producer=carol_producer,
-        producer_version="1",
         rebuild=None if carol_producer == "later" else _join,
     )
     return v.memory_id, s.memory_id, d.memory_id
@@ -626,28 +620,26 @@ def test_a_copy_written_by_a_clock_ahead_still_goes_with_the_request(
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
     )
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    s = _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="p1",
-        producer_version="1",
         rebuild=_join,
     )
     real = ks.memories._clock
     monkeypatch.setattr(ks.memories, "_clock", lambda: real() + timedelta(seconds=5))
-    ks.derived.register(
-        "copy",
-        subject="carol",
+    _derive(
+        ks,
+        "carol",
+        "t",
+        [s.memory_id],
+        kind="copy",
         namespace=("c",),
-        key="t",
         value="carol's copy: summary of victim text",
-        produced_from=[s.memory_id],
         producer="p2",
-        producer_version="1",
         rebuild=_join,
     )
     monkeypatch.setattr(ks.memories, "_clock", real)
@@ -681,29 +673,27 @@ def test_a_copy_made_while_the_derived_step_runs_goes_with_the_request(ks: Keysh
     def slow_rebuild(sources: list[Any]) -> str:
         # Meanwhile, elsewhere in the application: Carol's worker copies S.
         old = ks.memories.get("bob", ("s",), "d")
-        d = ks.derived.register(
-            "copy",
-            subject="carol",
+        d = _derive(
+            ks,
+            "carol",
+            "t",
+            [old.memory_id],
+            kind="copy",
             namespace=("c",),
-            key="t",
             value=f"carol's copy: {old.value}",
-            produced_from=[old.memory_id],
             producer="p2",
-            producer_version="1",
             rebuild=_join,
         )
         copied.append(d.memory_id)
         return _join(sources)
 
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="p1",
-        producer_version="1",
         rebuild=slow_rebuild,
     )
     req = _retention_run(ks)
@@ -760,15 +750,13 @@ def test_a_failed_rebuild_is_not_claimed_for_the_holders_rewrite(
 
     v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    s = _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="dg",
-        producer_version="1",
         rebuild=rebuild,
     )
     assert ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1").state != (
@@ -823,27 +811,10 @@ def test_a_retention_rebuild_of_a_provenance_cycle_keeps_no_expired_text(ks: Key
     that no provenance names an *erased* id."""
     v = _expiring_victim_memory(ks)
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="digest: victim text",
-        produced_from=[v, b.memory_id],
-        producer="dg",
-        producer_version="1",
-        rebuild=_join,
+    d = _derive(
+        ks, "bob", "d", [v, b.memory_id], value="digest: victim text", producer="dg", rebuild=_join
     )
-    e = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="e",
-        value="digest of d: victim text",
-        produced_from=[d.memory_id],
-        producer="dg",
-        producer_version="1",
-    )
+    e = _derive(ks, "bob", "e", [d.memory_id], value="digest of d: victim text", producer="dg")
     ks.memories.update(
         "bob", ("s",), "d", "digest: victim text", sources=[e.memory_id, v, b.memory_id]
     )
@@ -867,16 +838,8 @@ def test_a_retention_rebuild_of_a_self_derived_asset_keeps_no_expired_text(
     key, so its old row is readable)."""
     v = _expiring_victim_memory(ks)
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="digest: victim text",
-        produced_from=[v, b.memory_id],
-        producer="dg",
-        producer_version="1",
-        rebuild=_join,
+    d = _derive(
+        ks, "bob", "d", [v, b.memory_id], value="digest: victim text", producer="dg", rebuild=_join
     )
     ks.memories.update(
         "bob", ("s",), "d", "digest: victim text", sources=[d.memory_id, v, b.memory_id]
@@ -907,16 +870,7 @@ def test_duplicate_source_ids_are_one_source(ks: Keyshred, how: str) -> None:
         elif how == "update":
             ks.memories.update("bob", ("n",), "q", "y", sources=twice)
         else:
-            ks.derived.register(
-                "digest",
-                subject="bob",
-                namespace=("s",),
-                key="d",
-                value="v",
-                produced_from=twice,
-                producer="p",
-                producer_version="1",
-            )
+            _derive(ks, "bob", "d", twice, value="v", producer="p")
     except KeyshredError:
         pass
     except Exception as exc:  # noqa: BLE001
@@ -1019,15 +973,13 @@ def test_a_rebuild_whose_flush_failed_leaves_no_expired_text_on_disk(
         VICTIM, [PutItem(("m",), "k", "victimsecretxyz text", ttl=timedelta(seconds=5))]
     )
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victimsecretxyz text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="dg",
-        producer_version="1",
         rebuild=_join,
     )
     armed = {"on": False}
@@ -1085,15 +1037,13 @@ def test_a_holders_write_during_a_slow_rebuild_is_kept(ks: Keyshred, mode: str) 
             ks.memories.put("bob", ("s",), "d", "bob's own new text")
         return None if mode.endswith("drop") else _join(sources)
 
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    _derive(
+        ks,
+        "bob",
+        "d",
+        [v, b.memory_id],
         value="summary of victim text",
-        produced_from=[v, b.memory_id],
         producer="dg",
-        producer_version="1",
         rebuild=slow,
     )
     if mode == "retention-update":
@@ -1126,15 +1076,13 @@ def test_a_closure_asset_rewritten_during_the_wait_leaves_no_expired_text_on_dis
         VICTIM, [PutItem(("m",), "k", "victimsecretxyz text", ttl=timedelta(seconds=5))]
     )
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
+    _derive(
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
         value="summary of victimsecretxyz text",
-        produced_from=[v.memory_id, b.memory_id],
         producer="later",
-        producer_version="1",
     )
     req = _retention_run(ks)
     assert req["state"] == "manual_review"
@@ -1168,15 +1116,13 @@ def _probe_digest(
     ks: Keyshred, holder: str, v: str, *, producer: str = "dg", rebuild: Any = _clean
 ) -> str:
     own = ks.memories.put(holder, ("m",), "own", f"{holder} text")
-    d = ks.derived.register(
-        "digest",
-        subject=holder,
-        namespace=("s",),
-        key="d",
+    d = _derive(
+        ks,
+        holder,
+        "d",
+        [v, own.memory_id],
         value=f"summary of {PROBE} text",
-        produced_from=[v, own.memory_id],
         producer=producer,
-        producer_version="1",
         rebuild=rebuild,
     )
     return d.memory_id
@@ -1252,16 +1198,7 @@ def test_register_audits_the_sources_stored(ks: Keyshred) -> None:
     Cause: ``DerivedApi.register`` audits ``len(sources)`` of the caller's list;
     the dedup happens later, inside ``_put_rows``."""
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    m = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="v",
-        produced_from=[b.memory_id, b.memory_id],
-        producer="p",
-        producer_version="1",
-    )
+    m = _derive(ks, "bob", "d", [b.memory_id, b.memory_id], value="v", producer="p")
     stored = ks.catalog.asset(m.memory_id).sources
     [event] = [
         e for e in ks.audit.events(event="derived.registered") if e.data["asset_id"] == m.memory_id
@@ -1288,15 +1225,13 @@ def test_a_retention_rebuild_of_many_assets_compacts_the_holder_once(
     b = ks.memories.put("bob", ("m",), "b", "bob text").memory_id
     n = 30
     for i in range(n):
-        ks.derived.register(
-            "digest",
-            subject="bob",
-            namespace=("s",),
-            key=f"d{i}",
+        _derive(
+            ks,
+            "bob",
+            f"d{i}",
+            [v, b],
             value=f"summary {i} of victim",
-            produced_from=[v, b],
             producer="dg",
-            producer_version="1",
             rebuild=lambda sources: "rebuilt",
         )
     ks.memories.flush()
