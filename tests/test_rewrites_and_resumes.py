@@ -67,18 +67,33 @@ def _summary(ks: Keyshred, *, producer: str = "dg", rebuild: Any = None) -> tupl
     return v.memory_id, b.memory_id, s.memory_id
 
 
-def _expired_victim_memory_in_manual_review(ks: Keyshred) -> tuple[str, str]:
-    """A retention request for the victim's expired memory waits in manual_review
-    (Bob's summary of it names a producer nobody registered yet). Returns
-    (request id, summary id). During the wait the summary is readable: retention
-    destroys no key."""
+def _expiring_summary(
+    ks: Keyshred, *, producer: str, rebuild: Any = None
+) -> tuple[Memory, Memory, Memory]:
+    """The victim's memory expiring in 5 s, Bob's memory, and Bob's summary of
+    both at ("s",) "d" (what a retention request then rebuilds)."""
     [v] = ks.memories.put_many(
         VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
     )
     b = ks.memories.put("bob", ("m",), "b", "bob text")
     s = _derive(
-        ks, "bob", "d", [v.memory_id, b.memory_id], value="summary of victim text", producer="later"
+        ks,
+        "bob",
+        "d",
+        [v.memory_id, b.memory_id],
+        value="summary of victim text",
+        producer=producer,
+        rebuild=rebuild,
     )
+    return v, b, s
+
+
+def _expired_victim_memory_in_manual_review(ks: Keyshred) -> tuple[str, str]:
+    """A retention request for the victim's expired memory waits in manual_review
+    (Bob's summary of it names a producer nobody registered yet). Returns
+    (request id, summary id). During the wait the summary is readable: retention
+    destroys no key."""
+    _v, _b, s = _expiring_summary(ks, producer="later")
     report = ks.retention.run(now=datetime.now(UTC) + timedelta(seconds=30))
     [req] = report.requests
     assert req["state"] == "manual_review"
@@ -535,19 +550,7 @@ def _retention_chain(ks: Keyshred, *, carol_producer: str = "later") -> tuple[st
     """The victim's memory expiring in 5 s, Bob's summary S of it and of his own
     memory (producer p1, registered), Carol's copy D of S (``carol_producer``).
     Returns (victim memory id, S id, D id)."""
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
-    )
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = _derive(
-        ks,
-        "bob",
-        "d",
-        [v.memory_id, b.memory_id],
-        value="summary of victim text",
-        producer="p1",
-        rebuild=_join,
-    )
+    v, _b, s = _expiring_summary(ks, producer="p1", rebuild=_join)
     d = _derive(
         ks,
         "carol",
@@ -616,19 +619,7 @@ def test_a_copy_written_by_a_clock_ahead_still_goes_with_the_request(
     before embedding). Wall clocks of two workers (or one stepped by NTP) do not
     order writes; in distributed mode they are different machines. Even with one
     clock, a row is stamped before the rebuild it may race with commits."""
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
-    )
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = _derive(
-        ks,
-        "bob",
-        "d",
-        [v.memory_id, b.memory_id],
-        value="summary of victim text",
-        producer="p1",
-        rebuild=_join,
-    )
+    _v, _b, s = _expiring_summary(ks, producer="p1", rebuild=_join)
     real = ks.memories._clock
     monkeypatch.setattr(ks.memories, "_clock", lambda: real() + timedelta(seconds=5))
     _derive(
