@@ -51,6 +51,9 @@ POINTS = (
     # DerivedStore.erase: the first derived asset rebuilt or dropped (and recorded),
     # the others not yet
     "erase.derived",
+    # DerivedStore.erase, at its end: the first holder's partition is purged of the
+    # superseded values (every asset acted on and recorded), the others not yet
+    "derived.after_first_purge",
     # The vault's group commit (keyshred.vault.group): a flush stored its rows, their
     # journal segments are not zeroed yet; a subject's rows of a flush that stores
     # subject by subject (one was suppressed) are stored, the next subject's not yet

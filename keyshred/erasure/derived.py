@@ -324,6 +324,7 @@ class DerivedStore:
             # A holder being erased itself meanwhile: that erasure removes the files.
             with contextlib.suppress(SubjectSuppressed, SubjectErased, KeyNotFound):
                 self._memories.purge_superseded(holder)
+            faults.reached("derived.after_first_purge")
 
         return StoreErasure(
             self.name,
