@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from keyshred import Keyshred
+from keyshred.erasure import RebuildFailed
+from keyshred.erasure.derived import _run
 from keyshred.errors import KeyshredError
 from keyshred.storage import Memory, PutItem
 from keyshred.storage.partition import Partition
@@ -1238,3 +1240,33 @@ def test_a_retention_rebuild_of_many_assets_compacts_the_holder_once(
     monkeypatch.setattr(Partition, "flush", counting)
     assert _retention_run(ks)["state"] == "completed"
     assert calls["flush"] <= 3, f"{calls['flush']} compactions of Bob's partition for {n} rebuilds"
+
+
+def test_a_rebuild_functions_exception_leaves_no_plaintext_anywhere(
+    ks: Keyshred, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The application's rebuild function raises with the value it was given in its
+    message: the request fails with ``RebuildFailed`` naming the type only (no
+    message, no chained exception), and no log line or file of the data folder
+    (catalog, request documents, audit) holds the text in the clear."""
+    probe = "probe-7f3a-rebuild-secret"
+    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
+    b = ks.memories.put("bob", ("m",), "b", f"{probe} bob text")
+
+    def leaky(sources: list[Any]) -> Any:
+        raise ValueError(" | ".join(str(m.value) for m in sources))
+
+    _derive(ks, "bob", "d", [v.memory_id, b.memory_id], value="x", producer="leaky", rebuild=leaky)
+    req = ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="leak")
+    assert req.state != "completed"
+    status = ks.erasure.status("leak")
+    assert "RebuildFailed" in str(status.error) and probe not in str(status.error)
+    with pytest.raises(RebuildFailed) as raised:
+        _run(leaky, [ks.memories.get("bob", ("m",), "b")], ks.catalog.asset(b.memory_id))  # type: ignore[list-item, arg-type]
+    assert probe not in str(raised.value) and raised.value.exception_type == "ValueError"
+    assert raised.value.__context__ is None and raised.value.__cause__ is None
+    ks.close()
+    out, err = capfd.readouterr()
+    assert probe not in out + err + caplog.text
+    for path in (p for p in ks.path.rglob("*") if p.is_file()):
+        assert probe.encode() not in path.read_bytes(), path
