@@ -80,7 +80,9 @@ class EditMixin(WriteMixin, ReadMixin):
         kept = None
         if existing.sources:
             kept = {
-                (existing.namespace, existing.key): Kept(self._key_owners(existing), None, True)
+                (existing.namespace, existing.key): Kept(
+                    self._key_owners(existing), while_gone=True
+                )
             }
         return self._put_rows(
             self._ref(subject),
@@ -195,7 +197,7 @@ class EditMixin(WriteMixin, ReadMixin):
             kept_sources=old.sources,
             kept={
                 (self._history_ns(ns), items[0].key): Kept(owners, old.retain_us),
-                (ns, k): Kept(owners, None, True),
+                (ns, k): Kept(owners, while_gone=True),
             },
             # Numbered from the value read: written only if it is still the value.
             unchanged={(ns, k): old},
