@@ -70,20 +70,18 @@ def _summary(ks: Keyshred, *, producer: str = "dg", rebuild: Any = None) -> tupl
 
 
 def _expiring_summary(
-    ks: Keyshred, *, producer: str, rebuild: Any = None
+    ks: Keyshred, *, producer: str, rebuild: Any = None, text: str = "victim text"
 ) -> tuple[Memory, Memory, Memory]:
-    """The victim's memory expiring in 5 s, Bob's memory, and Bob's summary of
-    both at ("s",) "d" (what a retention request then rebuilds)."""
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", "victim text", ttl=timedelta(seconds=5))]
-    )
+    """The victim's memory (``text``) expiring in 5 s, Bob's memory, and Bob's
+    summary of both at ("s",) "d" (what a retention request then rebuilds)."""
+    [v] = ks.memories.put_many(VICTIM, [PutItem(("m",), "k", text, ttl=timedelta(seconds=5))])
     b = ks.memories.put("bob", ("m",), "b", "bob text")
     s = _derive(
         ks,
         "bob",
         "d",
         [v.memory_id, b.memory_id],
-        value="summary of victim text",
+        value=f"summary of {text}",
         producer=producer,
         rebuild=rebuild,
     )
@@ -962,19 +960,7 @@ def test_a_rebuild_whose_flush_failed_leaves_no_expired_text_on_disk(
     from keyshred.storage import memory_edit
     from keyshred.storage.partition import Partition
 
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", "victimsecretxyz text", ttl=timedelta(seconds=5))]
-    )
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    _derive(
-        ks,
-        "bob",
-        "d",
-        [v.memory_id, b.memory_id],
-        value="summary of victimsecretxyz text",
-        producer="dg",
-        rebuild=_join,
-    )
+    _v, _b, _ = _expiring_summary(ks, producer="dg", rebuild=_join, text="victimsecretxyz text")
     armed = {"on": False}
     flush, rebuild = Partition.flush, memory_edit.EditMixin.rebuild
 
@@ -1065,18 +1051,7 @@ def test_a_closure_asset_rewritten_during_the_wait_leaves_no_expired_text_on_dis
     asset ``_act`` leaves alone (``_touches`` false, a holder's rewrite) gets no
     flush, and the superseded record stays until some later flush or compaction of
     that partition."""
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", "victimsecretxyz text", ttl=timedelta(seconds=5))]
-    )
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    _derive(
-        ks,
-        "bob",
-        "d",
-        [v.memory_id, b.memory_id],
-        value="summary of victimsecretxyz text",
-        producer="later",
-    )
+    _v, b, _ = _expiring_summary(ks, producer="later", text="victimsecretxyz text")
     req = _retention_run(ks)
     assert req["state"] == "manual_review"
     ks.memories.update("bob", ("s",), "d", "bob's own new text", sources=[b.memory_id])
