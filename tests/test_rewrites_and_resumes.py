@@ -22,9 +22,8 @@ from keyshred.erasure.derived import _run
 from keyshred.errors import KeyshredError
 from keyshred.storage import Memory, PutItem
 from keyshred.storage.partition import Partition
+from tests.scenarios import VICTIM, victim_summary
 from tests.storage.conftest import make_config
-
-VICTIM = "victim@example.org"
 
 
 def _derive(
@@ -51,22 +50,6 @@ def _derive(
         producer_version="1",
         rebuild=rebuild,
     )
-
-
-def _summary(ks: Keyshred, *, producer: str = "dg", rebuild: Any = None) -> tuple[str, str, str]:
-    """The victim's memory, Bob's memory, and Bob's summary of both (ids)."""
-    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = _derive(
-        ks,
-        "bob",
-        "d",
-        [v.memory_id, b.memory_id],
-        value="summary of victim text",
-        producer=producer,
-        rebuild=rebuild,
-    )
-    return v.memory_id, b.memory_id, s.memory_id
 
 
 def _expiring_summary(
@@ -116,7 +99,7 @@ def test_update_of_a_derived_memory_with_odd_sources_raises_keyshred_error(
     ``_put_rows`` validate ``sources`` (on a plain memory ``existing.sources`` is
     empty and the short-circuit hides it; before the change the same input was
     ``InvalidInput``)."""
-    _summary(ks)
+    victim_summary(ks)
     with pytest.raises(KeyshredError):
         ks.memories.update("bob", ("s",), "d", "new", sources=sources)
 
@@ -232,7 +215,7 @@ def test_a_receipt_never_claims_a_rebuild_whose_write_failed(
         calls["n"] += 1
         return {1, 2}  # not JSON: the write after the intent fails
 
-    _, _, s_id = _summary(ks, rebuild=rebuild)
+    _, _, s_id = victim_summary(ks, rebuild=rebuild)
     req = ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1")
     assert req.state != "completed"
     ks.memories.put("bob", ("s",), "d", "bob's own note")  # same asset id
@@ -347,7 +330,7 @@ def test_resumed_erasure_keeps_a_bystanders_memory_rewritten_meanwhile(ks: Keysh
     own at that key: the put reuses the asset id of the (opaque) summary. The resumed
     derived step re-reads the asset by that id, finds a plain memory with no source
     left, and deletes Bob's new note, which holds nothing of the victim."""
-    _summary(ks, producer="later")
+    victim_summary(ks, producer="later")
     req = ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1")
     assert req.state == "manual_review"
     # Bob's own note, nothing about the victim, at the key of the summary.

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from keyshred import Keyshred
-
-VICTIM = "victim@example.org"
+from tests.scenarios import VICTIM, victim_summary
 
 
 class Stop(Exception):
@@ -68,18 +67,7 @@ def test_a_correction_never_takes_the_number_of_an_unreadable_version(ks: Keyshr
     # drops it. A correction numbered by the readable versions alone took version 1
     # again: written at that name it replaced the unreadable row under its asset
     # id, which the resumed erasure then deleted with Bob's correction in it.
-    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
-        producer="later",
-        producer_version="1",
-    )
+    victim_summary(ks, producer="later")
     ks.memories.correct("bob", ("s",), "d", "summary, corrected", reason="typo")
     assert ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1").state == (
         "manual_review"

@@ -14,26 +14,13 @@ import pytest
 from keyshred import Keyshred
 from keyshred.errors import InvalidInput, KeyshredError
 from keyshred.storage import PutItem
-
-VICTIM = "victim@example.org"
+from tests.scenarios import VICTIM, victim_summary
 
 
 def _summary_of_a_deleted_source(ks: Keyshred) -> None:
     """Bob's digest of the victim's memory and his own; the victim then deletes
     the memory (a delete, not an erasure): the digest still holds its text."""
-    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="digest: victim text",
-        produced_from=[v.memory_id, b.memory_id],
-        producer="dg",
-        producer_version="1",
-        rebuild=lambda sources: f"rebuilt from {len(sources)}",
-    )
+    victim_summary(ks, rebuild=lambda sources: f"rebuilt from {len(sources)}")
     ks.memories.delete(VICTIM, ("m",), "k")
 
 
