@@ -310,8 +310,11 @@ class DerivedStore:
                     )
                 seen.add(asset_id)
                 unread.discard(asset_id)
-                forget(asset_id)  # a stale intent must not claim a later change of the holder's
-                if action is not None:
+                if action is None:
+                    forget(asset_id)  # a stale intent must not claim a later change
+                else:
+                    # The action replaces its intent in one write of the progress.
+                    intents.pop(asset_id, None)
                     done.append(action)
                     record()
                     faults.reached("erase.derived")
