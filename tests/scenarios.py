@@ -13,10 +13,11 @@ VICTIM = "victim@example.org"
 
 
 def victim_summary(
-    ks: Keyshred, *, producer: str = "dg", rebuild: Any = None
+    ks: Keyshred, *, producer: str = "dg", rebuild: Any = None, **register: Any
 ) -> tuple[str, str, str]:
     """The victim's memory, Bob's memory, and Bob's summary of both at ("s",) "d"
-    (producer version "1"): their ids."""
+    (producer version "1"; ``register``: more arguments of ``ks.derived.register``,
+    a scope): their ids."""
     v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
     b = ks.memories.put("bob", ("m",), "b", "bob text")
     s = ks.derived.register(
@@ -29,5 +30,6 @@ def victim_summary(
         producer=producer,
         producer_version="1",
         rebuild=rebuild,
+        **register,
     )
     return v.memory_id, b.memory_id, s.memory_id

@@ -722,28 +722,18 @@ def test_a_failed_rebuild_is_not_claimed_for_the_holders_rewrite(
         calls["n"] += 1
         return {1, 2}  # no JSON: the write after the intent fails
 
-    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = _derive(
-        ks,
-        "bob",
-        "d",
-        [v.memory_id, b.memory_id],
-        value="summary of victim text",
-        producer="dg",
-        rebuild=rebuild,
-    )
+    _, b_id, s_id = victim_summary(ks, rebuild=rebuild)
     assert ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="r1").state != (
         "completed"
     )
-    mine = ks.memories.put("bob", ("s",), "d", "bob's own note", sources=[b.memory_id])
-    assert mine.memory_id == s.memory_id
+    mine = ks.memories.put("bob", ("s",), "d", "bob's own note", sources=[b_id])
+    assert mine.memory_id == s_id
     assert ks.erasure.resume("r1").state == "completed"
     assert calls["n"] == 1, "the rebuild function ran once, and failed"
     assert ks.memories.get("bob", ("s",), "d").value == "bob's own note"
     receipt = ks.erasure.receipt("r1")
     assert receipt is not None
-    claimed = [d for d in receipt.derived if d.asset_id == s.memory_id and d.action == "rebuilt"]
+    claimed = [d for d in receipt.derived if d.asset_id == s_id and d.action == "rebuilt"]
     assert not claimed, "the receipt claims a rebuild that never wrote"
 
 
@@ -851,24 +841,6 @@ def test_duplicate_source_ids_are_one_source(ks: Keyshred, how: str) -> None:
         pytest.fail(f"{type(exc).__module__}.{type(exc).__name__}: not a KeyshredError")
 
 
-def _digest(ks: Keyshred, **kw: Any) -> tuple[str, str, str]:
-    v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
-    b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = ks.derived.register(
-        "digest",
-        subject="bob",
-        namespace=("s",),
-        key="d",
-        value="summary of victim text",
-        produced_from=[v.memory_id, b.memory_id],
-        producer="dg",
-        producer_version="1",
-        rebuild=_join,
-        **kw,
-    )
-    return v.memory_id, b.memory_id, s.memory_id
-
-
 def test_an_expired_derived_asset_is_dropped_not_renewed(
     ks: Keyshred,
 ) -> None:
@@ -884,7 +856,7 @@ def test_an_expired_derived_asset_is_dropped_not_renewed(
     without ``kept`` (no ``Kept(retain_us=row.retain_us)``), so the retention is
     computed afresh from the policy. The last commit made ``touch`` and the rebuild's
     *sources* respect retain-until; the rebuilt asset itself does not."""
-    _digest(ks)
+    victim_summary(ks, rebuild=_join)
     assert ks.memories.touch("bob", [(("s",), "d")], timedelta(seconds=1)) == 1
     import time
 
@@ -911,7 +883,7 @@ def test_a_bystanders_ended_consent_drops_the_asset_not_the_erasure(ks: Keyshred
     consent and on when the next retention run happens."""
     end = datetime.now(UTC) + timedelta(seconds=2)
     ks.consent.grant("bob", scope="support/health", category="health", end_at=end)
-    _digest(ks, scope="support/health")
+    victim_summary(ks, rebuild=_join, scope="support/health")
     import time
 
     time.sleep(2.3)
