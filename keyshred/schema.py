@@ -22,6 +22,7 @@ __all__ = [
     "audit_anchor",
     "audit_events",
     "deletion_requests",
+    "erasure_items",
     "eviction_acks",
     "jobs",
     "legal_holds",
@@ -46,6 +47,20 @@ deletion_requests = sa.Table(
     sa.Column("lease_owner", sa.String(64), nullable=True),
     sa.Column("lease_until", Micros, nullable=True),
     sa.Index("ks_deletion_requests_subject", "subject_ref"),
+)
+
+# A request's long lists, out of its JSON document (which every step's record
+# rewrites whole): its own asset ids and the closure's ("own", "closure"), written
+# once by the closure step, and a long step's per-item progress ("progress:<step>",
+# one row per item, written as the item is done). ``pos`` keeps each list's order.
+erasure_items = sa.Table(
+    "ks_erasure_items",
+    metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("list", sa.String(64), primary_key=True),
+    sa.Column("item", sa.String(128), primary_key=True),
+    sa.Column("pos", sa.BigInteger, nullable=False),
+    sa.Column("entry", sa.Text, nullable=True),  # JSON (progress entries only)
 )
 
 audit_events = sa.Table(

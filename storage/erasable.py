@@ -47,7 +47,9 @@ class ErasureTarget:
     ``closure`` the other holders' assets derived from (or mentioning) them, found
     by the coordinator before any store acts. ``done`` is what a killed earlier
     run of the same step recorded through ``record`` (per-item progress of a long
-    step, such as the derived rebuilds), so a resumed step does not repeat it."""
+    step, such as the derived rebuilds), so a resumed step does not repeat it:
+    ``record(item, entry)`` records the item's entry (replacing its earlier one,
+    ordered after every other), ``record(item, None)`` forgets it."""
 
     subject_ref: str
     scope: str | None = None
@@ -55,7 +57,7 @@ class ErasureTarget:
     erased: tuple[str, ...] = ()
     closure: tuple[str, ...] = ()
     done: tuple[Mapping[str, Any], ...] = ()
-    record: Callable[[Sequence[Mapping[str, Any]]], None] | None = field(
+    record: Callable[[str, Mapping[str, Any] | None], None] | None = field(
         default=None, compare=False, repr=False
     )
 

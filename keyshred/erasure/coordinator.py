@@ -50,6 +50,7 @@ completion webhooks (``keyshred.erasure.callbacks``) in the same transaction.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import threading
 import time
@@ -63,6 +64,7 @@ import sqlalchemy as sa
 from keyshred.audit import AuditLog
 from keyshred.config import WebhookSettings
 from keyshred.db import utc
+from keyshred.erasure import items
 from keyshred.erasure.callbacks import CompletionWebhooks
 from keyshred.erasure.eviction import receipt_metrics
 from keyshred.erasure.extent import BackupHooks, Partitions, Wiring, extent_of
@@ -239,7 +241,15 @@ class ErasureCoordinator(HoldsMixin):
             doc,
         )
 
-    def _save(self, req: ErasureRequest, receipt: str | None = None) -> None:
+    def _save(
+        self,
+        req: ErasureRequest,
+        receipt: str | None = None,
+        *,
+        also: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Record the request (under its lease, if this worker holds one) and, in the
+        same transaction, ``also``'s statements (its long lists' rows)."""
         req.updated_at = now()
         values: dict[str, Any] = {
             "state": req.state,
@@ -253,6 +263,8 @@ class ErasureCoordinator(HoldsMixin):
         where = deletion_requests.c.request_id == req.request_id if lease is None else lease.where()
         with self._catalog.transaction() as conn:
             saved = conn.execute(deletion_requests.update().where(where).values(**values)).rowcount
+            if saved == 1 and also is not None:
+                also(conn)
             if saved == 1:
                 # The outbox: a settled state's webhooks commit with it, or not at all.
                 self.webhooks.enqueue(conn, req)
@@ -663,7 +675,16 @@ class ErasureCoordinator(HoldsMixin):
             req.doc["done"].append(step)
             req.doc.pop("error", None)
             req.doc.pop("review", None)
-            self._save(req)
+            lists = req.cache.pop("lists", {}) if step == "closure" else {}
+
+            def settle(conn: Any, step: str = step, lists: dict[str, list[str]] = lists) -> None:
+                # The step's progress goes with the record that marks it done; the
+                # closure's lists come with it.
+                items.clear(conn, req.request_id, items.progress_list(step))
+                for name, ids in lists.items():
+                    items.write(conn, req.request_id, name, ids)
+
+            self._save(req, also=settle)
             # Recorded under the lease (a lost lease raised above): once per request.
             self._metrics.erasure_step_recorded(
                 step,
@@ -699,11 +720,32 @@ class ErasureCoordinator(HoldsMixin):
     def _store_step(self, step: str, store: Erasable, req: ErasureRequest) -> dict[str, Any]:
         """One store's ``erase``; per-item progress (derived rebuilds) is recorded as
         it goes, so a resumed step does not act twice on the same asset."""
-        progress: dict[str, Any] = req.doc.setdefault("progress", {})
+        legacy = req.doc.get("progress", {}).pop(step, None)
+        if legacy is not None:
+            # Recorded in the document by an earlier release: into rows, once.
+            entries = [dict(d) for d in legacy]
 
-        def record(done: Sequence[Any]) -> None:
-            progress[step] = [dict(d) for d in done]
-            self._save(req)
+            def move(conn: Any) -> None:
+                for pos, entry in enumerate(entries):
+                    items.put_entry(
+                        conn, req.request_id, step, entry["asset_id"], pos=pos, entry=entry
+                    )
+
+            self._save(req, also=move)
+        done, first = items.progress(self._catalog, req.request_id, step)
+        positions = itertools.count(first)
+
+        def record(item: str, entry: Mapping[str, Any] | None) -> None:
+            if entry is None:
+                self._save(req, also=lambda c: items.drop_entry(c, req.request_id, step, item))
+            else:
+                pos = next(positions)
+                self._save(
+                    req,
+                    also=lambda c: items.put_entry(
+                        c, req.request_id, step, item, pos=pos, entry=entry
+                    ),
+                )
 
         base = extent_of(self._w, req).target()
         target = type(base)(
@@ -712,11 +754,10 @@ class ErasureCoordinator(HoldsMixin):
             base.assets,
             base.erased,
             base.closure,
-            tuple(progress.get(step, ())),
+            tuple(done),
             record,
         )
         result: StoreErasure = store.erase(target)
-        progress.pop(step, None)
         return result.to_doc()
 
     def _step_suppress(self, req: ErasureRequest) -> dict[str, Any]:
@@ -726,7 +767,14 @@ class ErasureCoordinator(HoldsMixin):
         return extent_of(self._w, req).destroy_keys()
 
     def _step_closure(self, req: ErasureRequest) -> dict[str, Any]:
-        return closure(self._w, req)
+        details = closure(self._w, req)
+        # The id lists go into rows with the step's record (``keyshred.erasure.items``);
+        # the document, rewritten at every later record, keeps their lengths.
+        own, found = list(details.pop("own")), list(details.pop("closure"))
+        details["own_n"], details["closure_n"] = len(own), len(found)
+        req.cache["lists"] = {"own": own, "closure": found}
+        req.cache["closure_lists"] = (tuple(own), tuple(found))
+        return details
 
     def _step_catalog(self, req: ErasureRequest) -> dict[str, Any]:
         extent = extent_of(self._w, req)

@@ -247,22 +247,23 @@ class DerivedStore:
         erased |= {d["asset_id"] for d in done if d["action"] == "dropped"}
         handled = {d["asset_id"] for d in done}
 
-        def record() -> None:
+        def record(asset_id: str, entry: Mapping[str, Any] | None) -> None:
             if target.record is not None:
-                target.record([*done, *intents.values()])
+                target.record(asset_id, entry)
 
         def intend(action: Mapping[str, Any], row: MemoryRow, sources: Sequence[str]) -> None:
-            intents[action["asset_id"]] = {
+            entry = {
                 "asset_id": action["asset_id"],
                 "intent": dict(action),
                 "updated_us": row.updated_us,
                 "sources": list(sources),
             }
-            record()
+            intents[action["asset_id"]] = entry
+            record(action["asset_id"], entry)
 
         def forget(asset_id: str) -> None:
             if intents.pop(asset_id, None) is not None:
-                record()
+                record(asset_id, None)
 
         # Rounds until a walk finds nothing new: the closure, then what was derived
         # from it or from the erased assets meanwhile (``_grown``), found again after
@@ -316,7 +317,7 @@ class DerivedStore:
                     # The action replaces its intent in one write of the progress.
                     intents.pop(asset_id, None)
                     done.append(action)
-                    record()
+                    record(asset_id, action)
                     faults.reached("erase.derived")
                     if action["action"] == "dropped":
                         erased.add(asset_id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from keyshred.erasure import items
 from keyshred.erasure.requests import ERASED, ErasureRequest, iso, now
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
@@ -99,14 +100,27 @@ class Extent:
 
     def target(self) -> ErasureTarget:
         """The request as the stores see it (the closure once it is known)."""
-        closure = self.req.doc["details"].get("closure", {})
-        return ErasureTarget(
-            self.ref,
-            self.scope,
-            None,
-            tuple(closure.get("own", ())),
-            tuple(closure.get("closure", ())),
-        )
+        own, closure = self.lists()
+        return ErasureTarget(self.ref, self.scope, None, own, closure)
+
+    def lists(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The request's own asset ids and its closure, once the closure step has
+        recorded them (in ``keyshred.erasure.items``; in the document for a
+        request an earlier release recorded)."""
+        details = self.req.doc["details"].get("closure")
+        if details is None:
+            return (), ()
+        if "own" in details:
+            return tuple(details["own"]), tuple(details.get("closure", ()))
+        cached = self.req.cache.get("closure_lists")
+        if cached is None:
+            rid = self.req.request_id
+            cached = self.req.cache["closure_lists"] = (
+                tuple(items.read(self.w.catalog, rid, "own")),
+                tuple(items.read(self.w.catalog, rid, "closure")),
+            )
+        own, closure = cached
+        return own, closure
 
     @property
     def whole_subject(self) -> bool:
@@ -284,8 +298,8 @@ class AssetsExtent(Extent):
         return None  # no key is destroyed: the scope's other memories share it
 
     def drop_catalog(self) -> tuple[int, int]:
-        own = self.req.doc["details"]["closure"]["own"]
-        return self.w.catalog.delete(own), 0
+        own, _ = self.lists()
+        return self.w.catalog.delete(list(own)), 0
 
     def drop_packages(self) -> int:
         return 0  # expired memories only: a pending export of the subject stays

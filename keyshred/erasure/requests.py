@@ -144,6 +144,9 @@ class ErasureRequest:
     updated_at: datetime
     attempts: int
     doc: dict[str, Any] = field(default_factory=dict)
+    # What this process read or computed for the request and did not record in
+    # ``doc`` (its closure's id lists, kept in ``keyshred.erasure.items``).
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def steps_done(self) -> list[str]:
