@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,13 +107,14 @@ def test_a_worker_that_lost_its_lease_records_nothing(catalog_url: str, tmp_path
         req = ks.erasure.resume("req-lost")
         assert req.state == "completed"
         # The stalled worker wakes up: its saves are refused, nothing is recorded.
-        coordinator._leases["req-lost"] = stale
+        mine = ("req-lost", threading.get_ident())
+        coordinator._leases[mine] = stale
         try:
             req.doc["details"]["late"] = {}
             with pytest.raises(LeaseLost):
                 coordinator._save(req)
         finally:
-            del coordinator._leases["req-lost"]
+            del coordinator._leases[mine]
         assert "late" not in ks.erasure.status("req-lost").doc["details"]
         assert _counts(ks, "req-lost")[0] == 1
 

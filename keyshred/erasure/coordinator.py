@@ -180,10 +180,12 @@ class ErasureCoordinator(HoldsMixin):
         # Completion webhooks: their jobs are written by ``_save`` with the state
         # they announce; ``webhooks.run_job`` is the ``webhook`` job's handler.
         self.webhooks = CompletionWebhooks(webhooks, catalog, audit, jobs)
-        # Requests this process runs now, by id: their saves are conditional on the
-        # lease (keyshred.erasure.lease).
+        # Requests this process runs now, by id and running thread: their saves are
+        # conditional on the lease (keyshred.erasure.lease). By thread too: a thread
+        # whose lease ran out while another thread of this process took the request
+        # over still finds its own (lost) lease, and records nothing more.
         self._lease_seconds = lease_seconds
-        self._leases: dict[str, Lease] = {}
+        self._leases: dict[tuple[str, int], Lease] = {}
         self._probes = _Probes()
         # Jobs claimed by the very transaction that recorded their request
         # (``request(claim=True)``: ``ks.erase`` runs its request itself, so no
@@ -247,19 +249,23 @@ class ErasureCoordinator(HoldsMixin):
         receipt: str | None = None,
         *,
         also: Callable[[Any], None] | None = None,
+        doc: bool = True,
     ) -> None:
         """Record the request (under its lease, if this worker holds one) and, in the
-        same transaction, ``also``'s statements (its long lists' rows)."""
+        same transaction, ``also``'s statements (its long lists' rows). ``doc=False``:
+        the document has not changed (a step's per-item progress, which is rows
+        only), so it is not written again."""
         req.updated_at = now()
         values: dict[str, Any] = {
             "state": req.state,
             "updated_at": req.updated_at,
             "attempts": req.attempts,
-            "doc": json.dumps(req.doc, sort_keys=True),
         }
+        if doc:
+            values["doc"] = json.dumps(req.doc, sort_keys=True)
         if receipt is not None:
             values["receipt"] = receipt
-        lease = self._leases.get(req.request_id)
+        lease = self._leases.get((req.request_id, threading.get_ident()))
         where = deletion_requests.c.request_id == req.request_id if lease is None else lease.where()
         with self._catalog.transaction() as conn:
             saved = conn.execute(deletion_requests.update().where(where).values(**values)).rowcount
@@ -609,13 +615,14 @@ class ErasureCoordinator(HoldsMixin):
             if not wait or time.monotonic() > deadline:
                 return req, _BUSY
             time.sleep(0.05)
-        self._leases[request_id] = lease
+        mine = (request_id, threading.get_ident())
+        self._leases[mine] = lease
         try:
             return self._run_leased(request_id, stop)
         except LeaseLost:
             return self._load(request_id), _LOST
         finally:
-            del self._leases[request_id]
+            del self._leases[mine]
             lease.release()
 
     def _run_leased(
@@ -736,8 +743,14 @@ class ErasureCoordinator(HoldsMixin):
         positions = itertools.count(first)
 
         def record(item: str, entry: Mapping[str, Any] | None) -> None:
+            # Rows only: the document, whose size grows with the closure (its shared
+            # keys' assets), is not rewritten twice per item.
             if entry is None:
-                self._save(req, also=lambda c: items.drop_entry(c, req.request_id, step, item))
+                self._save(
+                    req,
+                    also=lambda c: items.drop_entry(c, req.request_id, step, item),
+                    doc=False,
+                )
             else:
                 pos = next(positions)
                 self._save(
@@ -745,6 +758,7 @@ class ErasureCoordinator(HoldsMixin):
                     also=lambda c: items.put_entry(
                         c, req.request_id, step, item, pos=pos, entry=entry
                     ),
+                    doc=False,
                 )
 
         base = extent_of(self._w, req).target()

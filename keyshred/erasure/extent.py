@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from keyshred.erasure import items
 from keyshred.erasure.requests import ERASED, ErasureRequest, iso, now
+from keyshred.errors import IntegrityError
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
@@ -115,10 +116,15 @@ class Extent:
         cached = self.req.cache.get("closure_lists")
         if cached is None:
             rid = self.req.request_id
-            cached = self.req.cache["closure_lists"] = (
-                tuple(items.read(self.w.catalog, rid, "own")),
-                tuple(items.read(self.w.catalog, rid, "closure")),
-            )
+            own = tuple(items.read(self.w.catalog, rid, "own"))
+            closure = tuple(items.read(self.w.catalog, rid, "closure"))
+            if (len(own), len(closure)) != (details.get("own_n"), details.get("closure_n")):
+                # Rows lost (a schema downgrade, a partial restore): never taken
+                # for an empty closure, which would complete with nothing done.
+                raise IntegrityError(
+                    f"erasure request {rid}: its closure's recorded lists are incomplete"
+                )
+            cached = self.req.cache["closure_lists"] = (own, closure)
         own, closure = cached
         return own, closure
 
