@@ -1200,3 +1200,45 @@ def test_a_rebuild_functions_exception_leaves_no_plaintext_anywhere(
     assert probe not in out + err + caplog.text
     for path in (p for p in ks.path.rglob("*") if p.is_file()):
         assert probe.encode() not in path.read_bytes(), path
+
+
+def test_an_asset_dropped_before_its_record_failed_is_in_the_receipt(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Carol's copy of Bob's summary, made while a retention request waited, is
+    found only by the derived step's new walk (``_grown``), never by the closure.
+    Its drop lands (catalog row and provenance edges gone) and the record of that
+    action fails (the catalog unreachable for that one write): only its intent is
+    recorded. The resumed step walked the provenance again, found no edge to the
+    copy any more and never looked at its intent: the receipt left the drop out.
+    (Found by the review of revision 0014.)"""
+    from keyshred.erasure import items
+
+    rid, s_id = _expired_victim_memory_in_manual_review(ks)
+    c = _derive(
+        ks,
+        "carol",
+        "t",
+        [s_id],
+        kind="copy",
+        namespace=("c",),
+        value="carol's copy",
+        producer="dropper",
+        rebuild=lambda sources: None,  # its producer drops what it cannot rebuild
+    )
+    ks.derived.register_producer("later", "1", lambda sources: "rebuilt without victim")
+    put_entry = items.put_entry
+
+    def failing(conn: Any, request_id: str, step: str, item: str, **kw: Any) -> None:
+        if item == c.memory_id and "action" in kw["entry"]:
+            raise OSError("the catalog went away")
+        put_entry(conn, request_id, step, item, **kw)
+
+    monkeypatch.setattr(items, "put_entry", failing)
+    assert ks.erasure.resume(rid).state != "completed"
+    assert ks.catalog.asset(c.memory_id) is None  # the drop landed
+    monkeypatch.setattr(items, "put_entry", put_entry)
+    assert ks.erasure.resume(rid).state == "completed"
+    receipt = ks.erasure.receipt(rid)
+    assert receipt is not None
+    assert (c.memory_id, "dropped") in [(d.asset_id, d.action) for d in receipt.derived]

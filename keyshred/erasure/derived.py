@@ -273,8 +273,14 @@ class DerivedStore:
         # found untouched, in this run or (recorded) a killed or waiting one.
         holders: set[str] = {d["owner_subject_ref"] for d in done}
         holders |= {i["intent"]["owner_subject_ref"] for i in intents.values()}
+        # Assets a killed run recorded an intent for: acted on again even when the
+        # walk no longer reaches them (a drop that landed took their provenance
+        # edges with it; only the intent says it happened).
+        pending = list(intents)
         while True:
             order = self._grown(list(target.closure), erased)
+            reached = set(order)
+            order += [a for a in pending if a not in reached]
             todo = [a for a in order if a not in seen]
             if not todo:
                 break
