@@ -139,10 +139,21 @@ class EraseMixin(ReadMixin):
             self._delete_rows(ref, part, doomed)
         return len(doomed)
 
-    def delete_by_id(self, ref: str, memory_id: str, *, unchanged: MemoryRow | None = None) -> bool:
+    def delete_by_id(
+        self,
+        ref: str,
+        memory_id: str,
+        *,
+        unchanged: MemoryRow | None = None,
+        purge: bool = True,
+    ) -> bool:
         """Physically delete one memory (and its vectors and assets) by id; with
         ``unchanged``, only if its row is still that one (else ``Changed``: its
-        holder wrote it since, nothing deleted)."""
+        holder wrote it since, nothing deleted). ``purge=False`` leaves the
+        rewrite of the partition's files to the caller's ``purge_superseded``:
+        the memory is gone for every read and from the catalog at once, its bytes
+        at that purge (the erasure's derived step drops many assets of one holder
+        and purges each holder once, at its end, rather than once per asset)."""
         part = self._partition(ref)
         with part.flocked():
             # An opaque row too: deleting needs its lookup and id, never its key.
@@ -151,15 +162,18 @@ class EraseMixin(ReadMixin):
                 raise Changed
             if row is None:
                 return False
-            self._delete_rows(ref, part, [row])
+            self._delete_rows(ref, part, [row], purge=purge)
         return True
 
-    def _delete_rows(self, ref: str, part: Partition, rows: Sequence[MemoryRow]) -> None:
+    def _delete_rows(
+        self, ref: str, part: Partition, rows: Sequence[MemoryRow], *, purge: bool = True
+    ) -> None:
         """Delete physically, under the partition lock, in an order that leaves a
         state that opens at every instant: the catalog marks the assets "deleting"
         first, so a partition found lacking a row is known to have lost it on
         purpose (``_finish_deletes``); then the log records, a flush that rewrites
-        the rows' segments without them, the vectors, and last the catalog rows."""
+        the rows' segments without them (unless ``purge`` is False: the caller
+        purges later), the vectors, and last the catalog rows."""
         ids = [a for r in rows for a in (r.memory_id, *_vector_ids(r))]
         ns_before = self._ns_before(part, rows)
         self._catalog.update_assets(ids, status=DELETING)
@@ -169,7 +183,8 @@ class EraseMixin(ReadMixin):
         # The rewrite deletes the old segments at once, not after the grace period:
         # "deleted" means the bytes are gone (a reader that listed one reads the
         # list again).
-        part.flush(purge=True)
+        if purge:
+            part.flush(purge=True)
         faults.reached("delete.after_rewrite")
         indexed = [r.memory_id for r in rows if r.index]
         if indexed and self._vectors is not None:

@@ -1242,3 +1242,71 @@ def test_an_asset_dropped_before_its_record_failed_is_in_the_receipt(
     receipt = ks.erasure.receipt(rid)
     assert receipt is not None
     assert (c.memory_id, "dropped") in [(d.asset_id, d.action) for d in receipt.derived]
+
+
+# -- drops: one purge per holder ---------------------------------------------------------
+
+
+def _count_flushes(monkeypatch: pytest.MonkeyPatch, ref: str) -> Counter[str]:
+    calls: Counter[str] = Counter()
+    flush = Partition.flush
+
+    def counting(self: Partition, **kw: Any) -> None:
+        if self.subject_ref == ref:
+            calls["flush"] += 1
+        return flush(self, **kw)
+
+    monkeypatch.setattr(Partition, "flush", counting)
+    return calls
+
+
+@pytest.mark.parametrize("request_kind", ["retention", "erasure"])
+def test_many_drops_of_one_holder_compact_it_once_and_leave_no_text(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch, request_kind: str
+) -> None:
+    """Bob holds N digests made from the victim's memory alone: an erasure (or a
+    retention request for the memory) drops each. Each drop was a
+    ``delete_by_id`` that rewrote Bob's whole partition at once ("deleted" means
+    the bytes are gone): N compactions of a partition of N+ rows, quadratic in
+    the holder's derived assets, where the rebuilds already shared one purge per
+    holder at the step's end. The drops now leave the rewrite to that purge, and
+    none of the digests' text is decryptable in Bob's files at completion."""
+    v = _expiring_probe_memory(ks)
+    n = 30
+    for i in range(n):
+        _derive(ks, "bob", f"d{i}", [v], value=f"digest {i} of {PROBE} text", producer="dg")
+    ks.memories.put("bob", ("m",), "own", "bob's own text")
+    ks.memories.flush()  # the digests sit in a segment, as after any restart
+    assert _hits_in(ks, "bob"), "the probe is planted in Bob's segment"
+    calls = _count_flushes(monkeypatch, ks.memories._ref("bob"))
+    if request_kind == "retention":
+        state = _retention_run(ks)["state"]
+    else:
+        state = ks.erase(VICTIM, requested_by="dpo", reason="art17").state
+    assert state == "completed"
+    assert calls["flush"] <= 3, f"{calls['flush']} compactions of Bob's partition for {n} drops"
+    assert ks.memories.get("bob", ("m",), "own").value == "bob's own text"
+    assert all(ks.memories.get("bob", ("s",), f"d{i}") is None for i in range(n))
+    hits = _hits_in(ks, "bob")
+    assert not hits, f"a dropped digest's text is still decryptable in Bob's files: {hits}"
+
+
+def test_a_request_waiting_for_a_producer_leaves_no_dropped_text_on_disk(ks: Keyshred) -> None:
+    """A retention request drops Bob's digest of the victim's expired memory
+    (made from it alone), then stops in ``manual_review`` on Carol's digest (its
+    producer not registered yet). The wait may last days: the dropped digest's
+    text must not stay decryptable in Bob's files meanwhile, although the step's
+    one purge per holder comes at its end, which this run never reaches."""
+    v = _expiring_probe_memory(ks)
+    _derive(ks, "bob", "d", [v], value=f"digest of {PROBE} text", producer="dg")
+    _probe_digest(ks, "carol", v, producer="later", rebuild=None)
+    ks.memories.flush()
+    assert _hits_in(ks, "bob")
+    req = _retention_run(ks)
+    assert req["state"] == "manual_review"
+    assert ks.memories.get("bob", ("s",), "d") is None  # dropped before the stop
+    hits = _hits_in(ks, "bob")
+    assert not hits, f"the dropped digest's text is still decryptable in Bob's files: {hits}"
+    ks.derived.register_producer("later", "1", _clean)
+    assert ks.erasure.resume(req["request_id"]).state == "completed"
+    assert not _hits_in(ks, "carol") and not _hits_in(ks, "bob")

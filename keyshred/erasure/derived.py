@@ -25,7 +25,6 @@ the producer and version) until one is registered, then ``resume`` completes it.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -39,6 +38,7 @@ from keyshred.errors import (
     ConsentRequired,
     InvalidInput,
     KeyNotFound,
+    KeyshredError,
     SubjectErased,
     SubjectSuppressed,
 )
@@ -277,64 +277,76 @@ class DerivedStore:
         # walk no longer reaches them (a drop that landed took their provenance
         # edges with it; only the intent says it happened).
         pending = list(intents)
-        while True:
-            order = self._grown(list(target.closure), erased)
-            reached = set(order)
-            order += [a for a in pending if a not in reached]
-            todo = [a for a in order if a not in seen]
-            if not todo:
-                break
-            inside = set(order)
-            unread = inside - seen  # shrinks as assets are acted on
-            for asset_id in todo:
-                for _ in range(_ATTEMPTS):
-                    try:
-                        action = self._act(
-                            target,
-                            asset_id,
-                            intents.get(asset_id),
-                            erased=erased,
-                            inside=inside,
-                            unread=unread,
-                            holders=holders,
-                            intend=intend,
-                        )
-                        break
-                    except Changed:
-                        # Its holder wrote it while the rebuild function ran: that
-                        # write is theirs (its intent claims nothing); decide again.
-                        forget(asset_id)
-                    except BaseException:
-                        # A write that failed before it landed left the row as it
-                        # was: its intent must not claim a later rewrite of the
-                        # holder's.
-                        if self._unwritten(asset_id, intents.get(asset_id)):
+
+        def rounds() -> None:
+            """Act on the closure and what grew from it, round after round, until a
+            walk finds nothing new."""
+            while True:
+                order = self._grown(list(target.closure), erased)
+                reached = set(order)
+                order += [a for a in pending if a not in reached]
+                todo = [a for a in order if a not in seen]
+                if not todo:
+                    break
+                inside = set(order)
+                unread = inside - seen  # shrinks as assets are acted on
+                for asset_id in todo:
+                    for _ in range(_ATTEMPTS):
+                        try:
+                            action = self._act(
+                                target,
+                                asset_id,
+                                intents.get(asset_id),
+                                erased=erased,
+                                inside=inside,
+                                unread=unread,
+                                holders=holders,
+                                intend=intend,
+                            )
+                            break
+                        except Changed:
+                            # Its holder wrote it while the rebuild function ran: that
+                            # write is theirs (its intent claims nothing); decide again.
                             forget(asset_id)
-                        raise
-                else:
-                    raise BackendUnavailable(
-                        f"derived asset {asset_id} kept changing while it was rebuilt"
-                    )
-                seen.add(asset_id)
-                unread.discard(asset_id)
-                if action is None:
-                    forget(asset_id)  # a stale intent must not claim a later change
-                else:
-                    # The action replaces its intent in one write of the progress.
-                    intents.pop(asset_id, None)
-                    done.append(action)
-                    record(asset_id, action)
-                    faults.reached("erase.derived")
-                    if action["action"] == "dropped":
-                        erased.add(asset_id)
-        # The values the rebuilt assets held, and those their holders superseded
-        # while the request waited, leave the holders' files before it is done: no
-        # key was destroyed for them in a retention request or a scope erasure.
-        for holder in sorted(holders):
-            # A holder being erased itself meanwhile: that erasure removes the files.
-            with contextlib.suppress(SubjectSuppressed, SubjectErased, KeyNotFound):
-                self._memories.purge_superseded(holder)
-            faults.reached("derived.after_first_purge")
+                        except BaseException:
+                            # A write that failed before it landed left the row as it
+                            # was: its intent must not claim a later rewrite of the
+                            # holder's.
+                            if self._unwritten(asset_id, intents.get(asset_id)):
+                                forget(asset_id)
+                            raise
+                    else:
+                        raise BackendUnavailable(
+                            f"derived asset {asset_id} kept changing while it was rebuilt"
+                        )
+                    seen.add(asset_id)
+                    unread.discard(asset_id)
+                    if action is None:
+                        forget(asset_id)  # a stale intent must not claim a later change
+                    else:
+                        # The action replaces its intent in one write of the progress.
+                        intents.pop(asset_id, None)
+                        done.append(action)
+                        record(asset_id, action)
+                        faults.reached("erase.derived")
+                        if action["action"] == "dropped":
+                            erased.add(asset_id)
+
+        try:
+            rounds()
+        except (ProducerUnknown, RebuildFailed):
+            # The request waits (``manual_review``) for an application's fix, which
+            # may take days: what this run dropped or rebuilt leaves the holders'
+            # files now, not at the end of a later run. Best effort: the resumed
+            # run purges them again.
+            self._purge(holders, best_effort=True)
+            raise
+        # The values the rebuilt or dropped assets held, and those their holders
+        # superseded while the request waited, leave the holders' files before it
+        # is done: no key was destroyed for them in a retention request or a scope
+        # erasure. (A drop does not rewrite its holder's files itself: one purge
+        # per holder, not one per asset.)
+        self._purge(holders)
 
         return StoreErasure(
             self.name,
@@ -344,6 +356,17 @@ class DerivedStore:
             items=tuple(done),
             found=bool(done),
         )
+
+    def _purge(self, holders: set[str], *, best_effort: bool = False) -> None:
+        for holder in sorted(holders):
+            try:
+                self._memories.purge_superseded(holder)
+            except (SubjectSuppressed, SubjectErased, KeyNotFound):
+                pass  # a holder being erased itself meanwhile: that erasure removes the files
+            except KeyshredError:
+                if not best_effort:
+                    raise
+            faults.reached("derived.after_first_purge")
 
     def _act(
         self,
@@ -502,7 +525,7 @@ class DerivedStore:
                 # it is not the holder that is suppressed).
                 pass
         intend(dropped, row, ())
-        memories.delete_by_id(owner, asset.asset_id, unchanged=row)
+        memories.delete_by_id(owner, asset.asset_id, unchanged=row, purge=False)
         return dropped
 
     def _readable_sources(self, ids: Sequence[str]) -> dict[str, Memory]:
