@@ -38,7 +38,6 @@ from keyshred.errors import (
     ConsentRequired,
     InvalidInput,
     KeyNotFound,
-    KeyshredError,
     SubjectErased,
     SubjectSuppressed,
 )
@@ -373,18 +372,17 @@ class DerivedStore:
 
         try:
             rounds()
-        except (ProducerUnknown, RebuildFailed):
-            # The request waits (``manual_review``) for an application's fix, which
-            # may take days: what this run dropped or rebuilt leaves the holders'
-            # files now, not at the end of a later run. Best effort: the resumed
-            # run purges them again.
+        except Exception:
+            # The request stops (to wait in ``manual_review`` for an application's
+            # fix, which may take days, or to be retried): what this run rebuilt
+            # leaves the holders' files now, not at the end of a later run. Best
+            # effort, the step's own error kept: the resumed run purges them again.
             self._purge(holders, best_effort=True)
             raise
-        # The values the rebuilt or dropped assets held, and those their holders
-        # superseded while the request waited, leave the holders' files before it
-        # is done: no key was destroyed for them in a retention request or a scope
-        # erasure. (A drop does not rewrite its holder's files itself: one purge
-        # per holder, not one per asset.)
+        # The values the rebuilt assets held, those their holders superseded while
+        # the request waited, and the opaque rows dropped, leave the holders' files
+        # before it is done: no key was destroyed for the first two in a retention
+        # request or a scope erasure. One rewrite per holder, not one per asset.
         self._purge(holders)
 
         return StoreErasure(
@@ -402,9 +400,12 @@ class DerivedStore:
                 self._memories.purge_superseded(holder)
             except (SubjectSuppressed, SubjectErased, KeyNotFound):
                 pass  # a holder being erased itself meanwhile: that erasure removes the files
-            except KeyshredError:
+            except Exception:
                 if not best_effort:
                     raise
+                # On the way out of a failed step: its own error is the one to
+                # report (a ``ProducerUnknown`` must still wait for its producer).
+                continue
             faults.reached("derived.after_first_purge")
 
     def _act(
@@ -568,7 +569,12 @@ class DerivedStore:
                 # it is not the holder that is suppressed).
                 pass
         intend(dropped, row, ())
-        memories.delete_by_id(owner, asset.asset_id, unchanged=row, purge=False)
+        # A readable row's bytes leave the holder's files with the drop (a retention
+        # request destroys no key, and a failed step may never reach the purge at
+        # its end). An opaque one (its shared key destroyed by this erasure) waits
+        # for that purge: its bytes are already undecryptable, and N drops of one
+        # holder then cost one rewrite of the partition, not N.
+        memories.delete_by_id(owner, asset.asset_id, unchanged=row, purge=not row.opaque)
         return dropped
 
     def _readable_sources(self, ids: Sequence[str]) -> dict[str, Memory]:
