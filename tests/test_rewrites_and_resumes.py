@@ -1314,3 +1314,43 @@ def test_a_request_waiting_for_a_producer_leaves_no_dropped_text_on_disk(ks: Key
     ks.derived.register_producer("later", "1", _clean)
     assert ks.erasure.resume(req["request_id"]).state == "completed"
     assert not _hits_in(ks, "carol") and not _hits_in(ks, "bob")
+
+
+# -- the catalog's WAL ------------------------------------------------------------------
+
+
+def _sealed_hot_records(ks: Keyshred) -> list[bytes]:
+    """The sealed values of the catalog's hot records, as stored."""
+    with ks.catalog.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT * FROM ks_mem_hot").fetchall()
+    return [bytes(c) for r in rows for c in r if isinstance(c, bytes | memoryview) and len(c) > 40]
+
+
+def test_a_completed_retention_request_leaves_no_sealed_copy_in_the_catalogs_wal(
+    ks: Keyshred,
+) -> None:
+    """A retention request deletes the expired memory's hot record (``secure_delete``
+    zeroes its page in ``catalog.db``), but the commits that wrote it left page
+    images holding its sealed value in ``catalog.db-wal``, which SQLite reuses
+    without clearing: after the "completed" receipt the expired text was still
+    there, sealed under the subject's live key (retention destroys no key;
+    ``residue_scan`` reads no WAL). The erasures that drop vectors or threads
+    scrubbed the WAL; a request's verify step now does, for every kind."""
+    ks.memories.put(VICTIM, ("m",), "keep", "a memory that stays")
+    [expiring] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", f"{PROBE} text", ttl=timedelta(seconds=5))]
+    )
+    sealed = _sealed_hot_records(ks)
+    assert len(sealed) == 2
+    wal = ks.path / "catalog" / "catalog.db-wal"
+    assert all(s[-48:] in wal.read_bytes() for s in sealed)  # both written through the WAL
+    assert _retention_run(ks)["state"] == "completed"
+    assert ks.memories.get(VICTIM, ("m",), "k") is None
+    live = _sealed_hot_records(ks)
+    gone = [s for s in sealed if s not in live]
+    assert gone, "the expired memory's hot record is gone from the catalog"
+    for path in ks.path.rglob("*"):
+        if path.is_file():
+            raw = path.read_bytes()
+            assert not any(s[-48:] in raw for s in gone), f"expired sealed value in {path.name}"
+    assert expiring.memory_id

@@ -844,6 +844,12 @@ class ErasureCoordinator(HoldsMixin):
         return self._w.backups.on_erasure(tombstone, whole_subject=req.scope is None)
 
     def _step_verify(self, req: ErasureRequest) -> dict[str, Any]:
+        # What the steps deleted from the catalog (hot records, the superseded
+        # values the derived step purged) leaves SQLite's WAL first: its frames
+        # keep the pages the deleting commits replaced until they are overwritten,
+        # and a request that destroyed no key (retention, a scope) deleted values
+        # sealed under live keys. (No-op on PostgreSQL.)
+        self._catalog.scrub()
         probes = [p for p in self._probes.get(req.request_id) if p]
         return verify(self._w, req, probes, list(self._store_steps), self._save)
 
