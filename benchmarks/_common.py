@@ -11,14 +11,19 @@ side runs on a systematically cooler or hotter machine.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 SYNC_CALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs")
@@ -146,3 +151,28 @@ def serve(handlers: dict[str, Any], header: dict[str, Any]) -> None:
             print("{}", flush=True)
             break
         print(json.dumps(handlers[cmd](*rest)), flush=True)
+
+
+class CheckoutFinder(importlib.abc.MetaPathFinder):
+    """Import ``keyshred`` (and its component packages) from one checkout, by the
+    ``package-dir`` map of its pyproject.toml: the folders are not laid out as the
+    import package, so a plain ``sys.path`` entry cannot find them."""
+
+    def __init__(self, repo: Path) -> None:
+        doc = tomllib.loads((repo / "pyproject.toml").read_text())
+        dirs = doc["tool"]["setuptools"]["package-dir"]
+        self._dirs = {name: repo / folder for name, folder in dirs.items()}
+        for name in doc["tool"]["setuptools"]["packages"]:
+            if name not in self._dirs:  # a subpackage inside its parent's folder
+                parent, _, leaf = name.rpartition(".")
+                self._dirs[name] = self._dirs[parent] / leaf
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        folder = self._dirs.get(fullname)
+        if folder is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )

@@ -31,17 +31,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import uptime
+from _common import CheckoutFinder, uptime
 
 HERE = Path(__file__).resolve().parents[1]
 
 
 def child(repo: str, drops: int, own: int) -> None:
-    sys.path.insert(0, repo)
+    # The checkout's own packages (keyshred.storage etc. live in folders of their
+    # own, which a sys.path entry would not map).
+    sys.meta_path.insert(0, CheckoutFinder(Path(repo)))
+    import keyshred
     from keyshred import Keyshred
     from keyshred.storage import PutItem
     from keyshred.storage.partition import Partition
 
+    assert Path(keyshred.storage.__file__ or "").resolve().is_relative_to(Path(repo).resolve())
     with tempfile.TemporaryDirectory(prefix="ks-bench-drops-") as tmp:
         ks = Keyshred.init(Path(tmp) / "ks")
         v = ks.memories.put("victim", ("m",), "k", "victim text").memory_id

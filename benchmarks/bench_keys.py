@@ -21,9 +21,6 @@ Run: ``.venv/bin/python benchmarks/bench_keys.py --baseline-repo /path/to/old-ma
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import os
 import random
@@ -31,43 +28,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
-from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import CheckoutFinder
 
 HERE = Path(__file__).resolve().parents[1]
 
 
-class _CheckoutFinder(importlib.abc.MetaPathFinder):
-    """Import ``keyshred`` (and its component packages) from one checkout, by the
-    ``package-dir`` map of its pyproject.toml: the folders are not laid out as the
-    import package, so a plain ``sys.path`` entry cannot find them."""
-
-    def __init__(self, repo: Path) -> None:
-        doc = tomllib.loads((repo / "pyproject.toml").read_text())
-        dirs = doc["tool"]["setuptools"]["package-dir"]
-        self._dirs = {name: repo / folder for name, folder in dirs.items()}
-        for name in doc["tool"]["setuptools"]["packages"]:
-            if name not in self._dirs:  # a subpackage inside its parent's folder
-                parent, _, leaf = name.rpartition(".")
-                self._dirs[name] = self._dirs[parent] / leaf
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        folder = self._dirs.get(fullname)
-        if folder is None:
-            return None
-        return importlib.util.spec_from_file_location(
-            fullname, folder / "__init__.py", submodule_search_locations=[str(folder)]
-        )
-
-
 def _worker(repo: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Build the workload with ``repo``'s keyshred; return what was measured."""
-    sys.meta_path.insert(0, _CheckoutFinder(repo))
+    sys.meta_path.insert(0, CheckoutFinder(repo))
     import keyshred
     from keyshred import Config, Keyshred
     from keyshred.config import StorageSettings
