@@ -216,7 +216,12 @@ class Lifecycle:
         """Delete tokens past their expiry plus ``retention.tokens_grace_days``."""
         cutoff = now - timedelta(days=self._config.retention.tokens_grace_days)
         with self._catalog.transaction() as conn:
-            return int(conn.execute(tokens.delete().where(tokens.c.expires_at <= cutoff)).rowcount)
+            n = int(conn.execute(tokens.delete().where(tokens.c.expires_at <= cutoff)).rowcount)
+        if n:
+            # The tokens' values are sealed under their subjects' live keys: the
+            # pages the delete replaced leave SQLite's WAL too (no-op on PostgreSQL).
+            self._catalog.scrub()
+        return n
 
     # -- what is configured ------------------------------------------------------------
 

@@ -261,3 +261,26 @@ def test_the_cli_withdraws_consent_through_ks_consent(tmp_path: Path) -> None:
     with Keyshred.open(data) as ks:
         assert ks.memories.get("eve", NS, "likes") is None
         assert [c.status for c in ks.consent.list("eve")] == ["revoked"]
+
+
+def test_purged_tokens_leave_no_sealed_copy_in_the_catalogs_wal(tmp_path: Path) -> None:
+    """The retention run deleted expired tokens (``secure_delete`` zeroed their
+    pages in ``catalog.db``), but ``catalog.db-wal`` kept the page images holding
+    each token's sealed value, under the subject's live scope key, until SQLite
+    happened to overwrite them. The purge now checkpoints and truncates the WAL."""
+    from tests.storage.conftest import make_config
+
+    with Keyshred.init(tmp_path / "data", make_config(None)) as ks:
+        ks.vault.sanitize("mail alice.smith@example.com", "alice", "support", timedelta(seconds=1))
+        with ks.catalog.engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT * FROM ks_tokens").fetchall()
+        sealed = [bytes(c) for r in rows for c in r if isinstance(c, bytes) and len(c) > 30]
+        assert sealed
+        wal = ks.path / "catalog" / "catalog.db-wal"
+        assert any(s[-32:] in wal.read_bytes() for s in sealed)  # written through the WAL
+        report = ks.retention.run(now=datetime.now(UTC) + timedelta(days=2))
+        assert report.tokens_deleted == 1
+        for path in ks.path.rglob("*"):
+            if path.is_file():
+                raw = path.read_bytes()
+                assert not any(s[-32:] in raw for s in sealed), f"a purged token in {path.name}"
