@@ -1,15 +1,53 @@
 """Scenarios several test modules build: a victim's memory and another holder's
-summary of it (a derived asset sealed under a key both own)."""
+summary of it (a derived asset sealed under a key both own); the victim's expiring
+memory holding a probe, and a rebuild function that never keeps it; a package that
+provides a rebuild function as an entry point."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from keyshred import Keyshred
+from keyshred import Keyshred, PutItem
 
-__all__ = ["VICTIM", "victim_summary"]
+__all__ = [
+    "PROBE",
+    "VICTIM",
+    "clean_rebuild",
+    "expiring_probe_memory",
+    "install_rebuilder_package",
+    "victim_summary",
+]
 
 VICTIM = "victim@example.org"
+PROBE = "victimsecretxyz"  # planted in the victim's text; searched for in the files
+
+
+def clean_rebuild(sources: list[Any]) -> str:
+    """A rebuild function: what remains, never the probe."""
+    return "rebuilt: " + " | ".join(str(m.value) for m in sources if PROBE not in str(m.value))
+
+
+def expiring_probe_memory(ks: Keyshred) -> str:
+    """The victim's memory ("m",) "k", holding the probe, expiring in 5 s: its id."""
+    [v] = ks.memories.put_many(
+        VICTIM, [PutItem(("m",), "k", f"{PROBE} text", ttl=timedelta(seconds=5))]
+    )
+    return v.memory_id
+
+
+def install_rebuilder_package(site: Path, module: str, entry: str) -> None:
+    """A distribution whose ``keyshred.rebuilders`` entry point ``entry`` is its
+    module's ``rebuild``, installed as pip would (a ``.dist-info`` in ``site``, a
+    folder the caller puts on ``sys.path``)."""
+    (site / f"{module}.py").write_text(
+        "def rebuild(sources):\n    return f'{len(sources)} sources left (entry point)'\n"
+    )
+    dist = site / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[keyshred.rebuilders]\n{entry} = {module}:rebuild\n")
 
 
 def victim_summary(

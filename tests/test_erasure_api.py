@@ -19,6 +19,7 @@ from keyshred.erasure import derived as derived_module
 from keyshred.erasure import register_rebuilder
 from keyshred.errors import InvalidInput, SubjectSuppressed
 from keyshred.storage.memories import Memory
+from tests.scenarios import install_rebuilder_package
 from tests.storage.conftest import make_config
 
 NS = ("m",)
@@ -99,18 +100,6 @@ def test_a_producer_that_returns_none_drops_its_asset(
         assert ks.memories.get("ben", ("s",), "sum") is None
 
 
-def _install_rebuilder_package(root: Path, module: str, entry: str) -> None:
-    """A distribution whose ``keyshred.rebuilders`` entry point ``entry`` is its
-    module's ``rebuild``, installed as pip would (a ``.dist-info`` on ``sys.path``)."""
-    (root / f"{module}.py").write_text(
-        "def rebuild(sources):\n    return f'{len(sources)} sources left (entry point)'\n"
-    )
-    dist = root / f"{module}-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[keyshred.rebuilders]\n{entry} = {module}:rebuild\n")
-
-
 def test_an_entry_point_installed_while_a_request_waits_completes_it(
     tmp_path: Path, registry: dict[tuple[str, str], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,7 +113,7 @@ def test_an_entry_point_installed_while_a_request_waits_completes_it(
         assert req.state == "manual_review"
         site = tmp_path / "site"
         site.mkdir()
-        _install_rebuilder_package(site, "ks_test_summarizer", "summarizer:2")
+        install_rebuilder_package(site, "ks_test_summarizer", "summarizer:2")
         monkeypatch.syspath_prepend(str(site))
         done = ks.erasure.resume("r1")
         assert done.state == "completed", done.error

@@ -22,7 +22,13 @@ from keyshred.erasure.derived import _run
 from keyshred.errors import KeyshredError
 from keyshred.storage import Memory, PutItem
 from keyshred.storage.partition import Partition
-from tests.scenarios import VICTIM, victim_summary
+from tests.scenarios import (
+    PROBE,
+    VICTIM,
+    clean_rebuild,
+    expiring_probe_memory,
+    victim_summary,
+)
 from tests.storage.conftest import make_config
 
 
@@ -1020,23 +1026,8 @@ def test_a_closure_asset_rewritten_during_the_wait_leaves_no_expired_text_on_dis
 # -- fourth review: purges that must run, resumed requests, duplicate sources ------------
 
 
-PROBE = "victimsecretxyz"
-
-
-def _clean(sources: list[Any]) -> str:
-    """A rebuild function: what remains, never the probe."""
-    return "rebuilt: " + " | ".join(str(m.value) for m in sources if PROBE not in str(m.value))
-
-
-def _expiring_probe_memory(ks: Keyshred) -> str:
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", f"{PROBE} text", ttl=timedelta(seconds=5))]
-    )
-    return v.memory_id
-
-
 def _probe_digest(
-    ks: Keyshred, holder: str, v: str, *, producer: str = "dg", rebuild: Any = _clean
+    ks: Keyshred, holder: str, v: str, *, producer: str = "dg", rebuild: Any = clean_rebuild
 ) -> str:
     own = ks.memories.put(holder, ("m",), "own", f"{holder} text")
     d = _derive(
@@ -1076,7 +1067,7 @@ def test_a_retention_rebuild_leaves_no_old_segment_on_disk(ks: Keyshred) -> None
     never runs. Same for a scope erasure, and for a holder's rewrite flushed
     during a wait (a restart's ``close()`` flushes). The purge is a no-op exactly
     when it is needed."""
-    v = _expiring_probe_memory(ks)
+    v = expiring_probe_memory(ks)
     _probe_digest(ks, "bob", v)
     ks.memories.flush()  # the digest is in a segment, as after any restart
     assert _hits_in(ks, "bob"), "the probe is planted in Bob's segment"
@@ -1099,14 +1090,14 @@ def test_a_resumed_request_purges_holders_acted_on_before(ks: Keyshred) -> None:
     in ``target.done`` (``handled``/``seen``) are skipped, so their holders are
     never purged by any run. Independent of the early return of the previous
     test: fixing only ``purge_superseded`` leaves Bob out of ``holders``."""
-    v = _expiring_probe_memory(ks)
+    v = expiring_probe_memory(ks)
     _probe_digest(ks, "bob", v)
     _probe_digest(ks, "carol", v, producer="later", rebuild=None)
     ks.memories.flush()
     req = _retention_run(ks)
     assert req["state"] == "manual_review"
     assert PROBE not in str(ks.memories.get("bob", ("s",), "d").value)  # rebuilt in run 1
-    ks.derived.register_producer("later", "1", _clean)
+    ks.derived.register_producer("later", "1", clean_rebuild)
     assert ks.erasure.resume(req["request_id"]).state == "completed"
     hits = _hits_in(ks, "bob")
     assert not hits, f"expired victim text still decryptable in Bob's files: {hits}"
@@ -1144,7 +1135,7 @@ def test_a_retention_rebuild_of_many_assets_compacts_the_holder_once(
     quadratic, smaller: ``unread=inside - seen`` builds a fresh set of the
     closure's size for every asset.) A dropped asset still costs a purge of its
     own (``delete_by_id``: "deleted" means the bytes are gone at once)."""
-    v = _expiring_probe_memory(ks)
+    v = expiring_probe_memory(ks)
     b = ks.memories.put("bob", ("m",), "b", "bob text").memory_id
     n = 30
     for i in range(n):
@@ -1274,7 +1265,7 @@ def test_many_drops_of_one_holder_compact_it_once_and_leave_no_text(
     request's (readable rows: no key destroyed) still rewrite at once, so that no
     failure later in the step leaves them decryptable. Either way none of the
     digests' text is decryptable in Bob's files at completion."""
-    v = _expiring_probe_memory(ks)
+    v = expiring_probe_memory(ks)
     n = 30
     for i in range(n):
         _derive(ks, "bob", f"d{i}", [v], value=f"digest {i} of {PROBE} text", producer="dg")
@@ -1301,7 +1292,7 @@ def test_a_request_waiting_for_a_producer_leaves_no_dropped_text_on_disk(ks: Key
     producer not registered yet). The wait may last days: the dropped digest's
     text must not stay decryptable in Bob's files meanwhile, although the step's
     one purge per holder comes at its end, which this run never reaches."""
-    v = _expiring_probe_memory(ks)
+    v = expiring_probe_memory(ks)
     _derive(ks, "bob", "d", [v], value=f"digest of {PROBE} text", producer="dg")
     _probe_digest(ks, "carol", v, producer="later", rebuild=None)
     ks.memories.flush()
@@ -1311,7 +1302,7 @@ def test_a_request_waiting_for_a_producer_leaves_no_dropped_text_on_disk(ks: Key
     assert ks.memories.get("bob", ("s",), "d") is None  # dropped before the stop
     hits = _hits_in(ks, "bob")
     assert not hits, f"the dropped digest's text is still decryptable in Bob's files: {hits}"
-    ks.derived.register_producer("later", "1", _clean)
+    ks.derived.register_producer("later", "1", clean_rebuild)
     assert ks.erasure.resume(req["request_id"]).state == "completed"
     assert not _hits_in(ks, "carol") and not _hits_in(ks, "bob")
 

@@ -23,25 +23,17 @@ from typing import Any
 import pytest
 
 from keyshred import Keyshred
-from keyshred.storage import PutItem, faults
-from tests.scenarios import VICTIM
+from keyshred.storage import faults
+from tests.scenarios import (
+    PROBE,
+    VICTIM,
+    clean_rebuild,
+    expiring_probe_memory,
+    install_rebuilder_package,
+)
 from tests.storage.conftest import make_config
 
 ROOT = Path(__file__).resolve().parents[2]
-
-PROBE = "attackprobeqzx"
-
-
-def _clean(sources: list[Any]) -> str:
-    """A rebuild function: what remains, never the probe."""
-    return "rebuilt: " + " | ".join(str(m.value) for m in sources if PROBE not in str(m.value))
-
-
-def _expiring_probe_memory(ks: Keyshred) -> str:
-    [v] = ks.memories.put_many(
-        VICTIM, [PutItem(("m",), "k", f"{PROBE} text", ttl=timedelta(seconds=5))]
-    )
-    return v.memory_id
 
 
 def _derive(
@@ -97,13 +89,16 @@ def _hits_of(ks: Keyshred, subject: str) -> list[Any]:
 
 
 def _bob_drop_then_carol(
-    ks: Keyshred, *, carol_rebuild: Any = _clean, carol_value: str = f"summary of {PROBE} text"
+    ks: Keyshred,
+    *,
+    carol_rebuild: Any = clean_rebuild,
+    carol_value: str = f"summary of {PROBE} text",
 ) -> tuple[str, str]:
     """The victim's expiring memory (the probe); Bob's digest made from it alone
     (dropped by its retention: no source remains); Carol's summary made from Bob's
     digest and her own memory (rebuilt from hers), acted on after Bob's digest
     (sources first). Returns (Bob's digest id, Carol's summary id)."""
-    v = _expiring_probe_memory(ks)
+    v = expiring_probe_memory(ks)
     d = _derive(ks, "bob", "d", [v], value=f"digest of {PROBE} text", producer="dg")
     ks.memories.put("bob", ("m",), "own", "bob's own text")
     own = ks.memories.put("carol", ("m",), "own", "carol text").memory_id
@@ -235,11 +230,11 @@ sys.path.insert(0, sys.argv[1])
 from keyshred import Keyshred
 from keyshred.storage import faults
 from tests.storage.conftest import make_config
-from tests.attack.test_derived_deferred_purge import _clean
+from tests.scenarios import clean_rebuild
 
 data, point = Path(sys.argv[2]), sys.argv[3]
 ks = Keyshred.open(data, make_config(None))
-ks.derived.register_producer("sum", "1", _clean)
+ks.derived.register_producer("sum", "1", clean_rebuild)
 armed = []
 
 def hook(reached):
@@ -301,7 +296,7 @@ def test_a_kill_between_a_drop_and_the_purge_opens_and_resumes_clean(
     recorded drops and intents name)."""
     data = _killed_retention(tmp_path, point)
     with Keyshred.open(data, make_config(None)) as ks:
-        ks.derived.register_producer("sum", "1", _clean)
+        ks.derived.register_producer("sum", "1", clean_rebuild)
         bob = ks.memories.get("bob", ("m",), "own")
         assert bob is not None and bob.value == "bob's own text"
         carol = ks.memories.get("carol", ("m",), "own")
@@ -434,18 +429,6 @@ def test_no_read_returns_a_dropped_asset_before_the_purge(
 # -- the entry points, listed once per step ------------------------------------------------
 
 
-def _install(site: Path, module: str, entry: str) -> None:
-    """A distribution whose ``keyshred.rebuilders`` entry point ``entry`` is its
-    module's ``rebuild``, installed as pip would (a ``.dist-info`` in ``site``)."""
-    (site / f"{module}.py").write_text(
-        "def rebuild(sources):\n    return f'{len(sources)} sources left (entry point)'\n"
-    )
-    dist = site / f"{module}-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[keyshred.rebuilders]\n{entry} = {module}:rebuild\n")
-
-
 def test_an_entry_point_installed_after_the_step_listed_them_completes_the_resume(
     ks: Keyshred, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -462,7 +445,7 @@ def test_an_entry_point_installed_after_the_step_listed_them_completes_the_resum
     monkeypatch.setattr(derived_module, "_registry", {})
     site = tmp_path / "site"
     site.mkdir()
-    _install(site, "ks_attack_epa", "epa:1")
+    install_rebuilder_package(site, "ks_attack_epa", "epa:1")
     monkeypatch.syspath_prepend(str(site))
     v = ks.memories.put(VICTIM, ("m",), "k", f"{PROBE} text").memory_id
     for holder, producer in (("bob", "epa"), ("carol", "epb")):
@@ -471,7 +454,7 @@ def test_an_entry_point_installed_after_the_step_listed_them_completes_the_resum
     req = ks.erase(VICTIM, requested_by="dpo", reason="art17")
     assert req.state == "manual_review", req.error
     assert "epb" in str(req.error)
-    _install(site, "ks_attack_epb", "epb:1")
+    install_rebuilder_package(site, "ks_attack_epb", "epb:1")
     importlib.invalidate_caches()  # as after any install into a running interpreter
     done = ks.erasure.resume(req.request_id)
     assert done.state == "completed", done.error
@@ -499,7 +482,7 @@ def test_a_corrupt_bystander_partition_keeps_a_dropped_digest_on_disk_in_manual_
     raw[len(raw) // 2] ^= 0xFF
     segment.write_bytes(bytes(raw))
     with Keyshred.open(data, make_config(None)) as ks:
-        ks.derived.register_producer("sum", "1", _clean)
+        ks.derived.register_producer("sum", "1", clean_rebuild)
         state, rid = _request(ks, "retention")
         for _ in range(8):
             if state == "manual_review":
