@@ -15,6 +15,7 @@ __all__ = [
     "PROBE",
     "VICTIM",
     "clean_rebuild",
+    "derive",
     "expiring_probe_memory",
     "install_rebuilder_package",
     "victim_summary",
@@ -22,6 +23,32 @@ __all__ = [
 
 VICTIM = "victim@example.org"
 PROBE = "victimsecretxyz"  # planted in the victim's text; searched for in the files
+
+
+def derive(
+    store: Keyshred,
+    subject: str,
+    key: str,
+    sources: list[str],
+    *,
+    value: Any,
+    producer: str,
+    rebuild: Any = None,
+    kind: str = "digest",
+    namespace: tuple[str, ...] = ("s",),
+) -> Any:
+    """``ks.derived.register`` at producer version "1" (the stored ``Memory``)."""
+    return store.derived.register(
+        kind,
+        subject=subject,
+        namespace=namespace,
+        key=key,
+        value=value,
+        produced_from=sources,
+        producer=producer,
+        producer_version="1",
+        rebuild=rebuild,
+    )
 
 
 def clean_rebuild(sources: list[Any]) -> str:

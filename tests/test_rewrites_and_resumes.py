@@ -26,36 +26,11 @@ from tests.scenarios import (
     PROBE,
     VICTIM,
     clean_rebuild,
+    derive,
     expiring_probe_memory,
     victim_summary,
 )
 from tests.storage.conftest import make_config
-
-
-def _derive(
-    store: Keyshred,
-    subject: str,
-    key: str,
-    sources: list[str],
-    *,
-    value: Any,
-    producer: str,
-    rebuild: Any = None,
-    kind: str = "digest",
-    namespace: tuple[str, ...] = ("s",),
-) -> Memory:
-    """``ks.derived.register`` at the producer version every test here uses."""
-    return store.derived.register(
-        kind,
-        subject=subject,
-        namespace=namespace,
-        key=key,
-        value=value,
-        produced_from=sources,
-        producer=producer,
-        producer_version="1",
-        rebuild=rebuild,
-    )
 
 
 def _expiring_summary(
@@ -65,7 +40,7 @@ def _expiring_summary(
     summary of both at ("s",) "d" (what a retention request then rebuilds)."""
     [v] = ks.memories.put_many(VICTIM, [PutItem(("m",), "k", text, ttl=timedelta(seconds=5))])
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    s = _derive(
+    s = derive(
         ks,
         "bob",
         "d",
@@ -255,7 +230,7 @@ def test_a_rebuild_never_reads_an_expired_source(ks: Keyshred) -> None:
         seen.append([m.value for m in sources])
         return "rebuilt: " + " | ".join(m.value for m in sources)
 
-    _derive(
+    derive(
         ks, "bob", "d", [v.memory_id, e.memory_id], value="digest", producer="dg", rebuild=rebuild
     )
     time.sleep(1.5)
@@ -285,7 +260,7 @@ def test_an_asset_derived_from_the_closure_during_the_wait_goes_with_it(
     rid, s_id = _expired_victim_memory_in_manual_review(ks)
     summary = ks.memories.get("bob", ("s",), "d")
     assert summary is not None
-    _derive(
+    derive(
         ks,
         "carol",
         "t",
@@ -381,7 +356,7 @@ def test_a_provenance_cycle_never_rebuilds_from_nothing(ks: Keyshred) -> None:
     def digest(sources: list[object]) -> str:
         return f"digest of {len(sources)} memories"
 
-    d = _derive(
+    d = derive(
         ks,
         "bob",
         "d",
@@ -390,7 +365,7 @@ def test_a_provenance_cycle_never_rebuilds_from_nothing(ks: Keyshred) -> None:
         producer="dg",
         rebuild=digest,
     )
-    e = _derive(ks, "bob", "e", [d.memory_id], value="digest of d", producer="dg")
+    e = derive(ks, "bob", "e", [d.memory_id], value="digest of d", producer="dg")
     try:
         ks.memories.update("bob", ("s",), "d", "cyclic", sources=[e.memory_id, v.memory_id])
     except KeyshredError:
@@ -418,7 +393,7 @@ def test_a_rebuild_never_runs_on_no_source_when_a_source_owner_is_suppressed(
 
     v = ks.memories.put(VICTIM, ("m",), "k", "victim text")
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d = _derive(
+    d = derive(
         ks,
         "bob",
         "d",
@@ -428,7 +403,7 @@ def test_a_rebuild_never_runs_on_no_source_when_a_source_owner_is_suppressed(
         producer="first",
         rebuild=first,
     )
-    _derive(
+    derive(
         ks,
         "carol",
         "e",
@@ -540,7 +515,7 @@ def _retention_chain(ks: Keyshred, *, carol_producer: str = "later") -> tuple[st
     memory (producer p1, registered), Carol's copy D of S (``carol_producer``).
     Returns (victim memory id, S id, D id)."""
     v, _b, s = _expiring_summary(ks, producer="p1", rebuild=_join)
-    d = _derive(
+    d = derive(
         ks,
         "carol",
         "t",
@@ -611,7 +586,7 @@ def test_a_copy_written_by_a_clock_ahead_still_goes_with_the_request(
     _v, _b, s = _expiring_summary(ks, producer="p1", rebuild=_join)
     real = ks.memories._clock
     monkeypatch.setattr(ks.memories, "_clock", lambda: real() + timedelta(seconds=5))
-    _derive(
+    derive(
         ks,
         "carol",
         "t",
@@ -653,7 +628,7 @@ def test_a_copy_made_while_the_derived_step_runs_goes_with_the_request(ks: Keysh
     def slow_rebuild(sources: list[Any]) -> str:
         # Meanwhile, elsewhere in the application: Carol's worker copies S.
         old = ks.memories.get("bob", ("s",), "d")
-        d = _derive(
+        d = derive(
             ks,
             "carol",
             "t",
@@ -667,7 +642,7 @@ def test_a_copy_made_while_the_derived_step_runs_goes_with_the_request(ks: Keysh
         copied.append(d.memory_id)
         return _join(sources)
 
-    _derive(
+    derive(
         ks,
         "bob",
         "d",
@@ -781,10 +756,10 @@ def test_a_retention_rebuild_of_a_provenance_cycle_keeps_no_expired_text(ks: Key
     that no provenance names an *erased* id."""
     v = _expiring_victim_memory(ks)
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d = _derive(
+    d = derive(
         ks, "bob", "d", [v, b.memory_id], value="digest: victim text", producer="dg", rebuild=_join
     )
-    e = _derive(ks, "bob", "e", [d.memory_id], value="digest of d: victim text", producer="dg")
+    e = derive(ks, "bob", "e", [d.memory_id], value="digest of d: victim text", producer="dg")
     ks.memories.update(
         "bob", ("s",), "d", "digest: victim text", sources=[e.memory_id, v, b.memory_id]
     )
@@ -808,7 +783,7 @@ def test_a_retention_rebuild_of_a_self_derived_asset_keeps_no_expired_text(
     key, so its old row is readable)."""
     v = _expiring_victim_memory(ks)
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    d = _derive(
+    d = derive(
         ks, "bob", "d", [v, b.memory_id], value="digest: victim text", producer="dg", rebuild=_join
     )
     ks.memories.update(
@@ -840,7 +815,7 @@ def test_duplicate_source_ids_are_one_source(ks: Keyshred, how: str) -> None:
         elif how == "update":
             ks.memories.update("bob", ("n",), "q", "y", sources=twice)
         else:
-            _derive(ks, "bob", "d", twice, value="v", producer="p")
+            derive(ks, "bob", "d", twice, value="v", producer="p")
     except KeyshredError:
         pass
     except Exception as exc:  # noqa: BLE001
@@ -977,7 +952,7 @@ def test_a_holders_write_during_a_slow_rebuild_is_kept(ks: Keyshred, mode: str) 
             ks.memories.put("bob", ("s",), "d", "bob's own new text")
         return None if mode.endswith("drop") else _join(sources)
 
-    _derive(
+    derive(
         ks,
         "bob",
         "d",
@@ -1030,7 +1005,7 @@ def _probe_digest(
     ks: Keyshred, holder: str, v: str, *, producer: str = "dg", rebuild: Any = clean_rebuild
 ) -> str:
     own = ks.memories.put(holder, ("m",), "own", f"{holder} text")
-    d = _derive(
+    d = derive(
         ks,
         holder,
         "d",
@@ -1112,7 +1087,7 @@ def test_register_audits_the_sources_stored(ks: Keyshred) -> None:
     Cause: ``DerivedApi.register`` audits ``len(sources)`` of the caller's list;
     the dedup happens later, inside ``_put_rows``."""
     b = ks.memories.put("bob", ("m",), "b", "bob text")
-    m = _derive(ks, "bob", "d", [b.memory_id, b.memory_id], value="v", producer="p")
+    m = derive(ks, "bob", "d", [b.memory_id, b.memory_id], value="v", producer="p")
     stored = ks.catalog.asset(m.memory_id).sources
     [event] = [
         e for e in ks.audit.events(event="derived.registered") if e.data["asset_id"] == m.memory_id
@@ -1139,7 +1114,7 @@ def test_a_retention_rebuild_of_many_assets_compacts_the_holder_once(
     b = ks.memories.put("bob", ("m",), "b", "bob text").memory_id
     n = 30
     for i in range(n):
-        _derive(
+        derive(
             ks,
             "bob",
             f"d{i}",
@@ -1177,7 +1152,7 @@ def test_a_rebuild_functions_exception_leaves_no_plaintext_anywhere(
     def leaky(sources: list[Any]) -> Any:
         raise ValueError(" | ".join(str(m.value) for m in sources))
 
-    _derive(ks, "bob", "d", [v.memory_id, b.memory_id], value="x", producer="leaky", rebuild=leaky)
+    derive(ks, "bob", "d", [v.memory_id, b.memory_id], value="x", producer="leaky", rebuild=leaky)
     req = ks.erase(VICTIM, requested_by="dpo", reason="art17", request_id="leak")
     assert req.state != "completed"
     status = ks.erasure.status("leak")
@@ -1206,7 +1181,7 @@ def test_an_asset_dropped_before_its_record_failed_is_in_the_receipt(
     from keyshred.erasure import items
 
     rid, s_id = _expired_victim_memory_in_manual_review(ks)
-    c = _derive(
+    c = derive(
         ks,
         "carol",
         "t",
@@ -1268,7 +1243,7 @@ def test_many_drops_of_one_holder_compact_it_once_and_leave_no_text(
     v = expiring_probe_memory(ks)
     n = 30
     for i in range(n):
-        _derive(ks, "bob", f"d{i}", [v], value=f"digest {i} of {PROBE} text", producer="dg")
+        derive(ks, "bob", f"d{i}", [v], value=f"digest {i} of {PROBE} text", producer="dg")
     ks.memories.put("bob", ("m",), "own", "bob's own text")
     ks.memories.flush()  # the digests sit in a segment, as after any restart
     assert _hits_in(ks, "bob"), "the probe is planted in Bob's segment"
@@ -1293,7 +1268,7 @@ def test_a_request_waiting_for_a_producer_leaves_no_dropped_text_on_disk(ks: Key
     text must not stay decryptable in Bob's files meanwhile, although the step's
     one purge per holder comes at its end, which this run never reaches."""
     v = expiring_probe_memory(ks)
-    _derive(ks, "bob", "d", [v], value=f"digest of {PROBE} text", producer="dg")
+    derive(ks, "bob", "d", [v], value=f"digest of {PROBE} text", producer="dg")
     _probe_digest(ks, "carol", v, producer="later", rebuild=None)
     ks.memories.flush()
     assert _hits_in(ks, "bob")

@@ -28,6 +28,7 @@ from tests.scenarios import (
     PROBE,
     VICTIM,
     clean_rebuild,
+    derive,
     expiring_probe_memory,
     install_rebuilder_package,
 )
@@ -36,27 +37,8 @@ from tests.storage.conftest import make_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _derive(
-    ks: Keyshred,
-    holder: str,
-    key: str,
-    sources: list[str],
-    *,
-    value: Any,
-    producer: str,
-    rebuild: Any = None,
-) -> str:
-    return ks.derived.register(
-        "digest",
-        subject=holder,
-        namespace=("s",),
-        key=key,
-        value=value,
-        produced_from=sources,
-        producer=producer,
-        producer_version="1",
-        rebuild=rebuild,
-    ).memory_id
+def _derive(ks: Keyshred, holder: str, key: str, sources: list[str], **kw: Any) -> str:
+    return str(derive(ks, holder, key, sources, **kw).memory_id)
 
 
 def _retention_run(ks: Keyshred) -> dict[str, Any]:
