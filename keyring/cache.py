@@ -220,6 +220,11 @@ class KeyCache:
             self._co.clear()
             self._unknown.clear()
 
+    @property
+    def capacity(self) -> int:
+        """How many keys the cache holds at most."""
+        return self._max
+
     def __len__(self) -> int:
         return len(self._by_id)
 

@@ -715,8 +715,13 @@ class Keyring:
             self._raise_missing(key_id)
         return self._unwrap_record(record, since=since)
 
-    def data_keys_by_id(self, key_ids: Iterable[bytes]) -> dict[bytes, DataKey]:
-        """Batch unwrap: one KEK round trip (per provider batch) for every cache miss."""
+    def data_keys_by_id(
+        self, key_ids: Iterable[bytes], *, cache: bool = True, missing_ok: bool = False
+    ) -> dict[bytes, DataKey]:
+        """Batch unwrap: one KEK round trip (per provider batch) for every cache miss.
+        ``cache=False`` leaves the misses out of the cache (a scan over many subjects
+        would push every hot key out of it); ``missing_ok`` leaves keys that do not
+        exist (destroyed, or never issued) out of the answer instead of raising."""
         wanted = list(dict.fromkeys(key_ids))
         out: dict[bytes, DataKey] = {}
         missing = []
@@ -731,16 +736,17 @@ class Keyring:
         since = self.cache.evictions
         records = self.store.get_many(missing)
         for key_id in missing:
-            if key_id not in records:
+            if key_id not in records and not missing_ok:
                 self._raise_missing(key_id)
-        ordered = [records[k] for k in missing]
+        ordered = [records[k] for k in missing if k in records]
         try:
             raws = self._unwrap_records(ordered)
         except KekEpochDestroyed:
             raise SubjectErased("a key is wrapped by a destroyed KEK epoch") from None
         for record, raw in zip(ordered, raws, strict=True):
             key = DataKey(record.key_id, record.subject_ref, record.scope, raw, record.owner_tag)
-            self.cache.put(key, since=since)
+            if cache:
+                self.cache.put(key, since=since)
             out[record.key_id] = key
         return out
 

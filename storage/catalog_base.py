@@ -206,6 +206,11 @@ class CatalogBase:
     def _read(self) -> AbstractContextManager[Connection]:
         return db.read(self.engine)
 
+    def read(self) -> AbstractContextManager[Connection]:
+        """A read transaction (a plain ``BEGIN``: it waits for no writer, where
+        ``transaction``'s ``BEGIN IMMEDIATE`` does)."""
+        return db.read(self.engine)
+
     def insert_ignore(self, table: sa.Table) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` in this dialect."""
         if self.dialect == "postgresql":

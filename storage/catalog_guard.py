@@ -87,16 +87,29 @@ class GuardMixin(CatalogBase):
                 out[str(row[0])] = guard_state(row[1:])
         return out
 
-    def _guards_sql(self, n: int) -> str:
+    def guards(self, refs: Iterable[str]) -> dict[str, GuardState]:
+        """Many subjects' guards as they are now, in one autocommit read per chunk
+        (no lock, nothing cached: a scan over many subjects would churn the guard
+        cache of the hot path); a subject without a guard row is active."""
+        wanted = sorted(set(refs))
+        found: dict[str, GuardState] = {}
+        with self._hot(write=False) as cur:
+            for chunk in chunks(wanted):
+                cur.execute(self._guards_sql(len(chunk), lock=False), chunk)
+                for row in cur.fetchall():
+                    found[str(row[0])] = guard_state(row[1:])
+        return {ref: found.get(ref, guard_state(None)) for ref in wanted}
+
+    def _guards_sql(self, n: int, *, lock: bool = True) -> str:
         """The guards of ``n`` subjects, bound by position (compiled once per ``n``;
         ``chunks`` makes few different ones)."""
-        key = f"guards_{n}"
+        key = f"guards_{n}" if lock else f"guards_read_{n}"
         sql = self._sql.get(key)
         if sql is None:
             g = subject_guard.c
             query = sa.select(g.subject_ref, g.status, g.deletion_epoch, g.suppressed_scopes)
             query = query.where(g.subject_ref.in_([sa.bindparam(f"r{i}") for i in range(n)]))
-            if self.dialect == "postgresql":
+            if lock and self.dialect == "postgresql":
                 query = query.with_for_update(read=True)
             sql = self._sql[key] = db.compile_sql(self.engine.dialect, query, positional=True)
         return sql

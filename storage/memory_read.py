@@ -20,7 +20,7 @@ from keyshred.errors import (
     SubjectErased,
     SubjectSuppressed,
 )
-from keyshred.storage.catalog_base import ACTIVE, ERASED, GuardState
+from keyshred.storage.catalog_base import ACTIVE, ERASED
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
@@ -35,6 +35,7 @@ from keyshred.storage.memory_types import (
     _prefix,
     _version_of,
 )
+from keyshred.storage.namespaces import Listed
 from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
 from keyshred.storage.vectors import DEFAULT_SPACE
 
@@ -282,11 +283,19 @@ class ReadMixin(IndexMixin):
                 return row is not None and bool(row.index) and wanted(row)
 
             q = embed_with.embed_query(query)
-            ranked = vectors.search(ref, q, offset + limit, space=space, accept=accept)
+            ranked = vectors.search(ref, q, offset + limit, space=space, accept=accept, ties=True)
             # ``by_id`` is live: a memory deleted by another thread since it was
             # ranked is no result (not a KeyError).
-            found = [(by_id.get(mid), score) for mid, score in ranked[offset:]]
-            out = [Memory(row, score) for row, score in found if row is not None]
+            found = [(row, score) for mid, score in ranked if (row := by_id.get(mid)) is not None]
+            # Equal scores in insertion order, not the vector rows' (a memory
+            # rewritten since moved to the end of those): Hypothesis found
+            # InMemoryStore and keyshred keeping different ones of two equal
+            # texts at a limit. LangGraph's store orders ties by namespace too,
+            # so for it (``unscored``) every memory tied with the last one
+            # asked for is returned, and the store cuts.
+            found.sort(key=lambda t: (-t[1], t[0].created_us, t[0].namespace, t[0].key))
+            cut = len(found) if unscored else offset + limit
+            out = [Memory(row, score) for row, score in found[offset:cut]]
         if unscored and len(out) < limit:
             # Fewer ranked results than asked: every wanted memory with vectors is
             # in ``out`` already, the rest fill up in insertion order.
@@ -463,36 +472,73 @@ class ReadMixin(IndexMixin):
         self.index_pending()
         return sorted({r.subject_ref for r in self._ns.listed(_prefix(prefix))})
 
-    def namespaces_across(self, prefix: Sequence[str] = ()) -> set[tuple[str, ...]]:
-        """The namespaces of live memories under ``prefix`` of every subject (as
-        ``namespaces_ref`` of each), from the index: only the matching rows are
-        decrypted. Subjects holding memories past their retention that the sweep
-        has not deleted yet are read from their partitions (the index cannot tell
-        whether such a namespace still has a live memory)."""
+    def namespaces_across(
+        self,
+        prefix: Sequence[str] = (),
+        *,
+        select: Callable[[tuple[str, ...]], tuple[str, ...] | None] | None = None,
+        first: int | None = None,
+    ) -> list[tuple[str, ...]]:
+        """The namespaces of live memories under ``prefix`` of every subject, sorted
+        and distinct, each as ``select`` maps it (None leaves it out: LangGraph's
+        match conditions and ``max_depth``), only the ``first`` of them if given.
+
+        Read from the index a page at a time (``NamespaceIndex.pages``): what is
+        held is one page and the ``first`` namespaces found so far, however many
+        subjects the catalog holds; only the visible rows are decrypted. The order
+        is the labels' own, which only their plaintext tells, so every row under
+        the prefix is read. Subjects holding memories past their retention that the
+        sweep has not deleted yet are read from their partitions (the index cannot
+        tell whether such a namespace still has a live memory)."""
         p = _prefix(prefix)
+        if first is not None:
+            check_count(first, "first")
         self.index_pending()
         seq = self._eviction_seq
-        rows = self._ns.listed(p, labels=True)
-        refs = {r.subject_ref for r in rows}
-        stale = refs.intersection(self._catalog.expired(MEMORY_KIND, self._clock()))
-        guards: dict[str, GuardState] = {}
+        expired = self._catalog.expired(MEMORY_KIND, self._clock())
+        stale: set[str] = set()
+        found: set[tuple[str, ...]] = set()
 
-        def visible(ref: str, scope: str) -> bool:
-            # Decided again before decrypting: a suppression since the index query
-            # (its guard, or its eviction heard here) hides the subject or scope.
-            if ref not in guards:
-                guards[ref] = self._catalog.guard(ref)
-            g = guards[ref]
-            return g.status == ACTIVE and scope not in g.scopes and not self.evicted_since(seq, ref)
+        def keep(namespaces: Iterable[tuple[str, ...]]) -> None:
+            nonlocal found
+            for ns in namespaces:
+                if ns[: len(p)] != p:
+                    continue
+                out = ns if select is None else select(ns)
+                if out is not None:
+                    found.add(out)
+            if first is not None and len(found) > 2 * first + self._ns.page_size:
+                found = set(heapq.nsmallest(first, found))
 
-        live = [r for r in rows if r.subject_ref not in stale]
-        out = set(self._ns.open_labels(live, visible).values())
+        def visible(rows: Sequence[Listed]) -> list[Listed]:
+            # Decided again before decrypting, for the page at once: a suppression
+            # since the index query (its guard, or its eviction heard here) hides
+            # the subject or scope.
+            guards = self._catalog.guards({r.subject_ref for r in rows})
+            return [
+                r
+                for r in rows
+                if guards[r.subject_ref].status == ACTIVE
+                and r.scope not in guards[r.subject_ref].scopes
+                and not self.evicted_since(seq, r.subject_ref)
+            ]
+
+        # The keys unwrapped go into the keyring's cache while they fill at most
+        # half of it (a store that small stays warm for the next listing); past
+        # that, a listing of every subject would push the hot keys out.
+        room = self._keyring.cache.capacity // 2
+        for page in self._ns.pages(p, labels=True):
+            stale.update(r.subject_ref for r in page if r.subject_ref in expired)
+            live = [r for r in page if r.subject_ref not in expired]
+            room -= len({r.key_id for r in live})
+            keep(self._ns.open_labels(live, visible, cache=room >= 0).values())
         for ref in sorted(stale):
             try:
-                out |= self.namespaces_ref(ref, p)
+                keep(self.namespaces_ref(ref, p))
             except (SubjectSuppressed, SubjectErased):
                 continue  # suppressed meanwhile
-        return {ns for ns in out if ns[: len(p)] == p}
+        ordered = sorted(found)
+        return ordered if first is None else ordered[:first]
 
     def namespace_first(self, ref: str, prefix: Sequence[str] = ()) -> NamespaceFirst:
         """The namespace index's first time of each of ``ref``'s namespaces under
@@ -531,46 +577,58 @@ class ReadMixin(IndexMixin):
         check_filter(filter)
         p = _prefix(prefix)
         self.index_pending()
-        firsts: dict[tuple[str, str], int] = {}
-        for r in self._ns.listed(p):
-            at = (r.subject_ref, r.ns_hash)
-            firsts[at] = min(firsts.get(at, r.first_us), r.first_us)
         want = offset + limit
-        if limit == 0 or not firsts:
+        if limit == 0:
             return []
         pool: list[tuple[tuple[int, int, str], Memory]] = []
         bound: tuple[int, int, str] | None = None  # the order of the page's last memory
         opened: set[str] = set()
-        for first, ref in sorted((first, ref) for (ref, _), first in firsts.items()):
-            if bound is not None and first > bound[0]:
-                break  # every namespace from here on sorts after the page
-            if ref in opened:
-                continue
-            opened.add(ref)
+        # The index a page at a time in the order of the namespaces' first times: a
+        # subject comes up at its earliest namespace, and once a namespace sorts
+        # after the page's last memory, so does every later one: no further page
+        # is read (the whole index was read and sorted before: 21 s over 1,000,000
+        # subjects for a page of 10).
+        seen: dict[tuple[str, str], int] = {}  # (ref, namespace hash) -> first time
+        for rows in self._ns.pages(p, by_first=True, first_size=4 * want):
+            if bound is not None and rows and rows[0].first_us > bound[0]:
+                break
+            for r in rows:  # in first-time order: the first row of each is its first
+                seen.setdefault((r.subject_ref, r.ns_hash), r.first_us)
+            for r in rows:
+                if bound is not None and r.first_us > bound[0]:
+                    return _page_of(pool, offset, want)
+                if r.subject_ref in opened:
+                    continue
+                opened.add(r.subject_ref)
+                # A namespace of the subject first used after the rows read so far
+                # is asked of the index (one keyed query, only then).
+                later = self.namespace_first(r.subject_ref, p)
 
-            def first_of(ns: tuple[str, ...], ref: str = ref) -> int | None:
-                return firsts.get((ref, self._ns.hash(ns)))
+                def first_of(
+                    ns: tuple[str, ...], ref: str = r.subject_ref, later: NamespaceFirst = later
+                ) -> int | None:
+                    known = seen.get((ref, self._ns.hash(ns)))
+                    return known if known is not None else later(ns)
 
-            try:
-                found = self.search_ref(
-                    ref,
-                    p,
-                    filter=filter,
-                    limit=want,
-                    order="insertion",
-                    namespace_first=first_of,
-                )
-            except (SubjectSuppressed, SubjectErased):
-                continue  # suppressed since the index was read: skipped
-            for m in found:
-                created = to_us(m.created_at)
-                ns_first = first_of(tuple(m.namespace))
-                pool.append(((created if ns_first is None else ns_first, created, m.key), m))
-            if len(pool) >= want:
-                pool = heapq.nsmallest(want, pool, key=lambda t: t[0])
-                bound = pool[-1][0]
-        pool.sort(key=lambda t: t[0])
-        return [m for _, m in pool[offset:want]]
+                try:
+                    found = self.search_ref(
+                        r.subject_ref,
+                        p,
+                        filter=filter,
+                        limit=want,
+                        order="insertion",
+                        namespace_first=first_of,
+                    )
+                except (SubjectSuppressed, SubjectErased):
+                    continue  # suppressed since the index was read: skipped
+                for m in found:
+                    created = to_us(m.created_at)
+                    ns_first = first_of(tuple(m.namespace))
+                    pool.append(((created if ns_first is None else ns_first, created, m.key), m))
+                if len(pool) >= want:
+                    pool = heapq.nsmallest(want, pool, key=lambda t: t[0])
+                    bound = pool[-1][0]
+        return _page_of(pool, offset, want)
 
     def count_ref(self, ref: str) -> int:
         """How many memories ``ref``'s partition holds (loads it; no guard check)."""
@@ -622,6 +680,13 @@ class ReadMixin(IndexMixin):
                     if row is not None and any(p.encode() in row.value for p in probes):
                         hits += 1
         return hits
+
+
+def _page_of(
+    pool: list[tuple[tuple[int, int, str], Memory]], offset: int, want: int
+) -> list[Memory]:
+    pool.sort(key=lambda t: t[0])
+    return [m for _, m in pool[offset:want]]
 
 
 def _insertion_order(

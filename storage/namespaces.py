@@ -32,7 +32,7 @@ migration and indexed from their partition before the next cross-subject read
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,15 @@ from keyshred.storage.schema import (
     subject_guard,
 )
 
-__all__ = ["Entry", "Listed", "NamespaceIndex", "labels_place"]
+__all__ = ["PAGE", "Entry", "Listed", "NamespaceIndex", "labels_place"]
 
 _DOMAIN = b"keyshred/namespace\x00"
 _HASH_HEX = 32  # 128 bits of the HMAC, as the catalog's other lookup hashes
+# Index rows read (and labels decrypted) at a time by a listing across subjects.
+PAGE = 2000
+# A prefix spanning more namespaces is paged in first-time order by a walk of that
+# index (``NamespaceIndex._dense``).
+_SORTED_AT_MOST = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,7 @@ class NamespaceIndex:
         self._catalog = catalog
         self._keyring = keyring
         self._key: bytes | None = None
+        self.page_size = PAGE
         ns, pre = memory_namespaces, memory_ns_prefixes
         self._sql = catalog.compile(
             {
@@ -253,12 +259,12 @@ class NamespaceIndex:
 
     def pending(self) -> list[str]:
         """Subjects written before the index existed and not indexed yet."""
-        with self._catalog.transaction() as conn:
+        with self._catalog.read() as conn:
             return [str(r) for (r,) in conn.execute(sa.select(memory_ns_pending.c.subject_ref))]
 
     def count(self, ref: str) -> int:
         """How many index rows (namespace and prefix rows) the subject has."""
-        with self._catalog.transaction() as conn:
+        with self._catalog.read() as conn:
             return sum(
                 int(
                     conn.execute(
@@ -276,12 +282,95 @@ class NamespaceIndex:
         suppressed or erased, without rows of suppressed scopes (decided from the
         guard in the same query, before anything is decrypted); ``refs`` restricts
         them to those subjects."""
+        query = self._query(prefix, labels, refs)
+        with self._catalog.read() as conn:
+            rows = conn.execute(query).all()
+        return self._visible(rows, labels)
+
+    def pages(
+        self,
+        prefix: Sequence[str],
+        *,
+        labels: bool = False,
+        by_first: bool = False,
+        first_size: int | None = None,
+    ) -> Iterator[list[Listed]]:
+        """``listed`` a page of ``page_size`` index rows at a time (each page its own
+        read; a page may come out empty where every row of it is hidden): in the
+        order of the primary key, or ``by_first`` in the order of the namespaces'
+        first times. What the caller holds is one page, whatever the catalog holds:
+        a listing over 1,000,000 subjects read them all into memory at once. A
+        caller that expects to stop early names a smaller ``first_size``: pages
+        start there and double up to ``page_size``."""
+        ns, pre = memory_namespaces.c, memory_ns_prefixes.c
+        probe = by_first and bool(prefix) and self._dense(prefix)
+        if by_first:
+            order = [ns.first_us, ns.subject_ref, ns.ns_hash, ns.key_id]
+        elif prefix:
+            # The prefix rows' own key order (the join's ``ns`` columns are equal,
+            # but ordering by them made SQLite sort every matching row per page).
+            order = [pre.subject_ref, pre.ns_hash, ns.key_id]
+        else:
+            order = [ns.subject_ref, ns.ns_hash, ns.key_id]
+        after: tuple[Any, ...] | None = None
+        size = self.page_size if first_size is None else max(1, min(first_size, self.page_size))
+        while True:
+            query = self._query(prefix, labels, None, probe=probe).order_by(*order).limit(size)
+            if after is not None:
+                # Keyset paging: the next page starts after the last row read (an
+                # index range, where an OFFSET would skip over every earlier row).
+                query = query.where(sa.tuple_(*order) > sa.tuple_(*map(sa.literal, after)))
+            with self._catalog.read() as conn:
+                rows = conn.execute(query).all()
+            yield self._visible(rows, labels)
+            if len(rows) < size:
+                return
+            last = rows[-1]
+            after = (last.subject_ref, last.ns_hash, last.key_id)
+            if by_first:
+                after = (last.first_us, *after)
+            size = min(2 * size, self.page_size)
+
+    def _dense(self, prefix: Sequence[str]) -> bool:
+        """Whether ``prefix`` spans more than ``_SORTED_AT_MOST`` namespaces (a count
+        that stops there). Pages in first-time order are then read by walking the
+        first-time index and probing each row's prefix (a few rows per match): sorting
+        every match per page (the join's plan) would cost a sort of up to every row of
+        the catalog for each page. Fewer matches are sorted, which costs little, where
+        the walk might pass over most of the index between two matches."""
+        pre = memory_ns_prefixes.c
+        capped = (
+            sa.select(sa.literal(1))
+            .where(pre.prefix_hash == self.hash(prefix))
+            .limit(_SORTED_AT_MOST + 1)
+            .subquery()
+        )
+        with self._catalog.read() as conn:
+            n = int(conn.execute(sa.select(sa.func.count()).select_from(capped)).scalar() or 0)
+        return n > _SORTED_AT_MOST
+
+    def _query(
+        self,
+        prefix: Sequence[str],
+        labels: bool,
+        refs: Iterable[str] | None,
+        *,
+        probe: bool = False,
+    ) -> Any:
         ns, pre, g = memory_namespaces, memory_ns_prefixes, subject_guard
         cols = [ns.c.subject_ref, ns.c.ns_hash, ns.c.key_id, ns.c.scope, ns.c.first_us]
         if labels:
             cols.append(ns.c.labels)
         query = sa.select(*cols, g.c.status, g.c.suppressed_scopes)
-        if prefix:
+        if prefix and probe:
+            query = query.select_from(ns.outerjoin(g, g.c.subject_ref == ns.c.subject_ref)).where(
+                sa.exists().where(
+                    pre.c.prefix_hash == self.hash(prefix),
+                    pre.c.subject_ref == ns.c.subject_ref,
+                    pre.c.ns_hash == ns.c.ns_hash,
+                )
+            )
+        elif prefix:
             source = pre.join(
                 ns, sa.and_(ns.c.subject_ref == pre.c.subject_ref, ns.c.ns_hash == pre.c.ns_hash)
             )
@@ -292,9 +381,10 @@ class NamespaceIndex:
             query = query.select_from(ns.outerjoin(g, g.c.subject_ref == ns.c.subject_ref))
         if refs is not None:
             query = query.where(ns.c.subject_ref.in_(sorted(set(refs))))
+        return query
+
+    def _visible(self, rows: Sequence[Any], labels: bool) -> list[Listed]:
         out: list[Listed] = []
-        with self._catalog.transaction() as conn:
-            rows = conn.execute(query).all()
         hidden: dict[str, frozenset[str]] = {}
         for r in rows:
             if r.status is not None and r.status != ACTIVE:
@@ -321,17 +411,22 @@ class NamespaceIndex:
     def open_labels(
         self,
         rows: Sequence[Listed],
-        visible: Callable[[str, str], bool] | None = None,
+        visible: Callable[[Sequence[Listed]], Sequence[Listed]] | None = None,
+        *,
+        cache: bool = True,
     ) -> dict[tuple[str, str], tuple[str, ...]]:
         """The namespaces of ``rows`` by (subject_ref, namespace hash), decrypted
-        with one batch of key lookups. Rows whose key was destroyed (the erasure of
-        a subject their memories are about made them unreadable) are skipped, and
-        deleted: their hashes have nothing left to find. ``visible(ref, scope)``
-        is asked once the keys are at hand and before anything is decrypted: a
-        subject (or scope) suppressed since ``listed`` read the rows is skipped."""
-        keys = self._keys({bytes.fromhex(r.key_id) for r in rows if r.labels is not None})
+        with one batch of key lookups (``cache=False``: keys not in the keyring's
+        cache are not put there, where a listing of every subject would push the
+        hot keys out). Rows whose
+        key was destroyed (the erasure of a subject their memories are about made
+        them unreadable) are skipped, and deleted: their hashes have nothing left to
+        find. ``visible(rows)`` is asked once the keys are at hand and before
+        anything is decrypted, and returns the rows still visible: a subject (or
+        scope) suppressed since the rows were read is skipped."""
+        keys = self._keys({bytes.fromhex(r.key_id) for r in rows if r.labels is not None}, cache)
         if visible is not None:
-            rows = [r for r in rows if visible(r.subject_ref, r.scope)]
+            rows = visible(rows)
         out: dict[tuple[str, str], tuple[str, ...]] = {}
         dead: dict[str, set[str]] = {}
         for r in rows:
@@ -357,12 +452,12 @@ class NamespaceIndex:
             self.drop(ref, key_ids=kids)
         return out
 
-    def _keys(self, key_ids: set[bytes]) -> dict[bytes, DataKey]:
+    def _keys(self, key_ids: set[bytes], cache: bool) -> dict[bytes, DataKey]:
         """The DEKs with these ids (one batch); those destroyed are absent."""
         try:
-            return self._keyring.data_keys_by_id(key_ids)
+            return self._keyring.data_keys_by_id(key_ids, cache=cache, missing_ok=True)
         except (SubjectErased, KeyNotFound):
-            pass  # one of them is gone: the others one by one
+            pass  # a KEK epoch destroyed: the others one by one
         out = {}
         for kid in key_ids:
             try:

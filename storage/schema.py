@@ -241,6 +241,8 @@ memory_namespaces = sa.Table(
     sa.Column("scope", sa.String(128), nullable=False),
     sa.Column("first_us", sa.BigInteger, nullable=False),
     sa.Column("labels", sa.LargeBinary, nullable=False),
+    # A search across subjects pages through the rows in this order (revision 0015).
+    sa.Index("ks_mem_namespaces_first", "first_us", "subject_ref", "ns_hash", "key_id"),
 )
 
 # Every prefix of every indexed namespace (its hash), so "which subjects hold

@@ -905,12 +905,15 @@ class VectorIndex:
         *,
         space: str = DEFAULT_SPACE,
         accept: Callable[[str], bool] | None = None,
+        ties: bool = False,
     ) -> list[tuple[str, float]]:
         """Top ``k`` memory ids by cosine similarity among the vectors of ``space``
         (a memory scores its best field). ``allowed`` restricts the ranking to
         those ids; ``accept`` is asked about ids as they come up in rank order (a
         filter applied after ranking: it costs what the ranking reaches, not one
-        call per vector)."""
+        call per vector). With ``ties`` every memory scoring exactly what the
+        ``k``-th scores is in the answer too: which of equal scores come first is
+        the caller's order (insertion), not the matrix's row order."""
         entry = self._cached(ref).get(space)
         if entry is None or not entry.vec_ids or k <= 0:
             return []
@@ -931,9 +934,12 @@ class VectorIndex:
             top = np.argpartition(-scores, take - 1)[:take] if take < n else np.arange(n)
             top = top[np.argsort(-scores[top], kind="stable")]
             best: dict[str, float] = {}
+            kth: float | None = None  # with ties: the k-th score, once reached
+            ended = False  # a lower score was met after the k-th (or none is left)
             for i in top:
                 score = float(scores[i])
-                if score == -np.inf:
+                if score == -np.inf or (kth is not None and score != kth):
+                    ended = True
                     break
                 memory_id = entry.memory_ids[i]
                 if accept is not None:
@@ -943,9 +949,12 @@ class VectorIndex:
                     if not ok:
                         continue
                 best.setdefault(memory_id, score)
-                if len(best) == k:
-                    break
-            if len(best) == k or take >= n:
+                if len(best) == k and kth is None:
+                    if not ties:
+                        ended = True
+                        break
+                    kth = score
+            if (len(best) >= k and ended) or take >= n:
                 return list(best.items())
             take = min(n, take * 4)
 

@@ -263,6 +263,8 @@ class StoreModel(RuleBasedStateMachine):
         return None  # the embedded default
 
     def make_store(self) -> Any:
+        # Pages of two index rows: listings and searches across users cross pages.
+        self.ks.memories._ns.page_size = 2
         return KeyshredStore(self.ks, subject_from=1, shared=[SHARED])
 
     def make_model(self) -> Model:
@@ -505,6 +507,7 @@ class AsyncStoreModel(StoreModel):
     """The same machine through the async API."""
 
     def make_store(self) -> Any:
+        self.ks.memories._ns.page_size = 2
         return AsyncTwins(KeyshredStore(self.ks, subject_from=1, shared=[SHARED]))
 
 

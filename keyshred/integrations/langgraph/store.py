@@ -488,29 +488,32 @@ class KeyshredStore(BaseStore):
                 path = tuple(cond.path)
                 literal = path[: path.index("*")] if "*" in path else path
                 prefix = max(prefix, literal, key=len)
-        namespaces: set[tuple[str, ...]] = set()
+        conditions = op.match_conditions or ()
+        depth = op.max_depth
+
+        def select(ns: tuple[str, ...]) -> tuple[str, ...] | None:
+            if not all(_does_match(cond, ns) for cond in conditions):
+                return None
+            return ns if depth is None else ns[:depth]
+
         if self._across(prefix):
-            # From the catalog's namespace index: only the rows under the prefix's
-            # literal part are decrypted, no partition is opened.
-            namespaces = self._ks.memories.namespaces_across(prefix)
+            # From the catalog's namespace index, a page at a time: only the rows
+            # under the prefix's literal part are decrypted, no partition is opened,
+            # and what is kept is the page asked for.
+            found = self._ks.memories.namespaces_across(
+                prefix, select=select, first=op.offset + op.limit
+            )
         else:
             # One subject (the prefix names it): its partition's rows, which a
             # subject's own reads keep open, cost less than the index's query and
             # label decryption (0.66 against ~0.08 ms a call in bench_scale.py).
+            namespaces: set[tuple[str, ...]] = set()
             for ref in self._refs(prefix):
                 try:
                     namespaces |= self._ks.memories.namespaces_ref(ref, prefix)
                 except (SubjectSuppressed, SubjectErased):
                     continue  # as across subjects: a subject being erased lists nothing
-        found = [
-            ns
-            for ns in namespaces
-            if all(_does_match(cond, ns) for cond in (op.match_conditions or ()))
-        ]
-        if op.max_depth is not None:
-            found = sorted({ns[: op.max_depth] for ns in found})
-        else:
-            found = sorted(found)
+            found = sorted({s for ns in namespaces if (s := select(ns)) is not None})
         return found[op.offset : op.offset + op.limit]
 
     def _apply_puts(self, puts: Sequence[PutOp]) -> None:
