@@ -423,6 +423,7 @@ class KeyshredStore(BaseStore):
             )
             return [_search_item(m) for m in found]
         refs = self._refs(prefix)
+        ref_of: dict[int, str] = {}  # id(memory) -> its subject_ref
         if len(refs) == 1 and not semantic:
             # One subject: the memory store already returns insertion order; no merge.
             # Namespaces by when they first held a memory (the namespace index, asked
@@ -465,10 +466,12 @@ class KeyshredStore(BaseStore):
                 ns = tuple(m.namespace)
                 order = (first[ns], int(m.created_at.timestamp() * 1e6), m.key)
                 out.append((m.score, order, m))
+                ref_of[id(m)] = ref
         if semantic:
             # Best score first, ties in insertion order (InMemoryStore's stable sort).
             scored = [t for t in out if t[0] is not None]
             scored.sort(key=lambda t: (-(t[0] or 0.0), t[1]))
+            scored = self._ties_in_namespace_order(scored, prefix, ref_of)
             rest = [t for t in out if t[0] is None]
             if len(refs) > 1:  # (one subject's come in the memory store's order)
                 rest.sort(key=lambda t: t[1])
@@ -479,6 +482,39 @@ class KeyshredStore(BaseStore):
             out.sort(key=lambda t: t[1])
             picked = out[op.offset : op.offset + op.limit]
         return [_search_item(m, score) for score, _, m in picked]
+
+    def _ties_in_namespace_order(
+        self,
+        scored: list[tuple[float | None, tuple[int, int, str], Memory]],
+        prefix: tuple[str, ...],
+        ref_of: dict[int, str],
+    ) -> list[tuple[float | None, tuple[int, int, str], Memory]]:
+        """Equal scores of several namespaces in InMemoryStore's order: namespaces
+        by when they first held an item, which the namespace index knows (the
+        oldest *hit* of a namespace can be younger than the namespace: a helper's
+        review found ``c`` of an older namespace after ``b`` at ``limit=1``). Asked
+        of the index only for a run of equal scores that spans namespaces."""
+        firsts: dict[str, Any] = {}
+
+        def first_of(m: Memory, cheap: tuple[int, int, str]) -> int:
+            ref = ref_of[id(m)]
+            if ref not in firsts:
+                firsts[ref] = self._ks.memories.namespace_first(ref, prefix)
+            known = firsts[ref](tuple(m.namespace))
+            return cheap[0] if known is None else int(known)
+
+        out: list[tuple[float | None, tuple[int, int, str], Memory]] = []
+        i = 0
+        while i < len(scored):
+            j = i + 1
+            while j < len(scored) and scored[j][0] == scored[i][0]:
+                j += 1
+            run = scored[i:j]
+            if len({(ref_of[id(t[2])], tuple(t[2].namespace)) for t in run}) > 1:
+                run.sort(key=lambda t: (first_of(t[2], t[1]), *t[1][1:]))
+            out += run
+            i = j
+        return out
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         prefix: tuple[str, ...] = ()
