@@ -283,19 +283,20 @@ class ReadMixin(IndexMixin):
                 return row is not None and bool(row.index) and wanted(row)
 
             q = embed_with.embed_query(query)
-            ranked = vectors.search(ref, q, offset + limit, space=space, accept=accept, ties=True)
+            # LangGraph's store (``unscored``) orders equal scores as InMemoryStore
+            # does, by namespace and insertion: it gets every memory tied with the
+            # last one asked for, scored in float64, and cuts itself (Hypothesis
+            # found the two keeping different ones of two equal texts at a limit).
+            # A search of the memory store's own ranks in float32 and leaves equal
+            # scores in the vectors' order: the ties' window and the rescoring cost
+            # 30-60 us on a 1,000-vector subject, as much as the ranking itself.
+            ranked = vectors.search(
+                ref, q, offset + limit, space=space, accept=accept, ties=unscored
+            )
             # ``by_id`` is live: a memory deleted by another thread since it was
             # ranked is no result (not a KeyError).
-            found = [(row, score) for mid, score in ranked if (row := by_id.get(mid)) is not None]
-            # Equal scores in insertion order, not the vector rows' (a memory
-            # rewritten since moved to the end of those): Hypothesis found
-            # InMemoryStore and keyshred keeping different ones of two equal
-            # texts at a limit. LangGraph's store orders ties by namespace too,
-            # so for it (``unscored``) every memory tied with the last one
-            # asked for is returned, and the store cuts.
-            found.sort(key=lambda t: (-t[1], t[0].created_us, t[0].namespace, t[0].key))
-            cut = len(found) if unscored else offset + limit
-            out = [Memory(row, score) for row, score in found[offset:cut]]
+            found = [(by_id.get(mid), score) for mid, score in ranked[offset:]]
+            out = [Memory(row, score) for row, score in found if row is not None]
         if unscored and len(out) < limit:
             # Fewer ranked results than asked: every wanted memory with vectors is
             # in ``out`` already, the rest fill up in insertion order.

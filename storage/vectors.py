@@ -911,9 +911,11 @@ class VectorIndex:
         (a memory scores its best field). ``allowed`` restricts the ranking to
         those ids; ``accept`` is asked about ids as they come up in rank order (a
         filter applied after ranking: it costs what the ranking reaches, not one
-        call per vector). With ``ties`` every memory scoring exactly what the
-        ``k``-th scores is in the answer too: which of equal scores come first is
-        the caller's order (insertion), not the matrix's row order."""
+        call per vector). With ``ties`` the scores are those of float64 products
+        (the ranking's float32 product scored one text 0.99999994 in one subject and
+        0.99999988 in another) and every memory scoring what the ``k``-th scores is
+        in the answer too: which of equal scores come first is the caller's order
+        (insertion), not the matrix's row order."""
         entry = self._cached(ref).get(space)
         if entry is None or not entry.vec_ids or k <= 0:
             return []
@@ -934,11 +936,13 @@ class VectorIndex:
             top = np.argpartition(-scores, take - 1)[:take] if take < n else np.arange(n)
             top = top[np.argsort(-scores[top], kind="stable")]
             best: dict[str, float] = {}
-            kth: float | None = None  # with ties: the k-th score, once reached
+            rows: dict[str, int] = {}  # the row of each memory's best field
+            # With ties: what the k-th scores less float32's error, once reached.
+            floor: float | None = None
             ended = False  # a lower score was met after the k-th (or none is left)
             for i in top:
                 score = float(scores[i])
-                if score == -np.inf or (kth is not None and score != kth):
+                if score == -np.inf or (floor is not None and score < floor):
                     ended = True
                     break
                 memory_id = entry.memory_ids[i]
@@ -948,13 +952,17 @@ class VectorIndex:
                         ok = verdicts[memory_id] = accept(memory_id)
                     if not ok:
                         continue
-                best.setdefault(memory_id, score)
-                if len(best) == k and kth is None:
+                if memory_id not in best:
+                    best[memory_id] = score
+                    rows[memory_id] = int(i)
+                if len(best) == k and floor is None:
                     if not ties:
                         ended = True
                         break
-                    kth = score
+                    floor = score - _TIE_SLACK * max(1.0, abs(score))
             if (len(best) >= k and ended) or take >= n:
+                if ties and best:
+                    return _exact_ties(entry.matrix, query, best, rows, k)
                 return list(best.items())
             take = min(n, take * 4)
 
@@ -1131,3 +1139,26 @@ class StagedVectors:
 
     def __repr__(self) -> str:
         return f"StagedVectors(ref={self._ref!r}, vectors={len(self._items)})"
+
+
+# How far below the k-th float32 score a candidate may be and still tie with it in
+# float64 (a float32 dot product of a few hundred terms is off by ~1e-7 relative).
+_TIE_SLACK = 1e-5
+
+
+def _exact_ties(
+    matrix: np.ndarray[Any, Any],
+    query: np.ndarray[Any, Any],
+    best: dict[str, float],
+    rows: dict[str, int],
+    k: int,
+) -> list[tuple[str, float]]:
+    """The candidates rescored in float64 (their stored float32 vectors against the
+    query), best first: the ``k`` best and every one scoring what the ``k``-th does.
+    Equal vectors then score equally whichever subject's matrix they are in."""
+    ids = list(best)
+    at = np.fromiter((rows[m] for m in ids), np.intp, len(ids))
+    exact = (matrix[at].astype(np.float64) @ query.astype(np.float64)).tolist()
+    ranked = sorted(zip(ids, exact, strict=True), key=lambda t: -t[1])
+    kth = ranked[min(k, len(ranked)) - 1][1]
+    return [(m, float(s)) for m, s in ranked if s >= kth]

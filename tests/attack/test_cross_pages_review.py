@@ -33,22 +33,13 @@ def keys(result: list[Any]) -> list[Any]:
 # -- (4) semantic ties: namespace order ------------------------------------------------
 
 
-# Across subjects the tie is not one in keyshred: each subject's vectors are ranked
-# in float32 by a matrix product of its own, and the same text scored 0.99999994 in
-# bob's and 0.99999988 in ann's (InMemoryStore scores in float64: equal). Not fixed:
-# a rescoring of the candidates in float64 would make them equal.
-_FLOAT32 = pytest.mark.xfail(
-    strict=True, reason="equal texts of two subjects score apart in float32 (not fixed)"
-)
-
-
 @pytest.mark.parametrize(
     ("prefix", "other"),
     [
         (("u", "ann"), "ann"),
         (("u",), "ann"),
-        pytest.param(("u",), "bob", marks=_FLOAT32),
-        pytest.param((), "bob", marks=_FLOAT32),
+        (("u",), "bob"),  # across subjects: float32 scored them apart (now float64)
+        ((), "bob"),
     ],
 )
 def test_semantic_ties_follow_namespace_creation_order(

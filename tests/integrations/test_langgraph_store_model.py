@@ -224,6 +224,14 @@ class Model(InMemoryStore):
                 self._vectors[ns].pop(key, None)
         return super()._extract_texts(put_ops)
 
+    def _handle_list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        # A GetOp earlier in the same batch created its namespace (a defaultdict),
+        # which a ListNamespacesOp after it listed: a read creates nothing
+        # (Hypothesis found ``[GetOp(("faq",), "k"), ListNamespacesOp()]``).
+        for ns in [ns for ns, items in self._data.items() if not items]:
+            del self._data[ns]
+        return super()._handle_list_namespaces(op)
+
     def _apply_put_ops(self, put_ops: dict[tuple[tuple[str, ...], str], PutOp]) -> None:
         # A batch's GetOp created its namespace before the batch's puts, in the
         # search order; a read creates nothing (see ``StoreModel.drop_empty``).
