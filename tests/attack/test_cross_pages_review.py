@@ -118,6 +118,19 @@ def test_small_pages_match_inmemorystore(
         assert norm(call(ours)) == norm(call(ref)), f"call {n}"
 
 
+def _two_scopes(
+    ks: Keyshred, monkeypatch: pytest.MonkeyPatch, page: int, walked: bool
+) -> tuple[KeyshredStore, KeyshredStore, InMemoryStore]:
+    """Pages of ``page`` rows, walked or sorted; a store per scope and the reference."""
+    from keyshred.storage import namespaces
+
+    monkeypatch.setattr(namespaces, "_SORTED_AT_MOST", 0 if walked else 20_000)
+    ks.memories._ns.page_size = page
+    a = KeyshredStore(ks, subject_from=1)
+    b = KeyshredStore(ks, subject_from=1, scope="marketing")
+    return a, b, InMemoryStore()
+
+
 @pytest.mark.parametrize("page", [1, 2, 3])
 @pytest.mark.parametrize("walked", [False, True])
 def test_several_key_rows_of_one_namespace(
@@ -125,13 +138,7 @@ def test_several_key_rows_of_one_namespace(
 ) -> None:
     """Two stores of different scopes write the same namespaces: one namespace of a
     subject has a row per scope key, with different first times."""
-    from keyshred.storage import namespaces
-
-    monkeypatch.setattr(namespaces, "_SORTED_AT_MOST", 0 if walked else 20_000)
-    ks.memories._ns.page_size = page
-    a = KeyshredStore(ks, subject_from=1)
-    b = KeyshredStore(ks, subject_from=1, scope="marketing")
-    ref = InMemoryStore()
+    a, b, ref = _two_scopes(ks, monkeypatch, page, walked)
     seq = [
         (a, ("u", "ann", "n"), "k1"),
         (b, ("u", "bob", "m"), "k1"),
@@ -161,13 +168,7 @@ def test_hidden_scope_rows_across_pages(
 ) -> None:
     """A suppressed scope of ann: its rows are hidden, the namespace's default-scope
     row still lists it; the answer is InMemoryStore's without the hidden puts."""
-    from keyshred.storage import namespaces
-
-    monkeypatch.setattr(namespaces, "_SORTED_AT_MOST", 0 if walked else 20_000)
-    ks.memories._ns.page_size = page
-    a = KeyshredStore(ks, subject_from=1)
-    b = KeyshredStore(ks, subject_from=1, scope="marketing")
-    ref = InMemoryStore()
+    a, b, ref = _two_scopes(ks, monkeypatch, page, walked)
     seq = [
         (b, ("u", "ann", "n"), "k0"),
         (a, ("u", "bob", "m"), "k1"),
