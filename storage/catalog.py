@@ -169,7 +169,7 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
 
     def asset_kinds(self, subject_ref: str, scope: str | None = None) -> dict[str, str]:
         """Asset id -> kind of every asset of the subject (or one of its scopes)."""
-        with self._read() as conn:
+        with self.read() as conn:
             out = {
                 str(a): str(k)
                 for a, k in conn.execute(
@@ -195,14 +195,14 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
             where = sa.and_(where, assets.c.kind == kind)
         if status is not None:
             where = sa.and_(where, assets.c.status == status)
-        with self._read() as conn:
+        with self.read() as conn:
             rows = self._rows(conn, where)
         if kind in (None, "token") and status in (None, "live") and self.token_assets:
             rows += self.token_assets(subject_ref, scope)
         return rows
 
     def asset(self, asset_id: str) -> AssetRow | None:
-        with self._read() as conn:
+        with self.read() as conn:
             rows = self._rows(conn, assets.c.asset_id == asset_id)
         if not rows and asset_id.startswith("<") and self.token_asset is not None:
             return self.token_asset(asset_id)  # a token of the vault

@@ -245,13 +245,13 @@ class AssetsMixin(GuardMixin):
             query = query.where(assets.c.subject_ref == subject_ref)
         if kind is not None:
             query = query.where(assets.c.kind == kind)
-        with self._read() as conn:
+        with self.read() as conn:
             return int(conn.execute(query).scalar_one())
 
     def expired(self, kind: str, now: datetime) -> dict[str, list[str]]:
         """Asset ids of ``kind`` whose retain-until has passed, by subject_ref."""
         out: dict[str, list[str]] = {}
-        with self._read() as conn:
+        with self.read() as conn:
             for asset_id, ref in conn.execute(
                 sa.select(assets.c.asset_id, assets.c.subject_ref).where(
                     assets.c.kind == kind,
@@ -264,7 +264,7 @@ class AssetsMixin(GuardMixin):
 
     def subjects_with(self, kind: str) -> list[str]:
         """subject_refs that hold assets of ``kind`` and are not suppressed."""
-        with self._read() as conn:
+        with self.read() as conn:
             refs = [
                 str(r)
                 for (r,) in conn.execute(
@@ -283,7 +283,7 @@ class AssetsMixin(GuardMixin):
         """Assets whose provenance names any of ``source_ids`` (reverse index)."""
         ids = list(source_ids)
         found: set[str] = set()
-        with self._read() as conn:
+        with self.read() as conn:
             for chunk in chunks(ids):
                 found.update(
                     conn.execute(
@@ -298,7 +298,7 @@ class AssetsMixin(GuardMixin):
         """Assets of other subjects (or scopes) whose provenance names any asset of
         this subject (scope): one join, however many assets the subject has."""
         own = sa.select(assets.c.asset_id).where(self.subject_filter(subject_ref, scope))
-        with self._read() as conn:
+        with self.read() as conn:
             ids = set(
                 conn.execute(
                     sa.select(asset_sources.c.asset_id).where(asset_sources.c.source_id.in_(own))
@@ -335,7 +335,7 @@ class AssetsMixin(GuardMixin):
             """  # noqa: S608 - table names are ours, values are bound
         ).bindparams(sa.bindparam("ids", expanding=True))
         out: dict[str, set[str]] = {}
-        with self._read() as conn:
+        with self.read() as conn:
             for root, owner in conn.execute(sql, {"ids": ids}):
                 out.setdefault(str(root), set()).add(str(owner))
         return out
@@ -343,7 +343,7 @@ class AssetsMixin(GuardMixin):
     def any_source_in(self, source_ids: Sequence[str]) -> int:
         """How many provenance edges still name one of ``source_ids``."""
         n = 0
-        with self._read() as conn:
+        with self.read() as conn:
             for chunk in chunks(list(source_ids), 900):
                 n += int(
                     conn.execute(
@@ -355,7 +355,7 @@ class AssetsMixin(GuardMixin):
         return n
 
     def mentioning(self, subject_ref: str) -> list[AssetRow]:
-        with self._read() as conn:
+        with self.read() as conn:
             ids = list(
                 conn.execute(
                     sa.select(asset_mentions.c.asset_id).where(
@@ -368,7 +368,7 @@ class AssetsMixin(GuardMixin):
     def detected_mentions(self, asset_id: str) -> frozenset[str]:
         """The subjects an asset mentions because their identifiers were found in its
         value (not declared): a rewrite that keeps the mentions keeps how they came."""
-        with self._read() as conn:
+        with self.read() as conn:
             return frozenset(
                 conn.execute(
                     sa.select(asset_mentions.c.subject_ref).where(
@@ -381,7 +381,7 @@ class AssetsMixin(GuardMixin):
     def mention_counts(self) -> dict[str, int]:
         """Mentions recorded, by how they came: ``{"declared": n, "detected": m}``."""
         counts = {DECLARED: 0, DETECTED: 0}
-        with self._read() as conn:
+        with self.read() as conn:
             for how, n in conn.execute(
                 sa.select(asset_mentions.c.how, sa.func.count()).group_by(asset_mentions.c.how)
             ):

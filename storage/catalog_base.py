@@ -203,9 +203,6 @@ class CatalogBase:
         (typed ``Any`` as it always was: its callers index driver results freely)."""
         return db.write(self.engine)
 
-    def _read(self) -> AbstractContextManager[Connection]:
-        return db.read(self.engine)
-
     def read(self) -> AbstractContextManager[Connection]:
         """A read transaction (a plain ``BEGIN``: it waits for no writer, where
         ``transaction``'s ``BEGIN IMMEDIATE`` does)."""

@@ -88,7 +88,7 @@ class ConsentsMixin(CatalogBase):
             ).rowcount
 
     def consents(self, subject_ref: str) -> list[ConsentRecord]:
-        with self._read() as conn:
+        with self.read() as conn:
             rows = conn.execute(
                 sa.select(consents)
                 .where(consents.c.subject_ref == subject_ref)

@@ -77,12 +77,15 @@ class GuardMixin(CatalogBase):
         cur.execute(self._sql["guard_lock" if lock else "guard"], {"subject_ref": subject_ref})
         return guard_state(cur.fetchone())
 
-    def _guard_rows(self, cur: Any, refs: Iterable[str]) -> dict[str, GuardState]:
-        """The guards of many subjects in one read per chunk (locked ``FOR SHARE`` on
-        PostgreSQL, inside the caller's write transaction); absent ones are active."""
+    def _guard_rows(
+        self, cur: Any, refs: Iterable[str], *, lock: bool = True
+    ) -> dict[str, GuardState]:
+        """The guards of many subjects in one read per chunk (with ``lock``, locked
+        ``FOR SHARE`` on PostgreSQL, inside the caller's write transaction); absent
+        ones are active, and absent from the answer."""
         out: dict[str, GuardState] = {}
         for chunk in chunks(sorted(refs)):
-            cur.execute(self._guards_sql(len(chunk)), chunk)
+            cur.execute(self._guards_sql(len(chunk), lock=lock), chunk)
             for row in cur.fetchall():
                 out[str(row[0])] = guard_state(row[1:])
         return out
@@ -91,13 +94,9 @@ class GuardMixin(CatalogBase):
         """Many subjects' guards as they are now, in one autocommit read per chunk
         (no lock, nothing cached: a scan over many subjects would churn the guard
         cache of the hot path); a subject without a guard row is active."""
-        wanted = sorted(set(refs))
-        found: dict[str, GuardState] = {}
+        wanted = set(refs)
         with self._hot(write=False) as cur:
-            for chunk in chunks(wanted):
-                cur.execute(self._guards_sql(len(chunk), lock=False), chunk)
-                for row in cur.fetchall():
-                    found[str(row[0])] = guard_state(row[1:])
+            found = self._guard_rows(cur, wanted, lock=False)
         return {ref: found.get(ref, guard_state(None)) for ref in wanted}
 
     def _guards_sql(self, n: int, *, lock: bool = True) -> str:

@@ -71,7 +71,7 @@ class IdentifiersMixin(GuardMixin):
 
     def identifier_version(self) -> int:
         """The identifier key version the registered hashes are under."""
-        with self._read() as conn:
+        with self.read() as conn:
             version = conn.execute(
                 sa.select(identifier_key_version.c.version).where(identifier_key_version.c.id == 1)
             ).scalar()
@@ -140,7 +140,7 @@ class IdentifiersMixin(GuardMixin):
             )
 
     def count_identifiers(self, subject_ref: str) -> int:
-        with self._read() as conn:
+        with self.read() as conn:
             return int(
                 conn.execute(
                     sa.select(sa.func.count())
@@ -152,7 +152,7 @@ class IdentifiersMixin(GuardMixin):
     def identifier_kinds(self) -> frozenset[str]:
         """The kinds of identifier registered at least once in this catalog (see
         ``add_identifiers``)."""
-        with self._read() as conn:
+        with self.read() as conn:
             return frozenset(conn.execute(sa.select(identifier_kinds.c.kind)).scalars())
 
     def identifier_subjects(self, hashes: Collection[str]) -> list[tuple[str, str]]:

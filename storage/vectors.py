@@ -954,7 +954,8 @@ class VectorIndex:
                         continue
                 if memory_id not in best:
                     best[memory_id] = score
-                    rows[memory_id] = int(i)
+                    if ties:
+                        rows[memory_id] = int(i)
                 if len(best) == k and floor is None:
                     if not ties:
                         ended = True

@@ -55,7 +55,7 @@ def ks(tmp_path: Path) -> Iterator[Keyshred]:
 
 
 def _identifier_rows(ks: Keyshred) -> list[tuple[Any, ...]]:
-    with ks.catalog._read() as conn:
+    with ks.catalog.read() as conn:
         return sorted(
             tuple(r)
             for r in conn.execute(
