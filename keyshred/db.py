@@ -16,7 +16,8 @@ Every table of every component is reached through an engine built here, on SQLit
   statements built with SQLAlchemy Core, compiled once by SQLAlchemy's compiler in
   the driver's own parameter style (``compile_sql``), on a DBAPI cursor of a pooled
   connection (``cursor``): SQLAlchemy's execution machinery cost more per statement
-  than the rest of a put.
+  than the rest of a put. On SQLite a few of those connections stay parked between
+  operations (``_Parked``): the pool's own checkout cost as much as a statement.
 
 This module sits at the bottom of the layers (beside ``errors``): the keyring, the
 storage and the services all build on it, none of them on each other's engines.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -50,6 +52,7 @@ __all__ = [
     "cursor",
     "micros",
     "migrate",
+    "parked_connections",
     "read",
     "sqlite_url",
     "utc",
@@ -165,6 +168,9 @@ def create_engine(
         replace_hung_up(engine)
     elif dialect == "sqlite":
         _sqlite_setup(engine, busy_timeout_ms, durable)
+        if engine.url.database not in (None, "", ":memory:") and pool_size > 1:
+            parked = engine.__dict__["_ks_parked"] = _Parked(min(4, pool_size - 1))
+            event.listen(engine, "engine_disposed", lambda _: parked.dispose())
     else:
         engine.dispose()
         raise ConfigError(f"the {what} runs on SQLite or PostgreSQL, not {dialect}")
@@ -285,14 +291,21 @@ def cursor(
     ``snapshot`` (reads only): the block's statements see one instant, in a read
     transaction (SQLite's deferred ``BEGIN``, which takes no write lock;
     PostgreSQL's ``REPEATABLE READ, READ ONLY``), for a reader that must not see
-    half of a commit between two of its statements."""
+    half of a commit between two of its statements.
+
+    On a SQLite file the connection comes from, and goes back to, the engine's few
+    parked ones when it can (``_Parked``)."""
     dialect, dbapi = engine.dialect.name, engine.dialect.dbapi
-    try:
-        fairy = engine.raw_connection()
-    except Exception as exc:
-        if unreachable(dialect, dbapi, exc):
-            raise unavailable(exc, what) from None
-        raise
+    parked: _Parked | None = engine.__dict__.get("_ks_parked")
+    fairy, generation = parked.take() if parked is not None else (None, 0)
+    if fairy is None:
+        try:
+            fairy = engine.raw_connection()
+        except Exception as exc:
+            if unreachable(dialect, dbapi, exc):
+                raise unavailable(exc, what) from None
+            raise
+    clean = False
     try:
         conn: Any = fairy.driver_connection
         cur = conn.cursor()
@@ -315,6 +328,7 @@ def cursor(
         finally:
             with contextlib.suppress(Exception):  # a dead connection's cursor
                 cur.close()
+        clean = True
     except Exception as exc:
         if not unreachable(dialect, dbapi, exc):
             raise
@@ -322,7 +336,81 @@ def cursor(
             fairy.invalidate()  # not back into the pool
         raise unavailable(exc, what) from None
     finally:
-        fairy.close()
+        if not (clean and parked is not None and parked.give(fairy, generation)):
+            fairy.close()
+
+
+class _Parked:
+    """A few SQLite connections kept checked out of the engine's pool between the
+    hot path's operations (``cursor``). SQLAlchemy's checkout and check-in (the
+    fairy, its events, the reset) cost 10-40 us, as much as the statement they
+    wrap; taking a parked connection is a pop under a lock.
+
+    Only a connection whose block ended cleanly and that holds no transaction is
+    parked (a read ends with its cursor; a write commits or rolls back); anything
+    else goes back to the pool, which rolls it back. At most ``cap`` are parked,
+    at most the pool's size less one, so the pool's overflow and one of its own
+    connections stay free for SQLAlchemy's paths. The engine's ``dispose`` closes
+    the parked ones at once, and one handed in after that is not parked. After a
+    fork they belong to the parent: the child neither uses nor closes them."""
+
+    __slots__ = ("cap", "free", "generation", "lock", "pid")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.free: list[Any] = []
+        self.generation = 0
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+
+    def take(self) -> tuple[Any, int]:
+        """A parked connection (or None) and the generation to hand it back in."""
+        with self.lock:
+            if self.pid != os.getpid():
+                self._forked()
+            return (self.free.pop() if self.free else None), self.generation
+
+    def give(self, fairy: Any, generation: int) -> bool:
+        """Park ``fairy`` if there is room and nothing was disposed since it was
+        taken; False: the caller returns it to the pool."""
+        if fairy.driver_connection.in_transaction:
+            return False
+        with self.lock:
+            if generation != self.generation or len(self.free) >= self.cap:
+                return False
+            self.free.append(fairy)
+            return True
+
+    def _forked(self) -> None:
+        # In a forked child: the parked connections are the parent's. Dropping them
+        # would let the garbage collector check them in to this copy of the pool,
+        # which would hand them out here; they are kept, unused, instead.
+        _PARENTS.extend(self.free)
+        self.free, self.pid = [], os.getpid()
+        self.generation += 1
+
+    def dispose(self) -> None:
+        with self.lock:
+            if self.pid != os.getpid():
+                self._forked()
+                return
+            free, self.free = self.free, []
+            self.generation += 1
+        for fairy in free:
+            # Closed now, not when the pool they came from is collected: ``dispose``
+            # has already replaced that pool.
+            with contextlib.suppress(Exception):
+                fairy.invalidate()
+
+
+_PARENTS: list[Any] = []  # in a forked child: the parent's parked connections, unused
+
+
+def parked_connections(engine: Engine) -> int:
+    """How many of ``engine``'s connections ``cursor`` holds parked (for tests and
+    the pool's accounting: the rest of ``pool.checkedout()`` is in use)."""
+    parked: _Parked | None = engine.__dict__.get("_ks_parked")
+    return 0 if parked is None else len(parked.free)
 
 
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connection

@@ -70,18 +70,23 @@ def thread_scope(thread_ref: str) -> str:
     return f"~thread:{thread_ref}"
 
 
+def _write_order(row: Any) -> tuple[str, str, int]:
+    """(task_path, task_id, idx) of a ``writes`` row: LangGraph's order of writes."""
+    return row[3], row[0], row[1]
+
+
 def pack(*parts: bytes) -> bytes:
     return b"".join(_LEN.pack(len(p)) + p for p in parts)
 
 
 def unpack(raw: bytes) -> list[bytes]:
     out = []
-    at = 0
-    view = memoryview(raw)
-    while at < len(raw):
-        (n,) = _LEN.unpack_from(view, at)
+    at, end = 0, len(raw)
+    length = _LEN.unpack_from
+    while at < end:
+        (n,) = length(raw, at)
         at += 4
-        out.append(bytes(view[at : at + n]))
+        out.append(raw[at : at + n])  # one copy (a memoryview's slice made two)
         at += n
     return out
 
@@ -204,13 +209,13 @@ class CheckpointStore:
                 )
                 .where(w.thread_ref == bp("thread_ref"))
                 .order_by(w.task_path, w.task_id, w.idx),
-                "writes": sa.select(w.task_id, w.idx, w.channel, w.task_path, w.data)
-                .where(
+                # In the key's order; sorted as LangGraph orders them in Python (a
+                # checkpoint has a few: cheaper than SQLite's sort in a temp tree).
+                "writes": sa.select(w.task_id, w.idx, w.channel, w.task_path, w.data).where(
                     w.thread_ref == bp("thread_ref"),
                     w.checkpoint_ns == bp("checkpoint_ns"),
                     w.checkpoint_id == bp("checkpoint_id"),
-                )
-                .order_by(w.task_path, w.task_id, w.idx),
+                ),
             }
         )
 
@@ -435,13 +440,7 @@ class CheckpointStore:
     # -- reads ---------------------------------------------------------------------
 
     def _open(self, th: _Thread, table: str, record: str, data: bytes) -> bytes:
-        template = self._templates.get((th.thread_ref, table))
-        if template is None:
-            template = PlaceTemplate(th.subject_ref, thread_scope(th.thread_ref), table, "data")
-            if len(self._templates) > 10_000:
-                self._templates.clear()
-            self._templates[(th.thread_ref, table)] = template
-        return self._keyring.open_at(data, template, record)
+        return self._keyring.open_at(data, self._template(th, table), record)
 
     def get(
         self, th: _Thread, checkpoint_ns: str, checkpoint_id: str | None
@@ -476,17 +475,23 @@ class CheckpointStore:
                 {"thread_ref": th.thread_ref, "checkpoint_ns": ns, "checkpoint_id": cid},
             )
             writes = cur.fetchall()
+        if len(writes) > 1:
+            writes.sort(key=_write_order)
         return self._rows(th, ns, cid, parent, data, writes)
 
-    def _refuse_suppressed_owners(self, datas: Iterable[bytes]) -> None:
-        """Decided before decrypting: state sealed under a key shared with subjects
-        it names, one of whom is being erased, is unreadable from that subject's
-        suppression on (``SubjectSuppressed``), as it will be once the erasure
-        destroys the key (``SubjectErased``); listings skip it either way."""
+    def _keys_for(self, key_ids: Sequence[bytes]) -> dict[bytes, DataKey]:
+        """The keys of one read's rows, each looked up once; decided before
+        decrypting: state sealed under a key shared with subjects it names, one of
+        whom is being erased, is unreadable from that subject's suppression on
+        (``SubjectSuppressed``), as it will be once the erasure destroys the key
+        (``SubjectErased``); listings skip it either way."""
+        keys: dict[bytes, DataKey] = {}
         shared = []
-        for kid in {key_id_of(d) for d in datas}:
+        for kid in key_ids:
+            if kid in keys:
+                continue
             try:
-                key = self._keyring.data_key_by_id(kid)
+                key = keys[kid] = self._keyring.data_key_by_id(kid)
             except KeyNotFound:
                 raise IntegrityError() from None  # an id never issued: forged
             if key.owner_tag:
@@ -495,22 +500,38 @@ class CheckpointStore:
             owners = self._keyring.shared_owners(shared)
             if any(self._catalog.owners_suppressed(owners.get(k, ())) for k in shared):
                 raise SubjectSuppressed("this checkpoint is about a subject being erased or erased")
+        return keys
+
+    def _template(self, th: _Thread, table: str) -> PlaceTemplate:
+        template = self._templates.get((th.thread_ref, table))
+        if template is None:
+            template = PlaceTemplate(th.subject_ref, thread_scope(th.thread_ref), table, "data")
+            if len(self._templates) > 10_000:
+                self._templates.clear()
+            self._templates[(th.thread_ref, table)] = template
+        return template
 
     def _rows(  # noqa: PLR0917 - one row's columns, positionally as the query returns them
         self, th: _Thread, ns: str, cid: str, parent: str | None, data: bytes, writes: Any
     ) -> tuple[CheckpointRow, list[WriteRow]]:
-        self._refuse_suppressed_owners([data, *(w[-1] for w in writes)])
-        plain = self._open(th, "checkpoints", f"{th.thread_ref}/{ns}/{cid}", data)
-        out = [
-            WriteRow(
-                str(task_id),
-                int(idx),
-                str(channel),
-                str(task_path),
-                self._open(th, "writes", f"{th.thread_ref}/{ns}/{cid}/{task_id}/{idx}", wdata),
-            )
-            for task_id, idx, channel, task_path, wdata in writes
-        ]
+        kids = [key_id_of(data), *(key_id_of(w[-1]) for w in writes)]
+        keys = self._keys_for(kids)
+        at = f"{th.thread_ref}/{ns}/{cid}"
+        plain = keys[kids[0]].open_encoded(data, self._template(th, "checkpoints").encoded(at))
+        out = []
+        if writes:
+            template = self._template(th, "writes")
+            for kid, (task_id, idx, channel, task_path, wdata) in zip(kids[1:], writes, strict=True):
+                place = template.encoded(f"{at}/{task_id}/{idx}")
+                out.append(
+                    WriteRow(
+                        str(task_id),
+                        int(idx),
+                        str(channel),
+                        str(task_path),
+                        keys[kid].open_encoded(wdata, place),
+                    )
+                )
         row = CheckpointRow("", str(ns), str(cid), None if parent is None else str(parent), plain)
         return row, out
 

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 import psycopg
 import pytest
 
-from keyshred import Config, Keyshred
+from keyshred import Config, Keyshred, db
 from keyshred.config import KeyringSettings, StorageSettings
 from keyshred.integrations.langgraph import KeyshredSaver, KeyshredStore
 from tests.conftest import PG_DSN
@@ -72,7 +72,9 @@ def test_sqlite_open_files_stay_bounded(tmp_path: Path) -> None:
         for i in range(10, INVOKES):
             _invoke(graph, i)
             assert _open_files() <= bound, f"open files grew past {bound} at invoke {i}"
-        assert ks.catalog.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        # Nothing is held but the few connections parked for the next operation.
+        engine = ks.catalog.engine
+        assert engine.pool.checkedout() == db.parked_connections(engine) <= 4  # type: ignore[attr-defined]
     finally:
         ks.close()
 

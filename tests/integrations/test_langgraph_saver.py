@@ -259,3 +259,30 @@ def test_the_thread_caches_are_bounded(tmp_path: Path, monkeypatch: pytest.Monke
         listed = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
         assert listed == {f"t{i}" for i in range(8)}
         assert len(saver._thread_ids) <= 3
+
+
+def test_pending_writes_come_in_task_path_task_id_idx_order(ks: Keyshred) -> None:
+    # PostgresSaver's order (task_path, task_id, idx), compared by code point on both
+    # databases (a PostgreSQL collation would put "~" and capitals elsewhere). A
+    # (task_id, idx) is stored once per checkpoint, as in LangGraph's savers.
+    saver = KeyshredSaver(ks)
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    stored = saver.put(_config("ordered"), empty_checkpoint(), {}, {})
+    stored["configurable"]["subject_id"] = "ana"
+    writes = [
+        ("~__pregel_pull, b", "t2", [("c", 1), ("d", 2)]),
+        ("a", "t9", [("e", 3)]),
+        ("B", "t1", [("f", 4)]),
+        ("~__pregel_pull, b", "t0", [("g", 5)]),
+        ("", "t5", [("h", 6)]),
+    ]
+    for path, task, values in writes:
+        saver.put_writes(stored, values, task, path)
+    got = saver.get_tuple(stored)
+    assert got is not None
+    expected = sorted(
+        ((path, task, idx, ch, v) for path, task, vals in writes for idx, (ch, v) in enumerate(vals)),
+    )
+    assert got.pending_writes == [(task, ch, v) for _, task, _, ch, v in expected]
+    assert [w[0] for w in got.pending_writes] == ["t5", "t1", "t9", "t0", "t2", "t2"]

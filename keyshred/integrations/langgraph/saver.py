@@ -66,7 +66,11 @@ def default_subject(config: RunnableConfig) -> str | None:
     """The user a config names: ``subject_id``, else ``user_id``, else LangGraph
     auth's user identity; None if it names none (a new thread is then its own
     subject). Numbers are taken as their decimal strings."""
-    conf = _configurable(config)
+    return _subject_in(_configurable(config))
+
+
+def _subject_in(conf: Mapping[str, Any]) -> str | None:
+    """``default_subject`` of a config whose ``configurable`` is read already."""
     for name in _USER_KEYS:  # (read lazily: every saver call resolves)
         value = conf.get(name)
         if value is not None and value != "":
@@ -163,14 +167,19 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
             raise InvalidInput("config['configurable']['thread_id'] is required")
         return conf
 
-    def _subject_ref(self, config: RunnableConfig) -> str | None:
-        subject = self._resolve(config)
+    def _subject_ref(
+        self, config: RunnableConfig, conf: Mapping[str, Any] | None = None
+    ) -> str | None:
+        if conf is not None and self._resolve is default_subject:
+            subject = _subject_in(conf)  # the config is read once a call
+        else:
+            subject = self._resolve(config)
         return None if subject is None else self._ks.subject_ref(subject)
 
-    def _thread(self, config: RunnableConfig, thread_id: str) -> Any:
+    def _thread(self, config: RunnableConfig, conf: Mapping[str, Any], thread_id: str) -> Any:
         """The thread a write goes to, created at its first write for the subject the
         config names, or for the thread itself if it names none."""
-        ref = self._subject_ref(config)
+        ref = self._subject_ref(config, conf)
         own = self._ks.subject_ref(thread_subject(thread_id)) if ref is None else None
         return self._store.ensure_thread(thread_id, ref, self._scope, new_subject_ref=own)
 
@@ -204,16 +213,16 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
 
     # -- sync ----------------------------------------------------------------------
 
-    def _check(self, config: RunnableConfig) -> None:
+    def _check(self, config: RunnableConfig, conf: Mapping[str, Any] | None = None) -> None:
         """A read naming a subject fails early if that subject is suppressed or
         erased (even when its threads are already gone)."""
-        ref = self._subject_ref(config)
+        ref = self._subject_ref(config, conf)
         if ref is not None:
             self._ks.catalog.check_guard(ref)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         conf = self._conf(config)
-        self._check(config)
+        self._check(config, conf)
         thread_id = str(conf["thread_id"])
         th = self._store.thread(thread_id, check=False)  # get() reads the guard
         if th is None:
@@ -277,7 +286,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         conf = self._conf(config)
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
-        th = self._thread(config, thread_id)
+        th = self._thread(config, conf, thread_id)
         t1, d1 = self.serde.dumps_typed(checkpoint)
         md = get_serializable_checkpoint_metadata(config, metadata)
         t2, d2 = self.serde.dumps_typed(md)
@@ -307,7 +316,7 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
     ) -> None:
         conf = self._conf(config)
         thread_id = str(conf["thread_id"])
-        th = self._thread(config, thread_id)
+        th = self._thread(config, conf, thread_id)
         rows = []
         for idx, (channel, value) in enumerate(writes):
             t, d = self.serde.dumps_typed(value)

@@ -337,7 +337,8 @@ class KeyshredStore(BaseStore):
                 puts[(tuple(op.namespace), op.key)] = op
             else:
                 raise InvalidInput(f"unknown store operation {type(op).__name__}")
-        self._apply_puts(list(puts.values()))
+        if puts:
+            self._apply_puts(list(puts.values()))
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:

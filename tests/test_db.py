@@ -1,0 +1,190 @@
+"""``keyshred.db.cursor``'s parked SQLite connections (``_Parked``): reused between
+operations, never parked with a transaction open or after a failed block, bounded
+below the pool's size, closed at once by ``dispose``, and never used by a forked
+child."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from keyshred import db
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    eng = db.create_engine(db.sqlite_url(tmp_path / "t.db"), pool_size=3, max_overflow=2)
+    with db.cursor(eng, write=True) as cur:
+        cur.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    yield eng
+    eng.dispose()
+
+
+def _driver(eng: Engine) -> sqlite3.Connection:
+    with db.cursor(eng, write=False) as cur:
+        conn: sqlite3.Connection = cur.connection
+        return conn
+
+
+def test_one_connection_serves_reads_and_writes_in_turn(engine: Engine) -> None:
+    first = _driver(engine)
+    for i in range(20):
+        with db.cursor(engine, write=True) as cur:
+            cur.execute("INSERT INTO t VALUES (?, ?)", (i, "v"))
+            assert cur.connection is first
+        with db.cursor(engine, write=False) as cur:
+            assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == i + 1
+            assert cur.connection is first
+    assert db.parked_connections(engine) == 1
+    assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+
+
+def test_a_failed_block_goes_back_to_the_pool_rolled_back(engine: Engine) -> None:
+    first = _driver(engine)
+    with pytest.raises(RuntimeError), db.cursor(engine, write=True) as cur:
+        cur.execute("INSERT INTO t VALUES (1, 'lost')")
+        raise RuntimeError("the caller failed")
+    assert db.parked_connections(engine) == 0
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert not first.in_transaction  # the pool's reset rolled it back
+    with db.cursor(engine, write=False) as cur:
+        assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == 0
+
+
+def test_a_connection_left_in_a_transaction_is_not_parked(engine: Engine) -> None:
+    with db.cursor(engine, write=False) as cur:
+        cur.execute("BEGIN")  # a reader's snapshot that nothing ended
+        cur.execute("SELECT count(*) FROM t").fetchone()
+        held = cur.connection
+    assert db.parked_connections(engine) == 0
+    assert not held.in_transaction
+    with db.cursor(engine, write=True) as cur:  # a write after it sees no stale snapshot
+        cur.execute("INSERT INTO t VALUES (1, 'x')")
+    with db.cursor(engine, write=False) as cur:
+        assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+
+
+def test_a_snapshot_read_is_parked_after_its_rollback(engine: Engine) -> None:
+    with db.cursor(engine, write=False, snapshot=True) as cur:
+        cur.execute("SELECT count(*) FROM t").fetchone()
+        conn = cur.connection
+        assert conn.in_transaction
+    assert not conn.in_transaction
+    assert db.parked_connections(engine) == 1
+
+
+def test_threads_park_at_most_the_cap_and_leak_nothing(engine: Engine) -> None:
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def work(n: int) -> None:
+        try:
+            start.wait()
+            for i in range(50):
+                with db.cursor(engine, write=True) as cur:
+                    cur.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (n * 100 + i, "v"))
+                with db.cursor(engine, write=False) as cur:
+                    cur.execute("SELECT v FROM t WHERE k = ?", (n * 100 + i,)).fetchone()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    parked = db.parked_connections(engine)
+    assert 1 <= parked <= 2  # the cap: min(4, pool_size - 1)
+    assert engine.pool.checkedout() == parked  # type: ignore[attr-defined]
+
+
+def test_sqlalchemy_paths_still_get_connections(tmp_path: Path) -> None:
+    # A pool of 2 and no overflow parks 1: a Core connection inside a hot block
+    # still gets the other (parking all of them would make it wait forever).
+    eng = db.create_engine(
+        db.sqlite_url(tmp_path / "s.db"), pool_size=2, max_overflow=0, pool_timeout=2
+    )
+    try:
+        for _ in range(3):
+            with db.cursor(eng, write=False) as cur:
+                cur.execute("SELECT 1").fetchone()
+        assert db.parked_connections(eng) == 1
+        with db.cursor(eng, write=False) as cur, db.read(eng) as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+            cur.execute("SELECT 1").fetchone()
+    finally:
+        eng.dispose()
+
+
+def test_a_pool_of_one_parks_nothing(tmp_path: Path) -> None:
+    eng = db.create_engine(db.sqlite_url(tmp_path / "one.db"), pool_size=1, max_overflow=0)
+    try:
+        with db.cursor(eng, write=False) as cur:
+            cur.execute("SELECT 1").fetchone()
+        assert db.parked_connections(eng) == 0
+        assert eng.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        eng.dispose()
+
+
+def test_dispose_closes_parked_connections_at_once(engine: Engine) -> None:
+    conn = _driver(engine)
+    assert db.parked_connections(engine) == 1
+    engine.dispose()
+    assert db.parked_connections(engine) == 0
+    with pytest.raises(sqlite3.ProgrammingError):  # closed, not waiting for the GC
+        conn.execute("SELECT 1")
+    with db.cursor(engine, write=False) as cur:  # the engine works on, on a new one
+        assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == 0
+        assert cur.connection is not conn
+
+
+def test_a_block_that_spans_a_dispose_is_not_parked(engine: Engine) -> None:
+    with db.cursor(engine, write=False) as cur:
+        cur.execute("SELECT 1").fetchone()
+        engine.dispose()  # the catalog closed meanwhile
+    assert db.parked_connections(engine) == 0
+
+
+def _child_reads(path: str, parent_conn_id: int, out: multiprocessing.Queue[object]) -> None:
+    try:
+        eng = _ENGINES[path]
+        with db.cursor(eng, write=True) as cur:
+            cur.execute("INSERT INTO t VALUES (7, 'child')")
+            mine = id(cur.connection)
+        with db.cursor(eng, write=False) as cur:
+            n = cur.execute("SELECT count(*) FROM t").fetchone()[0]
+        out.put((mine != parent_conn_id, n))
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent
+        out.put(repr(exc))
+
+
+_ENGINES: dict[str, Engine] = {}
+
+
+def test_a_forked_child_leaves_the_parents_parked_connections(
+    tmp_path: Path, engine: Engine
+) -> None:
+    parent = _driver(engine)
+    _ENGINES[str(tmp_path)] = engine
+    try:
+        ctx = multiprocessing.get_context("fork")
+        out: multiprocessing.Queue[object] = ctx.Queue()
+        child = ctx.Process(target=_child_reads, args=(str(tmp_path), id(parent), out))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        assert out.get(timeout=5) == (True, 1)
+    finally:
+        _ENGINES.clear()
+    # The parent's parked connection is intact and sees the child's commit.
+    with db.cursor(engine, write=False) as cur:
+        assert cur.connection is parent
+        assert cur.execute("SELECT v FROM t WHERE k = 7").fetchone()[0] == "child"
