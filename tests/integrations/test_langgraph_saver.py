@@ -282,7 +282,56 @@ def test_pending_writes_come_in_task_path_task_id_idx_order(ks: Keyshred) -> Non
     got = saver.get_tuple(stored)
     assert got is not None
     expected = sorted(
-        ((path, task, idx, ch, v) for path, task, vals in writes for idx, (ch, v) in enumerate(vals)),
+        (path, task, idx, ch, v) for path, task, vals in writes for idx, (ch, v) in enumerate(vals)
     )
     assert got.pending_writes == [(task, ch, v) for _, task, _, ch, v in expected]
     assert [w[0] for w in got.pending_writes] == ["t5", "t1", "t9", "t0", "t2", "t2"]
+
+
+def test_writes_to_a_known_thread_of_a_suppressed_or_erased_subject_are_refused(
+    ks: Keyshred,
+) -> None:
+    # The saver's writes leave the thread's guard to their own transaction (one round
+    # trip less on PostgreSQL): still refused, with the guard's error, and nothing
+    # stored or keyed anew.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = KeyshredSaver(ks)
+    stored = saver.put(_config("known"), empty_checkpoint(), {}, {})
+    stored["configurable"]["subject_id"] = "ana"
+    store = ks.checkpoints
+    th = store.thread("known")
+    assert th is not None
+    keys_before = ks.keyring.store.find(th.subject_ref, f"~thread:{th.thread_ref}")
+    ks.catalog.suppress(th.subject_ref)
+    with pytest.raises(SubjectSuppressed):
+        saver.put(stored, empty_checkpoint(), {}, {})
+    with pytest.raises(SubjectSuppressed):
+        saver.put_writes(stored, [("ch", "v")], "task")
+    with ks.catalog.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(checkpoints)).scalar_one() == 1
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(checkpoint_writes)).scalar_one()
+            == 0
+        )
+    assert ks.keyring.store.find(th.subject_ref, f"~thread:{th.thread_ref}") == keys_before
+
+
+def test_a_write_through_a_thread_record_kept_after_its_subjects_erasure_says_so(
+    ks: Keyshred,
+) -> None:
+    # Another process erased the subject; this one still holds the thread's record.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = KeyshredSaver(ks)
+    stored = saver.put(_config("kept"), empty_checkpoint(), {}, {})
+    stored["configurable"].pop("subject_id", None)
+    store = ks.checkpoints
+    th = store.thread("kept")
+    assert th is not None
+    req = ks.erase("ana", requested_by="dpo", reason="art17")
+    assert req.state == "completed", req.error
+    store._remember(th)  # type: ignore[attr-defined]  # as the other process's cache would
+    with pytest.raises(SubjectSuppressed):
+        saver.put(stored, empty_checkpoint(), {}, {})
+    assert ks.keyring.store.find(th.subject_ref, f"~thread:{th.thread_ref}") is None

@@ -181,7 +181,10 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         config names, or for the thread itself if it names none."""
         ref = self._subject_ref(config, conf)
         own = self._ks.subject_ref(thread_subject(thread_id)) if ref is None else None
-        return self._store.ensure_thread(thread_id, ref, self._scope, new_subject_ref=own)
+        # The write's transaction reads the guard before anything is stored.
+        return self._store.ensure_thread(
+            thread_id, ref, self._scope, new_subject_ref=own, check=False
+        )
 
     def _tuple(
         self, thread_id: str, row: CheckpointRow, writes: Sequence[WriteRow]
