@@ -206,11 +206,9 @@ class CheckpointStore:
                     w.channel,
                     w.task_path,
                     w.data,
-                )
-                .where(w.thread_ref == bp("thread_ref"))
-                .order_by(w.task_path, w.task_id, w.idx),
-                # In the key's order; sorted as LangGraph orders them in Python (a
-                # checkpoint has a few: cheaper than SQLite's sort in a temp tree).
+                ).where(w.thread_ref == bp("thread_ref")),
+                # Writes unordered: ``_rows`` sorts a checkpoint's few (cheaper than
+                # SQLite's sort in a temp tree, and one order on both databases).
                 "writes": sa.select(w.task_id, w.idx, w.channel, w.task_path, w.data).where(
                     w.thread_ref == bp("thread_ref"),
                     w.checkpoint_ns == bp("checkpoint_ns"),
@@ -484,8 +482,6 @@ class CheckpointStore:
                 {"thread_ref": th.thread_ref, "checkpoint_ns": ns, "checkpoint_id": cid},
             )
             writes = cur.fetchall()
-        if len(writes) > 1:
-            writes.sort(key=_write_order)
         return self._rows(th, ns, cid, parent, data, writes)
 
     def _keys_for(self, key_ids: Sequence[bytes]) -> dict[bytes, DataKey]:
@@ -523,6 +519,10 @@ class CheckpointStore:
     def _rows(  # noqa: PLR0917 - one row's columns, positionally as the query returns them
         self, th: _Thread, ns: str, cid: str, parent: str | None, data: bytes, writes: Any
     ) -> tuple[CheckpointRow, list[WriteRow]]:
+        if len(writes) > 1:
+            # LangGraph's order of pending writes, by code point on both databases
+            # (a PostgreSQL collation would sort "~" and capitals elsewhere).
+            writes = sorted(writes, key=_write_order)
         kids = [key_id_of(data), *(key_id_of(w[-1]) for w in writes)]
         keys = self._keys_for(kids)
         at = f"{th.thread_ref}/{ns}/{cid}"
@@ -604,9 +604,7 @@ class CheckpointStore:
                         w.channel,
                         w.task_path,
                         w.data,
-                    )
-                    .where(w.thread_ref.in_(part))
-                    .order_by(w.task_path, w.task_id, w.idx)
+                    ).where(w.thread_ref.in_(part))
                 ):
                     writes.setdefault((wr[0], wr[1], wr[2]), []).append(wr[3:])
         known: dict[str, _Thread | None] = {}

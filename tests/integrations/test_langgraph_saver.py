@@ -286,6 +286,11 @@ def test_pending_writes_come_in_task_path_task_id_idx_order(ks: Keyshred) -> Non
     )
     assert got.pending_writes == [(task, ch, v) for _, task, _, ch, v in expected]
     assert [w[0] for w in got.pending_writes] == ["t5", "t1", "t9", "t0", "t2", "t2"]
+    # The listings (one thread, and across threads) agree with get_tuple.
+    listed = list(saver.list(_config("ordered", subject=None)))
+    assert [t.pending_writes for t in listed] == [got.pending_writes]
+    across = [t for t in saver.list(None) if t.config["configurable"]["thread_id"] == "ordered"]
+    assert [t.pending_writes for t in across] == [got.pending_writes]
 
 
 def test_writes_to_a_known_thread_of_a_suppressed_or_erased_subject_are_refused(
