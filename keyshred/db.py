@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -169,7 +170,8 @@ def create_engine(
     elif dialect == "sqlite":
         _sqlite_setup(engine, busy_timeout_ms, durable)
         if engine.url.database not in (None, "", ":memory:") and pool_size > 1:
-            parked = engine.__dict__["_ks_parked"] = _Parked(min(4, pool_size - 1))
+            parked = _Parked(min(4, pool_size - 1), pool_size + max_overflow)
+            engine.__dict__["_ks_parked"] = parked
             event.listen(engine, "engine_disposed", lambda _: parked.dispose())
     else:
         engine.dispose()
@@ -336,7 +338,7 @@ def cursor(
             fairy.invalidate()  # not back into the pool
         raise unavailable(exc, what) from None
     finally:
-        if not (clean and parked is not None and parked.give(fairy, generation)):
+        if not (clean and parked is not None and parked.give(fairy, generation, engine)):
             fairy.close()
 
 
@@ -348,32 +350,39 @@ class _Parked:
 
     Only a connection whose block ended cleanly and that holds no transaction is
     parked (a read ends with its cursor; a write commits or rolls back); anything
-    else goes back to the pool, which rolls it back. At most ``cap`` are parked,
-    at most the pool's size less one, so the pool's overflow and one of its own
-    connections stay free for SQLAlchemy's paths. The engine's ``dispose`` closes
-    the parked ones at once, and one handed in after that is not parked. After a
-    fork they belong to the parent: the child neither uses nor closes them."""
+    else goes back to the pool, which rolls it back. At most ``cap`` are parked
+    (at most the pool's size less one), and only while two of the pool's
+    ``capacity`` (size + overflow) stay free besides: connections held for good
+    elsewhere (the vault's writer) and SQLAlchemy's own paths, one inside another,
+    never wait on a parked one. The engine's ``dispose`` closes the parked ones at
+    once, and one handed in after that is not parked. After a fork they belong to
+    the parent: the child neither uses nor closes them (``_after_fork_in_child``
+    resets every instance, lock included: a thread of the parent may have held
+    it)."""
 
-    __slots__ = ("cap", "free", "generation", "lock", "pid")
+    __slots__ = ("__weakref__", "cap", "capacity", "free", "generation", "lock")
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, capacity: int) -> None:
         self.cap = cap
+        self.capacity = capacity
         self.free: list[Any] = []
         self.generation = 0
         self.lock = threading.Lock()
-        self.pid = os.getpid()
+        _ALL_PARKED.add(self)
 
     def take(self) -> tuple[Any, int]:
         """A parked connection (or None) and the generation to hand it back in."""
         with self.lock:
-            if self.pid != os.getpid():
-                self._forked()
             return (self.free.pop() if self.free else None), self.generation
 
-    def give(self, fairy: Any, generation: int) -> bool:
+    def give(self, fairy: Any, generation: int, engine: Engine) -> bool:
         """Park ``fairy`` if there is room and nothing was disposed since it was
         taken; False: the caller returns it to the pool."""
         if fairy.driver_connection.in_transaction:
+            return False
+        # Checked out now, this one included: parked, in use, held for good.
+        held: int = engine.pool.checkedout()  # type: ignore[attr-defined]
+        if self.capacity - held < 2:
             return False
         with self.lock:
             if generation != self.generation or len(self.free) >= self.cap:
@@ -381,19 +390,17 @@ class _Parked:
             self.free.append(fairy)
             return True
 
-    def _forked(self) -> None:
-        # In a forked child: the parked connections are the parent's. Dropping them
-        # would let the garbage collector check them in to this copy of the pool,
-        # which would hand them out here; they are kept, unused, instead.
+    def forked(self) -> None:
+        """In a forked child: the parked connections are the parent's. Dropping them
+        would let the garbage collector check them in to this copy of the pool,
+        which would hand them out here; they are kept, unused, instead."""
         _PARENTS.extend(self.free)
-        self.free, self.pid = [], os.getpid()
+        self.free = []
+        self.lock = threading.Lock()
         self.generation += 1
 
     def dispose(self) -> None:
         with self.lock:
-            if self.pid != os.getpid():
-                self._forked()
-                return
             free, self.free = self.free, []
             self.generation += 1
         for fairy in free:
@@ -404,6 +411,17 @@ class _Parked:
 
 
 _PARENTS: list[Any] = []  # in a forked child: the parent's parked connections, unused
+_ALL_PARKED: weakref.WeakSet[_Parked] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for parked in list(_ALL_PARKED):
+        parked.forked()
+
+
+# Registered when this module is imported, before the catalog's and the key store's
+# own handlers (they dispose their engines in the child): those run after this one.
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def parked_connections(engine: Engine) -> int:

@@ -106,19 +106,39 @@ def test_threads_park_at_most_the_cap_and_leak_nothing(engine: Engine) -> None:
 
 
 def test_sqlalchemy_paths_still_get_connections(tmp_path: Path) -> None:
-    # A pool of 2 and no overflow parks 1: a Core connection inside a hot block
-    # still gets the other (parking all of them would make it wait forever).
+    # Parking leaves two of the pool's connections free: a Core connection inside
+    # another, inside a hot block, gets them (a parked one would never come back).
     eng = db.create_engine(
-        db.sqlite_url(tmp_path / "s.db"), pool_size=2, max_overflow=0, pool_timeout=2
+        db.sqlite_url(tmp_path / "s.db"), pool_size=4, max_overflow=0, pool_timeout=2
     )
     try:
         for _ in range(3):
             with db.cursor(eng, write=False) as cur:
                 cur.execute("SELECT 1").fetchone()
         assert db.parked_connections(eng) == 1
-        with db.cursor(eng, write=False) as cur, db.read(eng) as conn:
-            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+        with db.cursor(eng, write=False) as cur, db.read(eng) as a, db.read(eng) as b:
+            assert a.exec_driver_sql("SELECT 1").scalar() == 1
+            assert b.exec_driver_sql("SELECT 1").scalar() == 1
             cur.execute("SELECT 1").fetchone()
+        # Held elsewhere for good (the vault's writer): parking stops short of them.
+        held = [eng.raw_connection() for _ in range(2)]
+        with db.cursor(eng, write=False) as cur:
+            cur.execute("SELECT 1").fetchone()
+        assert db.parked_connections(eng) == 0
+        with db.read(eng) as a, db.read(eng) as b:
+            assert a.exec_driver_sql("SELECT 1").scalar() == 1
+        for fairy in held:
+            fairy.close()
+    finally:
+        eng.dispose()
+
+
+def test_a_pool_of_two_without_overflow_parks_nothing(tmp_path: Path) -> None:
+    eng = db.create_engine(db.sqlite_url(tmp_path / "two.db"), pool_size=2, max_overflow=0)
+    try:
+        with db.cursor(eng, write=False) as cur:
+            cur.execute("SELECT 1").fetchone()
+        assert db.parked_connections(eng) == 0
     finally:
         eng.dispose()
 
