@@ -98,3 +98,16 @@ def ks(tmp_path: Path) -> Iterator[Keyshred]:
     store = Keyshred.init(tmp_path / "data", make_config(None))
     yield store
     store.close()
+
+
+def descriptors_under(folder: Path) -> list[str]:
+    """The paths under ``folder`` this process holds open (Linux ``/proc``)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith(str(folder)):
+            out.append(target)
+    return out

@@ -133,18 +133,13 @@ def test_sqlalchemy_paths_still_get_connections(tmp_path: Path) -> None:
         eng.dispose()
 
 
-def test_a_pool_of_two_without_overflow_parks_nothing(tmp_path: Path) -> None:
-    eng = db.create_engine(db.sqlite_url(tmp_path / "two.db"), pool_size=2, max_overflow=0)
-    try:
-        with db.cursor(eng, write=False) as cur:
-            cur.execute("SELECT 1").fetchone()
-        assert db.parked_connections(eng) == 0
-    finally:
-        eng.dispose()
-
-
-def test_a_pool_of_one_parks_nothing(tmp_path: Path) -> None:
-    eng = db.create_engine(db.sqlite_url(tmp_path / "one.db"), pool_size=1, max_overflow=0)
+@pytest.mark.parametrize("pool_size", [1, 2])
+def test_a_pool_of_one_or_two_without_overflow_parks_nothing(
+    tmp_path: Path, pool_size: int
+) -> None:
+    eng = db.create_engine(
+        db.sqlite_url(tmp_path / "small.db"), pool_size=pool_size, max_overflow=0
+    )
     try:
         with db.cursor(eng, write=False) as cur:
             cur.execute("SELECT 1").fetchone()

@@ -155,18 +155,7 @@ def test_a_closed_handle_leaves_no_descriptor_open_on_its_folder(tmp_path: Path)
     """The partition refresh's watching connection outlived ``close`` (2 descriptors
     per handle): a long test run passed 1024 and a process opening many handles ran
     out of them."""
-    import os
-
-    def held() -> list[str]:
-        out = []
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith(str(tmp_path)):
-                out.append(target)
-        return out
+    from tests.conftest import descriptors_under
 
     data = tmp_path / "data"
     Keyshred.init(data).close()
@@ -175,4 +164,4 @@ def test_a_closed_handle_leaves_no_descriptor_open_on_its_folder(tmp_path: Path)
             ks.memories.put("ana", ("m",), f"k{i}", {"n": i})
             assert ks.memories.get("ana", ("m",), f"k{i}") is not None
             assert ks.memories.search("ana", ("m",))
-    assert held() == []
+    assert descriptors_under(tmp_path) == []

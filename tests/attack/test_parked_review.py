@@ -47,7 +47,7 @@ from keyshred.config import TokenSettings
 from keyshred.errors import SubjectErased, SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.storage.schema import checkpoint_writes, checkpoints
-from tests.conftest import PG_DSN
+from tests.conftest import PG_DSN, descriptors_under
 from tests.storage.conftest import make_config
 
 HOUR = timedelta(hours=1)
@@ -310,15 +310,7 @@ def test_a_half_read_statement_holds_no_snapshot_nor_the_wal(
 
 
 def _descriptors_on(folder: Path) -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(folder)) and ".db" in target:
-            out.append(target)
-    return out
+    return [t for t in descriptors_under(folder) if ".db" in t]
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
