@@ -14,8 +14,10 @@ restores replay): whatever copy of those rows survives — a WAL frame, a Postgr
 dead tuple, a backup — is noise. Erasing a subject destroys every thread key with
 the subject's other keys and deletes the rows.
 
-Every call checks the subject guard; writes re-check it inside their transaction,
-so nothing is written for a subject after the transaction that suppressed it.
+Every read checks the subject guard before it decrypts; every write checks it inside
+its transaction (a new thread also under the subject's partition lock, before its key
+is made), so nothing is written for a subject after the transaction that suppressed
+it.
 
 Why one module of ~770 lines: ``CheckpointStore`` is one class over three tables that
 change together (a thread, its checkpoints, their writes). The statements compiled
