@@ -97,7 +97,7 @@ from keyshred.keyring import _primitives as prim
 from keyshred.keyring.envelope import Place, key_id_of
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.package import read_header
-from keyshred.storage.checkpoints import thread_scope
+from keyshred.storage.checkpoints import checkpoint_records, thread_scope, write_records
 from keyshred.storage.hot import HotTier
 from keyshred.storage.objects import ObjectStore
 from keyshred.storage.partition import MemoryRow, Partition, decode_record, hot_place
@@ -955,11 +955,21 @@ class _Scanner:
                 self._open(root, label, THREAD, partial(self._keyring.open, bytes(sealed), place))
         if checkpoints.name in names:
             c = checkpoints.c
-            query = sa.select(c.thread_ref, c.checkpoint_ns, c.checkpoint_id, c.subject_ref, c.data)
-            for thread_ref, ns, cid, ref, data in conn.execute(query):
-                record = f"{thread_ref}/{ns}/{cid}"
-                place = Place(ref, thread_scope(thread_ref), "checkpoints", record, "data")
-                self._open(root, label, CHECKPOINT, partial(self._keyring.open, bytes(data), place))
+            query = sa.select(
+                c.thread_ref,
+                c.checkpoint_ns,
+                c.checkpoint_id,
+                c.parent_checkpoint_id,
+                c.subject_ref,
+                c.data,
+            )
+            for thread_ref, ns, cid, parent, ref, data in conn.execute(query):
+                places = [
+                    Place(ref, thread_scope(thread_ref), "checkpoints", record, "data")
+                    for record in checkpoint_records(thread_ref, ns, cid, parent)
+                ]
+                opener = partial(self._open_either, bytes(data), places)
+                self._open(root, label, CHECKPOINT, opener)
         if memory_hot.name in names:
             h = memory_hot.c
             query = sa.select(h.subject_ref, h.seq, h.scope, h.record)
@@ -983,13 +993,26 @@ class _Scanner:
                 w.checkpoint_id,
                 w.task_id,
                 w.idx,
+                w.channel,
+                w.task_path,
                 w.subject_ref,
                 w.data,
             )
             for r in conn.execute(query):
-                record = f"{r.thread_ref}/{r.checkpoint_ns}/{r.checkpoint_id}/{r.task_id}/{r.idx}"
-                place = Place(r.subject_ref, thread_scope(r.thread_ref), "writes", record, "data")
-                opener = partial(self._keyring.open, bytes(r.data), place)
+                records = write_records(
+                    r.thread_ref,
+                    r.checkpoint_ns,
+                    r.checkpoint_id,
+                    r.task_id,
+                    r.idx,
+                    r.channel,
+                    r.task_path,
+                )
+                places = [
+                    Place(r.subject_ref, thread_scope(r.thread_ref), "writes", record, "data")
+                    for record in records
+                ]
+                opener = partial(self._open_either, bytes(r.data), places)
                 self._open(root, label, CHECKPOINT_WRITE, opener)
 
     def _hot_record(self, root: _Root, label: str, row: Any) -> None:
@@ -1011,6 +1034,16 @@ class _Scanner:
         self._count(self._report.decrypted, LOG)
         plain = [payload, self._rows_plain(rows)] if op == "put" else [payload]
         self._search_plain(root, label, LOG, b"\x00".join(plain))
+
+    def _open_either(self, data: bytes, places: Sequence[Place]) -> bytes:
+        """Open at the first place that authenticates (a checkpoint row is bound to
+        its current record, or to the one of releases before 2026-12-07)."""
+        for place in places[:-1]:
+            try:
+                return self._keyring.open(data, place)
+            except IntegrityError:
+                continue
+        return self._keyring.open(data, places[-1])
 
     def _open(self, root: _Root, label: str, kind: str, opener: Callable[[], bytes]) -> None:
         try:

@@ -59,7 +59,15 @@ from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, St
 from keyshred.storage.mentions import MentionFinder
 from keyshred.storage.schema import checkpoint_writes, checkpoints, subject_guard, threads
 
-__all__ = ["THREAD_KIND", "CheckpointRow", "CheckpointStore", "WriteRow", "thread_scope"]
+__all__ = [
+    "THREAD_KIND",
+    "CheckpointRow",
+    "CheckpointStore",
+    "WriteRow",
+    "checkpoint_records",
+    "thread_scope",
+    "write_records",
+]
 
 THREAD_KIND = "thread"
 _TENANT_PREFIX = "~threads/"  # domain of thread pseudonyms (tenants never start with "~")
@@ -70,6 +78,50 @@ _THREADS_KEPT = 20_000  # thread records a process keeps (then it starts over)
 def thread_scope(thread_ref: str) -> str:
     """The internal key scope of one thread."""
     return f"~thread:{thread_ref}"
+
+
+def _field(value: str | None) -> str:
+    return "-" if value is None else f"{len(value)}:{value}"
+
+
+def checkpoint_records(
+    thread_ref: str, checkpoint_ns: str, checkpoint_id: str, parent: str | None
+) -> tuple[str, str]:
+    """The record ids a checkpoint's ciphertext is bound to (in its AAD): the one it
+    is sealed at, then the one of releases before 2026-12-07, which rows written
+    then carry. The first binds the parent pointer too, every field
+    length-prefixed: a row whose parent, namespace or id was edited fails to
+    open."""
+    current = f"{thread_ref}|2|{_field(checkpoint_ns)}{_field(checkpoint_id)}{_field(parent)}"
+    return current, f"{thread_ref}/{checkpoint_ns}/{checkpoint_id}"
+
+
+def write_records(  # noqa: PLR0917 - one write's columns, as they are stored
+    thread_ref: str,
+    checkpoint_ns: str,
+    checkpoint_id: str,
+    task_id: str,
+    idx: int,
+    channel: str,
+    task_path: str,
+) -> tuple[str, str]:
+    """``checkpoint_records`` for a pending write: the current record binds its
+    channel and task path too (an edited channel would hand the value to another
+    channel of the graph)."""
+    fields = (checkpoint_ns, checkpoint_id, task_id, str(idx), channel, task_path)
+    current = f"{thread_ref}|2|" + "".join(_field(f) for f in fields)
+    return current, f"{thread_ref}/{checkpoint_ns}/{checkpoint_id}/{task_id}/{idx}"
+
+
+def _open_bound(
+    key: DataKey, data: bytes, template: PlaceTemplate, records: Sequence[str]
+) -> bytes:
+    """Open at the current record, else at the earlier one (a row written before
+    it existed); ``IntegrityError`` if neither authenticates."""
+    try:
+        return key.open_encoded(data, template.encoded(records[0]))
+    except IntegrityError:
+        return key.open_encoded(data, template.encoded(records[1]))
 
 
 def _write_order(row: Any) -> tuple[str, str, int]:
@@ -174,7 +226,9 @@ class CheckpointStore:
             g.deletion_epoch,
             g.suppressed_scopes,
         ]
-        guarded = checkpoints.outerjoin(subject_guard, g.subject_ref == c.subject_ref)
+        # The thread's subject (bound), not the row's column: an edited column must
+        # not bring another subject's guard.
+        guarded = checkpoints.outerjoin(subject_guard, g.subject_ref == bp("subject_ref"))
         self._sql = catalog.compile(
             {
                 "thread": sa.select(t.subject_ref, t.scope).where(t.thread_ref == bp("thread_ref")),
@@ -394,7 +448,9 @@ class CheckpointStore:
                 ) from None
 
     def put_checkpoint(self, th: _Thread, row: CheckpointRow, run_id: str | None) -> None:
-        record = f"{th.thread_ref}/{row.checkpoint_ns}/{row.checkpoint_id}"
+        record = checkpoint_records(
+            th.thread_ref, row.checkpoint_ns, row.checkpoint_id, row.parent_checkpoint_id
+        )[0]
         key = self._sealing_key(th, [row.data])
         sealed = key.seal(row.data, self._place(th, "checkpoints", record))
         with self._catalog.hot(write=True) as cur:
@@ -426,7 +482,15 @@ class CheckpointStore:
             return
         key = self._sealing_key(th, [w.data for w in writes])
         for w in writes:
-            record = f"{th.thread_ref}/{checkpoint_ns}/{checkpoint_id}/{w.task_id}/{w.idx}"
+            record = write_records(
+                th.thread_ref,
+                checkpoint_ns,
+                checkpoint_id,
+                w.task_id,
+                w.idx,
+                w.channel,
+                w.task_path,
+            )[0]
             params.append(
                 {
                     "thread_ref": th.thread_ref,
@@ -460,7 +524,11 @@ class CheckpointStore:
             if checkpoint_id is None:
                 cur.execute(
                     self._sql["latest"],
-                    {"thread_ref": th.thread_ref, "checkpoint_ns": checkpoint_ns},
+                    {
+                        "thread_ref": th.thread_ref,
+                        "checkpoint_ns": checkpoint_ns,
+                        "subject_ref": th.subject_ref,
+                    },
                 )
             else:
                 cur.execute(
@@ -469,6 +537,7 @@ class CheckpointStore:
                         "thread_ref": th.thread_ref,
                         "checkpoint_ns": checkpoint_ns,
                         "checkpoint_id": checkpoint_id,
+                        "subject_ref": th.subject_ref,
                     },
                 )
             found = cur.fetchone()
@@ -527,21 +596,22 @@ class CheckpointStore:
             writes = sorted(writes, key=_write_order)
         kids = [key_id_of(data), *(key_id_of(w[-1]) for w in writes)]
         keys = self._keys_for(kids)
-        at = f"{th.thread_ref}/{ns}/{cid}"
-        plain = keys[kids[0]].open_encoded(data, self._template(th, "checkpoints").encoded(at))
+        ref = th.thread_ref
+        records = checkpoint_records(ref, ns, cid, parent)
+        plain = _open_bound(keys[kids[0]], data, self._template(th, "checkpoints"), records)
         out = []
         if writes:
             template = self._template(th, "writes")
             for kid, w in zip(kids[1:], writes, strict=True):
                 task_id, idx, channel, task_path, wdata = w
-                place = template.encoded(f"{at}/{task_id}/{idx}")
+                records = write_records(ref, ns, cid, task_id, idx, channel, task_path)
                 out.append(
                     WriteRow(
                         str(task_id),
                         int(idx),
                         str(channel),
                         str(task_path),
-                        keys[kid].open_encoded(wdata, place),
+                        _open_bound(keys[kid], wdata, template, records),
                     )
                 )
         row = CheckpointRow("", str(ns), str(cid), None if parent is None else str(parent), plain)
