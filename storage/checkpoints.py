@@ -275,6 +275,11 @@ class CheckpointStore:
 
         # LIMIT compiles as a bound parameter; this one is a constant.
         self._sql["latest"] += " LIMIT 1"
+        # A write's check that its thread still exists, in the write's transaction
+        # (on PostgreSQL the row locked: a ``delete_thread`` deletes it first).
+        self._sql["thread_exists"] = catalog.compile(
+            {"x": sa.select(t.thread_ref).where(t.thread_ref == bp("thread_ref"))}
+        )["x"] + (" FOR SHARE" if catalog.dialect == "postgresql" else "")
 
     # -- threads -------------------------------------------------------------------
 
@@ -412,6 +417,17 @@ class CheckpointStore:
             self._catalog.check_guard(th.subject_ref)
             raise NotFound("the thread was deleted") from None
 
+    def _thread_exists(self, cur: Any, th: _Thread) -> None:
+        """In a write's transaction: ``NotFound`` if the thread was deleted, by this
+        process or another one whose key destruction this process's key cache has
+        not seen (its rows would be stored under a destroyed key, for a thread no
+        ``delete_thread`` can find any more)."""
+        cur.execute(self._sql["thread_exists"], {"thread_ref": th.thread_ref})
+        if cur.fetchone() is None:
+            with self._lock:
+                self._threads.pop(th.thread_ref, None)
+            raise NotFound("the thread was deleted")
+
     def _sealing_key(self, th: _Thread, datas: Sequence[bytes]) -> DataKey:
         """The thread's key, or, when the data holds registered identifiers of
         other subjects, the thread's key shared with them: erasing any of them
@@ -455,6 +471,7 @@ class CheckpointStore:
         sealed = key.seal(row.data, self._place(th, "checkpoints", record))
         with self._catalog.hot(write=True) as cur:
             self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
+            self._thread_exists(cur, th)
             cur.execute(
                 self._sql["upsert_checkpoint"],
                 {
@@ -508,6 +525,7 @@ class CheckpointStore:
             return
         with self._catalog.hot(write=True) as cur:
             self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
+            self._thread_exists(cur, th)
             cur.executemany(self._sql["replace_write" if replace else "insert_write"], params)
 
     # -- reads ---------------------------------------------------------------------
@@ -590,6 +608,13 @@ class CheckpointStore:
     def _rows(  # noqa: PLR0917 - one row's columns, positionally as the query returns them
         self, th: _Thread, ns: str, cid: str, parent: str | None, data: bytes, writes: Any
     ) -> tuple[CheckpointRow, list[WriteRow]]:
+        for task_id, idx, channel, task_path, _ in writes:
+            # SQLite keeps whatever type it was given: a blob in a text column is
+            # tampering, refused here rather than met as a TypeError in the sort.
+            if not (type(task_id) is type(channel) is type(task_path) is str) or (
+                type(idx) is not int
+            ):
+                raise IntegrityError()
         if len(writes) > 1:
             # LangGraph's order of pending writes, by code point on both databases
             # (a PostgreSQL collation would sort "~" and capitals elsewhere).
@@ -763,12 +788,22 @@ class CheckpointStore:
         # The key first: a write in flight then fails (``_key``) rather than
         # storing rows after the delete below, or under a key made anew.
         self._keyring.destroy(th.subject_ref, thread_scope(th.thread_ref))
-        n = self._delete(
-            checkpoints.c.thread_ref == th.thread_ref,
-            checkpoint_writes.c.thread_ref == th.thread_ref,
-        )
+        # One transaction, the thread's row first: a write of another process
+        # (whose key cache still holds the key) holds that row ``FOR SHARE`` while
+        # it writes, so its rows are committed before the deletes below see the
+        # table, or it finds the thread gone (``_thread_exists``).
         with self._catalog.transaction() as conn:
             conn.execute(threads.delete().where(threads.c.thread_ref == th.thread_ref))
+            n = int(
+                conn.execute(
+                    checkpoints.delete().where(checkpoints.c.thread_ref == th.thread_ref)
+                ).rowcount
+                or 0
+            )
+            conn.execute(
+                checkpoint_writes.delete().where(checkpoint_writes.c.thread_ref == th.thread_ref)
+            )
+        self._catalog.scrub()
         self._catalog.delete([th.thread_ref])
         self._catalog.scrub()
         with self._lock:
