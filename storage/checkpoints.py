@@ -80,19 +80,19 @@ def thread_scope(thread_ref: str) -> str:
     return f"~thread:{thread_ref}"
 
 
-def _field(value: str | None) -> str:
-    return "-" if value is None else f"{len(value)}:{value}"
-
-
 def checkpoint_records(
     thread_ref: str, checkpoint_ns: str, checkpoint_id: str, parent: str | None
 ) -> tuple[str, str]:
     """The record ids a checkpoint's ciphertext is bound to (in its AAD): the one it
     is sealed at, then the one of releases before 2026-12-07, which rows written
     then carry. The first binds the parent pointer too, every field
-    length-prefixed: a row whose parent, namespace or id was edited fails to
-    open."""
-    current = f"{thread_ref}|2|{_field(checkpoint_ns)}{_field(checkpoint_id)}{_field(parent)}"
+    length-prefixed (``-`` for no parent): a row whose parent, namespace or id was
+    edited fails to open."""
+    up = "-" if parent is None else f"{len(parent)}:{parent}"
+    current = (
+        f"{thread_ref}|2|{len(checkpoint_ns)}:{checkpoint_ns}"
+        f"{len(checkpoint_id)}:{checkpoint_id}{up}"
+    )
     return current, f"{thread_ref}/{checkpoint_ns}/{checkpoint_id}"
 
 
@@ -108,8 +108,12 @@ def write_records(  # noqa: PLR0917 - one write's columns, as they are stored
     """``checkpoint_records`` for a pending write: the current record binds its
     channel and task path too (an edited channel would hand the value to another
     channel of the graph)."""
-    fields = (checkpoint_ns, checkpoint_id, task_id, str(idx), channel, task_path)
-    current = f"{thread_ref}|2|" + "".join(_field(f) for f in fields)
+    at = str(idx)
+    current = (
+        f"{thread_ref}|2|{len(checkpoint_ns)}:{checkpoint_ns}{len(checkpoint_id)}:{checkpoint_id}"
+        f"{len(task_id)}:{task_id}{len(at)}:{at}{len(channel)}:{channel}"
+        f"{len(task_path)}:{task_path}"
+    )
     return current, f"{thread_ref}/{checkpoint_ns}/{checkpoint_id}/{task_id}/{idx}"
 
 
