@@ -311,18 +311,25 @@ def test_a_text_column_stored_as_a_blob_raises_integrity_error(tmp_path: Path, c
 # -- shared keys (mentions) -----------------------------------------------------------
 
 
-def test_a_write_under_a_shared_key_of_a_suppressed_subject_is_refused(ks: Keyshred) -> None:
-    """The checkpoint itself is sealed under the thread's key; one pending write
-    names the victim (a key shared with them). From the victim's suppression on,
-    ``get_tuple`` refuses the checkpoint and listings skip it (``_keys_for`` looks
-    at every write's key, not only the checkpoint's)."""
-    victim = "victim@example.org"
+def _bob_thread_beside_a_victim(ks: Keyshred, victim: str) -> tuple[KeyshredSaver, dict[str, Any]]:
+    """A registered victim with a memory of their own, and bob's thread with one
+    checkpoint and one plain pending write; the config to write to it."""
     ks.subjects.register_identifiers(victim, phones=[PHONE])
     ks.memories.put(victim, ("notes",), "own", "the victim's own note")
     saver = KeyshredSaver(ks)
     stored = saver.put(_cfg("bob-1", "bob"), _checkpoint("plain"), {"step": 1}, {})
     cfg = {"configurable": {**stored["configurable"], "subject_id": "bob"}}
     saver.put_writes(cfg, [("notes", "fine")], "task-a", "~a")
+    return saver, cfg
+
+
+def test_a_write_under_a_shared_key_of_a_suppressed_subject_is_refused(ks: Keyshred) -> None:
+    """The checkpoint itself is sealed under the thread's key; one pending write
+    names the victim (a key shared with them). From the victim's suppression on,
+    ``get_tuple`` refuses the checkpoint and listings skip it (``_keys_for`` looks
+    at every write's key, not only the checkpoint's)."""
+    victim = "victim@example.org"
+    saver, cfg = _bob_thread_beside_a_victim(ks, victim)
     saver.put_writes(cfg, [("notes", f"call {PHONE}")], "task-b", "~b")
     kids = {
         _data(ks, _row(ks, saver, cfg))[4:20],
@@ -389,12 +396,7 @@ def test_a_write_to_a_known_thread_after_suppression_stores_nothing(
     ks = Keyshred.init(tmp_path / "data", make_config(catalog_url))
     try:
         victim = "victim@example.org"
-        ks.subjects.register_identifiers(victim, phones=[PHONE])
-        ks.memories.put(victim, ("notes",), "own", "the victim's own note")
-        saver = KeyshredSaver(ks)
-        stored = saver.put(_cfg("bob-1", "bob"), _checkpoint("plain"), {"step": 1}, {})
-        cfg = {"configurable": {**stored["configurable"], "subject_id": "bob"}}
-        saver.put_writes(cfg, [("notes", "fine")], "task-a", "~a")
+        saver, cfg = _bob_thread_beside_a_victim(ks, victim)
         before = _counts(ks)
         if catalog_url.startswith("sqlite"):
             other = Keyshred.open(tmp_path / "data", make_config(catalog_url))
