@@ -167,10 +167,14 @@ class AssetsMixin(GuardMixin):
             n += conn.execute(assets.delete().where(assets.c.asset_id.in_(chunk))).rowcount
         return n
 
-    def delete(self, asset_ids: Sequence[str]) -> int:
-        """Physically remove asset rows and their provenance edges."""
-        with self._write() as conn:
+    def delete(self, asset_ids: Sequence[str], conn: Connection | None = None) -> int:
+        """Physically remove asset rows and their provenance edges: in ``conn``'s
+        transaction when given (with the rows the assets stand for), else in one
+        of their own."""
+        if conn is not None:
             return self._delete_ids(conn, asset_ids)
+        with self._write() as own:
+            return self._delete_ids(own, asset_ids)
 
     @staticmethod
     def subject_filter(subject_ref: str, scope: str | None, table: sa.Table = assets) -> Any:

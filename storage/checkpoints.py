@@ -279,11 +279,23 @@ class CheckpointStore:
 
         # LIMIT compiles as a bound parameter; this one is a constant.
         self._sql["latest"] += " LIMIT 1"
-        # A write's check that its thread still exists, in the write's transaction
-        # (on PostgreSQL the row locked: a ``delete_thread`` deletes it first).
-        self._sql["thread_exists"] = catalog.compile(
-            {"x": sa.select(t.thread_ref).where(t.thread_ref == bp("thread_ref"))}
-        )["x"] + (" FOR SHARE" if catalog.dialect == "postgresql" else "")
+        # A write's checks in its transaction, one statement: the thread's row still
+        # exists (a ``delete_thread`` deletes it first) and its subject's guard, both
+        # locked ``FOR SHARE`` on PostgreSQL (two statements were two round trips).
+        guard = sa.select(g.status, g.deletion_epoch, g.suppressed_scopes).where(
+            g.subject_ref == bp("subject_ref")
+        )
+        thread = sa.select(t.thread_ref).where(t.thread_ref == bp("thread_ref"))
+        if catalog.dialect == "postgresql":
+            guard, thread = guard.with_for_update(read=True), thread.with_for_update(read=True)
+        gc, tc = guard.cte("g"), thread.cte("t")
+        self._sql |= catalog.compile(
+            {
+                "write_check": sa.select(
+                    tc.c.thread_ref, gc.c.status, gc.c.deletion_epoch, gc.c.suppressed_scopes
+                ).select_from(tc.outerjoin(gc, sa.true()))
+            }
+        )
 
     # -- threads -------------------------------------------------------------------
 
@@ -320,7 +332,7 @@ class CheckpointStore:
         """The thread's record (guard-checked), or ``None`` if it has no writes."""
         th = self._find(self.thread_ref(thread_id))
         if th is not None and check:
-            self._catalog.check_guard(th.subject_ref)
+            self._catalog.check_guard(th.subject_ref, scope=th.scope)
         return th
 
     def ensure_thread(
@@ -344,7 +356,7 @@ class CheckpointStore:
             if subject_ref is not None and subject_ref != th.subject_ref:
                 raise InvalidInput("this thread belongs to another subject")
             if check:
-                self._catalog.check_guard(th.subject_ref)
+                self._catalog.check_guard(th.subject_ref, scope=th.scope)
             return th
         if subject_ref is None:
             subject_ref = new_subject_ref
@@ -385,24 +397,27 @@ class CheckpointStore:
             created_at=now,
             retain_until=None,
         )
-        # The thread row first (its primary key settles a race between processes),
-        # then the asset, whose registration re-checks the guard in its transaction.
-        with self._catalog.transaction() as conn:
-            conn.execute(
-                threads.insert().values(
-                    thread_ref=ref,
-                    subject_ref=subject_ref,
-                    scope=scope,
-                    thread=sealed,
-                    created_at=now,
-                )
-            )
-        try:
-            self._catalog.register([asset], replace=True)
-        except BaseException:
-            with self._catalog.transaction() as conn:
-                conn.execute(threads.delete().where(threads.c.thread_ref == ref))
-            raise
+        row = {
+            "thread_ref": ref,
+            "subject_ref": subject_ref,
+            "scope": scope,
+            "thread": sealed,
+            "created_at": self._catalog.time_param(now),
+        }
+
+        def insert_thread(cur: Any) -> None:
+            cur.execute(self._sql["insert_thread"], row)
+            faults.reached("thread.in_create")
+
+        # One transaction: the guard re-read, the thread's row (its primary key
+        # settles a race between processes) and its asset row. A kill leaves both
+        # or neither: never a thread that the subject's inventory does not list.
+        self._catalog.insert_assets(
+            [self._catalog.asset_params(asset)],
+            scopes={(subject_ref, scope)},
+            replace=[ref],
+            also=insert_thread,
+        )
         self._remember(th)
         return th
 
@@ -418,19 +433,30 @@ class CheckpointStore:
             with self._lock:
                 self._threads.pop(th.thread_ref, None)
             # The subject's erasure took it (its guard says so), else delete_thread.
-            self._catalog.check_guard(th.subject_ref)
+            self._catalog.check_guard(th.subject_ref, scope=th.scope)
             raise NotFound("the thread was deleted") from None
 
-    def _thread_exists(self, cur: Any, th: _Thread) -> None:
-        """In a write's transaction: ``NotFound`` if the thread was deleted, by this
+    def _check_write(self, cur: Any, th: _Thread) -> None:
+        """In a write's transaction: its subject's guard (``SubjectSuppressed`` as
+        for every write), and ``NotFound`` if the thread was deleted, by this
         process or another one whose key destruction this process's key cache has
         not seen (its rows would be stored under a destroyed key, for a thread no
         ``delete_thread`` can find any more)."""
-        cur.execute(self._sql["thread_exists"], {"thread_ref": th.thread_ref})
-        if cur.fetchone() is None:
+        cur.execute(
+            self._sql["write_check"],
+            {"thread_ref": th.thread_ref, "subject_ref": th.subject_ref},
+        )
+        row = cur.fetchone()
+        if row is None:
             with self._lock:
                 self._threads.pop(th.thread_ref, None)
+            # Gone: the subject's erasure took it (its guard says so), else
+            # delete_thread.
+            self._catalog.enforce(
+                th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None, th.scope
+            )
             raise NotFound("the thread was deleted")
+        self._catalog.enforce(th.subject_ref, self._catalog.guard_of(*row[1:]), None, th.scope)
 
     def _sealing_key(self, th: _Thread, datas: Sequence[bytes]) -> DataKey:
         """The thread's key, or, when the data holds registered identifiers of
@@ -451,7 +477,7 @@ class CheckpointStore:
             return key
         # A key may be made here: never for a holder being erased (the write's own
         # guard read comes later, in its transaction).
-        self._catalog.check_guard(th.subject_ref)
+        self._catalog.check_guard(th.subject_ref, scope=th.scope)
         self._check_owners(owners)
         shared = self._keyring.data_key(th.subject_ref, thread_scope(th.thread_ref), owners=owners)
         self._check_owners(owners)
@@ -474,8 +500,7 @@ class CheckpointStore:
         key = self._sealing_key(th, [row.data])
         sealed = key.seal(row.data, self._place(th, "checkpoints", record))
         with self._catalog.hot(write=True) as cur:
-            self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
-            self._thread_exists(cur, th)
+            self._check_write(cur, th)
             cur.execute(
                 self._sql["upsert_checkpoint"],
                 {
@@ -528,8 +553,7 @@ class CheckpointStore:
         if not params:
             return
         with self._catalog.hot(write=True) as cur:
-            self._catalog.enforce(th.subject_ref, self._catalog.guard_in(cur, th.subject_ref), None)
-            self._thread_exists(cur, th)
+            self._check_write(cur, th)
             cur.executemany(self._sql["replace_write" if replace else "insert_write"], params)
 
     # -- reads ---------------------------------------------------------------------
@@ -565,11 +589,11 @@ class CheckpointStore:
             found = cur.fetchone()
             if found is None:
                 # Nothing to decrypt; the guard still decides for a suppressed subject.
-                self._catalog.check_guard(th.subject_ref)
+                self._catalog.check_guard(th.subject_ref, scope=th.scope)
                 return None
             ns, cid, parent, data, status, epoch, scopes = found
             guard = self._catalog.guard_of(status, epoch, scopes)
-            self._catalog.enforce(th.subject_ref, guard, None)
+            self._catalog.enforce(th.subject_ref, guard, None, th.scope)
             cur.execute(
                 self._sql["writes"],
                 {"thread_ref": th.thread_ref, "checkpoint_ns": ns, "checkpoint_id": cid},
@@ -714,7 +738,7 @@ class CheckpointStore:
                 found = self._find(ref)
                 if found is not None:
                     try:
-                        self._catalog.check_guard(found.subject_ref)
+                        self._catalog.check_guard(found.subject_ref, scope=found.scope)
                     except SubjectSuppressed:
                         found = None
                 known[ref] = found
@@ -790,12 +814,17 @@ class CheckpointStore:
 
     def _drop(self, th: _Thread) -> int:
         # The key first: a write in flight then fails (``_key``) rather than
-        # storing rows after the delete below, or under a key made anew.
+        # storing rows after the delete below, or under a key made anew. A kill
+        # right after leaves the thread findable (its rows unreadable) for
+        # ``delete_thread`` to finish.
         self._keyring.destroy(th.subject_ref, thread_scope(th.thread_ref))
+        faults.reached("thread.after_key")
         # One transaction, the thread's row first: a write of another process
         # (whose key cache still holds the key) holds that row ``FOR SHARE`` while
         # it writes, so its rows are committed before the deletes below see the
-        # table, or it finds the thread gone (``_thread_exists``).
+        # table, or it finds the thread gone (``_check_write``). The thread's
+        # asset row goes in the same commit: a kill never leaves it registered
+        # for a thread no one can find.
         with self._catalog.transaction() as conn:
             conn.execute(threads.delete().where(threads.c.thread_ref == th.thread_ref))
             n = int(
@@ -807,8 +836,9 @@ class CheckpointStore:
             conn.execute(
                 checkpoint_writes.delete().where(checkpoint_writes.c.thread_ref == th.thread_ref)
             )
-        self._catalog.scrub()
-        self._catalog.delete([th.thread_ref])
+            self._catalog.delete([th.thread_ref], conn)
+            faults.reached("thread.before_commit")
+        faults.reached("thread.after_commit")
         self._catalog.scrub()
         with self._lock:
             self._threads.pop(th.thread_ref, None)

@@ -59,6 +59,15 @@ POINTS = (
     # subject by subject (one was suppressed) are stored, the next subject's not yet
     "vault.after_store",
     "vault.after_group",
+    # CheckpointStore._create: the thread's row is inserted in the transaction that
+    # registers its asset, not yet committed
+    "thread.in_create",
+    # CheckpointStore._drop (delete_thread, retention): the thread's key is destroyed,
+    # its rows not yet deleted; the rows' deletes are issued in the open transaction,
+    # not yet committed; they are committed, the catalog not yet scrubbed
+    "thread.after_key",
+    "thread.before_commit",
+    "thread.after_commit",
     # BackupManager.create: one segment is in the target, the others not yet; every
     # object is in the target, the manifest (the generation's commit) not yet
     "backup.after_first_object",
