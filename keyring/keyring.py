@@ -1005,8 +1005,12 @@ class Keyring:
 
     # -- crypto-erasure ------------------------------------------------------------
 
-    def destroy(self, subject_ref: str, scope: str | None = None) -> DestroyResult:
-        """Crypto-erase a subject (every scope) or one scope; idempotent.
+    def destroy(
+        self, subject_ref: str, scope: str | None = None, *, also: Sequence[str] = ()
+    ) -> DestroyResult:
+        """Crypto-erase a subject (every scope) or one scope; idempotent. ``also``:
+        the subject's keys of other key scopes that hold data of ``scope`` (its
+        agent threads' own keys), destroyed with it under one tombstone.
 
         A whole subject: every key it holds and every key it co-owns with others (a
         memory of someone else that mentions it, a summary built from its data). One
@@ -1017,6 +1021,9 @@ class Keyring:
         raise ``SubjectErased``.
         """
         records = self.store.for_subject(subject_ref, scope)
+        if scope is not None:
+            for other in dict.fromkeys(also):
+                records = [*records, *self.store.for_subject(subject_ref, other)]
         # A whole subject: every key it co-owns, as a person and through any scope's
         # data; one scope: the keys co-owned through that scope's data (a mention is
         # about the person, so only the subject's erasure takes it).

@@ -9,6 +9,11 @@ transaction (``REPEATABLE READ`` on PostgreSQL). The package holds:
 - ``memories.json``: every memory of the subject (namespace, key, value, scope,
   purpose, category, times, retention; derived ones marked with their kind and
   provenance), correction history included;
+- ``threads.json``: the subject's agent threads (``KeyshredSaver``): each thread's
+  id, scope and creation time, and every checkpoint with its metadata and pending
+  writes, decoded to JSON by LangGraph's default serializer (a value it cannot
+  decode, written by a custom or encrypting ``serde``, is given as its serializer's
+  type name and base64 bytes);
 - ``mentions.json``: ids and kinds of other subjects' assets that mention the
   subject — not their content, which is other people's data;
 - ``tokens.json``: each token's kind, purpose, creation and expiry (no values);
@@ -27,6 +32,7 @@ exported memory's key is owned by, so erasing any of them makes it unreadable as
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -52,6 +58,7 @@ from keyshred.keyring.package import open_package, read_header, seal_package
 from keyshred.schema import audit_events
 from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
+from keyshred.storage.checkpoints import unpack
 from keyshred.storage.erasable import DROP, ErasureTarget, Phase, StoreCheck, StoreErasure
 from keyshred.storage.partition import row_key_id
 from keyshred.storage.schema import asset_mentions, assets
@@ -59,6 +66,7 @@ from keyshred.vault.schema import tokens
 
 if TYPE_CHECKING:
     from keyshred.audit import AuditLog
+    from keyshred.storage.checkpoints import CheckpointStore, ExportedThread
     from keyshred.storage.memories import MemoryStore
     from keyshred.vault.tokens import TokenVault
 
@@ -81,6 +89,9 @@ class Keyshred(Protocol):
 
     @property
     def audit(self) -> AuditLog: ...
+
+    @property
+    def checkpoints(self) -> CheckpointStore: ...
 
     def subject_ref(self, subject: Any) -> str: ...
 
@@ -111,6 +122,99 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+def _threads(exported: list[ExportedThread]) -> list[dict[str, Any]]:
+    return [
+        {
+            "thread_id": t.thread_id,
+            "scope": t.scope,
+            "created_at": _iso(t.created_at),
+            "checkpoints": [
+                {
+                    "checkpoint_ns": row.checkpoint_ns,
+                    "checkpoint_id": row.checkpoint_id,
+                    "parent_checkpoint_id": row.parent_checkpoint_id,
+                    **dict(zip(("checkpoint", "metadata"), _decoded(row.data), strict=False)),
+                    "pending_writes": [
+                        {
+                            "task_id": w.task_id,
+                            "task_path": w.task_path,
+                            "channel": w.channel,
+                            "value": next(iter(_decoded(w.data)), None),
+                        }
+                        for w in writes
+                    ],
+                }
+                for row, writes in t.checkpoints
+            ],
+        }
+        for t in exported
+    ]
+
+
+def _decoded(packed: bytes) -> list[Any]:
+    """The values of a checkpoint row (checkpoint, metadata) or a write row (its
+    value) as the saver packed them, ``(type name, bytes)`` each: decoded by
+    LangGraph's default serializer when it can, as JSON; else (a custom or
+    encrypting ``serde``, or LangGraph not installed) the type name and the bytes,
+    base64: the subject gets everything stored, readable where we can read it."""
+    parts = unpack(packed)
+    serde = _serde()
+    out = []
+    for type_name, data in zip(parts[::2], parts[1::2], strict=False):
+        name = type_name.decode("utf-8", "replace")
+        value = _loaded(serde, name, data)
+        out.append(
+            value
+            if value is not _UNREAD
+            else {"serialized_as": name, "base64": base64.b64encode(data).decode("ascii")}
+        )
+    return out
+
+
+_UNREAD = object()
+
+
+def _loaded(serde: Any, name: str, data: bytes) -> Any:
+    if serde is None:
+        return _UNREAD
+    try:
+        return _jsonable(serde.loads_typed((name, data)))
+    except Exception:  # noqa: BLE001 - a type only the app's own serde reads
+        return _UNREAD
+
+
+def _serde() -> Any:
+    try:
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    except ImportError:
+        return None
+    return JsonPlusSerializer()
+
+
+def _jsonable(value: Any) -> Any:
+    """A decoded checkpoint value as JSON: LangChain objects (messages) in their own
+    serialized form (``to_json``), pydantic models dumped, bytes as base64, the
+    rest as text."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    for method, args in (("to_json", {}), ("model_dump", {"mode": "json"})):
+        dump = getattr(value, method, None)
+        if callable(dump):
+            try:
+                return _jsonable(dump(**args))
+            except Exception:  # noqa: BLE001, S112 - not that kind of object after all
+                continue
+    return str(value)
+
+
 def _check_export_args(dest: Any, passphrase: Any, recipient_public_key: Any) -> None:
     if isinstance(dest, str):
         check_text(dest, "an export destination")
@@ -138,6 +242,7 @@ def export_subject(
         raise InvalidInput("an export expires within 1 second to 90 days")
     ref = ks.subject_ref(subject)
     ks.catalog.check_guard(ref)  # an erased or suppressed subject is refused early
+    suppressed_scopes = ks.catalog.guard(ref).scopes
     ks.vault.flush()  # tokens held for group commit are the subject's too
     export_id = uuid.uuid4().hex
     now = datetime.now(UTC)
@@ -210,6 +315,7 @@ def export_subject(
                     )
                 ]
                 high = conn.execute(sa.select(sa.func.max(audit_events.c.seq))).scalar()
+                exported = ks.checkpoints.exported(conn, ref, suppressed_scopes)
         finally:
             conn.close()
     memories = []
@@ -248,6 +354,7 @@ def export_subject(
         }
         for c in ks.catalog.consents(ref)
     ]
+    thread_files = _threads(exported)
     counts = {
         "memories": len(memories),
         "derived": sum(1 for m in memories if str(m["kind"]).startswith("derived:")),
@@ -255,6 +362,8 @@ def export_subject(
         "tokens": len(token_rows),
         "consents": len(consents),
         "audit_events": len(audit),
+        "threads": len(thread_files),
+        "checkpoints": sum(len(t["checkpoints"]) for t in thread_files),
     }
     files["manifest.json"] = {
         "format": "keyshred-export/1",
@@ -269,10 +378,12 @@ def export_subject(
             "catalog.tokens",
             "catalog.consents",
             "catalog.audit",
+            "catalog.checkpoints",
         ],
         "counts": counts,
     }
     files["memories.json"] = memories
+    files["threads.json"] = thread_files
     files["mentions.json"] = mentions
     files["tokens.json"] = token_rows
     files["consents.json"] = consents
@@ -282,9 +393,11 @@ def export_subject(
         for name, data in files.items():
             zf.writestr(name, json.dumps(data, ensure_ascii=False, indent=1, default=str))
     scope = f"~export:{export_id}"
-    # Every subject an exported memory is about owns the package's key: read from
-    # the owner sets of the rows' keys (the holder's own rows have none).
+    # Every subject an exported memory or checkpoint is about owns the package's
+    # key: read from the owner sets of the rows' keys (the holder's own rows have
+    # none).
     row_keys = {k for k in (row_key_id(r) for r in rows) if k is not None}
+    row_keys.update(kid for t in exported for kid in t.key_ids)
     owners = sorted({o for others in ks.keyring.owners_of(row_keys).values() for o in others})
     subject_key = ks.keyring.data_key(ref, scope, owners=owners).derive(_LABEL)
     package = seal_package(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -63,6 +63,7 @@ __all__ = [
     "THREAD_KIND",
     "CheckpointRow",
     "CheckpointStore",
+    "ExportedThread",
     "WriteRow",
     "checkpoint_records",
     "thread_scope",
@@ -178,6 +179,23 @@ class _Thread:
     thread_ref: str
     subject_ref: str
     scope: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedThread:
+    """One of a subject's threads as a subject export holds it: every checkpoint
+    (newest first within a namespace) with its pending writes, opened; ``key_ids``
+    are the keys they were sealed under (the export's key is owned by their
+    owners too)."""
+
+    thread_id: str
+    scope: str
+    created_at: datetime
+    checkpoints: list[tuple[CheckpointRow, list[WriteRow]]]
+    key_ids: frozenset[bytes]
+
+    def __repr__(self) -> str:
+        return f"ExportedThread(scope={self.scope!r}, checkpoints={len(self.checkpoints)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +373,10 @@ class CheckpointStore:
         if th is not None:
             if subject_ref is not None and subject_ref != th.subject_ref:
                 raise InvalidInput("this thread belongs to another subject")
+            if scope != th.scope:
+                # One scope per thread: a scope's erasure takes its threads whole,
+                # so another scope's data must not be written (or copied) into one.
+                raise InvalidInput(f"this thread belongs to scope {th.scope!r}, not {scope!r}")
             if check:
                 self._catalog.check_guard(th.subject_ref, scope=th.scope)
             return th
@@ -382,7 +404,7 @@ class CheckpointStore:
         th = _Thread(ref, subject_ref, scope)
         # The thread's key is created here and only here, under the subject's
         # partition lock with the guard read in it: never for a subject being erased.
-        key = self._first_key(subject_ref, thread_scope(ref), None)
+        key = self._first_key(subject_ref, thread_scope(ref), scope)
         sealed = key.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
         now = datetime.now(UTC)
         asset = AssetRow(
@@ -689,7 +711,12 @@ class CheckpointStore:
                 thread_writes: dict[tuple[str, str], list[Any]] = {}
                 for wr in cur.fetchall():
                     thread_writes.setdefault((wr[0], wr[1]), []).append(wr[2:])
-            for ref, ns, cid, parent, data in rows:
+            for i, (ref, ns, cid, parent, data) in enumerate(rows):
+                if i:
+                    # A listing is consumed at the caller's pace: the guard is read
+                    # again before each further row is decrypted, so a suppression
+                    # stops it there (the first row's was the caller's check).
+                    self._catalog.check_guard(th.subject_ref, scope=th.scope)
                 try:
                     row, wrs = self._rows(
                         th, ns, cid, parent, data, thread_writes.get((ns, cid), [])
@@ -734,16 +761,16 @@ class CheckpointStore:
                     writes.setdefault((wr[0], wr[1], wr[2]), []).append(wr[3:])
         known: dict[str, _Thread | None] = {}
         for ref, ns, cid, parent, data in rows:
-            if ref not in known:
-                found = self._find(ref)
-                if found is not None:
-                    try:
-                        self._catalog.check_guard(found.subject_ref, scope=found.scope)
-                    except SubjectSuppressed:
-                        found = None
-                known[ref] = found
-            t = known[ref]
+            # The guard before each row is decrypted (the listing is consumed at the
+            # caller's pace): a thread whose subject or scope is suppressed meanwhile
+            # is skipped from there on, as it was from the start.
+            t = known[ref] = known[ref] if ref in known else self._find(ref)
             if t is None:
+                continue
+            try:
+                self._catalog.check_guard(t.subject_ref, scope=t.scope)
+            except SubjectSuppressed:
+                known[ref] = None
                 continue
             try:
                 row, wrs = self._rows(t, ns, cid, parent, data, writes.get((ref, ns, cid), []))
@@ -761,6 +788,58 @@ class CheckpointStore:
                 sa.select(threads.c.thread).where(threads.c.thread_ref == thread_ref)
             ).scalar_one()
         return self._open(th, "threads", thread_ref, sealed).decode("utf-8")
+
+    def exported(
+        self, conn: Any, subject_ref: str, suppressed_scopes: Collection[str] = ()
+    ) -> list[ExportedThread]:
+        """The subject's threads for its export, read on ``conn`` (the export's one
+        transaction: one point in time with the rest of the package). Left out, as
+        reads refuse and listings skip them: threads of a suppressed scope, a
+        thread whose key is gone (a ``delete_thread`` a kill interrupted), and
+        checkpoints sealed under a key shared with a subject being erased."""
+        t, c, w = threads.c, checkpoints.c, checkpoint_writes.c
+        found = conn.execute(
+            sa.select(t.thread_ref, t.scope, t.thread, t.created_at)
+            .where(t.subject_ref == subject_ref)
+            .order_by(t.created_at, t.thread_ref)
+        ).all()
+        out = []
+        for ref, scope, sealed, created_at in found:
+            th = _Thread(str(ref), subject_ref, str(scope))
+            if th.scope in suppressed_scopes:
+                continue
+            try:
+                thread_id = self._open(th, "threads", th.thread_ref, sealed).decode("utf-8")
+            except (KeyNotFound, SubjectErased):
+                continue
+            pending: dict[tuple[str, str], list[Any]] = {}
+            for wr in conn.execute(
+                sa.select(
+                    w.checkpoint_ns,
+                    w.checkpoint_id,
+                    w.task_id,
+                    w.idx,
+                    w.channel,
+                    w.task_path,
+                    w.data,
+                ).where(w.thread_ref == th.thread_ref)
+            ):
+                pending.setdefault((wr[0], wr[1]), []).append(tuple(wr[2:]))
+            opened = []
+            kids: set[bytes] = set()
+            for ns, cid, parent, data in conn.execute(
+                sa.select(c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data)
+                .where(c.thread_ref == th.thread_ref)
+                .order_by(c.checkpoint_ns, c.checkpoint_id.desc())
+            ):
+                writes = pending.get((ns, cid), [])
+                try:
+                    opened.append(self._rows(th, ns, cid, parent, data, writes))
+                except (SubjectSuppressed, SubjectErased):
+                    continue  # about a subject being erased, or erased
+                kids.update([key_id_of(data), *(key_id_of(x[-1]) for x in writes)])
+            out.append(ExportedThread(thread_id, th.scope, created_at, opened, frozenset(kids)))
+        return out
 
     # -- deletes -------------------------------------------------------------------
 
@@ -941,6 +1020,17 @@ class CheckpointStore:
     name = "checkpoints"
     phase: Phase = DROP
 
+    def key_scopes(self, subject_ref: str, scope: str) -> list[str]:
+        """The key scopes of the subject's threads in policy scope ``scope`` (each
+        thread has a key of its own): a scope's erasure destroys them with the
+        scope's keys, so a copy of their rows anywhere is noise from then on."""
+        t = threads.c
+        with self._catalog.engine.connect() as conn:
+            refs = conn.execute(
+                sa.select(t.thread_ref).where(t.subject_ref == subject_ref, t.scope == scope)
+            ).scalars()
+            return [thread_scope(str(r)) for r in refs]
+
     def erase(self, target: ErasureTarget) -> StoreErasure:
         """The subject's (scope's) agent threads; listed memories leave threads to
         their own retention (``retention.checkpoints_days``)."""
@@ -950,7 +1040,7 @@ class CheckpointStore:
 
     def verify(self, target: ErasureTarget) -> list[StoreCheck]:
         if not target.whole_subject:
-            return []  # a scope's threads: their keys are destroyed, others stay
+            return []  # a scope's threads: their keys are destroyed (``key_scopes``)
         left = self.count(target.subject_ref)
         return [StoreCheck("no thread or checkpoint left", not left, f"{left} rows left")]
 

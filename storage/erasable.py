@@ -28,6 +28,7 @@ __all__ = [
     "Erasable",
     "ErasureTarget",
     "Phase",
+    "ScopedKeys",
     "StoreCheck",
     "StoreErasure",
 ]
@@ -125,6 +126,17 @@ class StoreCheck:
 
 
 @runtime_checkable
+@runtime_checkable
+class ScopedKeys(Protocol):
+    """A store whose data in a policy scope is sealed under keys of other key scopes
+    as well (an agent thread's own key, ``~thread:<ref>``): a scope's erasure
+    destroys those with the scope's own keys."""
+
+    def key_scopes(self, subject_ref: str, scope: str) -> Sequence[str]:
+        """The other key scopes of the subject's data in ``scope``."""
+        ...
+
+
 class Erasable(Protocol):
     """A store that holds personal data and can erase a subject (or scope) from it."""
 

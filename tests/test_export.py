@@ -4,14 +4,19 @@ unreadable once the subject is erased."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from keyshred import Keyshred
 from keyshred.errors import (
@@ -22,6 +27,7 @@ from keyshred.errors import (
     TokenExpired,
 )
 from keyshred.export import open_export
+from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.keyring.package import generate_recipient_key
 from tests.storage.conftest import make_config
 
@@ -143,3 +149,86 @@ def test_a_tampered_kdf_header_is_refused_before_any_work(
     assert derived == []
     assert ks.open_export(package, passphrase=PASS)["memories.json"][0]["value"] == {"v": 1}
     assert derived == [2**15]
+
+
+# -- agent threads ------------------------------------------------------------------
+
+PHONE = "+44 20 7946 0958"
+
+
+def _thread(saver: Any, thread: str, subject: str, value: Any, pending: Any) -> None:
+    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": "", "subject_id": subject}}
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"messages": value}
+    stored = saver.put(cfg, cp, {"source": "input", "step": 1}, {})
+    conf = {**stored["configurable"], "subject_id": subject}
+    saver.put_writes({"configurable": conf}, [("notes", pending)], "task-1", "~a")
+
+
+class _OwnSerde(JsonPlusSerializer):
+    """An application's serializer whose type names LangGraph's default does not know."""
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        _, data = super().dumps_typed(obj)
+        return "app-format", data[::-1]
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        return super().loads_typed(("msgpack", data[1][::-1]))
+
+
+def test_export_holds_the_subjects_agent_threads(ks: Keyshred, tmp_path: Path) -> None:
+    """Checkpoints, metadata and pending writes of the subject's threads, decoded
+    (LangChain messages in their own serialized form), at the same point in time as
+    the rest; nothing of another subject's threads; a thread of a suppressed scope
+    left out; a value only the application's serializer reads given as bytes."""
+    mine, theirs = f"zq{uuid.uuid4().hex[:8]}", f"zq{uuid.uuid4().hex[:8]}"
+    saver = KeyshredSaver(ks)
+    _thread(saver, "gia-chat", "gia", [HumanMessage(content=f"{mine} hello")], f"{mine} note")
+    _thread(saver, "hal-chat", "hal", [HumanMessage(content=f"{theirs} hi")], theirs)
+    _thread(KeyshredSaver(ks, scope="marketing"), "gia-offers", "gia", [f"{mine} offer"], "x")
+    _thread(KeyshredSaver(ks, serde=_OwnSerde()), "gia-own", "gia", [f"{mine} own"], "y")
+    ks.catalog.suppress(ks.subject_ref("gia"), scope="marketing")
+
+    result = ks.export("gia", tmp_path / "gia.ksx", passphrase=PASS)
+    package = (tmp_path / "gia.ksx").read_bytes()
+    assert mine.encode() not in package
+    files = ks.open_export(package, passphrase=PASS)
+    threads = {t["thread_id"]: t for t in files["threads.json"]}
+    assert set(threads) == {"gia-chat", "gia-own"}
+    assert result.counts["threads"] == 2 and result.counts["checkpoints"] == 2
+    assert files["manifest.json"]["counts"] == result.counts
+    (chat,) = threads["gia-chat"]["checkpoints"]
+    (message,) = chat["checkpoint"]["channel_values"]["messages"]
+    assert message["kwargs"]["content"] == f"{mine} hello"
+    assert message["id"][-1] == "HumanMessage"
+    assert chat["metadata"]["source"] == "input"
+    assert chat["pending_writes"] == [
+        {"task_id": "task-1", "task_path": "~a", "channel": "notes", "value": f"{mine} note"}
+    ]
+    assert threads["gia-chat"]["scope"] == "default"
+    (own,) = threads["gia-own"]["checkpoints"]
+    assert own["checkpoint"]["serialized_as"] == "app-format"
+    assert _OwnSerde().loads_typed(("app-format", base64.b64decode(own["checkpoint"]["base64"])))[
+        "channel_values"
+    ] == {"messages": [f"{mine} own"]}
+    everything = json.dumps(files)
+    assert theirs not in everything and "offer" not in everything
+
+
+def test_an_export_holding_a_thread_about_another_subject_goes_with_them(
+    ks: Keyshred, tmp_path: Path
+) -> None:
+    """Gia's thread holds a phone number bob registered: sealed under a key bob
+    co-owns, so the package's key is bob's too, and erasing bob makes it unreadable
+    (as for an exported memory about bob)."""
+    ks.subjects.register_identifiers("bob", phones=[PHONE])
+    _thread(KeyshredSaver(ks), "gia-chat", "gia", [f"call bob on {PHONE}"], "later")
+    ks.export("gia", tmp_path / "gia.ksx", passphrase=PASS)
+    package = (tmp_path / "gia.ksx").read_bytes()
+    files = ks.open_export(package, passphrase=PASS)
+    (cp,) = files["threads.json"][0]["checkpoints"]
+    assert cp["checkpoint"]["channel_values"]["messages"] == [f"call bob on {PHONE}"]
+    req = ks.erase("bob", requested_by="dpo", reason="art17")
+    assert req.state == "completed", req.error
+    with pytest.raises((SubjectErased, SubjectSuppressed)):
+        ks.open_export(package, passphrase=PASS)

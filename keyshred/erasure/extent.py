@@ -25,7 +25,7 @@ from keyshred.metrics import Metrics
 from keyshred.schema import api_downloads
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.catalog_base import ACTIVE
-from keyshred.storage.erasable import Erasable, ErasureTarget
+from keyshred.storage.erasable import Erasable, ErasureTarget, ScopedKeys
 
 __all__ = [
     "AssetsExtent",
@@ -162,7 +162,7 @@ class Extent:
         # the scope is then in no other scope's files in its old version, which the
         # next load would otherwise read back once the new one is unreadable.
         with w.partitions.locked(self.ref, compact=self.scope is not None):
-            result = w.keyring.destroy(self.ref, self.scope)
+            result = w.keyring.destroy(self.ref, self.scope, also=self.key_scopes())
         w.evict(self.ref)
         epoch = self.req.doc["details"].get("suppress", {}).get("epoch")
         if epoch is not None:
@@ -194,10 +194,24 @@ class Extent:
             "live_residue_until": iso(w.backups.live_residue_until(at)),
         }
 
+    def key_scopes(self) -> list[str]:
+        """A scope's other key scopes (its agent threads' own keys): destroyed with
+        the scope's keys. A whole subject's erasure takes every key it holds."""
+        if self.scope is None:
+            return []
+        found = {
+            s
+            for store in self.w.stores
+            if isinstance(store, ScopedKeys)
+            for s in store.key_scopes(self.ref, self.scope)
+        }
+        return sorted(found)
+
     def keys_left(self) -> int:
         """Keys the subject (or scope) holds, and for a subject the keys it co-owns."""
         store = self.w.keyring.store
         held = store.for_subject(self.ref, self.scope)
+        held += [r for s in self.key_scopes() for r in store.for_subject(self.ref, s)]
         return len(held) + len(store.owned_by(self.ref, self.scope))
 
     def sweep_keys(self) -> list[str] | None:
@@ -207,7 +221,7 @@ class Extent:
         where the request destroys no key of its own."""
         if not self.keys_left():
             return []
-        result = self.w.keyring.destroy(self.ref, self.scope)
+        result = self.w.keyring.destroy(self.ref, self.scope, also=self.key_scopes())
         if self.deletes_backups and result.tombstone.key_ids:
             self.w.backups.on_erasure(result.tombstone, whole_subject=self.scope is None)
         return [k.hex() for k in result.tombstone.key_ids]

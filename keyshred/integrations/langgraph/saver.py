@@ -91,6 +91,15 @@ _THREAD_IDS_KEPT = 20_000  # thread ids a saver keeps from listings across threa
 _IDS = ("thread_id", "checkpoint_ns", "checkpoint_id", "subject_id")
 
 
+def _id(value: Any, what: str) -> str:
+    """An id stored as a plaintext column (checkpoint, task, channel, run): a string
+    of valid Unicode without NUL, which PostgreSQL's text cannot hold."""
+    if type(value) is not str or "\x00" in value:
+        check_text(value, what)
+        raise InvalidInput(f"{what} holds a NUL character")
+    return check_text(value, what)
+
+
 def _configurable(config: Any) -> dict[str, Any]:
     """``config["configurable"]``, with the ids keyshred reads typed (strings; a
     thread id may be a number or UUID, as LangGraph allows)."""
@@ -102,11 +111,12 @@ def _configurable(config: Any) -> dict[str, Any]:
     for name in _IDS:
         value = conf.get(name)
         # Every saver call passes here: ASCII ids skip the call (and its message).
-        if value is None or (type(value) is str and value.isascii()):
+        if value is None or (type(value) is str and value.isascii() and "\x00" not in value):
             continue
-        if name == "thread_id" and isinstance(value, int | uuid.UUID):
+        if name == "thread_id" and isinstance(value, int | uuid.UUID | str):
+            check_text(str(value), "config['configurable']['thread_id']")  # hashed only
             continue
-        check_text(value, f"config['configurable'][{name!r}]")
+        _id(value, f"config['configurable'][{name!r}]")
     return dict(conf)
 
 
@@ -122,6 +132,9 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         serde: Any = None,
     ) -> None:
         super().__init__(serde=serde)
+        # A declared scope only (``UnknownScope`` otherwise), as for memories: a
+        # thread in a scope no erasure can name would outlive every scope erasure.
+        ks.policy.scope(scope)
         self._ks = ks
         self._store = ks.checkpoints
         self._resolve = subject
@@ -258,6 +271,8 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
             ns = conf.get("checkpoint_ns")
             cid = conf.get("checkpoint_id")
         before_id = get_checkpoint_id(before) if before else None
+        if before_id is not None:
+            before_id = _id(before_id, "before's checkpoint_id")
         n = 0
         for ref, row, writes in self._store.checkpoints(
             th, checkpoint_ns=ns, checkpoint_id=cid, before=before_id
@@ -289,24 +304,26 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
         conf = self._conf(config)
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
+        checkpoint_id = _id(checkpoint.get("id"), "the checkpoint's id")
+        md = get_serializable_checkpoint_metadata(config, metadata)
+        run_id = md.get("run_id")
+        run = None if run_id is None else _id(str(run_id), "the metadata's run_id")
         th = self._thread(config, conf, thread_id)
         t1, d1 = self.serde.dumps_typed(checkpoint)
-        md = get_serializable_checkpoint_metadata(config, metadata)
         t2, d2 = self.serde.dumps_typed(md)
         row = CheckpointRow(
             thread_id,
             ns,
-            checkpoint["id"],
+            checkpoint_id,
             conf.get("checkpoint_id"),
             pack(t1.encode(), d1, t2.encode(), d2),
         )
-        run_id = md.get("run_id")
-        self._store.put_checkpoint(th, row, None if run_id is None else str(run_id))
+        self._store.put_checkpoint(th, row, run)
         return {
             "configurable": {
                 "thread_id": thread_id,
                 "checkpoint_ns": ns,
-                "checkpoint_id": checkpoint["id"],
+                "checkpoint_id": checkpoint_id,
             }
         }
 
@@ -319,6 +336,10 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
     ) -> None:
         conf = self._conf(config)
         thread_id = str(conf["thread_id"])
+        _id(task_id, "the task id")
+        _id(task_path, "the task path")
+        for channel, _ in writes:
+            _id(channel, "a write's channel")
         th = self._thread(config, conf, thread_id)
         rows = []
         for idx, (channel, value) in enumerate(writes):
@@ -344,7 +365,8 @@ class KeyshredSaver(BaseCheckpointSaver[Any]):
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         by_thread: dict[str, list[tuple[str, str]]] = {}
-        for ref, ns, cid in self._store.run_checkpoints([str(r) for r in run_ids]):
+        runs = [_id(str(r), "a run id") for r in run_ids]
+        for ref, ns, cid in self._store.run_checkpoints(runs):
             by_thread.setdefault(ref, []).append((ns, cid))
         for ref, keys in by_thread.items():
             th = self._store._find(ref)
