@@ -797,7 +797,7 @@ class CheckpointStore:
         reads refuse and listings skip them: threads of a suppressed scope, a
         thread whose key is gone (a ``delete_thread`` a kill interrupted), and
         checkpoints sealed under a key shared with a subject being erased."""
-        t, c, w = threads.c, checkpoints.c, checkpoint_writes.c
+        t = threads.c
         found = conn.execute(
             sa.select(t.thread_ref, t.scope, t.thread, t.created_at)
             .where(t.subject_ref == subject_ref)
@@ -812,25 +812,15 @@ class CheckpointStore:
                 thread_id = self._open(th, "threads", th.thread_ref, sealed).decode("utf-8")
             except (KeyNotFound, SubjectErased):
                 continue
+            # The hot path's own statements, on the export's connection.
+            bound = {"thread_ref": th.thread_ref}
             pending: dict[tuple[str, str], list[Any]] = {}
-            for wr in conn.execute(
-                sa.select(
-                    w.checkpoint_ns,
-                    w.checkpoint_id,
-                    w.task_id,
-                    w.idx,
-                    w.channel,
-                    w.task_path,
-                    w.data,
-                ).where(w.thread_ref == th.thread_ref)
-            ):
+            for wr in conn.exec_driver_sql(self._sql["thread_writes"], bound):
                 pending.setdefault((wr[0], wr[1]), []).append(tuple(wr[2:]))
             opened = []
             kids: set[bytes] = set()
-            for ns, cid, parent, data in conn.execute(
-                sa.select(c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.data)
-                .where(c.thread_ref == th.thread_ref)
-                .order_by(c.checkpoint_ns, c.checkpoint_id.desc())
+            for _, ns, cid, parent, data in conn.exec_driver_sql(
+                self._sql["thread_checkpoints"], bound
             ):
                 writes = pending.get((ns, cid), [])
                 try:

@@ -48,43 +48,14 @@ from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.keyring.envelope import PlaceTemplate, key_id_of
 from keyshred.storage import faults
 from keyshred.storage.checkpoints import checkpoint_records, thread_scope
-from keyshred.storage.schema import assets, checkpoint_writes, checkpoints, threads
+from keyshred.storage.schema import checkpoints
 from tests.storage.conftest import make_config
-
-ANA = "ana@example.org"
-
-
-def _cfg(thread: str, **extra: Any) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread, "checkpoint_ns": "", "subject_id": ANA, **extra}}
-
-
-def _put(saver: KeyshredSaver, thread: str, note: str) -> dict[str, Any]:
-    """A checkpoint after the thread's latest, with one pending write."""
-    latest = saver.get_tuple(_cfg(thread))
-    cp = empty_checkpoint()
-    cp["channel_values"] = {"notes": [note]}
-    stored = saver.put(_cfg(thread) if latest is None else latest.config, cp, {"step": 1}, {})
-    cfg = {"configurable": {**stored["configurable"], "subject_id": ANA}}
-    saver.put_writes(cfg, [("notes", f"{note} pending")], "task", "~a")
-    return cfg
+from tests.storage.test_thread_faults import _rows_of
+from tests.storage.test_thread_scope_guard import ANA, _cfg, _put
 
 
 def _note(t: Any) -> str:
     return str(t.checkpoint["channel_values"]["notes"][0])
-
-
-def _rows_of(ks: Keyshred, ref: str) -> dict[str, int]:
-    with ks.catalog.engine.connect() as conn:
-        return {
-            t.name: int(
-                conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(t)
-                    .where((t.c.asset_id if t is assets else t.c.thread_ref) == ref)
-                ).scalar_one()
-            )
-            for t in (threads, checkpoints, checkpoint_writes, assets)
-        }
 
 
 def _raw_checkpoints(ks: Keyshred, ref: str) -> list[tuple[str, str, str | None, bytes]]:
@@ -275,66 +246,66 @@ def _hold_at(point: str, action: Callable[[], None], wait: float = 0.8) -> Any:
     return hook, state
 
 
-def test_two_handles_create_one_thread_at_once(
-    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def handles(catalog_url: str, tmp_path: Path) -> Iterator[tuple[Keyshred, Keyshred]]:
+    """Two handles on one data folder and catalog (two processes' views)."""
     a = Keyshred.init(tmp_path / "data", make_config(catalog_url))
     b = Keyshred.open(tmp_path / "data", make_config(catalog_url))
-    try:
-        sa_, sb = KeyshredSaver(a, scope="marketing"), KeyshredSaver(b, scope="marketing")
+    yield a, b
+    b.close()
+    a.close()
 
-        def b_put() -> None:
-            cp = empty_checkpoint()
-            cp["channel_values"] = {"notes": ["by b"]}
-            sb.put(_cfg("t"), cp, {}, {})
 
-        hook, state = _hold_at("thread.in_create", b_put)
-        monkeypatch.setattr(faults, "hook", hook)
+def test_two_handles_create_one_thread_at_once(
+    handles: tuple[Keyshred, Keyshred], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = handles
+    sa_, sb = KeyshredSaver(a, scope="marketing"), KeyshredSaver(b, scope="marketing")
+
+    def b_put() -> None:
         cp = empty_checkpoint()
-        cp["channel_values"] = {"notes": ["by a"]}
-        sa_.put(_cfg("t"), cp, {}, {})
-        state["thread"].join(20)
-        monkeypatch.setattr(faults, "hook", None)
-        assert state["done"] and state["error"] is None, repr(state["error"])
-        ref = str(sa_._store.thread_ref("t"))
-        assert _rows_of(a, ref) == {
-            "ks_threads": 1,
-            "ks_checkpoints": 2,
-            "ks_checkpoint_writes": 0,
-            "ks_assets": 1,
-        }
-        assert {_note(t) for t in sb.list(_cfg("t"))} == {"by a", "by b"}
-    finally:
-        b.close()
-        a.close()
+        cp["channel_values"] = {"notes": ["by b"]}
+        sb.put(_cfg("t"), cp, {}, {})
+
+    hook, state = _hold_at("thread.in_create", b_put)
+    monkeypatch.setattr(faults, "hook", hook)
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"notes": ["by a"]}
+    sa_.put(_cfg("t"), cp, {}, {})
+    state["thread"].join(20)
+    monkeypatch.setattr(faults, "hook", None)
+    assert state["done"] and state["error"] is None, repr(state["error"])
+    ref = str(sa_._store.thread_ref("t"))
+    assert _rows_of(a, ref) == {
+        "ks_threads": 1,
+        "ks_checkpoints": 2,
+        "ks_checkpoint_writes": 0,
+        "ks_assets": 1,
+    }
+    assert {_note(t) for t in sb.list(_cfg("t"))} == {"by a", "by b"}
 
 
 def test_a_write_racing_another_handles_delete_thread(
-    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    handles: tuple[Keyshred, Keyshred], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    b = Keyshred.open(tmp_path / "data", make_config(catalog_url))
-    try:
-        sa_, sb = KeyshredSaver(a, scope="marketing"), KeyshredSaver(b, scope="marketing")
-        _put(sa_, "t", "one")
-        _put(sb, "t", "two")  # b caches the thread and its key
-        ref = str(sa_._store.thread_ref("t"))
+    a, b = handles
+    sa_, sb = KeyshredSaver(a, scope="marketing"), KeyshredSaver(b, scope="marketing")
+    _put(sa_, "t", "one")
+    _put(sb, "t", "two")  # b caches the thread and its key
+    ref = str(sa_._store.thread_ref("t"))
 
-        def b_put() -> None:
-            _put(sb, "t", "late")
+    def b_put() -> None:
+        _put(sb, "t", "late")
 
-        hook, state = _hold_at("thread.before_commit", b_put)
-        monkeypatch.setattr(faults, "hook", hook)
-        sa_.delete_thread("t")
-        state["thread"].join(20)
-        monkeypatch.setattr(faults, "hook", None)
-        assert state["done"]
-        assert state["error"] is None or isinstance(state["error"], NotFound), repr(state["error"])
-        assert set(_rows_of(a, ref).values()) == {0}
-        assert sb.get_tuple(_cfg("t")) is None
-    finally:
-        b.close()
-        a.close()
+    hook, state = _hold_at("thread.before_commit", b_put)
+    monkeypatch.setattr(faults, "hook", hook)
+    sa_.delete_thread("t")
+    state["thread"].join(20)
+    monkeypatch.setattr(faults, "hook", None)
+    assert state["done"]
+    assert state["error"] is None or isinstance(state["error"], NotFound), repr(state["error"])
+    assert set(_rows_of(a, ref).values()) == {0}
+    assert sb.get_tuple(_cfg("t")) is None
 
 
 def test_whole_subject_erasure_takes_threads_of_every_scope(ks: Keyshred) -> None:

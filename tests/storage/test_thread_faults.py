@@ -62,6 +62,20 @@ _WORKER = textwrap.dedent(
 THREADS = {"victim": "ana@example.org", "kept": "ana@example.org", "other": "bob@example.org"}
 
 
+def _killed_at(point: str, data: Path, catalog_url: str) -> None:
+    """Run the worker on ``data`` and check that it died at ``point``."""
+    script = data.parent / "worker.py"
+    script.write_text(_WORKER.format(root=str(ROOT)))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(data), point, catalog_url],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+
+
 def _cfg(thread: str) -> dict[str, Any]:
     return {
         "configurable": {"thread_id": thread, "checkpoint_ns": "", "subject_id": THREADS[thread]}
@@ -116,16 +130,7 @@ def test_sigkill_inside_delete_thread(catalog_url: str, tmp_path: Path, point: s
     finally:
         ks.close()
 
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER.format(root=str(ROOT)))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(data), point, catalog_url],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    _killed_at(point, data, catalog_url)
 
     ks = Keyshred.open(data, make_config(catalog_url))
     try:
@@ -186,16 +191,7 @@ def test_sigkill_inside_delete_thread(catalog_url: str, tmp_path: Path, point: s
 def test_sigkill_inside_a_threads_creation(catalog_url: str, tmp_path: Path) -> None:
     data = tmp_path / "data"
     Keyshred.init(data, make_config(catalog_url)).close()
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER.format(root=str(ROOT)))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(data), "thread.in_create", catalog_url],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    _killed_at("thread.in_create", data, catalog_url)
     ks = Keyshred.open(data, make_config(catalog_url))
     try:
         saver = KeyshredSaver(ks)

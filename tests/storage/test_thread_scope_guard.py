@@ -7,7 +7,6 @@ erasure left its threads readable until the erasure dropped them."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,13 +17,12 @@ from keyshred import Keyshred
 from keyshred.errors import SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.storage.schema import checkpoint_writes, checkpoints, threads
-from tests.storage.conftest import make_config
 
 ANA = "ana@example.org"
 
 
-def _cfg(thread: str, cid: str | None = None) -> dict[str, Any]:
-    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": "", "subject_id": ANA}
+def _cfg(thread: str, cid: str | None = None, **extra: Any) -> dict[str, Any]:
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": "", "subject_id": ANA, **extra}
     if cid is not None:
         conf["checkpoint_id"] = cid
     return {"configurable": conf}
@@ -46,13 +44,6 @@ def _rows(ks: Keyshred) -> tuple[int, int, int]:
             int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one())
             for t in (threads, checkpoints, checkpoint_writes)
         )
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Any:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 def test_a_suppressed_scope_stops_its_threads_and_only_them(ks: Keyshred) -> None:
