@@ -119,7 +119,20 @@ class ExportResult:
 
 
 def _iso(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
+    """A time as ISO 8601 with its offset (SQLite hands the catalog's UTC times back
+    without one)."""
+    if not isinstance(value, datetime):
+        return value
+    return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
+
+
+def _json_bytes(data: Any) -> bytes:
+    """UTF-8 JSON; text UTF-8 cannot carry (a lone surrogate an application's serde
+    stored) is written as JSON's escapes instead, not refused."""
+    try:
+        return json.dumps(data, ensure_ascii=False, indent=1, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True, indent=1, default=str).encode("ascii")
 
 
 def _threads(exported: list[ExportedThread]) -> list[dict[str, Any]]:
@@ -198,7 +211,10 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        if all(type(k) is str for k in value):
+            return {k: _jsonable(v) for k, v in value.items()}
+        # Keys JSON cannot hold as they are (1 and "1" would collide): as pairs.
+        return {"pairs": [[_jsonable(k), _jsonable(v)] for k, v in value.items()]}
     if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v) for v in value]
     if isinstance(value, bytes | bytearray):
@@ -242,7 +258,6 @@ def export_subject(
         raise InvalidInput("an export expires within 1 second to 90 days")
     ref = ks.subject_ref(subject)
     ks.catalog.check_guard(ref)  # an erased or suppressed subject is refused early
-    suppressed_scopes = ks.catalog.guard(ref).scopes
     ks.vault.flush()  # tokens held for group commit are the subject's too
     export_id = uuid.uuid4().hex
     now = datetime.now(UTC)
@@ -315,7 +330,7 @@ def export_subject(
                     )
                 ]
                 high = conn.execute(sa.select(sa.func.max(audit_events.c.seq))).scalar()
-                exported = ks.checkpoints.exported(conn, ref, suppressed_scopes)
+                exported = ks.checkpoints.exported(conn, ref)
         finally:
             conn.close()
     memories = []
@@ -391,7 +406,7 @@ def export_subject(
     content = io.BytesIO()
     with zipfile.ZipFile(content, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in files.items():
-            zf.writestr(name, json.dumps(data, ensure_ascii=False, indent=1, default=str))
+            zf.writestr(name, _json_bytes(data))
     scope = f"~export:{export_id}"
     # Every subject an exported memory or checkpoint is about owns the package's
     # key: read from the owner sets of the rows' keys (the holder's own rows have

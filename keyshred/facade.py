@@ -201,7 +201,7 @@ class Keyshred:
             catalog,
             keyring,
             tenant=config.tenant,
-            first_key=self._memories.first_key,
+            locked=self._memories.locked,
             mentions=mentions,
         )
         self.checkpoints = self._guard(self._checkpoints)

@@ -35,7 +35,8 @@ from __future__ import annotations
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -218,7 +219,7 @@ class CheckpointStore:
         keyring: Keyring,
         *,
         tenant: str,
-        first_key: Callable[[str, str, str | None], DataKey],
+        locked: Callable[[str], AbstractContextManager[None]],
         mentions: MentionFinder | None = None,
     ) -> None:
         self._catalog = catalog
@@ -227,9 +228,9 @@ class CheckpointStore:
         # Registered identifiers of other subjects found in what a thread stores make
         # them co-owners of the key it is sealed under (as for a memory).
         self._mentions = mentions
-        # Makes a thread's key safely against a racing erasure
-        # (``MemoryStore.first_key``).
-        self._first_key = first_key
+        # The subject's partition lock (``MemoryStore.locked``): an erasure
+        # destroys keys under it after suppressing; a thread is made under it.
+        self._locked = locked
         self._threads: dict[str, _Thread] = {}
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
@@ -402,44 +403,49 @@ class CheckpointStore:
 
     def _create(self, ref: str, thread_id: str, subject_ref: str, scope: str) -> _Thread:
         th = _Thread(ref, subject_ref, scope)
-        # The thread's key is created here and only here, under the subject's
-        # partition lock with the guard read in it: never for a subject being erased.
-        key = self._first_key(subject_ref, thread_scope(ref), scope)
-        sealed = key.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
-        now = datetime.now(UTC)
-        asset = AssetRow(
-            asset_id=ref,
-            subject_ref=subject_ref,
-            scope=scope,
-            kind=THREAD_KIND,
-            storage_system="catalog",
-            storage_key="ks_checkpoints",
-            purpose="agent-thread",
-            category="conversation",
-            created_at=now,
-            retain_until=None,
-        )
-        row = {
-            "thread_ref": ref,
-            "subject_ref": subject_ref,
-            "scope": scope,
-            "thread": sealed,
-            "created_at": self._catalog.time_param(now),
-        }
+        # Under the subject's partition lock, the lock an erasure destroys keys
+        # under after suppressing: the guard, the thread's key (created here and
+        # only here) and its row, so that the erasure finds the thread with its
+        # key, or the thread is refused before any key is made.
+        with self._locked(subject_ref):
+            self._catalog.check_guard(subject_ref, scope=scope)
+            key = self._keyring.data_key(subject_ref, thread_scope(ref))
+            faults.reached("thread.key_made")
+            sealed = key.seal(thread_id.encode("utf-8"), self._place(th, "threads", ref))
+            now = datetime.now(UTC)
+            asset = AssetRow(
+                asset_id=ref,
+                subject_ref=subject_ref,
+                scope=scope,
+                kind=THREAD_KIND,
+                storage_system="catalog",
+                storage_key="ks_checkpoints",
+                purpose="agent-thread",
+                category="conversation",
+                created_at=now,
+                retain_until=None,
+            )
+            row = {
+                "thread_ref": ref,
+                "subject_ref": subject_ref,
+                "scope": scope,
+                "thread": sealed,
+                "created_at": self._catalog.time_param(now),
+            }
 
-        def insert_thread(cur: Any) -> None:
-            cur.execute(self._sql["insert_thread"], row)
-            faults.reached("thread.in_create")
+            def insert_thread(cur: Any) -> None:
+                cur.execute(self._sql["insert_thread"], row)
+                faults.reached("thread.in_create")
 
-        # One transaction: the guard re-read, the thread's row (its primary key
-        # settles a race between processes) and its asset row. A kill leaves both
-        # or neither: never a thread that the subject's inventory does not list.
-        self._catalog.insert_assets(
-            [self._catalog.asset_params(asset)],
-            scopes={(subject_ref, scope)},
-            replace=[ref],
-            also=insert_thread,
-        )
+            # One transaction: the guard re-read, the thread's row (its primary key
+            # settles a race between processes) and its asset row. A kill leaves
+            # both or neither: never a thread the subject's inventory does not list.
+            self._catalog.insert_assets(
+                [self._catalog.asset_params(asset)],
+                scopes={(subject_ref, scope)},
+                replace=[ref],
+                also=insert_thread,
+            )
         self._remember(th)
         return th
 
@@ -789,15 +795,27 @@ class CheckpointStore:
             ).scalar_one()
         return self._open(th, "threads", thread_ref, sealed).decode("utf-8")
 
-    def exported(
-        self, conn: Any, subject_ref: str, suppressed_scopes: Collection[str] = ()
-    ) -> list[ExportedThread]:
+    def exported(self, conn: Any, subject_ref: str) -> list[ExportedThread]:
         """The subject's threads for its export, read on ``conn`` (the export's one
-        transaction: one point in time with the rest of the package). Left out, as
-        reads refuse and listings skip them: threads of a suppressed scope, a
-        thread whose key is gone (a ``delete_thread`` a kill interrupted), and
-        checkpoints sealed under a key shared with a subject being erased."""
-        t = threads.c
+        transaction: one point in time with the rest of the package, the guard
+        included). Left out, as reads refuse and listings skip them: threads of a
+        scope suppressed at that point, a thread whose key is gone (a
+        ``delete_thread`` a kill interrupted), and checkpoints sealed under a key
+        shared with a subject being erased. A subject suppressed by then:
+        ``SubjectSuppressed``."""
+        g, t = subject_guard.c, threads.c
+        guard = self._catalog.guard_of(
+            *(
+                conn.execute(
+                    sa.select(g.status, g.deletion_epoch, g.suppressed_scopes).where(
+                        g.subject_ref == subject_ref
+                    )
+                ).first()
+                or (None, None, None)
+            )
+        )
+        self._catalog.enforce(subject_ref, guard, None)
+        suppressed_scopes = guard.scopes
         found = conn.execute(
             sa.select(t.thread_ref, t.scope, t.thread, t.created_at)
             .where(t.subject_ref == subject_ref)

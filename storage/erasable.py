@@ -126,7 +126,6 @@ class StoreCheck:
 
 
 @runtime_checkable
-@runtime_checkable
 class ScopedKeys(Protocol):
     """A store whose data in a policy scope is sealed under keys of other key scopes
     as well (an agent thread's own key, ``~thread:<ref>``): a scope's erasure
@@ -137,6 +136,7 @@ class ScopedKeys(Protocol):
         ...
 
 
+@runtime_checkable
 class Erasable(Protocol):
     """A store that holds personal data and can erase a subject (or scope) from it."""
 

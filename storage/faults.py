@@ -59,8 +59,10 @@ POINTS = (
     # subject by subject (one was suppressed) are stored, the next subject's not yet
     "vault.after_store",
     "vault.after_group",
-    # CheckpointStore._create: the thread's row is inserted in the transaction that
+    # CheckpointStore._create: the thread's key is made (under the subject's lock),
+    # its row not yet inserted; the row is inserted in the transaction that
     # registers its asset, not yet committed
+    "thread.key_made",
     "thread.in_create",
     # CheckpointStore._drop (delete_thread, retention): the thread's key is destroyed,
     # its rows not yet deleted; the rows' deletes are issued in the open transaction,

@@ -162,7 +162,8 @@ class Extent:
         # the scope is then in no other scope's files in its old version, which the
         # next load would otherwise read back once the new one is unreadable.
         with w.partitions.locked(self.ref, compact=self.scope is not None):
-            result = w.keyring.destroy(self.ref, self.scope, also=self.key_scopes())
+            also = self.key_scopes()
+            result = w.keyring.destroy(self.ref, self.scope, also=also)
         w.evict(self.ref)
         epoch = self.req.doc["details"].get("suppress", {}).get("epoch")
         if epoch is not None:
@@ -189,14 +190,18 @@ class Extent:
             "cache_evicted": result.cache_entries_evicted,
             # Keys of other holders' data about the subject, destroyed with its own.
             "shared_keys": [[k.hex(), holder] for k, holder in result.shared_keys],
+            # The scope's other key scopes (its threads' keys), for the sweep: by
+            # then the threads' rows are gone, not a key made for them meanwhile.
+            "key_scopes": also,
             # The live epoch that may still sit in database pages with these keys:
             # when the live schedule destroys it.
             "live_residue_until": iso(w.backups.live_residue_until(at)),
         }
 
     def key_scopes(self) -> list[str]:
-        """A scope's other key scopes (its agent threads' own keys): destroyed with
-        the scope's keys. A whole subject's erasure takes every key it holds."""
+        """A scope's other key scopes (its agent threads' own keys), those the
+        stores hold now and those the key step found: destroyed with the scope's
+        keys. A whole subject's erasure takes every key it holds."""
         if self.scope is None:
             return []
         found = {
@@ -205,6 +210,8 @@ class Extent:
             if isinstance(store, ScopedKeys)
             for s in store.key_scopes(self.ref, self.scope)
         }
+        step = self.req.doc.get("details", {}).get("destroy_keys") or {}
+        found.update(step.get("key_scopes", ()))
         return sorted(found)
 
     def keys_left(self) -> int:

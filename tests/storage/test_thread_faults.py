@@ -27,7 +27,11 @@ from keyshred.storage.schema import assets, checkpoint_writes, checkpoints, thre
 from tests.storage.conftest import make_config
 
 ROOT = Path(__file__).resolve().parents[2]
-DELETE_POINTS = [p for p in POINTS if p.startswith("thread.") and p != "thread.in_create"]
+DELETE_POINTS = [
+    p
+    for p in POINTS
+    if p.startswith("thread.") and p not in ("thread.in_create", "thread.key_made")
+]
 
 _WORKER = textwrap.dedent(
     """
