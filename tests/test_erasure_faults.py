@@ -96,9 +96,11 @@ def test_sigkill_after_each_step_then_resume(step: str, tmp_path: Path) -> None:
 
 
 # The vault's group-commit points are a flush's, not the erasure's (their crash test
-# is tests/vault/test_group.py); the backup's are a backup's (tests/backup/test_backup_kill.py).
+# is tests/vault/test_group.py); the backup's are a backup's (tests/backup/test_backup_kill.py);
+# the thread's are delete_thread's and a thread's creation's
+# (tests/storage/test_thread_faults.py).
 ERASURE_POINTS = [
-    p for p in POINTS if not p.startswith(("vault.", "import.", "vectors.", "backup."))
+    p for p in POINTS if not p.startswith(("vault.", "import.", "vectors.", "backup.", "thread."))
 ]
 
 
