@@ -47,16 +47,27 @@ class GuardMixin(CatalogBase):
     """The guard's reads and changes."""
 
     _generation: _GuardGeneration | None
+    guard_changes: int
     # subject_ref -> (guard generation when read, guard): embedded catalogs only
     _guards: dict[str, tuple[int, GuardState]]
 
     def _guard_setup(self) -> None:
         self._generation = None
         self._guards = {}
+        # Guard changes this process began (a suppression here): with the eviction
+        # events of other processes' changes, what a long read watches to read the
+        # guard again (``CheckpointStore.checkpoints``).
+        self.guard_changes = 0
         path = self.engine.url.database
         if self.dialect == "sqlite" and path and path != ":memory:":
             p = Path(path)
             self._generation = _GuardGeneration(p.with_name(p.name + ".guardgen"))
+
+    @property
+    def guard_cached(self) -> bool:
+        """Whether ``check_guard`` answers from memory while no guard changed (an
+        embedded SQLite file's shared generation): reading it is then ~free."""
+        return self._generation is not None
 
     def guard_in(self, cur: Any, subject_ref: str, *, lock: bool = True) -> GuardState:
         """The guard read inside ``hot``'s transaction (``FOR SHARE`` on PostgreSQL)."""
@@ -266,6 +277,7 @@ class GuardMixin(CatalogBase):
         turns even again only after the commit (``_guard_changed``). A process that
         dies in between leaves it odd: every process reads guards from the
         database until the next reader finds nobody changing one and settles it."""
+        self.guard_changes += 1
         if self._generation is None:
             yield
             return

@@ -232,6 +232,7 @@ class CheckpointStore:
         # destroys keys under it after suppressing; a thread is made under it.
         self._locked = locked
         self._threads: dict[str, _Thread] = {}
+        self._evictions = 0  # eviction events heard of (``evict``)
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
         self._templates: dict[tuple[str, str], PlaceTemplate] = {}
@@ -717,11 +718,13 @@ class CheckpointStore:
                 thread_writes: dict[tuple[str, str], list[Any]] = {}
                 for wr in cur.fetchall():
                     thread_writes.setdefault((wr[0], wr[1]), []).append(wr[2:])
+            heard = self._heard()
             for i, (ref, ns, cid, parent, data) in enumerate(rows):
-                if i:
-                    # A listing is consumed at the caller's pace: the guard is read
-                    # again before each further row is decrypted, so a suppression
-                    # stops it there (the first row's was the caller's check).
+                if i and (self._catalog.guard_cached or self._heard() != heard):
+                    # A listing is consumed at the caller's pace: a suppression
+                    # stops it before the next row is decrypted (the first row's
+                    # check was the caller's).
+                    heard = self._heard()
                     self._catalog.check_guard(th.subject_ref, scope=th.scope)
                 try:
                     row, wrs = self._rows(
@@ -766,18 +769,26 @@ class CheckpointStore:
                 ):
                     writes.setdefault((wr[0], wr[1], wr[2]), []).append(wr[3:])
         known: dict[str, _Thread | None] = {}
+        checked: set[str] = set()
+        heard = self._heard()
         for ref, ns, cid, parent, data in rows:
-            # The guard before each row is decrypted (the listing is consumed at the
-            # caller's pace): a thread whose subject or scope is suppressed meanwhile
-            # is skipped from there on, as it was from the start.
+            # The guard before a thread's first row, and again before a further one
+            # once a suppression was heard of (the listing is consumed at the
+            # caller's pace): a thread whose subject or scope is suppressed
+            # meanwhile is skipped from there on, as it was from the start.
             t = known[ref] = known[ref] if ref in known else self._find(ref)
             if t is None:
                 continue
-            try:
-                self._catalog.check_guard(t.subject_ref, scope=t.scope)
-            except SubjectSuppressed:
-                known[ref] = None
-                continue
+            if self._heard() != heard:
+                heard = self._heard()
+                checked.clear()
+            if ref not in checked or self._catalog.guard_cached:
+                try:
+                    self._catalog.check_guard(t.subject_ref, scope=t.scope)
+                except SubjectSuppressed:
+                    known[ref] = None
+                    continue
+                checked.add(ref)
             try:
                 row, wrs = self._rows(t, ns, cid, parent, data, writes.get((ref, ns, cid), []))
             except (SubjectErased, SubjectSuppressed):
@@ -1053,9 +1064,16 @@ class CheckpointStore:
         return [StoreCheck("no thread or checkpoint left", not left, f"{left} rows left")]
 
     def evict(self, subject_ref: str) -> None:
-        """Forget the cached thread records (they hold no key or value)."""
+        """Forget the cached thread records (they hold no key or value); a listing
+        under way reads the guard again before its next row."""
         del subject_ref  # the cache is small: all of it goes
+        with self._lock:
+            self._evictions += 1
         self.forget()
+
+    def _heard(self) -> tuple[int, int]:
+        """Guard changes this process made, and eviction events it heard of."""
+        return self._catalog.guard_changes, self._evictions
 
 
 def _uuid6_time(value: str) -> datetime | None:

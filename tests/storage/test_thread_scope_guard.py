@@ -7,6 +7,9 @@ erasure left its threads readable until the erasure dropped them."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from keyshred import Keyshred
 from keyshred.errors import SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.storage.schema import checkpoint_writes, checkpoints, threads
+from tests.storage.conftest import make_config
 
 ANA = "ana@example.org"
 
@@ -109,3 +113,33 @@ def test_a_scope_erasure_takes_its_threads_and_reopens_the_scope(ks: Keyshred) -
     _put(marketing, "campaign", "a fresh start")
     got = marketing.get_tuple(_cfg("campaign"))
     assert got is not None and got.checkpoint["channel_values"] == {"notes": ["a fresh start"]}
+
+
+def test_another_handles_suppression_stops_a_listing_under_way(
+    catalog_url: str, tmp_path: Path
+) -> None:
+    """The listing's process hears of the suppression through the eviction event
+    (PostgreSQL ``LISTEN``, SQLite's in-process bus) and reads the guard again before
+    its next row: nothing more of the scope's thread is returned."""
+    a = Keyshred.init(tmp_path / "data", make_config(catalog_url))
+    b = Keyshred.open(tmp_path / "data", make_config(catalog_url))
+    try:
+        marketing = KeyshredSaver(a, scope="marketing")
+        for i in range(3):
+            _put(marketing, "campaign", f"note {i}")
+        for listing in (marketing.list(_cfg("campaign")), marketing.list(None)):
+            assert next(listing).checkpoint["channel_values"] == {"notes": ["note 2"]}
+            heard = a._eviction.evicted
+            b.catalog.suppress(b.subject_ref(ANA), scope="marketing")
+            deadline = time.monotonic() + 10
+            while a._eviction.evicted == heard and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert a._eviction.evicted > heard, "the event never arrived"
+            rest: list[Any] = []
+            with contextlib.suppress(SubjectSuppressed):
+                rest.extend(listing)
+            assert rest == []
+            b.catalog.release_scope(b.subject_ref(ANA), "marketing")
+    finally:
+        b.close()
+        a.close()
