@@ -260,14 +260,16 @@ class MemoryStoreBase:
             self._used[subject_ref] = time.monotonic()
             return part
 
-    def _expected_ids(self, subject_ref: str) -> set[str]:
-        """Memories the catalog holds for the subject, except those of suppressed
-        scopes (an erasure in progress removes them from files first)."""
+    def _expected_ids(self, subject_ref: str) -> Callable[[Any], set[str]]:
+        """What reads the memories the catalog holds for the subject, except those
+        of suppressed scopes (an erasure in progress removes them from files
+        first), on the cursor of the partition load's read transaction. The guard
+        is read now, before that transaction."""
         guard = self._catalog.guard(subject_ref)
         if guard.status != ACTIVE:
             # An erasure is under way (files go before catalog rows) and every read
             # and write is refused anyway: there is nothing to hold the files to.
-            return set()
+            return lambda cur: set()
         # Every asset stored in the partition: memories and derived assets alike.
         if self._sql is None:
             stmt = sa.select(assets.c.asset_id, assets.c.scope).where(
@@ -275,12 +277,16 @@ class MemoryStoreBase:
                 assets.c.storage_key == sa.bindparam("storage_key"),
             )
             self._sql = self._catalog.compile({"partition_ids": stmt})["partition_ids"]
-        with self._catalog.hot(write=False) as cur:
-            cur.execute(
-                self._sql, {"subject_ref": subject_ref, "storage_key": _storage_key(subject_ref)}
-            )
-            ids = cur.fetchall()
-        return {a for a, scope in ids if scope not in guard.scopes}
+        sql, params = (
+            self._sql,
+            {"subject_ref": subject_ref, "storage_key": _storage_key(subject_ref)},
+        )
+
+        def read(cur: Any) -> set[str]:
+            cur.execute(sql, params)
+            return {a for a, scope in cur.fetchall() if scope not in guard.scopes}
+
+        return read
 
     # -- the namespace index (keyshred.storage.namespaces) -----------------------------
 

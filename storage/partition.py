@@ -111,6 +111,9 @@ _LOAD_ATTEMPTS = 5  # a reader racing compactions lists segments again this ofte
 # it go never repeats one an earlier object of the same subject had.
 _GENERATIONS = itertools.count(1)
 _CHANGES_KEPT = 4096  # changed memory ids kept before a new generation starts
+# Given a subject, what reads the memories the catalog says its partition holds, on
+# the cursor of the load's read transaction (the guard is read before, outside it).
+ExpectedIds = Callable[[str], Callable[[Any], set[str]]]
 
 
 def partition_prefix(subject_ref: str) -> str:
@@ -141,7 +144,7 @@ class Partition:
         *,
         hot: HotTier,
         locks: SubjectLocks,
-        expected_ids: Callable[[str], set[str]] | None = None,
+        expected_ids: ExpectedIds | None = None,
         finish_deletes: Callable[[Partition, set[str]], set[str]] | None = None,
         freeze: FreezeLock | None = None,
         retired_grace_seconds: float = 300.0,
@@ -218,6 +221,9 @@ class Partition:
         self._foreign = False
         # The catalog's change token when the cache last caught up (None: unknown).
         self._token: int | None = None
+        # The head a load read and every segment the catalog named then: the load's
+        # cleanup uses them while the head is unchanged (no publish since).
+        self._names_at: tuple[Head, dict[str, int | None]] | None = None
 
     @property
     def holds_flock(self) -> bool:
@@ -360,10 +366,11 @@ class Partition:
                 gc.enable()
 
     def _load_checked(self) -> None:
-        # What the catalog says must be here, read before the partition: a write
-        # registers its assets in the transaction that adds its hot rows.
-        expected = None if self._expected_ids is None else self._expected_ids(self.subject_ref)
-        self._read_state()
+        # What the catalog says must be here, read with the partition's state in
+        # one read transaction: a write registers its assets in the transaction
+        # that adds its hot rows, so the two agree.
+        also = None if self._expected_ids is None else self._expected_ids(self.subject_ref)
+        expected = self._read_state(also=also)
         if self.holds_flock and self._expected_ids is not None:
             # Under the lock no compaction is in flight: what a killed one left
             # (an unpublished object, retired ones not yet deleted) goes now. On an
@@ -372,7 +379,9 @@ class Partition:
             # moto): there they wait for the subject's next compaction, which lists
             # (every delete compacts, so no deleted memory's bytes wait on it), and
             # only the retired segments the catalog names go now.
-            self._cleanup(listing=self._objects.local)
+            at = self._names_at
+            names = at[1] if at is not None and at[0] == self._head else None
+            self._cleanup(listing=self._objects.local, names=names)
         if expected is not None:
             missing = expected - {r.memory_id for r in self.all_rows()}
             if missing and self._finish_deletes is not None:
@@ -386,13 +395,21 @@ class Partition:
                     "holds (a truncated or replaced segment)"
                 )
 
-    def _read_state(self, *, lenient: bool = False, view: bool = False) -> None:
+    def _read_state(
+        self,
+        *,
+        lenient: bool = False,
+        view: bool = False,
+        also: Callable[[Any], set[str]] | None = None,
+    ) -> set[str] | None:
         """Read the catalog's state; under the subject lock, first import a folder of
         the old layout if there is one (``view``: read its rows into the cache,
-        commit and remove nothing — a dry-run repair)."""
+        commit and remove nothing — a dry-run repair). Returns what ``also`` read
+        in the same transaction (None without it)."""
+        extra = None
         for _ in range(_LOAD_ATTEMPTS):
             try:
-                self._read_once(lenient=lenient)
+                extra = self._read_once(lenient=lenient, also=also)
                 break
             except _Vanished:
                 time.sleep(0.01)  # a compaction is publishing: read its list instead
@@ -405,6 +422,7 @@ class Partition:
             except BaseException:
                 self.invalidate()
                 raise
+        return extra
 
     # -- the layout of releases before issue #21 ---------------------------------------
 
@@ -502,14 +520,17 @@ class Partition:
                 by_lookup.pop(items[0], None)
         return list(by_lookup.values()), scopes
 
-    def _read_once(self, *, lenient: bool) -> None:
+    def _read_once(
+        self, *, lenient: bool, also: Callable[[Any], set[str]] | None = None
+    ) -> set[str] | None:
         """One read of the catalog's state and the segments it lists; ``lenient``
         (repair) takes a listed segment that is gone as holding nothing, and marks
         its scope for the next compaction, instead of reading the list again."""
         self.invalidate()
-        head, segments, records = self._hot.state(self.subject_ref, since=None)
-        head = head or EMPTY
-        for seg in segments or []:
+        state = self._hot.load_state(self.subject_ref, also)
+        head, records = state.head or EMPTY, state.records
+        self._names_at = (head, state.names)
+        for seg in state.segments:
             if seg.scope in self._segments:
                 raise IntegrityError(f"partition {self.subject_ref} lists two segments of a scope")
             self._segments[seg.scope] = seg
@@ -531,6 +552,7 @@ class Partition:
         self._head = head
         self.loaded = True
         self._foreign = True  # read afresh: caches built beside the old state are stale
+        return state.extra
 
     def _apply(self, records: Sequence[HotRecord], start: int, end: int) -> None:
         """Apply hot records ``[start, end)``: every sequence number once, in order."""
@@ -698,7 +720,11 @@ class Partition:
         return out
 
     def _leftovers(
-        self, *, purge: bool = False, listing: bool = True
+        self,
+        *,
+        purge: bool = False,
+        listing: bool = True,
+        names: dict[str, int | None] | None = None,
     ) -> tuple[list[str], list[str]]:
         """Objects under the partition's prefix to delete, and the retired segment
         rows to forget with them: objects no segment row names (a compaction that
@@ -706,29 +732,37 @@ class Partition:
         longer ago than the grace period (a reader that listed one before its
         compaction committed may still be reading it until then); with ``purge``
         every retired one (a scope erasure: nobody may read them any more). Without
-        ``listing`` the objects are not listed: only the retired ones go."""
-        named = self._hot.segment_names(self.subject_ref)
+        ``listing`` the objects are not listed: only the retired ones go. ``names``:
+        the segments the catalog names, as read under this lock with no publish
+        since (a load's), else they are read now."""
+        named = self._hot.segment_names(self.subject_ref) if names is None else names
         cutoff = to_us_now() - (0 if purge else self._grace_us)
         expired = {n for n, at in named.items() if at is not None and (purge or at <= cutoff)}
         if not listing:
             return sorted(expired), sorted(expired)
         start = len(self._prefix) + 1
-        names = [k[start:] for k in self._objects.list_keys(self._prefix)]
+        found = [k[start:] for k in self._objects.list_keys(self._prefix)]
         # In a folder, the old layout's files share the subject's folder: they go
         # only with their import (``_settle_legacy``) or the subject's drop.
         objects = [
             n
-            for n in names
+            for n in found
             if (n not in named or n in expired) and not (self._objects.local and is_legacy_name(n))
         ]
         return objects, sorted(expired)
 
-    def _cleanup(self, *, purge: bool = False, listing: bool = True) -> int:
+    def _cleanup(
+        self,
+        *,
+        purge: bool = False,
+        listing: bool = True,
+        names: dict[str, int | None] | None = None,
+    ) -> int:
         """Delete leftover objects and forget retired segments past the grace
         period; returns how many objects went (without ``listing``: retired ones
         only, see ``_leftovers``). Under the subject lock only: a compaction writes
         its objects under it, so none is in flight."""
-        objects, retired = self._leftovers(purge=purge, listing=listing)
+        objects, retired = self._leftovers(purge=purge, listing=listing, names=names)
         for name in objects:
             self._objects.delete(f"{self._prefix}/{name}")
         self._hot.forget_segments(self.subject_ref, retired)
