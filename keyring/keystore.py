@@ -945,7 +945,7 @@ def _busy_typed() -> Iterator[None]:
         ) from None
 
 
-_HEAD = "0002"  # the newest revision in keyshred.keyring:migrations (a test checks it)
+_HEAD = "0003"  # the newest revision in keyshred.keyring:migrations (a test checks it)
 _STORES: weakref.WeakSet[SqlKeyStore] = weakref.WeakSet()
 
 

@@ -138,6 +138,8 @@ def tables(prefix: str) -> KeyStoreTables:
             sa.ForeignKey(f"{p}tombstone.tombstone_id"),
             nullable=False,
         ),
+        # A tombstone's keys by the tombstone (``tombstone_for``'s join; revision 0003).
+        sa.Index(f"{p}tombstone_key_tombstone", "tombstone_id", "key_id"),
     )
     secret = sa.Table(
         f"{p}secret",

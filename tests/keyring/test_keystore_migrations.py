@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -230,7 +231,7 @@ def test_a_new_store_has_the_models_schema(dialect: str, tmp_path: Path) -> None
 # The same indexes on both dialects (before revision 0002 the tombstone table had
 # one on the time on SQLite and one on the subject on PostgreSQL).
 INDEXES = {"dek_owner_set", "dek_epoch", "dek_wrap", "dek_owner_key", "tombstone_time"}
-INDEXES |= {"tombstone_subject"}
+INDEXES |= {"tombstone_subject", "tombstone_key_tombstone"}
 
 
 def _check_fresh(store: SqlKeyStore) -> None:
@@ -270,3 +271,33 @@ def test_a_snapshot_image_from_fae494a_restores_at_the_head(tmp_path: Path) -> N
 
 def _place(ring: Keyring, subject: str) -> Place:
     return Place(ring.subject_ref(subject), "default", "memories", "r1", "value")
+
+
+def test_a_destroyed_keys_tombstone_is_found_without_a_scan(tmp_path: Path) -> None:
+    """``tombstone_for`` (inside every erasure's window to crypto-erased) joins a
+    tombstone to its keys by ``tombstone_id``: through revision 0003's index, not a
+    scan of every key ever destroyed. The statement is the one the store runs,
+    captured, and the plan SQLite's own for it."""
+    store = SQLiteKeyStore(tmp_path / "keys.db")
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "tombstone_key" in statement:
+            seen.append((statement, params))
+
+    sa.event.listen(store.engine, "before_cursor_execute", capture)
+    try:
+        assert store.tombstone_for(b"\x01" * 16) is None
+        assert len(seen) == 1
+        statement, params = seen[0]
+        with store.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            plan = " | ".join(
+                str(r[-1]) for r in raw.execute("EXPLAIN QUERY PLAN " + statement, params)
+            )
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", capture)
+        store.close()
+    assert "tombstone_key_tombstone" in plan, plan
+    assert "SCAN tombstone_key" not in plan, plan
