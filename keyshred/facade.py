@@ -25,7 +25,14 @@ from keyshred.erasure.callbacks import JOB_KIND as WEBHOOK_JOB
 from keyshred.erasure.eviction import Eviction
 from keyshred.errors import ConfigError
 from keyshred.export import ExportResult, ExportStore, expire_exports, export_subject, open_export
-from keyshred.ids import Subject, SubjectLike, as_subject
+from keyshred.ids import (
+    RESERVED_IDS,
+    OwnSubject,
+    Subject,
+    SubjectLike,
+    as_subject,
+    check_not_reserved,
+)
 from keyshred.jobs import Job, JobOutcome, JobQueue, JobRunner
 from keyshred.jose import jwks
 from keyshred.keyring.kek import DestroyedEpoch
@@ -503,8 +510,12 @@ class Keyshred:
     def _subject_ref(self, subject: SubjectLike) -> str:
         # The components' own entry (every put, sanitize): they checked the handle.
         if type(subject) is str:  # the hot case: no Subject built
+            if subject in RESERVED_IDS:
+                check_not_reserved(subject)
             return self._keyring.subject_ref(subject, self.config.tenant)
         s: Subject = as_subject(subject, self.config.tenant)
+        if type(s) is not OwnSubject and s.id in RESERVED_IDS:
+            check_not_reserved(s.id)
         return self._keyring.subject_ref(s.id, s.tenant)
 
     def receipts_jwks(self) -> dict[str, list[dict[str, str]]]:

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 from keyshred.errors import InvalidInput
 
-__all__ = ["Subject", "SubjectLike", "as_subject"]
+__all__ = ["RESERVED_IDS", "SHARED_KNOWLEDGE", "OwnSubject", "Subject", "SubjectLike", "as_subject"]
+
+# The subject of namespaces that belong to nobody (``KeyshredStore(shared=...)``).
+SHARED_KNOWLEDGE = "keyshred.shared-knowledge"
+# Ids of keyshred's own subjects. No person may be one: an id that comes from a
+# user (a LangGraph config's ``user_id``, an HTTP erasure request) equal to one would
+# read, export or erase what belongs to nobody. Only an ``OwnSubject`` names them.
+RESERVED_IDS = frozenset({SHARED_KNOWLEDGE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +40,24 @@ class Subject:
     __str__ = __repr__
 
 
+@dataclass(frozen=True, slots=True, repr=False)  # Subject's repr: no id, even this one
+class OwnSubject(Subject):
+    """One of keyshred's own subjects (``RESERVED_IDS``): the only way to name one.
+    Never built from a caller's input."""
+
+    def __post_init__(self) -> None:
+        Subject.__post_init__(self)
+        if self.id not in RESERVED_IDS:
+            raise InvalidInput("an OwnSubject is one of keyshred's reserved subjects")
+
+
 SubjectLike = Subject | str
+
+
+def check_not_reserved(subject_id: str) -> None:
+    """``InvalidInput`` for a person's id that is one of keyshred's own."""
+    if subject_id in RESERVED_IDS:
+        raise InvalidInput("this subject id is reserved for keyshred's own subjects")
 
 
 def as_subject(value: SubjectLike, tenant: str) -> Subject:

@@ -32,6 +32,7 @@ from keyshred.errors import InvalidInput, StaleEpoch, SubjectSuppressed
 from keyshred.storage import events
 from keyshred.storage.catalog_base import (
     ACTIVE,
+    ERASED,
     SUPPRESSED,
     CatalogBase,
     GuardState,
@@ -230,7 +231,11 @@ class GuardMixin(CatalogBase):
             with self._write() as conn:
                 state = self._lock_guard(conn, subject_ref)
                 if scope is None:
-                    status, scopes = SUPPRESSED, state.scopes
+                    # An erased subject (an earlier erasure, or an id blocked) stays
+                    # erased: refused as a suppressed one is, and a request that then
+                    # finds nothing must not re-admit it (``set_guard``'s ``only_from``).
+                    status = ERASED if state.status == ERASED else SUPPRESSED
+                    scopes = state.scopes
                 else:
                     status, scopes = state.status, state.scopes | {scope}
                 self._upsert_guard(conn, subject_ref, status, state.epoch + 1, now, scopes=scopes)
@@ -250,13 +255,17 @@ class GuardMixin(CatalogBase):
             event = events.publish(conn, subject_ref, scope, epoch)
         events.deliver(self.engine, event)
 
-    def set_guard(self, subject_ref: str, status: str) -> None:
-        """Change the subject-wide status, keeping the epoch (``active`` re-admits)."""
+    def set_guard(self, subject_ref: str, status: str, *, only_from: str | None = None) -> None:
+        """Change the subject-wide status, keeping the epoch (``active`` re-admits);
+        with ``only_from``, only if the status is that one now (else nothing)."""
         now = datetime.now(UTC)
         with self._changing_guard():
             with self._write() as conn:
                 state = self._lock_guard(conn, subject_ref)
-                self._upsert_guard(conn, subject_ref, status, state.epoch, now, scopes=state.scopes)
+                if only_from is None or state.status == only_from:
+                    self._upsert_guard(
+                        conn, subject_ref, status, state.epoch, now, scopes=state.scopes
+                    )
             self._guard_changed()
 
     def release_scope(self, subject_ref: str, scope: str) -> None:

@@ -49,6 +49,12 @@ from keyshred.storage.vectors import DEFAULT_SPACE, VectorItem
 
 __all__ = ["Kept", "WriteMixin"]
 
+_NAMES_SOMEONE = (
+    "this item names a registered person (their identifiers were found in it), and "
+    "it is for a subject that belongs to nobody; store it under that person, or allow "
+    "it explicitly (KeyshredStore.put_shared)"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Kept:
@@ -127,16 +133,20 @@ class WriteMixin(IndexMixin):
         *,
         epoch: int | None = None,
         embedder: Embedder | None = None,
+        unmentioned: bool = False,
     ) -> list[Memory]:
         """Write a batch for one subject: one catalog transaction (its rows and their
         assets), one commit. All-or-nothing: a bad item fails the batch before
-        anything is written. ``embedder`` as for ``put``."""
+        anything is written. ``embedder`` as for ``put``. ``unmentioned``: an item
+        that names a registered subject (its identifiers found in it) is refused
+        (``InvalidInput``) instead of being co-owned by them: what a subject that
+        belongs to nobody (``KeyshredStore``'s shared knowledge) keeps."""
         if not isinstance(items, Sequence):
             raise InvalidInput("put_many takes a list of PutItem")
         for item in items:
             _callers(item)
         ref = self._ref(subject)
-        return self._put_rows(ref, items, epoch=epoch, embedder=embedder)
+        return self._put_rows(ref, items, epoch=epoch, embedder=embedder, unmentioned=unmentioned)
 
     def put_derived(self, subject: Any, item: PutItem, made: Made) -> Memory:
         """``put`` of a derived asset: ``made`` (kind, producer, producer version)
@@ -146,7 +156,7 @@ class WriteMixin(IndexMixin):
         _callers(item)
         return self._put_rows(self._ref(subject), [item], produced_by=made)[0]
 
-    def check_put(self, item: PutItem, subject: Any = None) -> None:
+    def check_put(self, item: PutItem, subject: Any = None, *, unmentioned: bool = False) -> None:
         """Refuse, as ``put_many`` would and writing nothing, an item it refuses on
         its own (its fields, keyshred's own namespaces, a value that is no JSON or
         too large, a ttl not positive) and, given the ``subject`` it is for, what it
@@ -170,8 +180,10 @@ class WriteMixin(IndexMixin):
         scope = self._target(ref, item, self._clock())[0]
         if scope in guard.scopes:
             raise SubjectSuppressed(f"scope {scope!r} of subject_ref {ref} is suppressed")
-        named = set().union(*self._mentions.find(ref, [item]))
-        named |= {self._ref(m) for m in item.mentions}
+        found = set().union(*self._mentions.find(ref, [item]))
+        if unmentioned and found:
+            raise InvalidInput(_NAMES_SOMEONE)
+        named = found | {self._ref(m) for m in item.mentions}
         for owner in sorted(named - {ref}):
             self._check_owner(owner)
 
@@ -188,16 +200,18 @@ class WriteMixin(IndexMixin):
         kept: Mapping[tuple[tuple[str, ...], str], Kept] | None = None,
         unchanged: Mapping[tuple[tuple[str, ...], str], MemoryRow] | None = None,
         embedder: Embedder | None = None,
+        unmentioned: bool = False,
     ) -> list[Memory]:
-        """``put_many`` by subject_ref; ``mention_refs`` (one tuple per item) gives
-        mentions as refs already, ``produced_by`` the assets' (kind, producer,
-        producer version) (rebuilding derived assets); ``carried_detected`` are
-        mentions of ``mention_refs`` carried over from an earlier version that were
-        detected there (they stay counted as detected); ``kept_sources`` are sources
-        the memory had already (an update keeps them even once they are deleted);
-        ``kept`` is what the rows at (namespace, key) keep of the rows they rewrite
-        (``Kept``); ``unchanged`` the rows a rewrite read at those names, which must
-        still be there under the lock (else ``Changed``, nothing written)."""
+        """``put_many`` by subject_ref (``unmentioned`` as there); ``mention_refs``
+        (one tuple per item) gives mentions as refs already, ``produced_by`` the
+        assets' (kind, producer, producer version) (rebuilding derived assets);
+        ``carried_detected`` are mentions of ``mention_refs`` carried over from an
+        earlier version that were detected there (they stay counted as detected);
+        ``kept_sources`` are sources the memory had already (an update keeps them
+        even once they are deleted); ``kept`` is what the rows at (namespace, key)
+        keep of the rows they rewrite (``Kept``); ``unchanged`` the rows a rewrite
+        read at those names, which must still be there under the lock (else
+        ``Changed``, nothing written)."""
         guard = self._catalog.guard(ref)
         current_epoch = self._catalog.enforce(ref, guard, epoch)
         now = self._clock()
@@ -209,6 +223,8 @@ class WriteMixin(IndexMixin):
         # Subjects whose registered identifiers are in each item (one catalog query),
         # and per (namespace, key) those of them no caller declared.
         found = self._mentions.find(ref, items)
+        if unmentioned and any(found):
+            raise InvalidInput(_NAMES_SOMEONE)
         detected: dict[tuple[tuple[str, ...], str], frozenset[str]] = {}
         if any(found) and not kept_sources:
             self._check_derived_names(ref, items)

@@ -116,6 +116,7 @@ _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
 _WORD = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+(?:['\-][^\W_{_CJK}]+)*")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _MAX_DEPTH = 512  # deeper values are refused by the store (storage.max_value_depth)
+_BIG = 10**20  # integers below this many digits are read as text (phones, ids)
 
 
 class _Item(Protocol):
@@ -516,14 +517,17 @@ class MentionFinder:
 
 def _texts(item: _Item, max_chars: int) -> list[str] | None:
     """Every string of the item: namespace labels, key, the value's strings and
-    object keys. Iterative, each container once (a value that nests too deeply or
-    refers to itself is refused by the store, not here); None past ``max_chars``."""
+    object keys, and its integers as their digits. Iterative, each container once
+    (a value that nests too deeply or refers to itself is refused by the store, not
+    here); None past ``max_chars``."""
     out: list[str] = []
     size = 0
     stack: list[tuple[Any, int]] = [(item.value, 0), (item.key, 0), (item.namespace, 0)]
     seen: set[int] = set()
     while stack:
         node, depth = stack.pop()
+        if type(node) is int and -_BIG < node < _BIG:
+            node = str(node)  # a phone or an id kept as a number: its digits
         if isinstance(node, str):
             size += len(node)
             if size > max_chars:

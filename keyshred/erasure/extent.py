@@ -25,6 +25,7 @@ from keyshred.metrics import Metrics
 from keyshred.schema import api_downloads
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.catalog_base import ACTIVE
+from keyshred.storage.catalog_base import SUPPRESSED as GUARD_SUPPRESSED
 from keyshred.storage.erasable import Erasable, ErasureTarget, ScopedKeys
 
 __all__ = [
@@ -269,9 +270,14 @@ class Extent:
         """The guard once the request is done: an erased subject stays ``erased``
         until re-admitted, unless nothing of it was found (``found`` False: the id
         is left free, active again at the new deletion epoch, so jobs from before
-        stay refused); an erased scope takes new writes under a new key."""
+        stay refused); an erased scope takes new writes under a new key. An id that
+        was erased before this request (an earlier erasure, or blocked) stays
+        erased whatever this one found: its suppression left it ``erased``."""
         if self.scope is None:
-            self.w.catalog.set_guard(self.ref, ERASED if found else ACTIVE)
+            if found:
+                self.w.catalog.set_guard(self.ref, ERASED)
+            else:
+                self.w.catalog.set_guard(self.ref, ACTIVE, only_from=GUARD_SUPPRESSED)
         else:
             self.w.catalog.release_scope(self.ref, self.scope)
 

@@ -194,6 +194,7 @@ def test_namespaces_that_belong_to_nobody(catalog_url: str, tmp_path: Path) -> N
     """Issue 24 item 3: ``("global",)`` and ``("faq", "shared", "x")`` are shared
     knowledge (their own subject and keys), untouched by a person's erasure, and
     refused when the detector finds personal data unless an override is audited."""
+    from keyshred.ids import OwnSubject
     from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 
     with Keyshred.init(tmp_path / "d", make_config(catalog_url)) as ks:
@@ -201,7 +202,8 @@ def test_namespaces_that_belong_to_nobody(catalog_url: str, tmp_path: Path) -> N
         store.put(("global",), "hours", {"text": "open 9 to 5"})
         store.put(("faq", "shared", "x"), "returns", {"text": "30 days"})
         store.put(("memories", "shared"), "k", {"text": "the user called shared"})
-        assert store.subject_of(("faq", "shared", "x")) == SHARED_SUBJECT
+        shared = store.subject_of(("faq", "shared", "x"))
+        assert isinstance(shared, OwnSubject) and shared.id == SHARED_SUBJECT
         assert store.subject_of(("memories", "shared")) == "shared"  # a person
         with pytest.raises(InvalidInput, match="personal"):
             store.put(("faq",), "contact", {"text": "mail jo.probe@example.com"})
@@ -211,7 +213,8 @@ def test_namespaces_that_belong_to_nobody(catalog_url: str, tmp_path: Path) -> N
             ("faq",), "support", {"text": "mail help@example.com"}, allowed_by="ops", reason="r1"
         )
         allowed = [e.data for e in ks.audit.events() if e.event == "store.shared_personal_allowed"]
-        assert allowed == [{"allowed_by": "ops", "reason": "r1"}]
+        faq = ks.memories.namespace_hash(("faq",))
+        assert allowed == [{"allowed_by": "ops", "reason": "r1", "namespace": faq}]
         with pytest.raises(InvalidInput):
             store.put_shared(("memories", "ann"), "k", {"v": 1}, allowed_by="ops", reason="r")
         # A person's erasure leaves shared knowledge alone.

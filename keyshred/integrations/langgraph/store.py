@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from keyshred._extras import require
 from keyshred._validate import check_count, check_filter, check_text
 from keyshred.errors import InvalidInput, KeyshredError, SubjectErased, SubjectSuppressed
+from keyshred.ids import SHARED_KNOWLEDGE, OwnSubject, Subject
 
 require("langgraph.store.base", extra="langgraph", package="langgraph")
 
@@ -35,6 +37,7 @@ from langgraph.store.base import (  # noqa: E402
     SearchOp,
     TTLConfig,
 )
+from langgraph.store.base import _ensure_ttl as ensure_ttl  # noqa: E402
 
 from keyshred.integrations.langgraph.embed import (  # noqa: E402
     StoreIndex,
@@ -52,24 +55,39 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncKeyshredStore", "KeyshredStore"]
 
-SubjectFrom = int | Callable[[tuple[str, ...]], str]
+SubjectFrom = int | Callable[[tuple[str, ...]], str | None]
 
-# The subject of namespaces that belong to nobody (shared knowledge, FAQ): a name no
-# namespace label can produce (LangGraph forbids "." in labels), so no person's id
-# is ever it; its items get keys of their own, in no person's closure.
-SHARED_SUBJECT = "keyshred.shared-knowledge"
+# The subject id of namespaces that belong to nobody (shared knowledge, FAQ): one of
+# keyshred's reserved ids (``keyshred.ids.RESERVED_IDS``), which no person's id may
+# be (a namespace label, a LangGraph config's user id, an erasure request naming it
+# is refused), so its items get keys of their own, in no person's closure.
+SHARED_SUBJECT = SHARED_KNOWLEDGE
+
+# The one shared put ``put_shared`` allows, in the calling context only: another
+# thread's put to the same key meanwhile is checked as any put is.
+_ALLOWED: contextvars.ContextVar[tuple[tuple[str, ...], str] | None] = contextvars.ContextVar(
+    "keyshred_shared_allowed", default=None
+)
 
 
 class KeyshredStore(BaseStore):
     """A LangGraph ``BaseStore`` over ``ks.memories``; see the module docstring.
 
+    ``subject_from``: which label of a namespace is its subject's id (a position,
+    default 0), or a function of the namespace returning the id. The function is
+    asked about search and listing prefixes too: for a prefix that names no subject
+    it returns None or raises, and the call then spans subjects.
+
     ``shared``: namespace prefixes that belong to nobody (``[("faq",), ("global",)]``):
-    their items are kept under a subject of their own (``SHARED_SUBJECT``) with its
-    own keys, so no person's erasure touches them, and a put whose namespace, key or
-    value the vault's detector finds personal data in is refused (``InvalidInput``)
-    unless made through ``put_shared(..., allowed_by=..., reason=...)``, which audits
-    who allowed it. (A shared item naming a person registered in ``ks.subjects`` is
-    co-owned by that person as any memory is: erasing them removes it.)
+    their items are kept under a subject of their own (``SHARED_SUBJECT``, an id no
+    person may have) with its own keys, in ``shared_scope`` (a declared scope that
+    needs no consent; default ``"default"``), so no person's erasure touches them.
+    A put whose namespace, key or value the vault's detector finds personal data in,
+    or that names a person registered in ``ks.subjects`` (their e-mail, phone, id or
+    name, numbers included), is refused (``InvalidInput``) unless made through
+    ``put_shared(..., allowed_by=..., reason=...)``, which audits who allowed it. A
+    shared item so allowed that names a registered person is co-owned by that person,
+    as any memory is: their erasure removes it.
 
     ``index``: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``), as
     ``InMemoryStore`` takes it: ``embed`` is a function on a list of texts (sync or
@@ -95,14 +113,23 @@ class KeyshredStore(BaseStore):
         ttl: TTLConfig | None = None,
         scope: str = "default",
         shared: Sequence[Sequence[str]] = (),
+        shared_scope: str = "default",
         embedding_space: str | None = None,
     ) -> None:
         self._ks = ks
+        if not callable(subject_from) and (
+            type(subject_from) is not int or subject_from < 0  # (bool is no position)
+        ):
+            raise InvalidInput("subject_from is a label position (0 or more) or a function")
         self._subject_from = subject_from
         if isinstance(shared, str | bytes) or not isinstance(shared, Sequence):
             raise InvalidInput("shared is a list of namespace prefixes")
-        self._shared = [_ns(tuple(p)) for p in shared]
-        self._allowed: set[tuple[tuple[str, ...], str]] = set()  # put_shared's overrides
+        self._shared = [_ns(p) for p in shared]
+        self._shared_subject = OwnSubject(SHARED_KNOWLEDGE, ks.config.tenant)
+        self._shared_scope = shared_scope
+        if self._shared and ks.policy.scope(shared_scope).needs_consent:
+            # Shared knowledge belongs to nobody: there is no one to consent.
+            raise InvalidInput("shared_scope must be a scope that needs no consent")
         self._scope = scope
         self.ttl_config = ttl
         self.index_config = index
@@ -153,13 +180,14 @@ class KeyshredStore(BaseStore):
         """Whether the namespace belongs to nobody (under a ``shared`` prefix)."""
         return any(namespace[: len(p)] == p for p in self._shared)
 
-    def subject_of(self, namespace: tuple[str, ...]) -> str:
+    def subject_of(self, namespace: tuple[str, ...]) -> str | Subject:
         """The subject id a namespace belongs to (``InvalidInput`` if it names none);
-        ``SHARED_SUBJECT`` for a namespace under a ``shared`` prefix."""
+        the shared subject (``SHARED_SUBJECT``, as an ``OwnSubject``) for a namespace
+        under a ``shared`` prefix."""
         if self.is_shared(namespace):
-            return SHARED_SUBJECT
+            return self._shared_subject
         if callable(self._subject_from):
-            subject = self._subject_from(namespace)
+            subject = _rule(self._subject_from, namespace)
         else:
             if len(namespace) <= self._subject_from:
                 raise InvalidInput(
@@ -170,18 +198,24 @@ class KeyshredStore(BaseStore):
             raise InvalidInput("the namespace's subject label is empty")
         return subject
 
-    def _subject_or_none(self, prefix: tuple[str, ...]) -> str | None:
+    def _subject_or_none(self, prefix: tuple[str, ...]) -> str | Subject | None:
         try:
             return self.subject_of(prefix)
         except InvalidInput:
             return None
 
     def _refs(self, prefix: tuple[str, ...]) -> list[str]:
-        """The subjects a prefix reaches: its own subject, else those the catalog's
-        namespace index lists under it (keyed lookups; no partition is opened)."""
+        """The subjects a prefix reaches: its own subject (and the shared subject if a
+        shared prefix lies below it), else those the catalog's namespace index lists
+        under it (keyed lookups; no partition is opened)."""
         subject = self._subject_or_none(prefix)
         if subject is not None:
-            return [self._ks.subject_ref(subject)]
+            refs = [self._ks.subject_ref(subject)]
+            if subject != self._shared_subject and any(
+                len(p) > len(prefix) and p[: len(prefix)] == prefix for p in self._shared
+            ):
+                refs.append(self._ks.subject_ref(self._shared_subject))
+            return refs
         if prefix and prefix[0].startswith("~"):
             # keyshred's own namespaces (history versions) are in no index.
             return self._ks.catalog.subjects_with("memory")
@@ -234,8 +268,9 @@ class KeyshredStore(BaseStore):
         *,
         ttl: float | NotProvided | None = NOT_PROVIDED,
     ) -> None:
+        ns = _put_namespace(namespace)
         with _langgraph_rules():
-            super().put(_ns(namespace), _text(key), value, index, ttl=ttl)
+            super().put(ns, _text(key), value, index, ttl=ttl)
 
     def delete(self, namespace: tuple[str, ...], key: str) -> None:
         with _langgraph_rules():
@@ -296,8 +331,9 @@ class KeyshredStore(BaseStore):
         *,
         ttl: float | NotProvided | None = NOT_PROVIDED,
     ) -> None:
+        ns = _put_namespace(namespace)
         with _langgraph_rules():
-            await super().aput(_ns(namespace), _text(key), value, index, ttl=ttl)
+            await super().aput(ns, _text(key), value, index, ttl=ttl)
 
     async def adelete(self, namespace: tuple[str, ...], key: str) -> None:
         with _langgraph_rules():
@@ -344,6 +380,8 @@ class KeyshredStore(BaseStore):
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """``batch`` in a worker thread; the embeddings of its puts and queries are
         awaited first on this loop (``aembed_*``, as ``InMemoryStore.abatch``)."""
+        if isinstance(ops, str | bytes) or not isinstance(ops, Iterable):
+            raise InvalidInput("batch takes a list of store operations")
         ops = list(ops)
         embeddings = self._index.embeddings if self._index is not None else None
         if embeddings is None:
@@ -400,7 +438,7 @@ class KeyshredStore(BaseStore):
         cfg = self.ttl_config
         return bool(cfg and cfg.get("refresh_on_read", True) and cfg.get("default_ttl"))
 
-    def _refresh(self, subject: str, memories: Sequence[Memory]) -> None:
+    def _refresh(self, subject: str | Subject, memories: Sequence[Memory]) -> None:
         """Refresh on read: items with a TTL get ``default_ttl`` from now."""
         cfg = self.ttl_config
         assert cfg is not None  # noqa: S101 - checked by _refresh_enabled
@@ -557,41 +595,39 @@ class KeyshredStore(BaseStore):
         from keyshred.storage.memories import PutItem
 
         subjects = [self.subject_of(tuple(op.namespace)) for op in puts]  # once per op
-        by_subject: dict[str, list[PutOp]] = {}
+        by_subject: dict[str | Subject, list[PutOp]] = {}
         for subject, op in zip(subjects, puts, strict=True):
             by_subject.setdefault(subject, []).append(op)
+        shared = self._shared_subject
+        # The one shared put ``put_shared`` allowed (in this context only), if any:
+        # it skips the detector, and a registered person it names co-owns it.
+        allowed = _ALLOWED.get()
+        unmentioned = shared in by_subject and any(
+            (tuple(op.namespace), op.key) != allowed for op in by_subject[shared]
+        )
         # What is refused is refused before anything is written: each subject's writes
         # are one put_many (all or nothing), but a batch spans subjects, and a refusal
         # of a later subject's writes left the earlier ones applied.
-        for subject, ops in by_subject.items():
-            if subject == SHARED_SUBJECT:
-                for op in ops:
-                    if op.value is not None:
-                        self._refuse_personal(op)
+        for op in by_subject.get(shared, ()):
+            if op.value is not None and (tuple(op.namespace), op.key) != allowed:
+                self._refuse_personal(op)
         if len(by_subject) > 1:
             for subject in by_subject:
-                self._ks.catalog.check_guard(self._ks.subject_ref(subject), scope=self._scope)
+                self._ks.catalog.check_guard(
+                    self._ks.subject_ref(subject), scope=self._scope_of(subject)
+                )
         # Items are written in the batch's order, a run of one subject's at a time:
         # across subjects the order of a search is the items' creation times, which
         # must follow the batch as InMemoryStore's order does (one put_many a subject
         # wrote a later subject's items first when an earlier one came back). Built
         # before any write: building one may refuse it (its index, its ttl).
-        runs: list[tuple[str, list[PutItem]]] = []
+        runs: list[tuple[str | Subject, list[PutItem]]] = []
         for subject, op in zip(subjects, puts, strict=True):
             if op.value is None:
                 continue
             if not runs or runs[-1][0] != subject:
                 runs.append((subject, []))
-            runs[-1][1].append(
-                PutItem(
-                    tuple(op.namespace),
-                    op.key,
-                    dict(op.value),
-                    scope=self._scope,
-                    index=self._index_for(op),
-                    ttl=_ttl(op.ttl),
-                )
-            )
+            runs[-1][1].append(self._put_item(op, subject))
         deletes = {
             subject: [(tuple(op.namespace), op.key) for op in ops if op.value is None]
             for subject, ops in by_subject.items()
@@ -603,12 +639,35 @@ class KeyshredStore(BaseStore):
             # writes of the calls before it applied. Asked of every item first.
             for subject, items in runs:
                 for item in items:
-                    self._ks.memories.check_put(item, subject)
+                    self._ks.memories.check_put(
+                        item, subject, unmentioned=unmentioned and subject == shared
+                    )
         for subject, keys in deletes.items():
             if keys:  # one rewrite for all of them: linear in their number
                 self._ks.memories.delete_many(subject, keys)
         for subject, items in runs:
-            self._ks.memories.put_many(subject, items, embedder=self._embedder)
+            self._ks.memories.put_many(
+                subject,
+                items,
+                embedder=self._embedder,
+                unmentioned=unmentioned and subject == shared,
+            )
+
+    def _scope_of(self, subject: str | Subject) -> str:
+        """The scope a subject's items go in: shared knowledge has its own."""
+        return self._shared_scope if subject == self._shared_subject else self._scope
+
+    def _put_item(self, op: PutOp, subject: str | Subject) -> Any:
+        from keyshred.storage.memories import PutItem
+
+        return PutItem(
+            tuple(op.namespace),
+            op.key,
+            dict(op.value or {}),
+            scope=self._scope_of(subject),
+            index=self._index_for(op),
+            ttl=_ttl(op.ttl),
+        )
 
     def _index_for(self, op: PutOp) -> Literal[False] | list[str]:
         """The paths a put embeds: its own ``index``, else the config's ``fields``;
@@ -623,9 +682,8 @@ class KeyshredStore(BaseStore):
 
     def _refuse_personal(self, op: PutOp) -> None:
         """A shared item must hold no personal data (the vault's detector: e-mail,
-        phones, resident ids, cards, IBANs, IPs) unless ``put_shared`` allowed it."""
-        if (tuple(op.namespace), op.key) in self._allowed:
-            return
+        phones, resident ids, cards, IBANs, IPs); registered persons it names are
+        refused by the write itself (``unmentioned``)."""
         from keyshred.vault.detect import detect
 
         texts = [*op.namespace, op.key, *_strings(op.value)]
@@ -646,30 +704,40 @@ class KeyshredStore(BaseStore):
         reason: str,
         index: Literal[False] | list[str] | None = None,
     ) -> None:
-        """Put into a shared namespace what the detector would refuse, and audit who
-        allowed it and why (``store.shared_personal_allowed``: the caller and the
-        reason, never the value)."""
+        """Put into a shared namespace what the detector would refuse (or what names a
+        registered person, who then co-owns it), and audit who allowed it and why
+        (``store.shared_personal_allowed``: the caller, the reason and the item's
+        namespace as the namespace index's keyed hash, never the value). The item is
+        checked as the put will check it before the audit: a put refused for what it
+        is leaves no allowance behind."""
         ns = _ns(namespace)
+        k = _text(key)
         if not self.is_shared(ns):
             raise InvalidInput("put_shared is for namespaces under a shared prefix")
         check_text(allowed_by, "allowed_by")
         check_text(reason, "a reason")
+        _put_namespace(ns)
+        op = PutOp(ns, k, value, index=index, ttl=ensure_ttl(self.ttl_config, NOT_PROVIDED))
+        _checked_op(op)
+        self._ks.memories.check_put(self._put_item(op, self._shared_subject), self._shared_subject)
         self._ks.audit.record(
-            "store.shared_personal_allowed", allowed_by=allowed_by[:128], reason=reason[:256]
+            "store.shared_personal_allowed",
+            allowed_by=allowed_by[:128],
+            reason=reason[:256],
+            namespace=self._ks.memories.namespace_hash(ns),
         )
-        marker = (ns, _text(key))
-        self._allowed.add(marker)
+        token = _ALLOWED.set((ns, k))
         try:
-            self.put(ns, key, value, index)
+            self.batch([op])
         finally:
-            self._allowed.discard(marker)
+            _ALLOWED.reset(token)
 
     # -- what LangGraph's stores lack ----------------------------------------------
 
     def delete_prefix(self, namespace_prefix: Sequence[str]) -> int:
         """Delete every item under a namespace prefix (physically, vectors too) in
         one call; returns how many."""
-        prefix = tuple(namespace_prefix)
+        prefix = _ns(namespace_prefix, prefix=True)
         subject = self._subject_or_none(prefix)
         # Across subjects every partition is asked: a deletion must also reach rows
         # the index does not list (opaque rows whose namespace has no readable one).
@@ -684,12 +752,19 @@ class KeyshredStore(BaseStore):
         return n
 
     def erase_subject(
-        self, subject: str, *, requested_by: str, reason: str, request_id: str | None = None
+        self,
+        subject: str,
+        *,
+        requested_by: str,
+        reason: str,
+        request_id: str | None = None,
+        block: bool = False,
     ) -> ErasureRequest:
         """Erase a subject everywhere (store items, vectors, threads, tokens, backups)
-        through the erasure coordinator; the receipt is ``ks.erasure.receipt(id)``."""
+        through the erasure coordinator; the receipt is ``ks.erasure.receipt(id)``.
+        ``block``: the id stays erased even if nothing of it was found."""
         return self._ks.erase(
-            subject, requested_by=requested_by, reason=reason, request_id=request_id
+            subject, requested_by=requested_by, reason=reason, request_id=request_id, block=block
         )
 
     # -- TTL -----------------------------------------------------------------------
@@ -739,17 +814,47 @@ def _text(value: Any) -> str:
     return check_text(value, "a store key")
 
 
+_MAX_DEPTH = 512  # deeper values are refused by the store (storage.max_value_depth)
+
+
 def _strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON-like value (keys of mappings included)."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _strings(k)
-            yield from _strings(v)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            yield from _strings(v)
+    """Every string in a JSON-like value (keys of mappings included), and every
+    integer as its digits (a phone number kept as a number). Iterative, each
+    container once: a value that nests too deeply or refers to itself is refused by
+    the store's own checks, not here."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    seen: set[int] = set()
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            yield node
+        elif type(node) is int and -(10**20) < node < 10**20:
+            yield str(node)
+        elif isinstance(node, Mapping | list | tuple) and depth < _MAX_DEPTH:
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, Mapping):
+                stack.extend((k, depth + 1) for k in node)
+                stack.extend((v, depth + 1) for v in node.values())
+            else:
+                stack.extend((v, depth + 1) for v in node)
+
+
+def _rule(rule: Callable[[tuple[str, ...]], str | None], namespace: tuple[str, ...]) -> str:
+    """A function ``subject_from``'s answer for a namespace or prefix: None, or any
+    error it raises, is ``InvalidInput`` (it names no subject), raised outside the
+    handler so that no error of the rule, which may quote a label, is chained."""
+    failed = False
+    try:
+        subject = rule(namespace)
+    except KeyshredError:
+        raise
+    except Exception:  # noqa: BLE001 - a caller's rule: any error means "no subject here"
+        failed = True
+    if failed or subject is None:
+        raise InvalidInput("the subject rule names no subject in this namespace")
+    return subject
 
 
 def _check_paths(*paths: NamespacePath | None) -> None:
@@ -772,13 +877,17 @@ def _ns(namespace: Any, *, prefix: bool = False) -> tuple[str, ...]:
 @contextlib.contextmanager
 def _langgraph_rules() -> Iterator[None]:
     """LangGraph's namespace rules (no empty label, no '.') as ``InvalidInput``; its
-    message would repeat the label, which may be a subject id."""
+    message would repeat the label, which may be a subject id (raised outside the
+    handler: not even as ``__context__`` does it travel with ours)."""
+    refused = False
     try:
         yield
     except InvalidNamespaceError:
+        refused = True
+    if refused:
         raise InvalidInput(
             "namespace labels are non-empty, contain no '.' and do not start with 'langgraph'"
-        ) from None
+        )
 
 
 def _checked_op(op: Any) -> Op:
@@ -802,7 +911,13 @@ def _checked_op(op: Any) -> Op:
         check_count(op.offset, "offset")
         if op.max_depth is not None:
             check_count(op.max_depth, "max_depth")
-        for cond in op.match_conditions or ():
+        conditions = op.match_conditions or ()
+        if not isinstance(conditions, tuple | list) or not all(
+            isinstance(c, MatchCondition) and c.match_type in ("prefix", "suffix")
+            for c in conditions
+        ):
+            raise InvalidInput("match_conditions is a list of MatchCondition")
+        for cond in conditions:
             _ns(cond.path, prefix=True)
     # LangGraph's label rules, which its methods check before batching and its SQL
     # stores check in batch too (validate_op_namespace, in recent versions only): a
@@ -816,6 +931,17 @@ def _checked_op(op: Any) -> Op:
         for cond in op.match_conditions or ():
             _labels(cond.path)
     return op  # type: ignore[no-any-return]
+
+
+def _put_namespace(namespace: Any) -> tuple[str, ...]:
+    """A put's namespace, checked by LangGraph's rules here, as ``InvalidInput``:
+    LangGraph's own check (``_validate_namespace``) raises an error that quotes the
+    label, which the conversion in ``_langgraph_rules`` could only chain."""
+    ns = _ns(namespace)
+    _labels(ns)
+    if ns[0] == "langgraph":
+        raise InvalidInput("a namespace's root label is not 'langgraph'")
+    return ns
 
 
 def _labels(namespace: Sequence[str]) -> None:
