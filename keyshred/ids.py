@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 from keyshred.errors import InvalidInput
 
-__all__ = ["RESERVED_IDS", "SHARED_KNOWLEDGE", "OwnSubject", "Subject", "SubjectLike", "as_subject"]
+__all__ = [
+    "RESERVED_IDS",
+    "SHARED_KNOWLEDGE",
+    "OwnSubject",
+    "Subject",
+    "SubjectLike",
+    "as_subject",
+    "check_not_reserved",
+]
 
 # The subject of namespaces that belong to nobody (``KeyshredStore(shared=...)``).
 SHARED_KNOWLEDGE = "keyshred.shared-knowledge"
