@@ -1006,11 +1006,19 @@ class Keyring:
     # -- crypto-erasure ------------------------------------------------------------
 
     def destroy(
-        self, subject_ref: str, scope: str | None = None, *, also: Sequence[str] = ()
+        self,
+        subject_ref: str,
+        scope: str | None = None,
+        *,
+        also: Sequence[str] = (),
+        tombstone_id: str | None = None,
     ) -> DestroyResult:
         """Crypto-erase a subject (every scope) or one scope; idempotent. ``also``:
         the subject's keys of other key scopes that hold data of ``scope`` (its
         agent threads' own keys), destroyed with it under one tombstone.
+        ``tombstone_id``: the tombstone's id (an erasure request derives it from its
+        own id, so that a resumed request finds the tombstone it wrote, and never
+        another request's); default a random one.
 
         A whole subject: every key it holds and every key it co-owns with others (a
         memory of someone else that mentions it, a summary built from its data). One
@@ -1031,7 +1039,7 @@ class Keyring:
         held = {r.key_id for r in records}
         shared = [r for r in shared if r.key_id not in held]
         tombstone = Tombstone(
-            tombstone_id=uuid.uuid4().hex,
+            tombstone_id=tombstone_id or uuid.uuid4().hex,
             subject_ref=subject_ref,
             scope=scope,
             key_ids=tuple(sorted(held | {r.key_id for r in shared})),

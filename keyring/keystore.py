@@ -235,6 +235,10 @@ class KeyStore(ABC):
     def tombstones(self, since: datetime | None = None) -> list[Tombstone]: ...
 
     @abstractmethod
+    def tombstone(self, tombstone_id: str) -> Tombstone | None:
+        """The tombstone of that id, if one was written."""
+
+    @abstractmethod
     def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
         """Whether keys of (subject_ref, scope) were destroyed (subject-wide or scope)."""
 
@@ -727,6 +731,10 @@ class SqlKeyStore(KeyStore):
 
     def tombstones(self, since: datetime | None = None) -> list[Tombstone]:
         return self._tombstones(None if since is None else self._t.tombstone.c.erased_at > since)
+
+    def tombstone(self, tombstone_id: str) -> Tombstone | None:
+        found = self._tombstones(self._t.tombstone.c.tombstone_id == tombstone_id)
+        return found[0] if found else None
 
     def is_tombstoned(self, subject_ref: str, scope: str) -> bool:
         t = self._t.tombstone.c

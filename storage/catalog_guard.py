@@ -18,7 +18,7 @@ import mmap
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -255,18 +255,31 @@ class GuardMixin(CatalogBase):
             event = events.publish(conn, subject_ref, scope, epoch)
         events.deliver(self.engine, event)
 
-    def set_guard(self, subject_ref: str, status: str, *, only_from: str | None = None) -> None:
+    def set_guard(
+        self,
+        subject_ref: str,
+        status: str,
+        *,
+        only_from: str | None = None,
+        unless: Callable[[Connection], bool] | None = None,
+    ) -> bool:
         """Change the subject-wide status, keeping the epoch (``active`` re-admits);
-        with ``only_from``, only if the status is that one now (else nothing)."""
+        with ``only_from``, only if the status is that one now, and with ``unless``,
+        only if it answers False, asked in the transaction that holds the guard's
+        row (another erasure under way). Returns whether the status was set."""
         now = datetime.now(UTC)
         with self._changing_guard():
             with self._write() as conn:
                 state = self._lock_guard(conn, subject_ref)
-                if only_from is None or state.status == only_from:
+                change = only_from is None or state.status == only_from
+                if change and unless is not None and unless(conn):
+                    change = False
+                if change:
                     self._upsert_guard(
                         conn, subject_ref, status, state.epoch, now, scopes=state.scopes
                     )
             self._guard_changed()
+        return change
 
     def release_scope(self, subject_ref: str, scope: str) -> None:
         """Lift a scope's suppression (after its erasure): new writes get a new key."""

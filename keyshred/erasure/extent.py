@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from keyshred.erasure import items
-from keyshred.erasure.requests import ERASED, ErasureRequest, iso, now
+from keyshred.erasure.pending import erasure_pending
+from keyshred.erasure.requests import ERASED, ErasureRequest, iso, now, request_tombstone_id
 from keyshred.errors import IntegrityError
 from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
@@ -162,9 +163,10 @@ class Extent:
         # key goes only once the partition is compacted: a memory that moved out of
         # the scope is then in no other scope's files in its old version, which the
         # next load would otherwise read back once the new one is unreadable.
+        tombstone_id = request_tombstone_id(self.req.request_id)
         with w.partitions.locked(self.ref, compact=self.scope is not None):
             also = self.key_scopes()
-            result = w.keyring.destroy(self.ref, self.scope, also=also)
+            result = w.keyring.destroy(self.ref, self.scope, also=also, tombstone_id=tombstone_id)
         w.evict(self.ref)
         epoch = self.req.doc["details"].get("suppress", {}).get("epoch")
         if epoch is not None:
@@ -175,14 +177,13 @@ class Extent:
         at = now()
         tombstone = result.tombstone
         if not tombstone.key_ids:
-            # Resumed after the keys were already destroyed: take the tombstone's.
-            previous = [
-                t
-                for t in w.keyring.store.tombstones()
-                if t.subject_ref == self.ref and t.scope == self.scope
-            ]
-            if previous:
-                tombstone = previous[-1]
+            # Resumed after this request destroyed the keys (killed before the step
+            # was recorded): its own tombstone, found by the id derived from the
+            # request's. Never another's: a request that finds the keys gone because
+            # an earlier erasure (or a concurrent one) destroyed them destroyed none.
+            previous = w.keyring.store.tombstone(tombstone_id)
+            if previous is not None:
+                tombstone = previous
                 at = tombstone.erased_at
         return {
             "key_ids": [k.hex() for k in tombstone.key_ids],
@@ -277,7 +278,15 @@ class Extent:
             if found:
                 self.w.catalog.set_guard(self.ref, ERASED)
             else:
-                self.w.catalog.set_guard(self.ref, ACTIVE, only_from=GUARD_SUPPRESSED)
+                # Not while another erasure of the subject is unfinished: its
+                # suppression (and a block it asked for) is not this request's to lift.
+                ref, rid = self.ref, self.req.request_id
+                self.w.catalog.set_guard(
+                    ref,
+                    ACTIVE,
+                    only_from=GUARD_SUPPRESSED,
+                    unless=lambda conn: erasure_pending(conn, ref, but=rid),
+                )
         else:
             self.w.catalog.release_scope(self.ref, self.scope)
 

@@ -12,11 +12,12 @@ import sqlalchemy as sa
 
 from keyshred.audit import AuditLog
 from keyshred.db import utc
+from keyshred.erasure.pending import erasure_pending
 from keyshred.erasure.requests import Hold, now, safe
-from keyshred.errors import InvalidInput, NotFound
+from keyshred.errors import InvalidInput, NotFound, SubjectSuppressed
 from keyshred.ids import SubjectLike
 from keyshred.schema import legal_holds
-from keyshred.storage.catalog import ACTIVE, Catalog
+from keyshred.storage.catalog import ACTIVE, ERASED, Catalog
 
 __all__ = ["HoldsMixin"]
 
@@ -145,7 +146,16 @@ class HoldsMixin:
         self, subject: SubjectLike | None = None, *, subject_ref: str | None = None
     ) -> None:
         """Let an erased subject return (new keys; old data stays erased; jobs that
-        carry an epoch from before the erasure stay refused)."""
+        carry an epoch from before the erasure stay refused). Refused
+        (``SubjectSuppressed``) while an erasure of the subject is under way: its
+        suppression holds until it completes (readmitting then would make the data
+        it has not destroyed yet readable again)."""
         ref = self._one_ref(subject, subject_ref)
-        self._catalog.set_guard(ref, ACTIVE)
+        readmitted = self._catalog.set_guard(
+            ref, ACTIVE, only_from=ERASED, unless=lambda conn: erasure_pending(conn, ref)
+        )
+        if not readmitted and self._catalog.guard(ref).status != ACTIVE:
+            raise SubjectSuppressed(
+                f"an erasure of subject_ref {ref} is under way: readmit once it is completed"
+            )
         self._audit.record("subject.readmitted", subject_ref=ref)

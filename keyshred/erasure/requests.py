@@ -9,6 +9,7 @@ producer has no rebuild function registered: ``resume`` continues once it is).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,16 @@ __all__ = [
     "ProducerUnknown",
     "RebuildFailed",
     "VerificationFailed",
+    "request_tombstone_id",
 ]
+
+
+def request_tombstone_id(request_id: str) -> str:
+    """The id of the tombstone a request's key step writes: derived from the
+    request's, so that the request resumed finds its own tombstone (and no other)."""
+    digest = hashlib.sha256(b"keyshred/request-tombstone\x00" + request_id.encode("utf-8"))
+    return digest.hexdigest()[:32]
+
 
 REQUESTED, AUTHORIZED, SUPPRESSED = "requested", "authorized", "suppressed"
 PROPAGATING, VERIFYING, COMPLETED = "propagating", "verifying", "completed"
