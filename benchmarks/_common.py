@@ -78,6 +78,18 @@ def strace_syncs(argv: list[str], env: dict[str, str] | None = None) -> dict[str
         return counts
 
 
+def run_json(script: str, argv: list[str]) -> dict[str, Any]:
+    """Run ``script`` with ``argv`` in a process of its own and return the JSON
+    object its last line of output holds (its error output ends the run if it fails)."""
+    done = subprocess.run(
+        [sys.executable, script, *argv], check=False, capture_output=True, text=True
+    )
+    if done.returncode:
+        raise SystemExit(done.stderr[-4000:])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def count_ops(name: str, n: int, op: Any) -> None:
     """Inside a probe process: one warm-up call outside the markers, then ``op(j)``
     for ``j`` in ``range(n)`` between ``name``'s markers (``strace_syncs``)."""

@@ -28,7 +28,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CheckoutFinder, uptime
+from _common import CheckoutFinder, run_json, uptime
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -107,13 +106,7 @@ def measure(repo: str, folder: str) -> None:
 
 
 def child(argv: list[str]) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, __file__, *argv], check=False, capture_output=True, text=True
-    )
-    if done.returncode:
-        raise SystemExit(done.stderr[-4000:])
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_json(__file__, argv)
 
 
 def main() -> None:

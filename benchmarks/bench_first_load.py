@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CheckoutFinder, uptime
+from _common import CheckoutFinder, run_json, uptime
 
 HERE = Path(__file__).resolve().parents[1]
 PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
@@ -100,13 +99,7 @@ def measure(repo: str, catalog: str, subjects: int, passes: int) -> None:
 
 
 def child(argv: list[str]) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, __file__, *argv], check=False, capture_output=True, text=True
-    )
-    if done.returncode:
-        raise SystemExit(done.stderr[-4000:])
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_json(__file__, argv)
 
 
 def main() -> None:

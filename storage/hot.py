@@ -156,17 +156,6 @@ class HotTier:
                 "create": h.insert().values(
                     subject_ref=_p("ref"), gen=_p("gen"), base_seq=_p("base"), next_seq=_p("new")
                 ),
-                "live_segments": sa.select(
-                    seg.c.name,
-                    seg.c.scope,
-                    seg.c.rows,
-                    seg.c.key_id,
-                    seg.c.size,
-                    seg.c.sha256,
-                    seg.c.retain_min,
-                )
-                .where(seg.c.subject_ref == _p("ref"), seg.c.retired_at.is_(None))
-                .order_by(seg.c.scope, seg.c.name),
                 "all_segments": sa.select(
                     seg.c.name,
                     seg.c.scope,
@@ -219,9 +208,7 @@ class HotTier:
     def head(self, ref: str) -> Head | None:
         """The subject's head (None: no partition); one statement."""
         with self._catalog.hot(write=False) as cur:
-            cur.execute(self._sql["head"], {"ref": ref})
-            row = cur.fetchone()
-        return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
+            return self._head(cur, ref)
 
     def state(
         self, ref: str, *, since: int | None
@@ -229,36 +216,15 @@ class HotTier:
         """Head, live segments and hot rows of one instant (one read transaction:
         ``REPEATABLE READ`` on PostgreSQL, a deferred ``BEGIN`` on SQLite, no write
         lock). With ``since`` only the hot rows from that sequence on and no segment
-        list (a reader catching up). Compiled statements on the driver's cursor: a
-        partition's first load in a process (a get of a subject not among the open
-        partitions) is these three statements."""
+        list (a reader catching up)."""
+        if since is None:
+            loaded: Loaded[None] = self.load_state(ref)
+            return loaded.head, loaded.segments, loaded.records
         with self._catalog.hot(write=False, snapshot=True) as cur:
-            cur.execute(self._sql["head"], {"ref": ref})
-            row = cur.fetchone()
-            if row is None:
+            head = self._head(cur, ref)
+            if head is None:
                 return None, [], []
-            head = Head(int(row[0]), int(row[1]), int(row[2]))
-            segments = None
-            if since is None:
-                cur.execute(self._sql["live_segments"], {"ref": ref})
-                segments = [
-                    Segment(
-                        name,
-                        scope,
-                        int(rows),
-                        key_id,
-                        None if size is None else int(size),
-                        sha256,
-                        None if retain_min is None else int(retain_min),
-                    )
-                    for name, scope, rows, key_id, size, sha256, retain_min in cur.fetchall()
-                ]
-            start = head.base_seq if since is None else since
-            cur.execute(self._sql["hot_from"], {"ref": ref, "start": start})
-            records = [
-                HotRecord(int(seq), scope, bytes(record)) for seq, scope, record in cur.fetchall()
-            ]
-        return head, segments, records
+            return head, None, self._records(cur, ref, since)
 
     def load_state(self, ref: str, also: Callable[[Any], T] | None = None) -> Loaded[T]:
         """What a partition's load reads, at one instant: the head, the live
@@ -267,14 +233,13 @@ class HotTier:
         the same read transaction (the memories the catalog says the partition
         holds). One transaction rather than three: a first touch of a subject
         pays one check-out (and on PostgreSQL one round trip per statement, not
-        per statement plus a BEGIN and a COMMIT each)."""
+        per statement plus a BEGIN and a COMMIT each). Compiled statements on the
+        driver's cursor."""
         with self._catalog.hot(write=False, snapshot=True) as cur:
             extra = None if also is None else also(cur)
-            cur.execute(self._sql["head"], {"ref": ref})
-            row = cur.fetchone()
-            if row is None:
+            head = self._head(cur, ref)
+            if head is None:
                 return Loaded(None, [], [], {}, extra)
-            head = Head(int(row[0]), int(row[1]), int(row[2]))
             cur.execute(self._sql["all_segments"], {"ref": ref})
             segments, names = [], {}
             for name, scope, rows, key_id, size, sha256, retain_min, retired in cur.fetchall():
@@ -291,11 +256,17 @@ class HotTier:
                             None if retain_min is None else int(retain_min),
                         )
                     )
-            cur.execute(self._sql["hot_from"], {"ref": ref, "start": head.base_seq})
-            records = [
-                HotRecord(int(seq), scope, bytes(record)) for seq, scope, record in cur.fetchall()
-            ]
+            records = self._records(cur, ref, head.base_seq)
         return Loaded(head, segments, records, names, extra)
+
+    def _head(self, cur: Any, ref: str) -> Head | None:
+        cur.execute(self._sql["head"], {"ref": ref})
+        row = cur.fetchone()
+        return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
+
+    def _records(self, cur: Any, ref: str, start: int) -> list[HotRecord]:
+        cur.execute(self._sql["hot_from"], {"ref": ref, "start": start})
+        return [HotRecord(int(seq), scope, bytes(record)) for seq, scope, record in cur.fetchall()]
 
     def segment_names(self, ref: str) -> dict[str, int | None]:
         """Every segment object the catalog names for ``ref``: name -> retired_at (a

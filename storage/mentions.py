@@ -65,7 +65,7 @@ import re
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from keyshred.errors import InvalidInput, KeyNotFound, KeyshredError, SubjectErased
@@ -88,6 +88,7 @@ __all__ = [
     "SubjectsApi",
     "name_grams",
     "normalize",
+    "walk_texts",
 ]
 
 EMAIL = "email"
@@ -515,33 +516,41 @@ class MentionFinder:
         return out
 
 
-def _texts(item: _Item, max_chars: int) -> list[str] | None:
-    """Every string of the item: namespace labels, key, the value's strings and
-    object keys, and its integers as their digits. Iterative, each container once
-    (a value that nests too deeply or refers to itself is refused by the store, not
-    here); None past ``max_chars``."""
-    out: list[str] = []
-    size = 0
-    stack: list[tuple[Any, int]] = [(item.value, 0), (item.key, 0), (item.namespace, 0)]
+def walk_texts(*roots: Any) -> Iterator[str]:
+    """Every string in JSON-like values (keys of mappings included), and every
+    integer of fewer than 20 digits as its digits (a phone or an id kept as a
+    number). Iterative, each container once, no deeper than the store allows: a
+    value that nests too deeply or refers to itself is refused by the store, not
+    here."""
+    stack: list[tuple[Any, int]] = [(root, 0) for root in roots]
     seen: set[int] = set()
     while stack:
         node, depth = stack.pop()
-        if type(node) is int and -_BIG < node < _BIG:
-            node = str(node)  # a phone or an id kept as a number: its digits
         if isinstance(node, str):
-            size += len(node)
-            if size > max_chars:
-                return None
-            out.append(node)
-        elif isinstance(node, dict | list | tuple) and depth < _MAX_DEPTH:
+            yield node
+        elif type(node) is int and -_BIG < node < _BIG:
+            yield str(node)
+        elif isinstance(node, Mapping | list | tuple) and depth < _MAX_DEPTH:
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            if isinstance(node, dict):
+            if isinstance(node, Mapping):
                 stack.extend((k, depth + 1) for k in node)
                 stack.extend((v, depth + 1) for v in node.values())
             else:
                 stack.extend((v, depth + 1) for v in node)
+
+
+def _texts(item: _Item, max_chars: int) -> list[str] | None:
+    """Every text of the item (``walk_texts``): namespace labels, key, the value's
+    strings, object keys and integers; None past ``max_chars``."""
+    out: list[str] = []
+    size = 0
+    for text in walk_texts(item.value, item.key, item.namespace):
+        size += len(text)
+        if size > max_chars:
+            return None
+        out.append(text)
     return out
 
 

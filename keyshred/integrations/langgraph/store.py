@@ -684,9 +684,10 @@ class KeyshredStore(BaseStore):
         """A shared item must hold no personal data (the vault's detector: e-mail,
         phones, resident ids, cards, IBANs, IPs); registered persons it names are
         refused by the write itself (``unmentioned``)."""
+        from keyshred.storage.mentions import walk_texts
         from keyshred.vault.detect import detect
 
-        texts = [*op.namespace, op.key, *_strings(op.value)]
+        texts = [*op.namespace, op.key, *walk_texts(op.value)]
         if any(detect(text) for text in texts):
             raise InvalidInput(
                 "this shared namespace holds no personal data, and the item looks personal "
@@ -812,33 +813,6 @@ def _ttl(minutes: float | None) -> timedelta | None:
 
 def _text(value: Any) -> str:
     return check_text(value, "a store key")
-
-
-_MAX_DEPTH = 512  # deeper values are refused by the store (storage.max_value_depth)
-
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON-like value (keys of mappings included), and every
-    integer as its digits (a phone number kept as a number). Iterative, each
-    container once: a value that nests too deeply or refers to itself is refused by
-    the store's own checks, not here."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    seen: set[int] = set()
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
-            yield node
-        elif type(node) is int and -(10**20) < node < 10**20:
-            yield str(node)
-        elif isinstance(node, Mapping | list | tuple) and depth < _MAX_DEPTH:
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if isinstance(node, Mapping):
-                stack.extend((k, depth + 1) for k in node)
-                stack.extend((v, depth + 1) for v in node.values())
-            else:
-                stack.extend((v, depth + 1) for v in node)
 
 
 def _rule(rule: Callable[[tuple[str, ...]], str | None], namespace: tuple[str, ...]) -> str:
