@@ -264,7 +264,7 @@ class StoreModel(RuleBasedStateMachine):
         self.ks = Keyshred.init(self.dir / "data", self.config())
         self.store = self.make_store()
         self.model = self.make_model()
-        self.written: set[str] = set()  # users that ever held an item (keys exist)
+        self.written: set[str] = set()  # users holding keys: an item written since any erasure
         self.erased: set[str] = set()  # users erased with data found
 
     def config(self) -> Config | None:
@@ -437,9 +437,11 @@ class StoreModel(RuleBasedStateMachine):
     def erase(self, user: str) -> None:
         req = self.ks.erase(user, requested_by="dpo", reason="gdpr-art17")
         assert req.state == "completed", (req.state, req.error)
+        # What this request found: an earlier erasure's keys are not its own.
         assert req.found_data == (user in self.written), (user, req.found_data)
         if user in self.written:
             self.erased.add(user)
+            self.written.discard(user)  # its keys are destroyed; it stays erased
             for item in self.model.search(("users", user), limit=10_000):
                 self.model.delete(item.namespace, item.key)
             self.drop_empty()
