@@ -1028,16 +1028,7 @@ class Keyring:
         entry is evicted, and the result is verified: each destroyed key id must now
         raise ``SubjectErased``.
         """
-        records = self.store.for_subject(subject_ref, scope)
-        if scope is not None:
-            for other in dict.fromkeys(also):
-                records = [*records, *self.store.for_subject(subject_ref, other)]
-        # A whole subject: every key it co-owns, as a person and through any scope's
-        # data; one scope: the keys co-owned through that scope's data (a mention is
-        # about the person, so only the subject's erasure takes it).
-        shared = self.store.owned_by(subject_ref, scope)
-        held = {r.key_id for r in records}
-        shared = [r for r in shared if r.key_id not in held]
+        held, shared = self._doomed(subject_ref, scope, also)
         tombstone = Tombstone(
             tombstone_id=tombstone_id or uuid.uuid4().hex,
             subject_ref=subject_ref,
@@ -1057,6 +1048,32 @@ class Keyring:
             verified=True,
             shared_keys=tuple(sorted((r.key_id, r.subject_ref) for r in shared)),
         )
+
+    def shared_doomed(
+        self, subject_ref: str, scope: str | None = None, *, also: Sequence[str] = ()
+    ) -> list[tuple[bytes, str]]:
+        """(key id, holder's subject_ref) of every key of other holders that
+        ``destroy`` with the same arguments would destroy now (read only): what an
+        erasure records before it destroys them, since the key store keeps no trace
+        of their holders once they are gone."""
+        _, shared = self._doomed(subject_ref, scope, also)
+        return sorted((r.key_id, r.subject_ref) for r in shared)
+
+    def _doomed(
+        self, subject_ref: str, scope: str | None, also: Sequence[str]
+    ) -> tuple[set[bytes], list[KeyRecord]]:
+        """``destroy``'s keys: the ids of those the subject holds (in ``scope`` and
+        ``also``), and the records of those it co-owns with other holders."""
+        records = self.store.for_subject(subject_ref, scope)
+        if scope is not None:
+            for other in dict.fromkeys(also):
+                records = [*records, *self.store.for_subject(subject_ref, other)]
+        # A whole subject: every key it co-owns, as a person and through any scope's
+        # data; one scope: the keys co-owned through that scope's data (a mention is
+        # about the person, so only the subject's erasure takes it).
+        shared = self.store.owned_by(subject_ref, scope)
+        held = {r.key_id for r in records}
+        return held, [r for r in shared if r.key_id not in held]
 
     # -- eviction (another process erased a subject) --------------------------------
 

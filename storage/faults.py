@@ -41,6 +41,10 @@ POINTS = (
     "vectors.after_import",  # the catalog holds the rows, the dataset remains
     # Partition.drop: the erasure's removal of a whole partition folder
     "drop.after_first_file",
+    # The erasure's key step (keyshred.erasure.extent.Extent.destroy_keys): the keys
+    # are destroyed and the tombstone written, the step is not recorded yet (a resumed
+    # request must find its own tombstone to report what it destroyed)
+    "keys.after_destroy",
     # Each store's Erasable.erase (keyshred.storage.erasable): the store has acted,
     # the erasure has not yet recorded its step
     "erase.memories",

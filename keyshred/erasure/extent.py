@@ -24,6 +24,7 @@ from keyshred.keyring.keyring import Keyring
 from keyshred.keyring.keystore import Tombstone
 from keyshred.metrics import Metrics
 from keyshred.schema import api_downloads
+from keyshred.storage import faults
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.catalog_base import ACTIVE
 from keyshred.storage.catalog_base import SUPPRESSED as GUARD_SUPPRESSED
@@ -163,10 +164,21 @@ class Extent:
         # key goes only once the partition is compacted: a memory that moved out of
         # the scope is then in no other scope's files in its old version, which the
         # next load would otherwise read back once the new one is unreadable.
-        tombstone_id = request_tombstone_id(self.req.request_id)
+        rid = self.req.request_id
+        tombstone_id = request_tombstone_id(rid)
         with w.partitions.locked(self.ref, compact=self.scope is not None):
             also = self.key_scopes()
+            # Other holders' keys about the subject, recorded before they go: the key
+            # store keeps their ids (the tombstone) but not whose they were, and the
+            # later steps find those holders' assets by them. A request killed after
+            # the destruction reads them back from here.
+            doomed = w.keyring.shared_doomed(self.ref, self.scope, also=also)
+            if doomed:
+                entry = {"shared_keys": [[k.hex(), holder] for k, holder in doomed]}
+                with w.catalog.transaction() as conn:
+                    items.put_entry(conn, rid, "destroy_keys", "shared_keys", pos=0, entry=entry)
             result = w.keyring.destroy(self.ref, self.scope, also=also, tombstone_id=tombstone_id)
+        faults.reached("keys.after_destroy")
         w.evict(self.ref)
         epoch = self.req.doc["details"].get("suppress", {}).get("epoch")
         if epoch is not None:
@@ -176,6 +188,7 @@ class Extent:
             w.catalog.announce_eviction(self.ref, self.scope, int(epoch))
         at = now()
         tombstone = result.tombstone
+        shared_keys = [[k.hex(), holder] for k, holder in result.shared_keys]
         if not tombstone.key_ids:
             # Resumed after this request destroyed the keys (killed before the step
             # was recorded): its own tombstone, found by the id derived from the
@@ -185,13 +198,15 @@ class Extent:
             if previous is not None:
                 tombstone = previous
                 at = tombstone.erased_at
+                recorded, _ = items.progress(w.catalog, rid, "destroy_keys")
+                shared_keys = [list(p) for e in recorded for p in e.get("shared_keys", [])]
         return {
             "key_ids": [k.hex() for k in tombstone.key_ids],
             "tombstone_id": tombstone.tombstone_id if tombstone.key_ids else None,
             "at": iso(at),
             "cache_evicted": result.cache_entries_evicted,
             # Keys of other holders' data about the subject, destroyed with its own.
-            "shared_keys": [[k.hex(), holder] for k, holder in result.shared_keys],
+            "shared_keys": shared_keys,
             # The scope's other key scopes (its threads' keys), for the sweep: by
             # then the threads' rows are gone, not a key made for them meanwhile.
             "key_scopes": also,
