@@ -19,8 +19,9 @@ from tests.storage.conftest import make_config
 
 
 @pytest.fixture
-def ks(tmp_path: Path) -> Iterator[Keyshred]:
-    handle = Keyshred.init(tmp_path / "data", make_config(None))
+def ks(tmp_path: Path, catalog_url: str) -> Iterator[Keyshred]:
+    # Every backend: SQLite and PostgreSQL (tests/conftest.py's catalog_url).
+    handle = Keyshred.init(tmp_path / "data", make_config(catalog_url))
     yield handle
     handle.close()
 
