@@ -371,6 +371,7 @@ class Partition:
         # that adds its hot rows, so the two agree.
         also = None if self._expected_ids is None else self._expected_ids(self.subject_ref)
         expected = self._read_state(also=also)
+        at, self._names_at = self._names_at, None  # the load's only: not kept after it
         if self.holds_flock and self._expected_ids is not None:
             # Under the lock no compaction is in flight: what a killed one left
             # (an unpublished object, retired ones not yet deleted) goes now. On an
@@ -379,7 +380,6 @@ class Partition:
             # moto): there they wait for the subject's next compaction, which lists
             # (every delete compacts, so no deleted memory's bytes wait on it), and
             # only the retired segments the catalog names go now.
-            at = self._names_at
             names = at[1] if at is not None and at[0] == self._head else None
             self._cleanup(listing=self._objects.local, names=names)
         if expected is not None:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from keyshred.config import Config
     from keyshred.erasure import ErasureRequest
     from keyshred.facade import Keyshred
-    from keyshred.storage.memories import Memory
+    from keyshred.storage.memories import Memory, PutItem
 
 __all__ = ["AsyncKeyshredStore", "KeyshredStore"]
 
@@ -592,24 +592,24 @@ class KeyshredStore(BaseStore):
         return found[op.offset : op.offset + op.limit]
 
     def _apply_puts(self, puts: Sequence[PutOp]) -> None:
-        from keyshred.storage.memories import PutItem
-
         subjects = [self.subject_of(tuple(op.namespace)) for op in puts]  # once per op
         by_subject: dict[str | Subject, list[PutOp]] = {}
         for subject, op in zip(subjects, puts, strict=True):
             by_subject.setdefault(subject, []).append(op)
         shared = self._shared_subject
-        # The one shared put ``put_shared`` allowed (in this context only), if any:
-        # it skips the detector, and a registered person it names co-owns it.
+        # Shared puts are checked, but for the one ``put_shared`` allowed (in this
+        # context only), if any: it skips the detector, and a registered person it
+        # names co-owns it.
         allowed = _ALLOWED.get()
-        unmentioned = shared in by_subject and any(
-            (tuple(op.namespace), op.key) != allowed for op in by_subject[shared]
-        )
+        checked = [
+            op for op in by_subject.get(shared, ()) if (tuple(op.namespace), op.key) != allowed
+        ]
+        unmentioned = bool(checked)
         # What is refused is refused before anything is written: each subject's writes
         # are one put_many (all or nothing), but a batch spans subjects, and a refusal
         # of a later subject's writes left the earlier ones applied.
-        for op in by_subject.get(shared, ()):
-            if op.value is not None and (tuple(op.namespace), op.key) != allowed:
+        for op in checked:
+            if op.value is not None:
                 self._refuse_personal(op)
         if len(by_subject) > 1:
             for subject in by_subject:
@@ -657,7 +657,7 @@ class KeyshredStore(BaseStore):
         """The scope a subject's items go in: shared knowledge has its own."""
         return self._shared_scope if subject == self._shared_subject else self._scope
 
-    def _put_item(self, op: PutOp, subject: str | Subject) -> Any:
+    def _put_item(self, op: PutOp, subject: str | Subject) -> PutItem:
         from keyshred.storage.memories import PutItem
 
         return PutItem(
