@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from keyshred.errors import IntegrityError
 from keyshred.storage.catalog import Catalog
-from keyshred.storage.schema import memory_hot, memory_partitions, memory_segments
+from keyshred.storage.schema import assets, memory_hot, memory_partitions, memory_segments
 
 __all__ = [
     "EMPTY",
@@ -39,6 +39,7 @@ __all__ = [
     "HotTier",
     "ListedSegment",
     "Loaded",
+    "Newest",
     "Segment",
     "live_segments",
 ]
@@ -96,6 +97,15 @@ class Loaded(Generic[T]):
     records: list[HotRecord]
     names: dict[str, int | None]  # every segment named: name -> retired_at (None: live)
     extra: T | None
+
+
+@dataclass(frozen=True, slots=True)
+class Newest:
+    """``HotTier.newest``: what a cold get reads, at one instant."""
+
+    head: Head
+    records: list[HotRecord]  # the newest, newest first
+    deleting: bool  # a deletion of the subject was marked and not finished
 
 
 def _p(name: str) -> Any:
@@ -171,6 +181,37 @@ class HotTier:
                 "hot_from": sa.select(hot.c.seq, hot.c.scope, hot.c.record)
                 .where(hot.c.subject_ref == _p("ref"), hot.c.seq >= _p("start"))
                 .order_by(hot.c.seq),
+                # A cold get's one statement: the head and its newest hot rows (none
+                # joined: a head alone; no row at all: no partition).
+                # Also whether a deletion of the subject is unfinished (its assets
+                # marked; a crash stopped it): the literal lets the partial index
+                # ks_assets_deleting answer.
+                "newest": sa.select(
+                    h.c.gen,
+                    h.c.base_seq,
+                    h.c.next_seq,
+                    sa.exists()
+                    .where(
+                        assets.c.subject_ref == h.c.subject_ref,
+                        assets.c.status == sa.literal_column("'deleting'"),
+                    )
+                    .label("deleting"),
+                    hot.c.seq,
+                    hot.c.scope,
+                    hot.c.record,
+                )
+                .select_from(
+                    h.outerjoin(
+                        hot,
+                        sa.and_(
+                            hot.c.subject_ref == h.c.subject_ref,
+                            hot.c.seq >= h.c.base_seq,
+                            hot.c.seq >= h.c.next_seq - _p("limit"),
+                        ),
+                    )
+                )
+                .where(h.c.subject_ref == _p("ref"))
+                .order_by(hot.c.seq.desc()),
                 "segment_names": sa.select(seg.c.name, seg.c.retired_at).where(
                     seg.c.subject_ref == _p("ref")
                 ),
@@ -258,6 +299,23 @@ class HotTier:
                     )
             records = self._records(cur, ref, head.base_seq)
         return Loaded(head, segments, records, names, extra)
+
+    def newest(self, ref: str, limit: int) -> Newest | None:
+        """The head, the newest ``limit`` hot rows (newest first) and whether a
+        deletion is unfinished, of one instant (one statement, no transaction
+        around it); None: no partition."""
+        with self._catalog.hot(write=False) as cur:
+            cur.execute(self._sql["newest"], {"ref": ref, "limit": limit})
+            rows = cur.fetchall()
+        if not rows:
+            return None
+        gen, base, nxt, deleting = rows[0][:4]
+        records = [
+            HotRecord(int(seq), scope, bytes(record))
+            for _, _, _, _, seq, scope, record in rows
+            if seq is not None
+        ]
+        return Newest(Head(int(gen), int(base), int(nxt)), records, bool(deleting))
 
     def _head(self, cur: Any, ref: str) -> Head | None:
         cur.execute(self._sql["head"], {"ref": ref})

@@ -20,7 +20,7 @@ from keyshred.errors import (
     SubjectErased,
     SubjectSuppressed,
 )
-from keyshred.storage.catalog_base import ACTIVE, ERASED
+from keyshred.storage.catalog_base import ACTIVE, ERASED, GuardState
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.memory_index import IndexMixin
 from keyshred.storage.memory_types import (
@@ -36,7 +36,17 @@ from keyshred.storage.memory_types import (
     _version_of,
 )
 from keyshred.storage.namespaces import Listed
-from keyshred.storage.partition import MemoryRow, Partition, from_us, row_key_id, to_us
+from keyshred.storage.partition import (
+    MemoryRow,
+    Partition,
+    from_us,
+    lookup_hash,
+    lookup_key_of,
+    namespace_part,
+    newest_row,
+    row_key_id,
+    to_us,
+)
 from keyshred.storage.vectors import DEFAULT_SPACE
 
 __all__ = ["ReadMixin", "compile_filter"]
@@ -44,9 +54,13 @@ __all__ = ["ReadMixin", "compile_filter"]
 T = TypeVar("T")
 # The first time of a namespace as the namespace index knows it (None: unknown).
 NamespaceFirst: TypeAlias = Callable[[tuple[str, ...]], int | None]
-# One read's partition, how often it had been closed when handed out, and its answer.
-Read: TypeAlias = tuple[Partition, int, T]
+# One read's partition (None: it read the catalog alone, ``_keyed``), how often it
+# had been closed when handed out, and its answer.
+Read: TypeAlias = tuple[Partition | None, int, T]
 _ATTEMPTS = 3
+# The newest hot records a get of a subject whose partition is not open reads
+# before it loads the partition instead (``newest_row``).
+_KEYED_RECORDS = 32
 
 
 class ReadMixin(IndexMixin):
@@ -54,14 +68,32 @@ class ReadMixin(IndexMixin):
 
     # -- reads -------------------------------------------------------------------------
 
-    def _row(self, subject: Any, namespace: Sequence[str] | str, key: str) -> MemoryRow | None:
+    def _row(
+        self, subject: Any, namespace: Sequence[str] | str, key: str, *, keyed: bool = False
+    ) -> MemoryRow | None:
         ref = self._ref(subject)
         ns, k = _namespace(namespace), _key(key)
-        return self._settled(ref, lambda: self._row_once(ref, ns, k))
+        once = self._get_once if keyed else self._row_once
+        return self._settled(ref, lambda: once(ref, ns, k))
 
-    def _row_once(self, ref: str, ns: tuple[str, ...], k: str) -> Read[MemoryRow | None]:
+    def _get_once(self, ref: str, ns: tuple[str, ...], k: str) -> Read[MemoryRow | None]:
+        """``_row_once``, from the catalog alone where that decides (``_keyed``)."""
         guard = self._catalog.guard(ref)
         self._catalog.enforce(ref, guard, None)
+        found = self._keyed(ref, ns, k, guard.scopes)
+        if found is None:
+            return self._row_once(ref, ns, k, guard)
+        row = found[0]
+        if row is not None and row.retain_us <= to_us(self._clock()):
+            row = None  # past its retain-until: gone for every read
+        return None, 0, row
+
+    def _row_once(
+        self, ref: str, ns: tuple[str, ...], k: str, guard: GuardState | None = None
+    ) -> tuple[Partition, int, MemoryRow | None]:
+        if guard is None:  # (else the caller read and enforced it)
+            guard = self._catalog.guard(ref)
+            self._catalog.enforce(ref, guard, None)
         part, closes = self._reading(ref)
         if not part.rows:  # no lookup key is created just to read nothing
             return part, closes, None
@@ -71,6 +103,30 @@ class ReadMixin(IndexMixin):
         if row is not None and row.retain_us <= to_us(self._clock()):
             return part, closes, None  # past its retain-until: gone for every read
         return part, closes, row
+
+    def _keyed(
+        self, ref: str, ns: tuple[str, ...], k: str, hidden: Collection[str]
+    ) -> tuple[MemoryRow | None] | None:
+        """A get of a subject whose partition is not loaded here, from the catalog's
+        newest hot records alone (one statement; ``newest_row``): a spread of gets
+        over many subjects loads no partition, decodes one row, and leaves nothing
+        decrypted in the cache. ``(row,)`` or ``(None,)`` when they decide, None
+        when the partition must be loaded (and then decides). The guard was read
+        first; an eviction overlapping the read is ``_settled``'s, as for any read.
+        No key is created for a read: a subject without a lookup key goes the
+        load's way (which finds nothing)."""
+        part = self._partitions.get(ref)
+        if part is not None and part.loaded:
+            return None  # its cache answers
+        try:
+            lookup_key = lookup_key_of(self._keyring, self._sealer, ref, create=False)
+        except (KeyNotFound, SubjectErased):
+            return None
+        lookup = lookup_hash(lookup_key, namespace_part(ns), k)
+        decided, row = newest_row(
+            self._hot, self._sealer, ref, lookup, limit=_KEYED_RECORDS, hidden=hidden
+        )
+        return (row,) if decided else None
 
     def _reading(self, ref: str) -> tuple[Partition, int]:
         """The subject's partition, loaded, and how often it had been closed when
@@ -94,14 +150,14 @@ class ReadMixin(IndexMixin):
                 # the read: what the read cached after the eviction goes now.
                 self.drop_cached(ref)
                 continue
-            if part.closes == closes:
+            if part is None or part.closes == closes:
                 return out
         raise BackendUnavailable(
             f"the partition of subject_ref {ref} kept being evicted while it was read"
         )
 
     def get(self, subject: Any, namespace: Sequence[str] | str, key: str) -> Memory | None:
-        row = self._row(subject, namespace, key)
+        row = self._row(subject, namespace, key, keyed=True)
         return None if row is None else _memory(row)
 
     def search(

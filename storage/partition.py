@@ -43,7 +43,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +74,7 @@ from keyshred.storage.rowcodec import (
     SCHEMA,
     MemoryRow,
     decode_record,
+    decode_touching,
     encode_delete,
     encode_lookup,
     encode_puts,
@@ -96,6 +97,10 @@ __all__ = [
     "decode_record",
     "from_us",
     "hot_place",
+    "lookup_hash",
+    "lookup_key_of",
+    "namespace_part",
+    "newest_row",
     "ns_key",
     "partition_prefix",
     "row_key_id",
@@ -125,6 +130,77 @@ def hot_place(subject_ref: str, scope: str, seq: int) -> Place:
     """Where a hot record belongs: a record moved to another subject, scope or
     sequence number (reordered, or replayed) fails to open."""
     return Place(subject_ref, scope, "memhot", str(seq), "record")
+
+
+def lookup_hash(lookup_key: bytes, ns_part: bytes, key: str) -> str:
+    """The keyed hash a memory is filed under: ``ns_part`` is the namespace's part
+    of ``encode_lookup`` (``namespace_part``), then the key."""
+    raw = key.encode("utf-8")
+    return prim.hmac_sha256(lookup_key, ns_part + len(raw).to_bytes(4, "big") + raw).hex()[:32]
+
+
+def namespace_part(namespace: Sequence[str]) -> bytes:
+    return encode_lookup(namespace, "")[:-4]
+
+
+def lookup_key_of(keyring: Keyring, sealer: Sealer, subject_ref: str, *, create: bool) -> bytes:
+    """The subject's lookup key (``KeyNotFound``/``SubjectErased`` without one,
+    unless ``create``); all zeros in an unencrypted store."""
+    if not sealer.encrypted:
+        return b"\x00" * 32
+    return keyring.data_key(subject_ref, INDEX_SCOPE, create=create).derive(b"memory-lookup")
+
+
+def newest_row(
+    hot: HotTier,
+    sealer: Sealer,
+    subject_ref: str,
+    lookup: str,
+    *,
+    limit: int,
+    hidden: Collection[str] = (),
+) -> tuple[bool, MemoryRow | None]:
+    """The memory at ``lookup`` as the newest hot record touching it left it, read
+    without loading the partition: ``(True, row)`` for a put of a row under the
+    holder's own key, ``(True, None)`` for a delete. ``(False, None)`` when the hot
+    rows alone cannot decide and the caller loads the partition, which decides and
+    checks everything: no such record among the newest ``limit`` (the memory may be
+    older, in a segment, or nowhere: the load compares with the catalog), a row
+    under an owner-set key (its co-owners' guards decide), a record of a ``hidden``
+    scope (suppressed: not opened here), under a destroyed key, malformed or out of
+    sequence, or a deletion of the subject a crash left unfinished (the load
+    finishes it: its memory's bytes and vectors wait for no later write). A forward
+    replay of the records (``Partition._apply``) ends with the same row for
+    ``lookup``: the last record touching it decides there too."""
+    state = hot.newest(subject_ref, limit)
+    if state is None or state.deleting:
+        return False, None
+    head, records = state.head, state.records
+    start = max(head.base_seq, head.next_seq - limit)
+    if [r.seq for r in records] != list(range(head.next_seq - 1, start - 1, -1)):
+        return False, None
+    needle = lookup.encode("ascii")
+    for rec in records:
+        if rec.scope in hidden:
+            return False, None
+        try:
+            payload = sealer.open(rec.record, hot_place(subject_ref, rec.scope, rec.seq))
+        except SubjectErased:
+            return False, None
+        if needle not in payload.partition(b"\n")[0]:
+            continue  # the lookup is in no field of the header: not touched
+        try:
+            op, row = decode_touching(payload, lookup)
+        except (ValueError, KeyError, TypeError):
+            return False, None
+        if op == "del":
+            return True, None
+        if row is None:
+            continue
+        if row.scope != rec.scope or row.sealed is not None:
+            return False, None
+        return True, row
+    return False, None
 
 
 class _Vanished(Exception):
@@ -336,21 +412,17 @@ class Partition:
         """Keyed hash of (namespace, key) under the subject's index key (created on
         first use unless ``create=False``: then ``KeyNotFound``/``SubjectErased``)."""
         if self._lookup_key is None:
-            if self._sealer.encrypted:
-                index = self._keyring.data_key(self.subject_ref, INDEX_SCOPE, create=create)
-                self._lookup_key = index.derive(b"memory-lookup")
-            else:
-                self._lookup_key = b"\x00" * 32
+            self._lookup_key = lookup_key_of(
+                self._keyring, self._sealer, self.subject_ref, create=create
+            )
         namespace = tuple(namespace)
         ns = self._ns_cache.get(namespace)
         if ns is None:
-            ns = encode_lookup(namespace, "")[:-4]  # the namespace part, then the key
+            ns = namespace_part(namespace)  # the namespace part, then the key
             if len(self._ns_cache) > 4096:
                 self._ns_cache.clear()
             self._ns_cache[namespace] = ns
-        raw = key.encode("utf-8")
-        message = ns + len(raw).to_bytes(4, "big") + raw
-        return prim.hmac_sha256(self._lookup_key, message).hex()[:32]
+        return lookup_hash(self._lookup_key, ns, key)
 
     # -- loading -------------------------------------------------------------------
 

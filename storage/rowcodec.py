@@ -35,6 +35,7 @@ __all__ = [
     "SCHEMA",
     "MemoryRow",
     "decode_record",
+    "decode_touching",
     "encode_delete",
     "encode_lookup",
     "encode_puts",
@@ -173,42 +174,78 @@ def decode_record(payload: bytes) -> tuple[str, list[Any]]:
     """``("put", rows)`` or ``("del", [lookup])``; ValueError/KeyError if malformed.
     A sealed row comes back as it is stored: ``value`` is its ciphertext, and so is
     ``sealed`` (``Partition`` opens it)."""
-    head, _, body = payload.partition(b"\n")
-    doc = json.loads(head)
-    if doc["op"] == "del":
+    op, doc, body = _header(payload)
+    if op == "del":
         return "del", [str(doc["l"])]
-    if doc["op"] != "put":
-        raise ValueError("unknown log operation")
     rows, pos = [], 0
-    for mid, ns, key, scope, pur, cat, c, u, r, lookup, src, men, idx, vlen in doc["rows"]:
-        value = body[pos : pos + vlen]
-        if len(value) != vlen:
-            raise ValueError("truncated value")
+    for fields in doc["rows"]:
+        vlen = _fields(fields)[13]
+        rows.append(_row(fields, body[pos : pos + vlen]))
         pos += vlen
-        if ns is None and not is_sealed(value):
-            raise ValueError("a row without a namespace is not sealed")
-        rows.append(
-            MemoryRow(
-                str(mid),
-                () if ns is None else tuple(ns),
-                str(key),
-                value,
-                str(scope),
-                str(pur),
-                str(cat),
-                int(c),
-                int(u),
-                int(r),
-                str(lookup),
-                tuple(src),
-                tuple(men),
-                tuple(idx),
-                value if is_sealed(value) else None,
-            )
-        )
     if pos != len(body):
         raise ValueError("trailing bytes")
     return "put", rows
+
+
+def decode_touching(payload: bytes, lookup: str) -> tuple[str, MemoryRow | None]:
+    """What a hot record does to the memory at ``lookup``: ``("put", row)``,
+    ``("del", None)``, or ``("", None)`` if it does not touch it. Only that row is
+    built (a cold get reads one memory of a record of many); the record is checked
+    whole as ``decode_record`` checks it, but for the other rows' fields."""
+    op, doc, body = _header(payload)
+    if op == "del":
+        return ("del", None) if str(doc["l"]) == lookup else ("", None)
+    found, pos = None, 0
+    for fields in doc["rows"]:
+        vlen = _fields(fields)[13]
+        if not isinstance(vlen, int) or vlen < 0:
+            raise ValueError("bad value length")
+        if fields[9] == lookup:
+            found = _row(fields, body[pos : pos + vlen])
+        pos += vlen
+    if pos != len(body):
+        raise ValueError("trailing bytes")
+    return ("put", found) if found is not None else ("", None)
+
+
+def _header(payload: bytes) -> tuple[str, Any, bytes]:
+    head, _, body = payload.partition(b"\n")
+    doc = json.loads(head)
+    op = doc["op"]
+    if op not in ("put", "del"):
+        raise ValueError("unknown log operation")
+    return op, doc, body
+
+
+def _fields(fields: Any) -> list[Any]:
+    if not isinstance(fields, list) or len(fields) != 14:
+        raise ValueError("a row of another shape")
+    return fields
+
+
+def _row(fields: Any, value: bytes) -> MemoryRow:
+    mid, ns, key, scope, pur, cat, c, u, r, lookup, src, men, idx, vlen = fields
+    if len(value) != vlen:
+        raise ValueError("truncated value")
+    if ns is None and not is_sealed(value):
+        raise ValueError("a row without a namespace is not sealed")
+    return MemoryRow(
+        str(mid),
+        () if ns is None else tuple(ns),
+        str(key),
+        value,
+        str(scope),
+        str(pur),
+        str(cat),
+        int(c),
+        int(u),
+        int(r),
+        str(lookup),
+        tuple(src),
+        tuple(men),
+        tuple(idx),
+        value if is_sealed(value) else None,
+    )
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

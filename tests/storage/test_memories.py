@@ -342,7 +342,8 @@ def test_old_layout_files_beside_an_imported_partition_are_removed_not_read(
     already holds (an import killed after its commit) are what is left of that
     import: removed at the next load under the subject lock, never read, and the
     catalog's rows stay as they are (tests/storage/test_legacy_import.py imports
-    real folders of that release)."""
+    real folders of that release). A get that the catalog's hot rows answer loads
+    nothing and leaves them to that load."""
     ks.memories.put("olga", NS, "k", 1)
     ref = ks.subject_ref("olga")
     ks.memories.evict(ref)
@@ -352,4 +353,6 @@ def test_old_layout_files_beside_an_imported_partition_are_removed_not_read(
     (folder / "LOCK").write_bytes(b"")
     got = ks.memories.get("olga", NS, "k")
     assert got is not None and got.value == 1
+    assert (folder / "MANIFEST").exists()  # the get read the catalog alone
+    assert [m.value for m in ks.memories.search("olga", NS)] == [1]  # a load
     assert not (folder / "MANIFEST").exists() and not (folder / "LOCK").exists()

@@ -1,0 +1,182 @@
+"""A get of a subject whose partition is not loaded: this checkout, another revision
+of keyshred (``--baseline-repo``) and LangGraph's own store on the same catalog
+database, same work, same run.
+
+``--subjects`` users, each a subject of its own with 10 items of ~40 bytes written
+through ``KeyshredStore.batch`` in one call (one hot record of the catalog, as an
+agent's first turn writes them); ``storage.max_open_partitions`` is 16, so a get of a
+random user finds its partition not loaded (the keyring keeps its keys: every user's
+keys fit its cache, as in ``bench_langgraph.py``'s spread gets of the first 3,300
+users). Then ``--passes`` passes of ``--gets`` gets of random users' random items;
+the figure is the median pass's µs per get. LangGraph's store is ``SqliteStore`` (WAL,
+``synchronous=FULL``) on SQLite and ``PostgresStore`` on PostgreSQL, the same items
+written the same way. Each side runs in a process of its own per round, on a fresh
+data folder (SQLite) or a fresh PostgreSQL schema (``--catalog postgres``); the
+rounds alternate between the sides, the order reversed every other round. Printed:
+per side, the median and minimum over rounds, and each keyshred side ÷ LangGraph's.
+
+Run: ``.venv/bin/python benchmarks/bench_cold_get.py [--baseline-repo PATH]
+[--catalog sqlite|postgres] [--subjects 2000] [--passes 7] [--rounds 3]`` (PATH: a
+checkout of the revision to compare with, e.g. ``git worktree add --detach /tmp/base
+REV``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import CheckoutFinder, run_json, uptime
+
+HERE = Path(__file__).resolve().parents[1]
+PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+LANGGRAPH = "langgraph"
+
+
+def ns(u: int) -> tuple[str, str, str]:
+    return ("users", f"user-{u}", "notes")
+
+
+@contextlib.contextmanager
+def _schema(catalog: str) -> Iterator[str | None]:
+    """A fresh PostgreSQL schema (its name), dropped after; None on SQLite."""
+    if catalog != "postgres":
+        yield None
+        return
+    import psycopg
+
+    schema = f"ks_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as pg:
+        pg.execute(f"CREATE SCHEMA {schema}")
+        try:
+            yield schema
+        finally:
+            pg.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@contextlib.contextmanager
+def _keyshred_store(repo: str, catalog: str, tmp: Path) -> Iterator[Any]:
+    sys.meta_path.insert(0, CheckoutFinder(Path(repo)))
+    import keyshred
+    from keyshred.config import Config, StorageSettings
+    from keyshred.integrations.langgraph import KeyshredStore
+
+    assert Path(keyshred.storage.__file__ or "").resolve().is_relative_to(Path(repo).resolve())
+    with _schema(catalog) as schema:
+        url = None
+        if schema is not None:
+            url = (
+                "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+                f"?options=-csearch_path%3D{schema}"
+            )
+        cfg = Config(storage=StorageSettings(catalog_url=url, max_open_partitions=16))
+        ks = keyshred.Keyshred.init(tmp / "ks", cfg)
+        try:
+            yield KeyshredStore(ks, subject_from=1)
+        finally:
+            ks.close()
+
+
+@contextlib.contextmanager
+def _langgraph_store(catalog: str, tmp: Path) -> Iterator[Any]:
+    if catalog == "postgres":
+        from langgraph.store.postgres import PostgresStore
+
+        with _schema(catalog) as schema:
+            dsn = f"{PG_DSN} options=-csearch_path={schema}"
+            with PostgresStore.from_conn_string(dsn) as store:
+                store.setup()
+                yield store
+        return
+    from langgraph.store.sqlite import SqliteStore
+
+    conn = sqlite3.connect(tmp / "lg.db", check_same_thread=False, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    store = SqliteStore(conn)
+    store.setup()
+    try:
+        yield store
+    finally:
+        conn.close()
+
+
+def measure(side: str, catalog: str, subjects: int, passes: int, gets: int) -> None:
+    from langgraph.store.base import PutOp
+
+    with tempfile.TemporaryDirectory(prefix="ks-bench-cold-") as tmp:
+        opened = (
+            _langgraph_store(catalog, Path(tmp))
+            if side == LANGGRAPH
+            else _keyshred_store(side, catalog, Path(tmp))
+        )
+        with opened as store:
+            for u in range(subjects):
+                store.batch(
+                    [PutOp(ns(u), f"n{i}", {"t": f"note {i} of user {u}"}) for i in range(10)]
+                )
+            rnd = random.Random(7)
+
+            def one_pass() -> float:
+                picks = [(rnd.randrange(subjects), rnd.randrange(10)) for _ in range(gets)]
+                t0 = time.perf_counter()
+                for u, i in picks:
+                    if store.get(ns(u), f"n{i}") is None:
+                        raise AssertionError("an item written was not read back")
+                return (time.perf_counter() - t0) / gets * 1e6
+
+            one_pass()  # warm: keys in the cache, statements compiled
+            per_get = statistics.median(one_pass() for _ in range(passes))
+    print(json.dumps({"us per get": per_get}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline-repo", default=None, help="a checkout of another revision")
+    parser.add_argument("--catalog", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--subjects", type=int, default=2000)
+    parser.add_argument("--passes", type=int, default=7)
+    parser.add_argument("--gets", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        measure(args.child, args.catalog, args.subjects, args.passes, args.gets)
+        return
+    sides = {LANGGRAPH: LANGGRAPH, "this checkout": str(HERE)}
+    if args.baseline_repo:
+        sides["baseline"] = str(Path(args.baseline_repo).resolve())
+    print(uptime())
+    rows: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(args.rounds):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            argv = ["--child", sides[name], "--catalog", args.catalog]
+            argv += ["--subjects", str(args.subjects), "--passes", str(args.passes)]
+            argv += ["--gets", str(args.gets)]
+            rows[name].append(run_json(__file__, argv)["us per get"])
+    print(uptime())
+    print(f"\n{args.catalog}, {args.subjects:,} subjects, {args.rounds} rounds")
+    print(f"{'µs per get':16}" + "".join(f"{n:>16}" for n in sides))
+    for label, fn in (("median", statistics.median), ("min", min)):
+        values = {n: fn(rows[n]) for n in sides}
+        line = f"{label:16}" + "".join(f"{values[n]:16.1f}" for n in sides)
+        ratios = [f"{n} {values[LANGGRAPH] / values[n]:.2f}" for n in sides if n != LANGGRAPH]
+        print(line + "   LangGraph ÷ keyshred: " + ", ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()
