@@ -106,6 +106,8 @@ class Newest:
     head: Head
     records: list[HotRecord]  # the newest, newest first
     deleting: bool  # a deletion of the subject was marked and not finished
+    segments: bool  # a live segment holds some of its memories
+    assets: int | None  # assets filed in the partition (None: not counted)
 
 
 def _p(name: str) -> Any:
@@ -181,11 +183,13 @@ class HotTier:
                 "hot_from": sa.select(hot.c.seq, hot.c.scope, hot.c.record)
                 .where(hot.c.subject_ref == _p("ref"), hot.c.seq >= _p("start"))
                 .order_by(hot.c.seq),
-                # A cold get's one statement: the head and its newest hot rows (none
-                # joined: a head alone; no row at all: no partition).
-                # Also whether a deletion of the subject is unfinished (its assets
-                # marked; a crash stopped it): the literal lets the partial index
-                # ks_assets_deleting answer.
+                # A cold get's one statement: the head, whether a deletion of the
+                # subject is unfinished (its assets marked; a crash stopped it: the
+                # literal lets the partial index ks_assets_deleting answer), whether
+                # it has a live segment, how many assets the catalog files in its
+                # partition (counted only for a partition small enough to be read
+                # whole) and its newest hot rows (none joined: a head alone; no
+                # row at all: no partition).
                 "newest": sa.select(
                     h.c.gen,
                     h.c.base_seq,
@@ -196,6 +200,21 @@ class HotTier:
                         assets.c.status == sa.literal_column("'deleting'"),
                     )
                     .label("deleting"),
+                    sa.exists()
+                    .where(seg.c.subject_ref == h.c.subject_ref, seg.c.retired_at.is_(None))
+                    .label("segments"),
+                    sa.case(
+                        (
+                            h.c.next_seq - h.c.base_seq <= _p("limit"),
+                            sa.select(sa.func.count())
+                            .where(
+                                assets.c.subject_ref == h.c.subject_ref,
+                                assets.c.storage_key == _p("storage_key"),
+                            )
+                            .scalar_subquery(),
+                        ),
+                        else_=None,
+                    ).label("assets"),
                     hot.c.seq,
                     hot.c.scope,
                     hot.c.record,
@@ -300,22 +319,32 @@ class HotTier:
             records = self._records(cur, ref, head.base_seq)
         return Loaded(head, segments, records, names, extra)
 
-    def newest(self, ref: str, limit: int) -> Newest | None:
-        """The head, the newest ``limit`` hot rows (newest first) and whether a
-        deletion is unfinished, of one instant (one statement, no transaction
-        around it); None: no partition."""
+    def newest(self, ref: str, limit: int, storage_key: str) -> Newest | None:
+        """What a cold get reads, of one instant (one statement, no transaction
+        around it): the head, the newest ``limit`` hot rows (newest first), whether
+        a deletion is unfinished or a segment is live, and the number of assets
+        filed under ``storage_key`` if the partition has at most ``limit`` hot rows;
+        None: no partition."""
         with self._catalog.hot(write=False) as cur:
-            cur.execute(self._sql["newest"], {"ref": ref, "limit": limit})
+            cur.execute(
+                self._sql["newest"], {"ref": ref, "limit": limit, "storage_key": storage_key}
+            )
             rows = cur.fetchall()
         if not rows:
             return None
-        gen, base, nxt, deleting = rows[0][:4]
+        gen, base, nxt, deleting, segments, n_assets = rows[0][:6]
         records = [
             HotRecord(int(seq), scope, bytes(record))
-            for _, _, _, _, seq, scope, record in rows
+            for *_, seq, scope, record in rows
             if seq is not None
         ]
-        return Newest(Head(int(gen), int(base), int(nxt)), records, bool(deleting))
+        return Newest(
+            Head(int(gen), int(base), int(nxt)),
+            records,
+            bool(deleting),
+            bool(segments),
+            None if n_assets is None else int(n_assets),
+        )
 
     def _head(self, cur: Any, ref: str) -> Head | None:
         cur.execute(self._sql["head"], {"ref": ref})

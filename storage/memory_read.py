@@ -33,6 +33,7 @@ from keyshred.storage.memory_types import (
     _namespace,
     _newest_first,
     _prefix,
+    _storage_key,
     _version_of,
 )
 from keyshred.storage.namespaces import Listed
@@ -58,8 +59,8 @@ NamespaceFirst: TypeAlias = Callable[[tuple[str, ...]], int | None]
 # had been closed when handed out, and its answer.
 Read: TypeAlias = tuple[Partition | None, int, T]
 _ATTEMPTS = 3
-# The newest hot records a get of a subject whose partition is not open reads
-# before it loads the partition instead (``newest_row``).
+# A get of a subject whose partition is not loaded reads it from the catalog alone
+# if it is at most this many hot rows and no segment (``newest_row``); else it loads.
 _KEYED_RECORDS = 32
 
 
@@ -124,7 +125,13 @@ class ReadMixin(IndexMixin):
             return None
         lookup = lookup_hash(lookup_key, namespace_part(ns), k)
         decided, row = newest_row(
-            self._hot, self._sealer, ref, lookup, limit=_KEYED_RECORDS, hidden=hidden
+            self._hot,
+            self._sealer,
+            ref,
+            lookup,
+            storage_key=_storage_key(ref),
+            limit=_KEYED_RECORDS,
+            hidden=hidden,
         )
         return (row,) if decided else None
 

@@ -74,14 +74,15 @@ from keyshred.storage.rowcodec import (
     SCHEMA,
     MemoryRow,
     decode_record,
-    decode_touching,
     encode_delete,
     encode_lookup,
     encode_puts,
     from_us,
+    index_record,
     is_sealed,
     names_sealed,
     row_key_id,
+    row_of,
     row_place,
     seal_row,
     to_us,
@@ -157,50 +158,62 @@ def newest_row(
     subject_ref: str,
     lookup: str,
     *,
+    storage_key: str,
     limit: int,
     hidden: Collection[str] = (),
 ) -> tuple[bool, MemoryRow | None]:
-    """The memory at ``lookup`` as the newest hot record touching it left it, read
-    without loading the partition: ``(True, row)`` for a put of a row under the
-    holder's own key, ``(True, None)`` for a delete. ``(False, None)`` when the hot
-    rows alone cannot decide and the caller loads the partition, which decides and
-    checks everything: no such record among the newest ``limit`` (the memory may be
-    older, in a segment, or nowhere: the load compares with the catalog), a row
-    under an owner-set key (its co-owners' guards decide), a record of a ``hidden``
-    scope (suppressed: not opened here), under a destroyed key, malformed or out of
-    sequence, or a deletion of the subject a crash left unfinished (the load
-    finishes it: its memory's bytes and vectors wait for no later write). A forward
-    replay of the records (``Partition._apply``) ends with the same row for
-    ``lookup``: the last record touching it decides there too."""
-    state = hot.newest(subject_ref, limit)
-    if state is None or state.deleting:
+    """The memory at ``lookup``, read from the catalog without loading the
+    partition, for a partition that is its hot rows alone (no live segment, at most
+    ``limit`` rows): ``(True, row)`` for a row under the holder's own key, ``(True,
+    None)`` if there is none. It checks what a load of such a partition checks:
+    every record is opened (bound to the subject, scope and sequence number: a
+    flipped, swapped or foreign record raises ``IntegrityError``), the sequence has
+    no gap from the head's first to its last, every record is well formed, and the
+    replayed partition holds as many memories as the catalog files in it (fewer: a
+    record cut away, a head moved). ``(False, None)`` otherwise, and the caller
+    loads the partition, which decides: a live segment, more rows, a deletion a
+    crash left unfinished (the load finishes it, so its bytes and vectors wait for
+    no later write), a record of a ``hidden`` scope (suppressed: not opened), one
+    under a destroyed key, a malformed one, a gap, a count that does not add up, or
+    a row under an owner-set key (its co-owners' guards decide). The replay is the
+    load's: records in sequence order, the last one touching a memory decides."""
+    state = hot.newest(subject_ref, limit, storage_key)
+    if state is None or state.deleting or state.segments or state.assets is None:
         return False, None
     head, records = state.head, state.records
-    start = max(head.base_seq, head.next_seq - limit)
-    if [r.seq for r in records] != list(range(head.next_seq - 1, start - 1, -1)):
+    if [r.seq for r in records] != list(range(head.next_seq - 1, head.base_seq - 1, -1)):
         return False, None
-    needle = lookup.encode("ascii")
-    for rec in records:
+    indexed: list[tuple[HotRecord, str, list[Any], bytes]] = []
+    for rec in reversed(records):  # in sequence order
         if rec.scope in hidden:
             return False, None
         try:
             payload = sealer.open(rec.record, hot_place(subject_ref, rec.scope, rec.seq))
         except SubjectErased:
             return False, None
-        if needle not in payload.partition(b"\n")[0]:
-            continue  # the lookup is in no field of the header: not touched
         try:
-            op, row = decode_touching(payload, lookup)
+            indexed.append((rec, *index_record(payload)))
         except (ValueError, KeyError, TypeError):
             return False, None
+    live: dict[str, tuple[str, int]] = {}  # lookup -> (memory id, record's place)
+    for n, (_, op, rows, _) in enumerate(indexed):
         if op == "del":
-            return True, None
-        if row is None:
+            live.pop(rows[0], None)
             continue
-        if row.scope != rec.scope or row.sealed is not None:
-            return False, None
-        return True, row
-    return False, None
+        for fields in rows:
+            live[fields[9]] = (fields[0], n)
+    if len({mid for mid, _ in live.values()}) < state.assets:
+        return False, None
+    if lookup not in live:
+        return True, None
+    rec, _, rows, body = indexed[live[lookup][1]]
+    try:
+        row = row_of(rows, body, lookup)
+    except (ValueError, KeyError, TypeError):
+        return False, None
+    if row is None or row.scope != rec.scope or row.sealed is not None:
+        return False, None
+    return True, row
 
 
 class _Vanished(Exception):

@@ -35,14 +35,15 @@ __all__ = [
     "SCHEMA",
     "MemoryRow",
     "decode_record",
-    "decode_touching",
     "encode_delete",
     "encode_lookup",
     "encode_puts",
     "from_us",
+    "index_record",
     "is_sealed",
     "names_sealed",
     "row_key_id",
+    "row_of",
     "row_place",
     "seal_row",
     "to_us",
@@ -187,25 +188,41 @@ def decode_record(payload: bytes) -> tuple[str, list[Any]]:
     return "put", rows
 
 
-def decode_touching(payload: bytes, lookup: str) -> tuple[str, MemoryRow | None]:
-    """What a hot record does to the memory at ``lookup``: ``("put", row)``,
-    ``("del", None)``, or ``("", None)`` if it does not touch it. Only that row is
-    built (a cold get reads one memory of a record of many); the record is checked
-    whole as ``decode_record`` checks it, but for the other rows' fields."""
+def index_record(payload: bytes) -> tuple[str, list[Any], bytes]:
+    """A hot record's header, checked as ``decode_record`` checks it but without
+    building its rows: ``("put", fields, body)`` (each row's fields as logged: its
+    memory id first, its lookup tenth, its value's length last; the values back to
+    back in ``body``) or ``("del", [lookup], b"")``. ``row_of`` builds one row.
+    ValueError/KeyError/TypeError if malformed."""
     op, doc, body = _header(payload)
     if op == "del":
-        return ("del", None) if str(doc["l"]) == lookup else ("", None)
-    found, pos = None, 0
-    for fields in doc["rows"]:
-        vlen = _fields(fields)[13]
+        return "del", [str(doc["l"])], b""
+    rows = doc["rows"]
+    if not isinstance(rows, list):
+        raise ValueError("rows are a list")
+    total = 0
+    for fields in rows:
+        _fields(fields)
+        vlen = fields[13]
         if not isinstance(vlen, int) or vlen < 0:
             raise ValueError("bad value length")
+        if not isinstance(fields[0], str) or not isinstance(fields[9], str):
+            raise ValueError("ids are strings")
+        total += vlen
+    if total != len(body):
+        raise ValueError("value lengths and body differ")
+    return "put", rows, body
+
+
+def row_of(rows: list[Any], body: bytes, lookup: str) -> MemoryRow | None:
+    """The row filed at ``lookup`` in an ``index_record`` of a put (the last one, as
+    a replay keeps it), built alone; None if the record holds none."""
+    found, pos = None, 0
+    for fields in rows:
         if fields[9] == lookup:
-            found = _row(fields, body[pos : pos + vlen])
-        pos += vlen
-    if pos != len(body):
-        raise ValueError("trailing bytes")
-    return ("put", found) if found is not None else ("", None)
+            found = _row(fields, body[pos : pos + fields[13]])
+        pos += fields[13]
+    return found
 
 
 def _header(payload: bytes) -> tuple[str, Any, bytes]:
