@@ -107,7 +107,9 @@ class Newest:
     records: list[HotRecord]  # the newest, newest first
     deleting: bool  # a deletion of the subject was marked and not finished
     segments: bool  # a live segment holds some of its memories
-    assets: int | None  # assets filed in the partition (None: not counted)
+    # The assets the catalog files in the partition, (id, scope): read for a
+    # partition of at most the asked number of hot rows only (else None).
+    assets: list[tuple[str, str]] | None
 
 
 def _p(name: str) -> Any:
@@ -183,54 +185,68 @@ class HotTier:
                 "hot_from": sa.select(hot.c.seq, hot.c.scope, hot.c.record)
                 .where(hot.c.subject_ref == _p("ref"), hot.c.seq >= _p("start"))
                 .order_by(hot.c.seq),
-                # A cold get's one statement: the head, whether a deletion of the
-                # subject is unfinished (its assets marked; a crash stopped it: the
-                # literal lets the partial index ks_assets_deleting answer), whether
-                # it has a live segment, how many assets the catalog files in its
-                # partition (counted only for a partition small enough to be read
-                # whole) and its newest hot rows (none joined: a head alone; no
-                # row at all: no partition).
-                "newest": sa.select(
-                    h.c.gen,
-                    h.c.base_seq,
-                    h.c.next_seq,
-                    sa.exists()
-                    .where(
-                        assets.c.subject_ref == h.c.subject_ref,
-                        assets.c.status == sa.literal_column("'deleting'"),
+                # A cold get's one statement, of one instant: the head, whether a
+                # deletion of the subject is unfinished (its assets marked; a crash
+                # stopped it: the literal lets the partial index ks_assets_deleting
+                # answer), whether it has a live segment and its newest hot rows
+                # (none joined: a head alone; no row at all: no partition); then,
+                # for a partition small enough to be read whole, the assets the
+                # catalog files in it (with their scopes: the load's comparison).
+                "newest": sa.union_all(
+                    sa.select(
+                        h.c.gen,
+                        h.c.base_seq,
+                        h.c.next_seq,
+                        sa.exists()
+                        .where(
+                            assets.c.subject_ref == h.c.subject_ref,
+                            assets.c.status == sa.literal_column("'deleting'"),
+                        )
+                        .label("deleting"),
+                        sa.exists()
+                        .where(seg.c.subject_ref == h.c.subject_ref, seg.c.retired_at.is_(None))
+                        .label("segments"),
+                        sa.cast(sa.null(), assets.c.asset_id.type).label("asset_id"),
+                        hot.c.seq,
+                        hot.c.scope,
+                        hot.c.record,
                     )
-                    .label("deleting"),
-                    sa.exists()
-                    .where(seg.c.subject_ref == h.c.subject_ref, seg.c.retired_at.is_(None))
-                    .label("segments"),
-                    sa.case(
-                        (
-                            h.c.next_seq - h.c.base_seq <= _p("limit"),
-                            sa.select(sa.func.count())
-                            .where(
+                    .select_from(
+                        h.outerjoin(
+                            hot,
+                            sa.and_(
+                                hot.c.subject_ref == h.c.subject_ref,
+                                hot.c.seq >= h.c.base_seq,
+                                hot.c.seq >= h.c.next_seq - _p("limit"),
+                            ),
+                        )
+                    )
+                    .where(h.c.subject_ref == _p("ref")),
+                    sa.select(
+                        h.c.gen,
+                        h.c.base_seq,
+                        h.c.next_seq,
+                        sa.cast(sa.null(), sa.Boolean),
+                        sa.cast(sa.null(), sa.Boolean),
+                        assets.c.asset_id,
+                        sa.cast(sa.null(), hot.c.seq.type),
+                        assets.c.scope,
+                        sa.cast(sa.null(), hot.c.record.type),
+                    )
+                    .select_from(
+                        h.join(
+                            assets,
+                            sa.and_(
                                 assets.c.subject_ref == h.c.subject_ref,
                                 assets.c.storage_key == _p("storage_key"),
-                            )
-                            .scalar_subquery(),
-                        ),
-                        else_=None,
-                    ).label("assets"),
-                    hot.c.seq,
-                    hot.c.scope,
-                    hot.c.record,
-                )
-                .select_from(
-                    h.outerjoin(
-                        hot,
-                        sa.and_(
-                            hot.c.subject_ref == h.c.subject_ref,
-                            hot.c.seq >= h.c.base_seq,
-                            hot.c.seq >= h.c.next_seq - _p("limit"),
-                        ),
+                            ),
+                        )
                     )
-                )
-                .where(h.c.subject_ref == _p("ref"))
-                .order_by(hot.c.seq.desc()),
+                    .where(
+                        h.c.subject_ref == _p("ref"),
+                        h.c.next_seq - h.c.base_seq <= _p("limit"),
+                    ),
+                ),
                 "segment_names": sa.select(seg.c.name, seg.c.retired_at).where(
                     seg.c.subject_ref == _p("ref")
                 ),
@@ -322,29 +338,30 @@ class HotTier:
     def newest(self, ref: str, limit: int, storage_key: str) -> Newest | None:
         """What a cold get reads, of one instant (one statement, no transaction
         around it): the head, the newest ``limit`` hot rows (newest first), whether
-        a deletion is unfinished or a segment is live, and the number of assets
-        filed under ``storage_key`` if the partition has at most ``limit`` hot rows;
-        None: no partition."""
+        a deletion is unfinished or a segment is live, and, if the partition has at
+        most ``limit`` hot rows, the assets filed under ``storage_key`` with their
+        scopes; None: no partition."""
         with self._catalog.hot(write=False) as cur:
             cur.execute(
                 self._sql["newest"], {"ref": ref, "limit": limit, "storage_key": storage_key}
             )
             rows = cur.fetchall()
-        if not rows:
+        head_rows = [r for r in rows if r[3] is not None]  # the first select's
+        if not head_rows:
             return None
-        gen, base, nxt, deleting, segments, n_assets = rows[0][:6]
-        records = [
-            HotRecord(int(seq), scope, bytes(record))
-            for *_, seq, scope, record in rows
-            if seq is not None
-        ]
-        return Newest(
-            Head(int(gen), int(base), int(nxt)),
-            records,
-            bool(deleting),
-            bool(segments),
-            None if n_assets is None else int(n_assets),
+        gen, base, nxt, deleting, segments = head_rows[0][:5]
+        head = Head(int(gen), int(base), int(nxt))
+        records = sorted(
+            (
+                HotRecord(int(seq), scope, bytes(record))
+                for *_, seq, scope, record in head_rows
+                if seq is not None
+            ),
+            key=lambda r: -r.seq,
         )
+        filed = [(str(r[5]), str(r[7])) for r in rows if r[5] is not None]
+        small = head.next_seq - head.base_seq <= limit
+        return Newest(head, records, bool(deleting), bool(segments), filed if small else None)
 
     def _head(self, cur: Any, ref: str) -> Head | None:
         cur.execute(self._sql["head"], {"ref": ref})

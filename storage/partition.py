@@ -169,14 +169,16 @@ def newest_row(
     every record is opened (bound to the subject, scope and sequence number: a
     flipped, swapped or foreign record raises ``IntegrityError``), the sequence has
     no gap from the head's first to its last, every record is well formed, and the
-    replayed partition holds as many memories as the catalog files in it (fewer: a
-    record cut away, a head moved). ``(False, None)`` otherwise, and the caller
+    replayed partition holds every memory the catalog files in it but for those of
+    ``hidden`` scopes (the load's comparison: one missing is a record cut away or
+    a head moved). ``(False, None)`` otherwise, and the caller
     loads the partition, which decides: a live segment, more rows, a deletion a
     crash left unfinished (the load finishes it, so its bytes and vectors wait for
     no later write), a record of a ``hidden`` scope (suppressed: not opened), one
-    under a destroyed key, a malformed one, a gap, a count that does not add up, or
-    a row under an owner-set key (its co-owners' guards decide). The replay is the
-    load's: records in sequence order, the last one touching a memory decides."""
+    under a destroyed key, a malformed one, a gap, a memory the catalog files and
+    the replay lacks, or a row under an owner-set key (its co-owners' guards
+    decide). The replay is the load's: records in sequence order, the last one
+    touching a memory decides."""
     state = hot.newest(subject_ref, limit, storage_key)
     if state is None or state.deleting or state.segments or state.assets is None:
         return False, None
@@ -202,7 +204,8 @@ def newest_row(
             continue
         for fields in rows:
             live[fields[9]] = (fields[0], n)
-    if len({mid for mid, _ in live.values()}) < state.assets:
+    present = {mid for mid, _ in live.values()}
+    if any(aid not in present for aid, scope in state.assets if scope not in hidden):
         return False, None
     if lookup not in live:
         return True, None

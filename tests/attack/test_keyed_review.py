@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.errors import IntegrityError, SubjectSuppressed
 from keyshred.storage.hot import HotTier
 from keyshred.storage.memory_types import PutItem
-from keyshred.storage.partition import Partition
 from keyshred.storage.schema import memory_hot, memory_partitions
 from tests.storage.conftest import make_config
+from tests.storage.test_keyed_get import _cold, _hot, _set_record, _view, loads  # noqa: F401
 
 NS = ("notes",)
 
@@ -34,45 +33,6 @@ def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
     store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
     yield store
     store.close()
-
-
-@pytest.fixture
-def loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    seen: list[str] = []
-    real = Partition._load
-
-    def spy(self: Partition) -> None:
-        seen.append(self.subject_ref)
-        real(self)
-
-    monkeypatch.setattr(Partition, "_load", spy)
-    yield seen
-
-
-def _cold(ks: Keyshred, subject: str) -> str:
-    ref = ks.subject_ref(subject)
-    ks.memories.evict(ref)
-    return ref
-
-
-def _hot(ks: Keyshred, ref: str) -> list[Any]:
-    with ks.catalog.engine.connect() as conn:
-        return list(
-            conn.execute(
-                sa.select(memory_hot)
-                .where(memory_hot.c.subject_ref == ref)
-                .order_by(memory_hot.c.seq)
-            )
-        )
-
-
-def _set_record(ks: Keyshred, ref: str, seq: int, record: bytes) -> None:
-    with ks.catalog.engine.begin() as conn:
-        conn.execute(
-            memory_hot.update()
-            .where(memory_hot.c.subject_ref == ref, memory_hot.c.seq == seq)
-            .values(record=record)
-        )
 
 
 def _cut(ks: Keyshred, ref: str, seqs: list[int], *, rollback_head: bool) -> None:
@@ -88,10 +48,6 @@ def _cut(ks: Keyshred, ref: str, seqs: list[int], *, rollback_head: bool) -> Non
                 .where(memory_partitions.c.subject_ref == ref)
                 .values(next_seq=memory_partitions.c.next_seq - len(seqs))
             )
-
-
-def _view(m: Any) -> Any:
-    return None if m is None else (m.value, m.scope, m.memory_id, m.updated_at, m.mentions)
 
 
 def _loaded_answer(ks: Keyshred, subject: str, key: str) -> Any:
@@ -181,7 +137,10 @@ def test_co_owned_row_after_the_co_owner_goes(ks: Keyshred, mode: str) -> None:
     assert _loaded_answer(ks, "alice", "about-bob") is None
 
 
-def test_delete_many_and_delete_read_nothing_cold(ks: Keyshred, loads: list[str]) -> None:
+def test_delete_many_and_delete_read_nothing_cold(
+    ks: Keyshred,
+    loads: list[str],  # noqa: F811 - the fixture
+) -> None:
     for i in range(5):
         ks.memories.put("alice", NS, f"k{i}", i)
     assert ks.memories.delete_many("alice", [(NS, "k1"), (NS, "k3")]) == 2
@@ -247,7 +206,10 @@ def test_ttl_and_touch(ks: Keyshred) -> None:
     assert mem.get("alice", NS, "k") is None
 
 
-def test_head_without_hot_rows(ks: Keyshred, loads: list[str]) -> None:
+def test_head_without_hot_rows(
+    ks: Keyshred,
+    loads: list[str],  # noqa: F811 - the fixture
+) -> None:
     ks.memories.put("alice", NS, "k", 1)
     ks.memories.flush("alice")
     ref = _cold(ks, "alice")
