@@ -40,6 +40,28 @@ def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
     store.close()
 
 
+def _derived_drop_killed_before_its_purge(ks: Keyshred) -> None:
+    """Alice's a, d (derived from bob's fact), z; bob's erasure killed in its derived
+    step after it dropped d with ``purge=False`` (a delete record left in alice's
+    hot rows, her partition not yet rewritten)."""
+    mem = ks.memories
+    b = mem.put("bob", NS, "src", "bob's fact")
+    mem.put("alice", NS, "a", "A")
+    mem.put_many("alice", [PutItem(NS, "d", "derived from bob", sources=[b.memory_id])])
+    mem.put("alice", NS, "z", "Z")
+
+    def kill(point: str) -> None:
+        if point == "erase.derived":
+            raise _Kill
+
+    faults.hook = kill
+    try:
+        with pytest.raises(_Kill):
+            ks.erase("bob", requested_by="dpo", reason="test")
+    finally:
+        faults.hook = None
+
+
 def _hot_seqs(ks: Keyshred, ref: str) -> list[int]:
     with ks.catalog.engine.connect() as conn:
         return [
@@ -139,23 +161,8 @@ def test_tail_cut_over_a_derived_drop_killed_before_its_purge_raises(
     put and ``d``'s delete) and moves the head back: the replay holds {a, d}, the
     catalog files {a, z}. The load raises (``z`` missing); the cold get answers
     None for ``z`` (a live memory, silently gone) and "A" for ``a``."""
-    mem = ks.memories
-    b = mem.put("bob", NS, "src", "bob's fact")
-    mem.put("alice", NS, "a", "A")
-    mem.put_many("alice", [PutItem(NS, "d", "derived from bob", sources=[b.memory_id])])
-    mem.put("alice", NS, "z", "Z")
+    _derived_drop_killed_before_its_purge(ks)
     ref = ks.subject_ref("alice")
-
-    def kill(point: str) -> None:
-        if point == "erase.derived":
-            raise _Kill
-
-    faults.hook = kill
-    try:
-        with pytest.raises(_Kill):
-            ks.erase("bob", requested_by="dpo", reason="test")
-    finally:
-        faults.hook = None
     _cold(ks, "alice")
     assert len(_hot_seqs(ks, ref)) == 4  # [put a, put d, put z, del d]: not purged
     _cut_tail(ks, ref, 2)
@@ -169,22 +176,7 @@ def test_tail_cut_over_a_derived_drop_killed_before_its_purge_raises(
 
 def test_derived_drop_killed_before_its_purge_reads_the_same(ks: Keyshred) -> None:
     """The killed derived step above without tampering: cold and loaded agree."""
-    mem = ks.memories
-    b = mem.put("bob", NS, "src", "bob's fact")
-    mem.put("alice", NS, "a", "A")
-    mem.put_many("alice", [PutItem(NS, "d", "derived from bob", sources=[b.memory_id])])
-    mem.put("alice", NS, "z", "Z")
-
-    def kill(point: str) -> None:
-        if point == "erase.derived":
-            raise _Kill
-
-    faults.hook = kill
-    try:
-        with pytest.raises(_Kill):
-            ks.erase("bob", requested_by="dpo", reason="test")
-    finally:
-        faults.hook = None
+    _derived_drop_killed_before_its_purge(ks)
     for key in ("a", "d", "z"):
         assert _cold_get(ks, "alice", key) == _loaded(ks, "alice", key), key
     assert _cold_get(ks, "alice", "d") is None
