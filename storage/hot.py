@@ -104,7 +104,7 @@ class Newest:
     """``HotTier.newest``: what a cold get reads, at one instant."""
 
     head: Head
-    records: list[HotRecord]  # the newest, newest first
+    records: list[HotRecord]  # the newest, in sequence order
     deleting: bool  # a deletion of the subject was marked and not finished
     segments: bool  # a live segment holds some of its memories
     # The assets the catalog files in the partition, (id, scope): read for a
@@ -337,7 +337,7 @@ class HotTier:
 
     def newest(self, ref: str, limit: int, storage_key: str) -> Newest | None:
         """What a cold get reads, of one instant (one statement, no transaction
-        around it): the head, the newest ``limit`` hot rows (newest first), whether
+        around it): the head, the newest ``limit`` hot rows (in sequence order), whether
         a deletion is unfinished or a segment is live, and, if the partition has at
         most ``limit`` hot rows, the assets filed under ``storage_key`` with their
         scopes; None: no partition."""
@@ -357,7 +357,7 @@ class HotTier:
                 for *_, seq, scope, record in head_rows
                 if seq is not None
             ),
-            key=lambda r: -r.seq,
+            key=lambda r: r.seq,
         )
         filed = [(str(r[5]), str(r[7])) for r in rows if r[5] is not None]
         small = head.next_seq - head.base_seq <= limit

@@ -183,10 +183,10 @@ def newest_row(
     if state is None or state.deleting or state.segments or state.assets is None:
         return False, None
     head, records = state.head, state.records
-    if [r.seq for r in records] != list(range(head.next_seq - 1, head.base_seq - 1, -1)):
+    if [r.seq for r in records] != list(range(head.base_seq, head.next_seq)):
         return False, None
     indexed: list[tuple[HotRecord, str, list[Any], bytes]] = []
-    for rec in reversed(records):  # in sequence order
+    for rec in records:
         if rec.scope in hidden:
             return False, None
         try:
