@@ -11,6 +11,7 @@ side runs on a systematically cooler or hotter machine.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -21,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 SYNC_CALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs")
+PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 MARK_PREFIX = "/ks-bench-mark-"
 
 
@@ -188,3 +190,25 @@ class CheckoutFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(
             fullname, folder / "__init__.py", submodule_search_locations=[str(folder)]
         )
+
+
+@contextlib.contextmanager
+def pg_schema(prefix: str = "ks_bench") -> Iterator[str]:
+    """A fresh PostgreSQL schema on ``PG_DSN`` (its name), dropped with everything
+    in it after the block."""
+    import uuid
+
+    import psycopg
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as pg:
+        pg.execute(f"CREATE SCHEMA {schema}")
+        try:
+            yield schema
+        finally:
+            pg.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def pg_catalog_url(schema: str) -> str:
+    """keyshred's catalog URL for ``schema`` of the benchmarks' PostgreSQL."""
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"

@@ -26,24 +26,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CheckoutFinder, run_json, uptime
+from _common import PG_DSN, CheckoutFinder, pg_catalog_url, pg_schema, run_json, uptime
 
 HERE = Path(__file__).resolve().parents[1]
-PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 LANGGRAPH = "langgraph"
 
 
@@ -51,21 +48,9 @@ def ns(u: int) -> tuple[str, str, str]:
     return ("users", f"user-{u}", "notes")
 
 
-@contextlib.contextmanager
-def _schema(catalog: str) -> Iterator[str | None]:
+def _schema(catalog: str) -> contextlib.AbstractContextManager[str | None]:
     """A fresh PostgreSQL schema (its name), dropped after; None on SQLite."""
-    if catalog != "postgres":
-        yield None
-        return
-    import psycopg
-
-    schema = f"ks_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as pg:
-        pg.execute(f"CREATE SCHEMA {schema}")
-        try:
-            yield schema
-        finally:
-            pg.execute(f"DROP SCHEMA {schema} CASCADE")
+    return pg_schema() if catalog == "postgres" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -77,12 +62,7 @@ def _keyshred_store(repo: str, catalog: str, tmp: Path) -> Iterator[Any]:
 
     assert Path(keyshred.storage.__file__ or "").resolve().is_relative_to(Path(repo).resolve())
     with _schema(catalog) as schema:
-        url = None
-        if schema is not None:
-            url = (
-                "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-                f"?options=-csearch_path%3D{schema}"
-            )
+        url = None if schema is None else pg_catalog_url(schema)
         cfg = Config(storage=StorageSettings(catalog_url=url, max_open_partitions=16))
         ks = keyshred.Keyshred.init(tmp / "ks", cfg)
         try:
@@ -107,10 +87,10 @@ def _langgraph_store(catalog: str, tmp: Path) -> Iterator[Any]:
     conn = sqlite3.connect(tmp / "lg.db", check_same_thread=False, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    store = SqliteStore(conn)
-    store.setup()
+    lite = SqliteStore(conn)
+    lite.setup()
     try:
-        yield store
+        yield lite
     finally:
         conn.close()
 

@@ -22,22 +22,20 @@ REV``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CheckoutFinder, run_json, uptime
+from _common import CheckoutFinder, pg_catalog_url, pg_schema, run_json, uptime
 
 HERE = Path(__file__).resolve().parents[1]
-PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 
 
 def _import(repo: str) -> Any:
@@ -54,17 +52,10 @@ def measure(repo: str, catalog: str, subjects: int, passes: int) -> None:
     from langgraph.store.base import PutOp
 
     keyshred, store_class, config, storage = _import(repo)
-    schema, pg = None, None
-    cfg = None
-    if catalog == "postgres":
-        import psycopg
-
-        schema = f"ks_bench_{uuid.uuid4().hex[:10]}"
-        pg = psycopg.connect(PG_DSN, autocommit=True)
-        pg.execute(f"CREATE SCHEMA {schema}")
-        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-        cfg = config(storage=storage(catalog_url=url))
-    try:
+    with pg_schema() if catalog == "postgres" else contextlib.nullcontext() as schema:
+        cfg = (
+            None if schema is None else config(storage=storage(catalog_url=pg_catalog_url(schema)))
+        )
         with tempfile.TemporaryDirectory(prefix="ks-bench-load-") as tmp:
             ks = keyshred.init(Path(tmp) / "ks", cfg) if cfg else keyshred.init(Path(tmp) / "ks")
             try:
@@ -91,10 +82,6 @@ def measure(repo: str, catalog: str, subjects: int, passes: int) -> None:
                 per_load = statistics.median(one_pass() for _ in range(passes))
             finally:
                 ks.close()
-    finally:
-        if pg is not None:
-            pg.execute(f"DROP SCHEMA {schema} CASCADE")
-            pg.close()
     print(json.dumps({"us per first load": per_load}))
 
 
