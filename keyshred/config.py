@@ -272,6 +272,10 @@ class StorageSettings(_Model):
     # How deeply lists and dicts of a memory value may nest (ValueTooLarge beyond).
     max_value_depth: int = Field(100, ge=1, le=500)
     flush_records: int = Field(1000, ge=1)
+    # A compaction of a partition of at most this many memories (and 256 KiB of
+    # values) writes them back into the catalog, one sealed record per scope,
+    # instead of a Parquet segment; 0: every compaction writes segments.
+    inline_max_rows: int = Field(32, ge=0, le=1000)
     # How long a segment a compaction replaced stays in the partition store: a
     # reader in another process that listed it, or a backup copying what its
     # catalog snapshot lists, may still need it. Deletions and erasures do not wait.

@@ -350,8 +350,10 @@ def _drill(
     def partitions_gone() -> str:
         part = ks.memories.partition_path(report.erased_subject_ref)
         _require(not part.exists() or not any(part.rglob("*.*")), "memory partition left")
+        rows = ks.memories.partition_rows(report.erased_subject_ref)
+        _require(rows == (0, 0, 0), "the catalog still holds the memory partition")
         _require(not ks.vectors.exists(report.erased_subject_ref), "vector rows left")
-        return "Parquet partition and the catalog's vector rows removed"
+        return "Parquet partition, the catalog's partition rows and vector rows removed"
 
     def catalog_clean() -> str:
         n = ks.catalog.count(report.erased_subject_ref)
@@ -452,7 +454,8 @@ def _drill(
             else:
                 raise DrillFailure("the restored copy still serves the erased subject")
             _require(
-                not r.memories.partition_path(report.erased_subject_ref).exists(),
+                not r.memories.partition_path(report.erased_subject_ref).exists()
+                and r.memories.partition_rows(report.erased_subject_ref) == (0, 0, 0),
                 "the restored copy holds the erased subject's partition",
             )
             _require(r.catalog.count(report.erased_subject_ref) == 0, "restored catalog not clean")

@@ -181,6 +181,7 @@ class Keyshred:
             objects=partitions,
             retired_grace_seconds=settings.retired_grace_seconds,
             cache_ttl_seconds=settings.cache_ttl_seconds,
+            inline_max_rows=settings.inline_max_rows,
         )
         self.memories = self._guard(self._memories)
         self.metrics = Metrics()

@@ -32,6 +32,8 @@ POINTS = (
     # Partition.flush: the segment rewrite (compaction of log into segments)
     "flush.after_segment",  # a new segment file is written, the manifest is old
     "flush.after_manifest",  # the new manifest is committed, old files remain
+    # Partition._flush_inline: a small partition's compaction into the catalog
+    "flush.after_records",  # its records are sealed, not yet committed
     # Partition._settle_legacy: the import of a folder of the layout before issue #21
     # (its compaction passes the two flush points as well)
     "import.after_read",  # the old files are read into the cache, nothing written

@@ -12,9 +12,11 @@ A subject's partition is, in the catalog (``keyshred.storage.schema``):
 
 A put's hot rows go in with its catalog assets, in one transaction (``appender``);
 a compaction publishes its segments, retires the old ones and deletes the rows it
-folded in one transaction (``publish``). Every change compares the head it read
-with the one in the database (under the subject lock they are equal; a difference
-is a lock that was not held, refused as ``IntegrityError`` rather than merged).
+folded in one transaction (``publish``). A small partition's compaction publishes
+no segment: its rows go back in as one hot record per scope, in that transaction
+(``Partition._flush_inline``). Every change compares the head it read with the one
+in the database (under the subject lock they are equal; a difference is a lock
+that was not held, refused as ``IntegrityError`` rather than merged).
 """
 
 from __future__ import annotations
@@ -451,23 +453,31 @@ class HotTier:
         segments: Sequence[Segment],
         retire: Sequence[str],
         now_us: int,
+        *,
+        records: Sequence[HotRecord] = (),
     ) -> Head:
         """A compaction's commit: the new segments join the partition, ``retire``
         leave it, the hot rows before ``head.next_seq`` go (they are in the new
-        segments now), the generation moves on. Returns the new head."""
+        segments now, or in ``records``: a small partition's compaction into the
+        catalog, numbered from ``head.next_seq`` on), the generation moves on.
+        Returns the new head."""
         h, hot, seg = memory_partitions, memory_hot, memory_segments
-        new = Head(head.gen + 1, head.next_seq, head.next_seq)
+        if [r.seq for r in records] != list(range(head.next_seq, head.next_seq + len(records))):
+            raise IntegrityError(f"partition {ref}: a compaction's records must follow its head")
+        new = Head(head.gen + 1, head.next_seq, head.next_seq + len(records))
         with self._catalog.transaction() as conn:
             changed = conn.execute(
                 h.update()
                 .where(h.c.subject_ref == ref, h.c.gen == head.gen, h.c.next_seq == head.next_seq)
-                .values(gen=new.gen, base_seq=new.base_seq)
+                .values(gen=new.gen, base_seq=new.base_seq, next_seq=new.next_seq)
             ).rowcount
             if changed != 1:
                 if head != EMPTY:
                     raise IntegrityError(f"partition {ref} changed under its lock")
                 conn.execute(
-                    h.insert().values(subject_ref=ref, gen=new.gen, base_seq=0, next_seq=0)
+                    h.insert().values(
+                        subject_ref=ref, gen=new.gen, base_seq=new.base_seq, next_seq=new.next_seq
+                    )
                 )
             if segments:
                 conn.execute(
@@ -494,6 +504,14 @@ class HotTier:
                     .values(retired_at=now_us)
                 )
             conn.execute(hot.delete().where(hot.c.subject_ref == ref, hot.c.seq < head.next_seq))
+            if records:
+                conn.execute(
+                    hot.insert(),
+                    [
+                        {"subject_ref": ref, "seq": r.seq, "scope": r.scope, "record": r.record}
+                        for r in records
+                    ],
+                )
         return new
 
     def forget_segments(self, ref: str, names: Sequence[str]) -> None:

@@ -85,6 +85,11 @@ class MemoryStore(EditMixin, RepairMixin):
             with part.flocked():
                 part.flush()
 
+    def partition_rows(self, ref: str) -> tuple[int, int, int]:
+        """(heads, hot records, segment rows) the catalog holds for the subject: a
+        partition compacted into the catalog is there and not in any object."""
+        return self._hot.counts(ref)
+
     def purge_superseded(self, ref: str) -> None:
         """Rewrite ``ref``'s partition without the values its rows superseded (log
         records and old segments go at once): an erasure that destroyed no key

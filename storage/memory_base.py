@@ -73,9 +73,11 @@ class MemoryStoreBase:
         objects: ObjectStore | None = None,
         retired_grace_seconds: float = 300.0,
         cache_ttl_seconds: float = 300.0,
+        inline_max_rows: int = 32,
     ) -> None:
         self._root = root / "memories"
         self._grace_seconds = retired_grace_seconds
+        self._inline_rows = inline_max_rows
         self._grace_us = int(retired_grace_seconds * 1_000_000)
         # Where segments live (a folder by default, or an S3 prefix), and the
         # catalog's side of partitions: the truth every process shares.
@@ -233,6 +235,7 @@ class MemoryStoreBase:
             finish_deletes=self._finish_deletes if checked else None,
             freeze=self._freeze,
             retired_grace_seconds=self._grace_seconds,
+            inline_max_rows=self._inline_rows,
             legacy=self._legacy_folder(subject_ref),
             guard_status=self._guard_status,
             owners_suppressed=self._catalog.owners_suppressed,

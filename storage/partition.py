@@ -117,6 +117,9 @@ _LOAD_ATTEMPTS = 5  # a reader racing compactions lists segments again this ofte
 # it go never repeats one an earlier object of the same subject had.
 _GENERATIONS = itertools.count(1)
 _CHANGES_KEPT = 4096  # changed memory ids kept before a new generation starts
+# A partition compacted into the catalog holds at most this many bytes of values
+# (a record of the catalog is read whole by every load and cold get).
+INLINE_MAX_BYTES = 256 * 1024
 # Given a subject, what reads the memories the catalog says its partition holds, on
 # the cursor of the load's read transaction (the guard is read before, outside it).
 ExpectedIds = Callable[[str], Callable[[Any], set[str]]]
@@ -240,6 +243,7 @@ class Partition:
         finish_deletes: Callable[[Partition, set[str]], set[str]] | None = None,
         freeze: FreezeLock | None = None,
         retired_grace_seconds: float = 300.0,
+        inline_max_rows: int = 0,
         legacy: LegacyFolder | None = None,
         guard_status: Callable[[str], str] | None = None,
         owners_suppressed: Callable[[Iterable[str]], bool] | None = None,
@@ -249,6 +253,9 @@ class Partition:
         # it: a reader in another process that listed it just before may still be
         # reading it, and a backup copies what its catalog snapshot lists.
         self._grace_us = int(retired_grace_seconds * 1_000_000)
+        # A compaction of at most this many rows (and ``INLINE_MAX_BYTES``) writes
+        # them back into the catalog as one hot record per scope, not a segment.
+        self._inline_rows = inline_max_rows
         # The subject's folder in the layout of releases before issue #21, imported
         # on the first load under the subject lock (``_settle_legacy``), and the
         # guard's status of the subject, read before anything of it is decrypted.
@@ -298,6 +305,9 @@ class Partition:
         self._segments: dict[str, Segment] = {}  # the live segment of each scope
         self._dirty: set[str] = set()
         self._pending = 0
+        # The hot rows are what a compaction into the catalog wrote, unchanged since
+        # (one put record per scope, every row once, no segment): nothing to fold.
+        self._folded = False
         self._lookup_key: bytes | None = None
         self.dropped = False
         self._ns_cache: dict[tuple[str, ...], bytes] = {}
@@ -361,6 +371,7 @@ class Partition:
             self.generation = next(_GENERATIONS)
             self._token = None
             self._head, self._segments, self._dirty, self._pending = EMPTY, {}, set(), 0
+            self._folded = False
 
     def _refresh(self) -> None:
         """Catch up with what another process committed since we last looked (on
@@ -384,6 +395,7 @@ class Partition:
             if now is not None and (now.gen, now.base_seq) == (head.gen, head.base_seq):
                 self._apply(records, self._head.next_seq, now.next_seq)
                 self._head = now
+                self._folded = False
                 return
         self._load()
 
@@ -636,19 +648,26 @@ class Partition:
                 continue
             for row in rows:
                 self._keep_stored(row)
-        self._apply(records, head.base_seq, head.next_seq)
+        folded = self._apply(records, head.base_seq, head.next_seq)
+        self._folded = folded and not state.segments
         self._head = head
         self.loaded = True
         self._foreign = True  # read afresh: caches built beside the old state are stale
         return state.extra
 
-    def _apply(self, records: Sequence[HotRecord], start: int, end: int) -> None:
-        """Apply hot records ``[start, end)``: every sequence number once, in order."""
+    def _apply(self, records: Sequence[HotRecord], start: int, end: int) -> bool:
+        """Apply hot records ``[start, end)``: every sequence number once, in order.
+        Returns whether they are one put record per scope, all opened, whose rows
+        are the partition's rows once each (a compaction into the catalog wrote
+        them, ``_flush_inline``)."""
         if [r.seq for r in records] != list(range(start, end)):
             self.invalidate()
             raise IntegrityError(
                 f"hot rows of partition {self.subject_ref} are missing or out of sequence"
             )
+        folded = bool(records)
+        scopes: set[str] = set()
+        items_seen = 0
         for rec in records:
             try:
                 payload = self._sealer.open(
@@ -656,6 +675,7 @@ class Partition:
                 )
             except SubjectErased:  # sealed under a destroyed scope key: erased
                 self._dirty.add(rec.scope)
+                folded = False
                 continue
             try:
                 op, items = decode_record(payload)
@@ -670,9 +690,14 @@ class Partition:
                 for row in self._unseal(items):
                     self._keep(row)
                 self._pending += len(items)
+                items_seen += len(items)
+                folded = folded and rec.scope not in scopes
+                scopes.add(rec.scope)
             else:
                 self._forget(items[0])
+                folded = False
             self._dirty.add(rec.scope)
+        return folded and items_seen == len(self.rows) + len(self.opaque)
 
     def all_rows(self) -> list[MemoryRow]:
         """Every row the partition holds: the readable ones and the opaque ones."""
@@ -697,6 +722,7 @@ class Partition:
         move from the hot rows and then compacted only the new scope left the old
         version in the old scope's segment, where a later load read it over the
         new one (an erasure of a co-owner then dropped the memory)."""
+        self._folded = False  # ``_read_once`` decides again after a load's replay
         old = self.rows.pop(row.lookup, None)
         stale = old if old is not None else self.opaque.get(row.lookup)
         if stale is not None and stale.scope != row.scope:
@@ -716,6 +742,7 @@ class Partition:
 
     def _forget(self, lookup: str) -> None:
         """Remove the row at ``lookup`` (readable or opaque) from the cache."""
+        self._folded = False
         old = self.rows.pop(lookup, None)
         if old is not None:
             self.by_id.pop(old.memory_id, None)
@@ -938,6 +965,7 @@ class Partition:
             self._staged = self._hot.appender(self.subject_ref, head, records)
             self._uncommitted = True
         self._head = Head(head.gen, head.base_seq, head.next_seq + len(records))
+        self._folded = False
 
     def take_staged(self) -> Callable[[Any], None] | None:
         """The statements of the last ``append_puts(commit=False)``, for the
@@ -958,15 +986,23 @@ class Partition:
         """Compaction: write a new segment of every scope that changed, publish them
         and retire the old ones in one catalog transaction that deletes the folded
         hot rows; retired objects are deleted after the grace period (``purge``:
-        at once)."""
-        if not self._dirty and self._head.next_seq == self._head.base_seq:
+        at once). A small partition (``inline_max_rows``, ``INLINE_MAX_BYTES``) is
+        compacted into the catalog instead (``_flush_inline``)."""
+        every = self.all_rows()  # opaque rows too: carried over as they are
+        small = self._inline_fits(every)
+        if (self._folded and small) or (
+            not self._dirty and self._head.next_seq == self._head.base_seq
+        ):
             if purge:
                 # Nothing to fold, but segments an earlier compaction retired (with
                 # the values they held) still go at once, as ``purge`` promises.
                 self._cleanup(purge=True)
             return
+        if small:
+            self._flush_inline(every, purge=purge)
+            return
         by_scope: dict[str, list[MemoryRow]] = {}
-        for row in self.all_rows():  # opaque rows too: carried over as they are
+        for row in every:
             by_scope.setdefault(row.scope, []).append(row)
         published: list[Segment] = []
         retire: list[str] = []
@@ -987,6 +1023,51 @@ class Partition:
             self._segments.pop(scope, None)
         self._segments.update({seg.scope: seg for seg in published})
         self._dirty, self._pending = set(), 0
+        self._cleanup(purge=purge)
+
+    def _inline_fits(self, rows: Sequence[MemoryRow]) -> bool:
+        """Whether a compaction of ``rows`` goes into the catalog (``_flush_inline``)."""
+        if len(rows) > self._inline_rows:
+            return False
+        size = sum(len(r.value if r.sealed is None else r.sealed) for r in rows)
+        return size <= INLINE_MAX_BYTES
+
+    def _flush_inline(self, rows: Sequence[MemoryRow], *, purge: bool) -> None:
+        """Compaction into the catalog: the partition's rows become one hot put
+        record per scope, sealed as a write seals them (the scope key, bound to the
+        subject, scope and sequence number; never a new key: if it is gone, the
+        scope was crypto-erased), in the transaction that deletes the hot rows they
+        fold and retires every live segment. Why not a segment: a partition this
+        small costs a Parquet object's footer and column keys many times over its
+        rows, and a first read of it (a segment read and its decryption, several
+        milliseconds) many times what reading its hot rows costs; the cold get
+        (``newest_row``) reads it from the catalog alone."""
+        by_scope: dict[str, list[MemoryRow]] = {}
+        for row in sorted(rows, key=lambda r: r.memory_id):
+            by_scope.setdefault(row.scope, []).append(row)
+        head = self._head
+        records = [
+            HotRecord(
+                head.next_seq + n,
+                scope,
+                self._sealer.seal(
+                    encode_puts(by_scope[scope]),
+                    hot_place(self.subject_ref, scope, head.next_seq + n),
+                    create=False,
+                ),
+            )
+            for n, scope in enumerate(sorted(by_scope))
+        ]
+        retire = sorted(seg.name for seg in self._segments.values())
+        faults.reached("flush.after_records")
+        self._head = self._hot.publish(
+            self.subject_ref, head, [], retire, to_us_now(), records=records
+        )
+        faults.reached("flush.after_manifest")
+        self._segments = {}
+        # The records are hot rows: a compaction into segments must fold them.
+        self._dirty, self._pending = set(by_scope), len(rows)
+        self._folded = True
         self._cleanup(purge=purge)
 
     def _read_segment(

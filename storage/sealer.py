@@ -18,7 +18,10 @@ __all__ = ["KeyringSealer", "PlaintextSealer", "Sealer"]
 class Sealer(Protocol):
     encrypted: bool
 
-    def seal(self, plaintext: bytes, place: Place) -> bytes: ...
+    def seal(self, plaintext: bytes, place: Place, *, create: bool = True) -> bytes:
+        """``create=False``: never create the scope's key (a compaction rewrites
+        rows a put sealed under it; if it is gone, the scope was crypto-erased)."""
+        ...
 
     def open(self, ciphertext: bytes, place: Place) -> bytes: ...
 
@@ -29,8 +32,11 @@ class KeyringSealer:
     def __init__(self, keyring: Keyring) -> None:
         self._keyring = keyring
 
-    def seal(self, plaintext: bytes, place: Place) -> bytes:
-        return self._keyring.seal(plaintext, place)
+    def seal(self, plaintext: bytes, place: Place, *, create: bool = True) -> bytes:
+        if create:
+            return self._keyring.seal(plaintext, place)
+        key = self._keyring.data_key(place.subject_ref, place.scope, create=False)
+        return key.seal(plaintext, place)
 
     def open(self, ciphertext: bytes, place: Place) -> bytes:
         return self._keyring.open(ciphertext, place)
@@ -39,8 +45,8 @@ class KeyringSealer:
 class PlaintextSealer:
     encrypted = False
 
-    def seal(self, plaintext: bytes, place: Place) -> bytes:
-        del place
+    def seal(self, plaintext: bytes, place: Place, *, create: bool = True) -> bytes:
+        del place, create
         return plaintext
 
     def open(self, ciphertext: bytes, place: Place) -> bytes:

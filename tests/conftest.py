@@ -89,13 +89,15 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ks(tmp_path: Path) -> Iterator[Keyshred]:
+def ks(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keyshred]:
     """A store on the embedded default (SQLite catalog, local folder) with the test
     scopes of ``tests/storage/conftest.make_config``; a module that needs another
-    (both catalogs, a server) defines its own."""
-    from tests.storage.conftest import make_config
+    (both catalogs, a server) defines its own. Indirect ``"segments"``
+    (``tests.storage.conftest.SEGMENTS``): compactions always write segments."""
+    from tests.storage.conftest import make_config, parquet_config
 
-    store = Keyshred.init(tmp_path / "data", make_config(None))
+    config = parquet_config if getattr(request, "param", "") == "segments" else make_config
+    store = Keyshred.init(tmp_path / "data", config(None))
     yield store
     store.close()
 

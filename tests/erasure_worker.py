@@ -32,7 +32,7 @@ from keyshred import Keyshred
 from keyshred.errors import SubjectSuppressed
 from keyshred.storage import faults
 from keyshred.storage.memories import Memory
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 VICTIM = "victim@example.org"
@@ -99,7 +99,9 @@ def main() -> None:
     url = sys.argv[5] if mode == "erase" and len(sys.argv) > 5 else None
     if mode == "resume":
         url = None if sys.argv[4] == "-" else sys.argv[4]
-    ks = Keyshred.open(data, make_config(url, flush_records=flush_records), embeddings=bag_of_words)
+    # KS_TEST_LAYOUT=parquet: compactions write segments however small the partition.
+    config = parquet_config if os.environ.get("KS_TEST_LAYOUT") == "parquet" else make_config
+    ks = Keyshred.open(data, config(url, flush_records=flush_records), embeddings=bag_of_words)
     register_producers(ks)
     if mode == "resume":
         pause = float(sys.argv[5])

@@ -3,6 +3,7 @@ fault point), and writers racing the erasure."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from keyshred.receipts import verify_receipt
 from keyshred.storage import faults
 from keyshred.storage.faults import POINTS
 from tests.erasure_worker import register_producers
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).with_name("erasure_worker.py")
@@ -25,8 +26,15 @@ VICTIM = "victim@example.org"
 PROBE = b"zqprobe-7d41"
 
 
-def populate(data: Path) -> None:
-    with Keyshred.init(data, make_config(None, flush_records=4), embeddings=bag_of_words) as ks:
+# Points only a compaction into segments passes (these partitions are small enough
+# to compact into the catalog by default): run with ``inline_max_rows = 0``.
+SEGMENT_POINTS = {"flush.after_segment", "drop.after_first_file"}
+CONFIGS = {"inline": make_config, "parquet": parquet_config}
+
+
+def populate(data: Path, layout: str = "inline") -> None:
+    config = CONFIGS[layout](None, flush_records=4)
+    with Keyshred.init(data, config, embeddings=bag_of_words) as ks:
         for i in range(10):
             ks.memories.put(VICTIM, ("m",), f"k{i}", f"{PROBE.decode()} {i}", index=True)
         src = ks.memories.put("bob", ("m",), "b", "bob likes chess", index=True)
@@ -67,15 +75,15 @@ def victim_unreadable(ks: Keyshred) -> None:
             call()
 
 
-def kill_erasure_at(point: str, tmp_path: Path) -> Path:
+def kill_erasure_at(point: str, tmp_path: Path, layout: str = "inline") -> Path:
     """Populate a data folder, run the erasure in a worker killed at ``point``."""
     data = tmp_path / "data"
-    populate(data)
-    run_killed("erase", data, "req-fault", point)
+    populate(data, layout)
+    run_killed("erase", data, "req-fault", point, layout)
     return data
 
 
-def run_killed(mode: str, data: Path, request_id: str, point: str) -> None:
+def run_killed(mode: str, data: Path, request_id: str, point: str, layout: str = "inline") -> None:
     """Run the worker's ``mode`` (an erasure) on ``data``; it must die at ``point``."""
     proc = subprocess.run(
         [sys.executable, str(WORKER), mode, str(data), request_id, point],
@@ -83,6 +91,7 @@ def run_killed(mode: str, data: Path, request_id: str, point: str) -> None:
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "KS_TEST_LAYOUT": layout},
     )
     assert proc.returncode == -9, proc.stdout + proc.stderr[-2000:]
 
@@ -109,8 +118,9 @@ def test_sigkill_inside_a_step_then_resume(point: str, tmp_path: Path) -> None:
     """Killed inside drop_memories (the victim's folder half removed) or inside the
     derived step (a bystander's derived memory half deleted or half rebuilt): the
     bystander's partition opens and the resumed erasure completes."""
-    data = kill_erasure_at(point, tmp_path)
-    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+    layout = "parquet" if point in SEGMENT_POINTS else "inline"
+    data = kill_erasure_at(point, tmp_path, layout)
+    with Keyshred.open(data, CONFIGS[layout](None), embeddings=bag_of_words) as ks:
         assert ks.erasure.status("req-fault").state != "completed"
         assert ks.memories.get("bob", ("m",), "b") is not None  # opens, at once
         (report,) = [r for r in ks.memories.repair_all() if r.subject_ref == ks.subject_ref("bob")]
@@ -197,8 +207,18 @@ def test_writers_racing_the_erasure(tmp_path: Path) -> None:
     ks.close()
 
 
-@pytest.mark.parametrize("point", ["flush.after_segment", "flush.after_manifest"])
-def test_sigkill_inside_a_scope_erasures_compaction_then_resume(point: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("layout", "point"),
+    [
+        ("parquet", "flush.after_segment"),
+        ("parquet", "flush.after_manifest"),
+        ("inline", "flush.after_records"),
+        ("inline", "flush.after_manifest"),
+    ],
+)
+def test_sigkill_inside_a_scope_erasures_compaction_then_resume(
+    layout: str, point: str, tmp_path: Path
+) -> None:
     """A scope erasure compacts the partition under the subject lock before it
     destroys the scope's key (a memory moved into the scope must leave no old version
     in another scope). Killed inside that compaction: every acknowledged memory of the
@@ -207,14 +227,14 @@ def test_sigkill_inside_a_scope_erasures_compaction_then_resume(point: str, tmp_
     from tests.erasure_worker import OWNER
 
     data = tmp_path / "data"
-    with Keyshred.init(data, make_config(None), embeddings=bag_of_words) as ks:
+    with Keyshred.init(data, CONFIGS[layout](None), embeddings=bag_of_words) as ks:
         for i in range(3):
             ks.memories.put(OWNER, ("m",), f"keep{i}", f"kept {i}")
         ks.memories.put(OWNER, ("m",), "moved", f"{PROBE.decode()} old")
         ks.memories.flush(OWNER)
     # The worker moves "moved" into "marketing" and erases that scope at once.
-    run_killed("erase-scope", data, "req-scope", point)
-    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+    run_killed("erase-scope", data, "req-scope", point, layout)
+    with Keyshred.open(data, CONFIGS[layout](None), embeddings=bag_of_words) as ks:
         done_steps = ks.erasure.status("req-scope").steps_done
         assert "suppress" in done_steps and "destroy_keys" not in done_steps  # inside it
         for i in range(3):

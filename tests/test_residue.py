@@ -27,7 +27,7 @@ from keyshred.errors import InvalidInput
 from keyshred.residue import ResidueReport, probe_forms
 from keyshred.storage.checkpoints import CheckpointRow, WriteRow
 from tests.e2e.test_cli import run
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 NS = ("profile",)
@@ -44,16 +44,19 @@ class Planted:
     exports: Path
 
 
+# The scans below tell segments from hot records: compactions write segments
+# however small the partition (``parquet_config``; by default a partition this small
+# compacts into the catalog, where the scan finds its records as hot rows).
 @pytest.fixture
 def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url), embeddings=bag_of_words)
+    store = Keyshred.init(tmp_path / "data", parquet_config(catalog_url), embeddings=bag_of_words)
     yield store
     store.close()
 
 
 @pytest.fixture
 def sqlite_ks(tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(None), embeddings=bag_of_words)
+    store = Keyshred.init(tmp_path / "data", parquet_config(None), embeddings=bag_of_words)
     yield store
     store.close()
 

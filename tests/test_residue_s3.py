@@ -52,8 +52,12 @@ def _bucket(moto: Server, *, versioned: bool = True) -> str:
 
 
 def _config(catalog_url: str | None, bucket: str, moto: Server) -> Config:
+    # Compactions write segments (objects and their versions are what is scanned),
+    # however small the partition.
     return Config(
-        storage=StorageSettings(catalog_url=catalog_url, uri=f"s3://{bucket}/parts"),
+        storage=StorageSettings(
+            catalog_url=catalog_url, uri=f"s3://{bucket}/parts", inline_max_rows=0
+        ),
         vectors=VectorSettings(uri=f"s3://{bucket}/vectors"),
         backup=BackupSettings(target=f"s3://{bucket}/backups"),
         s3=S3Settings(endpoint_url=moto.url, region="us-east-1"),

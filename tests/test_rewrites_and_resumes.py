@@ -30,7 +30,7 @@ from tests.scenarios import (
     expiring_probe_memory,
     victim_summary,
 )
-from tests.storage.conftest import make_config
+from tests.storage.conftest import SEGMENTS, make_config
 
 
 def _expiring_summary(
@@ -1023,6 +1023,7 @@ def _hits_in(ks: Keyshred, subject: str) -> list[Any]:
     return [h for h in report.hits if prefix in h.path]
 
 
+@SEGMENTS  # Bob's segment files are what is scanned
 def test_a_retention_rebuild_leaves_no_old_segment_on_disk(ks: Keyshred) -> None:
     """Bob's digest of the victim's expiring memory sits in a flushed Parquet
     segment of Bob's partition (any flush does it: ``close()``, the flush
@@ -1226,6 +1227,7 @@ def _count_flushes(monkeypatch: pytest.MonkeyPatch, ref: str) -> Counter[str]:
     return calls
 
 
+@SEGMENTS  # Bob's segment files are what is scanned
 @pytest.mark.parametrize("request_kind", ["retention", "erasure"])
 def test_many_drops_of_one_holder_compact_it_once_and_leave_no_text(
     ks: Keyshred, monkeypatch: pytest.MonkeyPatch, request_kind: str
@@ -1261,6 +1263,7 @@ def test_many_drops_of_one_holder_compact_it_once_and_leave_no_text(
     assert not hits, f"a dropped digest's text is still decryptable in Bob's files: {hits}"
 
 
+@SEGMENTS  # Bob's segment files are what is scanned
 def test_a_request_waiting_for_a_producer_leaves_no_dropped_text_on_disk(ks: Keyshred) -> None:
     """A retention request drops Bob's digest of the victim's expired memory
     (made from it alone), then stops in ``manual_review`` on Carol's digest (its

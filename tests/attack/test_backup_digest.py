@@ -13,7 +13,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.errors import IntegrityError, KeyshredError
-from tests.storage.conftest import make_config
+from tests.storage.conftest import parquet_config
 
 NS = ("notes",)
 
@@ -22,7 +22,7 @@ NS = ("notes",)
 def test_backup_refuses_a_segment_that_does_not_match_its_catalog_digest(
     catalog_url: str, tmp_path: Path
 ) -> None:
-    with Keyshred.init(tmp_path / "data", make_config(catalog_url)) as ks:
+    with Keyshred.init(tmp_path / "data", parquet_config(catalog_url)) as ks:
         for i in range(3):
             ks.memories.put("alice", NS, f"k{i}", {"text": f"note {i}"})
         ks.memories.flush()

@@ -32,7 +32,7 @@ from tests.scenarios import (
     expiring_probe_memory,
     install_rebuilder_package,
 )
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -456,14 +456,15 @@ def test_a_corrupt_bystander_partition_keeps_a_dropped_digest_on_disk_in_manual_
     live key for as long as Carol's partition is broken. Before the change the drop had
     compacted Bob's partition at once."""
     data = tmp_path / "data"
-    with Keyshred.init(data, make_config(None)) as ks:
+    # Carol's partition in a segment to damage (``parquet_config``).
+    with Keyshred.init(data, parquet_config(None)) as ks:
         _bob_drop_then_carol(ks, carol_value="carol's summary of bob's digest")
         carol = ks.memories._ref("carol")
     [segment] = (data / "memories" / f"subject={carol}").glob("seg-*.parquet")
     raw = bytearray(segment.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     segment.write_bytes(bytes(raw))
-    with Keyshred.open(data, make_config(None)) as ks:
+    with Keyshred.open(data, parquet_config(None)) as ks:
         ks.derived.register_producer("sum", "1", clean_rebuild)
         state, rid = _request(ks, "retention")
         for _ in range(8):

@@ -211,6 +211,8 @@ def test_head_without_hot_rows(
     loads: list[str],  # noqa: F811 - the fixture
 ) -> None:
     ks.memories.put("alice", NS, "k", 1)
+    for i in range(40):  # more than a compaction keeps in the catalog: a segment
+        ks.memories.put("alice", NS, f"n{i}", i)
     ks.memories.flush("alice")
     ref = _cold(ks, "alice")
     assert not _hot(ks, ref)

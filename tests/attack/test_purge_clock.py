@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.storage.schema import memory_segments
-from tests.storage.conftest import make_config
+from tests.storage.conftest import parquet_config
 
 NS = ("notes",)
 
@@ -26,7 +26,7 @@ def test_delete_purges_a_segment_retired_by_a_worker_with_a_clock_ahead(
     catalog_url: str, tmp_path: Path, how: str
 ) -> None:
     root = tmp_path / "data" / "memories"
-    with Keyshred.init(tmp_path / "data", make_config(catalog_url)) as ks:
+    with Keyshred.init(tmp_path / "data", parquet_config(catalog_url)) as ks:
         ks.memories.put("alice", NS, "secret", {"text": "the secret"})
         ks.memories.flush()
         (first,) = sorted(root.rglob("seg-*.parquet"))  # holds "secret"

@@ -13,7 +13,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.errors import IntegrityError
-from tests.storage.conftest import make_config
+from tests.storage.conftest import parquet_config
 
 NS = ("notes",)
 
@@ -23,7 +23,7 @@ def test_a_rolled_back_segment_does_not_bring_a_deleted_memory_back(
     catalog_url: str, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    config = make_config(catalog_url)
+    config = parquet_config(catalog_url)
     with Keyshred.init(data, config) as ks:
         ks.memories.put("alice", NS, "gone", "deleted on request")
         ks.memories.put("alice", NS, "kept", "still here")

@@ -30,22 +30,31 @@ from keyshred.errors import (
 )
 from keyshred.keyring.kek import WrappedKey
 from keyshred.keyring.keystore import SQLiteKeyStore
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 NS = ("notes",)
 
 
-def config(catalog_url: str | None = None, **backup: Any) -> Config:
-    base = make_config(catalog_url)
+def config(catalog_url: str | None = None, *, segments: bool = False, **backup: Any) -> Config:
+    """``segments``: compactions always write Parquet segments (a partition this
+    small otherwise stays in the catalog): for tests of a generation's objects."""
+    base = (parquet_config if segments else make_config)(catalog_url)
     return base.model_copy(update={"backup": BackupSettings(**backup)})
 
 
 @pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", config(catalog_url), embeddings=bag_of_words)
+def ks(catalog_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keyshred]:
+    segments = getattr(request, "param", "") == "segments"
+    store = Keyshred.init(
+        tmp_path / "data", config(catalog_url, segments=segments), embeddings=bag_of_words
+    )
     yield store
     store.close()
+
+
+# The test copies, tampers with or prunes a generation's segment objects.
+SEGMENTS = pytest.mark.parametrize("ks", ["segments"], indirect=True)
 
 
 def files_of(root: Path) -> list[Path]:
@@ -65,6 +74,7 @@ def contents(ks: Keyshred, subject: str) -> dict[str, Any]:
     return {m.key: m.value for m in ks.memories.search(subject, NS, limit=1000)}
 
 
+@pytest.mark.parametrize("ks", ["segments", "catalog"], indirect=True)
 def test_backup_erase_backup_restore_both(ks: Keyshred, tmp_path: Path) -> None:
     """write → back up → erase one → back up again → restore each generation:
     the erased subject is unreadable and absent after replay in both, the others
@@ -90,18 +100,23 @@ def test_backup_erase_backup_restore_both(ks: Keyshred, tmp_path: Path) -> None:
         rebuild=lambda sources: "; ".join(sorted(m.value["text"] for m in sources)),
     )
     written["bob"]["src"] = {"text": "bob likes chess"}
-    # Segments are the generation's objects; hot rows and vectors are rows of its
-    # catalog snapshot.
+    # Segments are the generation's objects; hot rows, vectors and partitions
+    # compacted into the catalog are rows of its catalog snapshot.
     ks.memories.flush()
     g1 = ks.backup.create()
-    assert g1.subjects == 3 and g1.objects_uploaded > 0
+    in_segments = ks.config.storage.inline_max_rows == 0
+    assert g1.subjects == 3 and (g1.objects_uploaded > 0) == in_segments
 
     req = ks.erase(victim, requested_by="dpo", reason="art17", probes=[probe])
     assert req.state == "completed", req.error
     receipt = ks.erasure.receipt(req.request_id)
     assert receipt is not None
     cov = receipt.backups
-    assert cov.covered and cov.generations == [g1.generation] and cov.objects_deleted > 0
+    assert cov.covered and cov.generations == [g1.generation]
+    # The victim's segment objects are deleted from the target; rows of the catalog
+    # snapshot stay, sealed under keys the erasure destroyed (the snapshot's
+    # tombstone replay at restore deletes them).
+    assert (cov.objects_deleted > 0) == in_segments
     assert any(s.store == "backups" for s in receipt.stores)
     # The victim's objects are gone from the target already.
     target = ks.backup.target()
@@ -258,6 +273,7 @@ def _flip(path: Path, at: int = 100) -> None:
     path.write_bytes(bytes(data))
 
 
+@SEGMENTS
 def test_tampering_is_refused_and_named(ks: Keyshred, tmp_path: Path) -> None:
     write_subject(ks, "gus", "gus")
     ks.memories.flush()  # a segment: an object of the generation to tamper with
@@ -291,6 +307,7 @@ def test_tampering_is_refused_and_named(ks: Keyshred, tmp_path: Path) -> None:
     assert report.subjects_verified == 1
 
 
+@SEGMENTS
 def test_interrupted_backup_and_restore_leave_nothing_usable(
     ks: Keyshred, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -365,6 +382,7 @@ def test_snapshot_is_one_point_in_time_under_writers(ks: Keyshred, tmp_path: Pat
             assert r.catalog.count(r.subject_ref("ann")) == a
 
 
+@SEGMENTS
 def test_retention_classes_and_prune(ks: Keyshred) -> None:
     write_subject(ks, "ivy", "ivy")
     ks.memories.flush()  # a segment object the next compaction replaces

@@ -25,7 +25,7 @@ def test_a_backup_killed_inside_leaves_no_generation_and_the_next_one_restores(
     point: str, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    with Keyshred.init(data, config(), embeddings=bag_of_words) as ks:
+    with Keyshred.init(data, config(segments=True), embeddings=bag_of_words) as ks:
         written = {s: write_subject(ks, s, s) for s in ("ana", "bob", "cai")}
         for s in written:
             ks.memories.flush(s)  # segments to copy, one per subject

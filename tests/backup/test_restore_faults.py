@@ -21,7 +21,7 @@ from keyshred import Keyshred
 from keyshred.backup.manager import RESTORE_POINTS
 from keyshred.backup.staging import RESTORING
 from keyshred.errors import SubjectErased, SubjectSuppressed
-from tests.storage.conftest import make_config
+from tests.storage.conftest import parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).with_name("restore_worker.py")
@@ -32,7 +32,7 @@ def _setup(data: Path, victims: list[str], probe: str) -> tuple[str, list[bytes]
     """A generation holding the victims, then each victim erased (two tombstones to
     replay, so a kill after the first is inside the replay). Returns the generation,
     the victims' wrapped DEKs (as the generation holds them) and their key ids."""
-    with Keyshred.init(data, make_config(None), embeddings=bag_of_words) as ks:
+    with Keyshred.init(data, parquet_config(None), embeddings=bag_of_words) as ks:
         for i in range(3):
             for victim in victims:
                 text = {"text": f"{probe} {victim} note {i}"}

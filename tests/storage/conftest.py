@@ -38,8 +38,23 @@ def make_config(
     )
 
 
+def parquet_config(catalog_url: str | None = None, **kwargs: object) -> Config:
+    """``make_config`` whose compactions always write Parquet segments
+    (``storage.inline_max_rows = 0``): for tests of segments, their objects and
+    their bytes, which a small partition would otherwise keep in the catalog."""
+    return make_config(catalog_url, inline_max_rows=0, **kwargs)  # type: ignore[arg-type]
+
+
 @pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
+def ks(catalog_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keyshred]:
+    """A store on the test's catalog; ``SEGMENTS`` (indirect ``"segments"``): one
+    whose compactions always write Parquet segments (``parquet_config``)."""
+    config = parquet_config if getattr(request, "param", "") == "segments" else make_config
+    store = Keyshred.init(tmp_path / "data", config(catalog_url))
     yield store
     store.close()
+
+
+# A test of segment objects (a partition this small otherwise compacts into the
+# catalog): ``@SEGMENTS`` runs it on a ``ks`` whose compactions write segments.
+SEGMENTS = pytest.mark.parametrize("ks", ["segments"], indirect=True)

@@ -1,9 +1,12 @@
 """SIGKILL inside a delete, an update and a compaction, at every fault point: the
 store opens, every acknowledged write stays readable, and ``repair`` reconciles
-what the kill left half done."""
+what the kill left half done. Both layouts of a compaction: into the catalog (the
+default for partitions this small) and into Parquet segments
+(``storage.inline_max_rows = 0``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -13,12 +16,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.storage.faults import POINTS
+from keyshred.storage.hot import HotRecord
 from keyshred.storage.memories import text_at
+from keyshred.storage.partition import hot_place
+from keyshred.storage.rowcodec import decode_record
+from keyshred.storage.schema import memory_hot
+from keyshred.storage.sealer import KeyringSealer
 from tests.erasure_worker import BYSTANDER, OWNER, TARGET, UPDATED
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).resolve().parents[1] / "erasure_worker.py"
@@ -29,18 +38,27 @@ OPS = {
     "update": [p for p in POINTS if p.startswith(("put.", "flush."))],
     "compact": [p for p in POINTS if p.startswith("flush.")],
 }
-CASES = [(op, point) for op, points in OPS.items() for point in points]
+# The point only the other layout passes is left out of each.
+SKIP = {"inline": "flush.after_segment", "parquet": "flush.after_records"}
+CASES = [
+    (layout, op, point)
+    for layout in SKIP
+    for op, points in OPS.items()
+    for point in points
+    if point != SKIP[layout]
+]
+CONFIGS = {"inline": make_config, "parquet": parquet_config}
 
 Written = dict[tuple[str, tuple[str, ...], str], Any]
 
 
-def populate(data: Path) -> tuple[Written, str]:
+def populate(data: Path, layout: str = "inline") -> tuple[Written, str]:
     """Three subjects' memories, some indexed, one corrected (a history row); the
     target mentions carol, so it (and its history version) is sealed under the key
     the owner shares with her. Left in the logs (no flush on close) so that a
     compaction has work to do."""
     written: Written = {}
-    ks = Keyshred.init(data, make_config(None), embeddings=bag_of_words)
+    ks = Keyshred.init(data, CONFIGS[layout](None), embeddings=bag_of_words)
     for subject in (OWNER, BYSTANDER, CAROL):
         for i in range(4):
             value = {"text": f"{subject} memory {i}"}
@@ -55,38 +73,68 @@ def populate(data: Path) -> tuple[Written, str]:
     return written, target.memory_id
 
 
+Template = tuple[Path, Written, str]
+
+
 @pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Written, str]:
-    data = tmp_path_factory.mktemp("crash-points") / "data"
-    return (data, *populate(data))
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Template]:
+    out = {}
+    for layout in SKIP:
+        data = tmp_path_factory.mktemp(f"crash-points-{layout}") / "data"
+        out[layout] = (data, *populate(data, layout))
+    return out
+
+
+@pytest.fixture
+def template(templates: dict[str, Template]) -> Template:
+    return templates["inline"]
 
 
 def partition_bytes(ks: Keyshred, subject: str) -> bytes:
-    folder = ks.memories.partition_path(ks.subject_ref(subject))
-    return b"".join(p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file())
+    """Every partition object of the subject, then every memory id and value its
+    hot records hold (opened: they are sealed)."""
+    ref = ks.subject_ref(subject)
+    folder = ks.memories.partition_path(ref)
+    files = sorted(folder.iterdir()) if folder.exists() else []
+    out = [p.read_bytes() for p in files if p.is_file()]
+    sealer = KeyringSealer(ks.keyring)
+    with ks.catalog.engine.connect() as conn:
+        hot = conn.execute(sa.select(memory_hot).where(memory_hot.c.subject_ref == ref)).all()
+    for r in hot:
+        rec = HotRecord(int(r.seq), r.scope, bytes(r.record))
+        op, rows = decode_record(sealer.open(rec.record, hot_place(ref, rec.scope, rec.seq)))
+        if op == "put":
+            out += [row.memory_id.encode() + row.value for row in rows]
+    return b"".join(out)
 
 
-@pytest.mark.parametrize(("op", "point"), CASES)
-def test_sigkill_inside_a_write_leaves_a_store_that_opens(
-    op: str, point: str, template: tuple[Path, Written, str], tmp_path: Path
-) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(template[0], data)
-    written, target_id = dict(template[1]), template[2]
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "store", str(data), op, point],
+def _run(layout: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(WORKER), *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "KS_TEST_LAYOUT": layout},
     )
+
+
+@pytest.mark.parametrize(("layout", "op", "point"), CASES)
+def test_sigkill_inside_a_write_leaves_a_store_that_opens(
+    layout: str, op: str, point: str, templates: dict[str, Template], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    template = templates[layout]
+    shutil.copytree(template[0], data)
+    written, target_id = dict(template[1]), template[2]
+    proc = _run(layout, "store", str(data), op, point)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-2000:]
     acked = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("ACK")]
     assert acked == [OWNER, BYSTANDER]
     for subject in acked:
         written[(subject, ("late",), "late")] = {"text": f"late {subject}"}
     target_was = written.pop((OWNER, *TARGET))  # neither its delete nor update was acked
-    with Keyshred.open(data, make_config(None), embeddings=bag_of_words) as ks:
+    with Keyshred.open(data, CONFIGS[layout](None), embeddings=bag_of_words) as ks:
         for (subject, ns, key), value in written.items():
             got = ks.memories.get(subject, ns, key)
             assert got is not None and got.value == value, (subject, key)
@@ -115,7 +163,11 @@ def test_sigkill_inside_a_write_leaves_a_store_that_opens(
             assert ks.catalog.asset(target_id) is None
             assert ks.catalog.asset(f"{target_id}/0") is None
             ks.memories.flush(OWNER)
-            assert target_id.encode() not in partition_bytes(ks, OWNER)
+            stored = partition_bytes(ks, OWNER)
+            assert target_id.encode() not in stored
+            if layout == "inline":  # the scan sees the records (Parquet compresses ids)
+                kept = ks.memories.get(OWNER, ("m",), "k2")
+                assert kept is not None and kept.memory_id.encode() in stored
         for (subject, ns, key), value in written.items():  # repair lost nothing
             got = ks.memories.get(subject, ns, key)
             assert got is not None and got.value == value, (subject, key)
@@ -138,7 +190,7 @@ def test_sigkill_inside_a_write_leaves_a_store_that_opens(
 
 @pytest.mark.parametrize("point", [p for p in POINTS if p.startswith("put.")])
 def test_sigkill_inside_an_update_never_ranks_the_memory_by_its_old_value(
-    point: str, template: tuple[Path, Written, str], tmp_path: Path
+    point: str, template: Template, tmp_path: Path
 ) -> None:
     """A kill after an update's log write (before its vector write) leaves the old
     value's vectors; the next search embeds the value the memory holds now, so its

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from keyshred import Config, Keyshred
@@ -32,6 +33,10 @@ from keyshred.config import load_config
 from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.migrations import VERSION_TABLE
 from keyshred.storage.legacy import is_legacy_name
+from keyshred.storage.partition import hot_place
+from keyshred.storage.rowcodec import decode_record
+from keyshred.storage.schema import memory_hot
+from keyshred.storage.sealer import KeyringSealer
 from tests.conftest import PG_DSN
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -95,15 +100,33 @@ def readable(ks: Keyshred, subject: str) -> dict[str, Any]:
     return {m.key: m.value for m in ks.memories.search(subject, NS, limit=1000)}
 
 
-def segment_ids(ks: Keyshred, subject: str) -> list[str]:
-    """Every memory id in the subject's live segments (opaque rows included)."""
+def stored(ks: Keyshred, subject: str) -> list[tuple[str, bytes]]:
+    """(memory id, value as stored) of every row in the subject's segments, then in
+    its hot records (opened) in order: opaque rows included; a partition the
+    import compacted into the catalog is its hot records alone."""
     pme = ks.memories._pme
-    folder = ks.memories.partition_path(ks.subject_ref(subject))
-    ids: list[str] = []
+    ref = ks.subject_ref(subject)
+    folder = ks.memories.partition_path(ref)
+    out: list[tuple[str, bytes]] = []
     for path in sorted(folder.glob("seg-*.parquet")):
         table = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
-        ids += table.column("memory_id").to_pylist()
-    return ids
+        ids, values = table.column("memory_id").to_pylist(), table.column("value").to_pylist()
+        out += zip(ids, values, strict=True)
+    sealer = KeyringSealer(ks.keyring)
+    with ks.catalog.engine.connect() as conn:
+        hot = conn.execute(
+            sa.select(memory_hot).where(memory_hot.c.subject_ref == ref).order_by(memory_hot.c.seq)
+        ).all()
+    for r in hot:
+        op, rows = decode_record(sealer.open(bytes(r.record), hot_place(ref, r.scope, int(r.seq))))
+        assert op == "put"  # the import's compaction wrote them
+        out += [(row.memory_id, row.value) for row in rows]
+    return out
+
+
+def segment_ids(ks: Keyshred, subject: str) -> list[str]:
+    """Every memory id the subject's partition stores (``stored``)."""
+    return [mid for mid, _ in stored(ks, subject)]
 
 
 def check_imported(ks: Keyshred, data: Path) -> None:
@@ -192,11 +215,7 @@ def test_an_opaque_row_is_carried_over_byte_for_byte(tmp_path: Path) -> None:
         ids, values = table.column("memory_id").to_pylist(), table.column("value").to_pylist()
         old = dict(zip(ids, values, strict=True))
         assert readable(ks, "bob") == SUBJECTS["bob"]
-        new = {}
-        for path in (data / "memories" / f"subject={ref}").glob("seg-*.parquet"):
-            t = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
-            ids, values = t.column("memory_id").to_pylist(), t.column("value").to_pylist()
-            new.update(zip(ids, values, strict=True))
+        new = dict(stored(ks, "bob"))
         live = {m.memory_id for m in ks.memories.search("bob", NS, limit=10)}
         shared = [mid for mid in old if mid not in live]
         assert len(shared) == 1  # b2, the segment's opaque row
@@ -309,21 +328,27 @@ def test_a_tampered_old_folder_raises_integrity_error_and_stays(
 
 
 KILL_POINTS = [
-    "import.after_read",
-    "flush.after_segment",
-    "flush.after_manifest",
-    "import.after_commit",
-    "import.after_first_file",
+    ("inline", "import.after_read"),
+    ("inline", "flush.after_records"),
+    ("parquet", "flush.after_segment"),
+    ("inline", "flush.after_manifest"),
+    ("parquet", "flush.after_manifest"),
+    ("inline", "import.after_commit"),
+    ("inline", "import.after_first_file"),
 ]
 
 
-@pytest.mark.parametrize("point", KILL_POINTS)
+@pytest.mark.parametrize(("layout", "point"), KILL_POINTS)
 def test_sigkill_inside_the_import_loses_and_duplicates_nothing(
-    point: str, catalog_url: str, tmp_path: Path
+    layout: str, point: str, catalog_url: str, tmp_path: Path
 ) -> None:
-    """Killed at each instant of the import (its compaction's two points too),
-    then opened again: the import runs again or finishes, every row once."""
+    """Killed at each instant of the import (its compaction's points too, into the
+    catalog as these small partitions are by default and into segments), then
+    opened again: the import runs again or finishes, every row once."""
     data, config = unpack_for(catalog_url, tmp_path)
+    if layout == "parquet":
+        storage = config.storage.model_copy(update={"inline_max_rows": 0})
+        config = config.model_copy(update={"storage": storage})
     (data / "config.json").write_text(config.model_dump_json())
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(data), point],

@@ -25,7 +25,7 @@ from keyshred.receipts import load_receipt, verify_receipt
 from keyshred.storage.partition import decode_record, hot_place
 from keyshred.storage.schema import memory_hot
 from keyshred.storage.sealer import KeyringSealer
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
 NS = ("notes",)
@@ -33,10 +33,16 @@ _MAGIC = b"KS\x01"  # an envelope ciphertext (a JSON value never starts with "K"
 
 
 @pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url), embeddings=bag_of_words)
+def ks(catalog_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keyshred]:
+    config = parquet_config if getattr(request, "param", "") == "segments" else make_config
+    store = Keyshred.init(tmp_path / "data", config(catalog_url), embeddings=bag_of_words)
     yield store
     store.close()
+
+
+# The test reads a backup's copy of segment objects (a partition this small is
+# otherwise compacted into the catalog, a row of the backup's catalog snapshot).
+SEGMENTS = pytest.mark.parametrize("ks", ["segments"], indirect=True)
 
 
 def summarize(sources: list[Any]) -> str:
@@ -168,6 +174,7 @@ def test_the_rebuilt_summary_and_the_dropped_fact_are_unreadable_in_live_files(
     assert rebuilt is not None and "bob likes chess" in rebuilt.value and probe not in rebuilt.value
 
 
+@SEGMENTS
 def test_the_pre_erasure_backup_yields_nothing_of_the_victim_to_the_live_keyring(
     ks: Keyshred, tmp_path: Path
 ) -> None:
@@ -266,6 +273,9 @@ def test_a_row_whose_shared_key_is_destroyed_is_opaque_not_corrupt(ks: Keyshred)
 
 
 def _sealed_values(ks: Keyshred, ref: str) -> dict[str, bytes]:
+    """Each memory's value as stored (a sealed row: its ciphertext): from the
+    partition's segments, then its hot records in order (a partition compacted into
+    the catalog is those alone)."""
     pme = ks.memories._pme
     assert pme is not None
     out: dict[str, bytes] = {}
@@ -278,6 +288,15 @@ def _sealed_values(ks: Keyshred, ref: str) -> dict[str, bytes]:
                 strict=True,
             )
         )
+    sealer = KeyringSealer(ks.keyring)
+    with ks.catalog.engine.connect() as conn:
+        hot = conn.execute(
+            sa.select(memory_hot).where(memory_hot.c.subject_ref == ref).order_by(memory_hot.c.seq)
+        ).all()
+    for r in hot:
+        op, rows = decode_record(sealer.open(bytes(r.record), hot_place(ref, r.scope, int(r.seq))))
+        if op == "put":
+            out.update((row.memory_id, row.value) for row in rows)
     return out
 
 
@@ -533,6 +552,7 @@ def test_a_sealed_row_moved_or_under_another_holders_key_raises(ks: Keyshred) ->
     assert [r.value for r in part._unseal([rows[a.memory_id]])] == [b'"one"']
 
 
+@SEGMENTS
 def test_a_scope_erasure_destroys_the_keys_of_what_was_derived_from_that_scope(
     ks: Keyshred, tmp_path: Path
 ) -> None:
@@ -682,7 +702,7 @@ def test_a_memory_moved_to_another_scope_survives_the_erasure_of_its_old_owners(
     # and compacts: the old scope must be rewritten too, or its segment keeps the old
     # version (opaque now), which a later load read over the new one; hal's erasure
     # then dropped k4, and the scope erasure failed with IntegrityError.
-    cfg = make_config(catalog_url, flush_records=5)
+    cfg = parquet_config(catalog_url, flush_records=5)
     with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:
         m = ks.memories
         m.put("dave", NS, "k3", "about gus and hal", mentions=["gus", "hal"])
@@ -717,7 +737,7 @@ def test_a_store_holding_a_moved_memory_in_two_segments_reads_the_newer_one(
         real(self, row)
         self._dirty = dirty  # a move left the old scope clean
 
-    with Keyshred.init(tmp_path / "data", make_config(catalog_url)) as ks:
+    with Keyshred.init(tmp_path / "data", parquet_config(catalog_url)) as ks:
         m, ref = ks.memories, ks.subject_ref("dave")
         with monkeypatch.context() as patched:
             patched.setattr(Partition, "_keep", keep_as_before)

@@ -41,6 +41,9 @@ def bucket(moto: Server) -> str:
 
 
 def s3_config(catalog_url: str | None, bucket: str, moto: Server, **storage: Any) -> Config:
+    """Segments in the bucket; compactions always write them (a partition this small
+    otherwise compacts into the catalog), as these tests are about the objects."""
+    storage.setdefault("inline_max_rows", 0)
     return Config(
         storage=StorageSettings(catalog_url=catalog_url, uri=f"s3://{bucket}/parts", **storage),
         vectors=VectorSettings(uri=f"s3://{bucket}/vectors"),

@@ -17,7 +17,7 @@ import pytest
 from keyshred import Keyshred
 from keyshred.storage.memory_types import PutItem
 from tests.storage import vector_kill_worker as worker
-from tests.storage.conftest import make_config
+from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words, vector_rows
 
 NS = ("m",)
@@ -45,14 +45,19 @@ def test_a_put_writes_no_file_under_vectors_and_no_dataset(
         assert not [p for p in new if ref in str(p)], new
 
 
-def test_files_on_disk_do_not_grow_with_subjects(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("layout", "per_subject"), [("inline", 0), ("parquet", 1)])
+def test_files_on_disk_do_not_grow_with_subjects(
+    tmp_path: Path, layout: str, per_subject: int
+) -> None:
     """After a load (20 indexed memories per subject, compacted), a subject costs
-    one Parquet segment and nothing for its vectors: 10 and 40 subjects differ by
-    30 files."""
+    nothing for its vectors, and no file at all once compacted into the catalog
+    (the default at this size) or one Parquet segment (``inline_max_rows = 0``):
+    10 and 40 subjects differ by 0 or 30 files."""
     counts = {}
+    config = make_config if layout == "inline" else parquet_config
     for n in (10, 40):
         folder = tmp_path / f"data{n}"
-        with Keyshred.init(folder, make_config(None), embeddings=bag_of_words) as ks:
+        with Keyshred.init(folder, config(None), embeddings=bag_of_words) as ks:
             for s in range(n):
                 items = [
                     PutItem(NS, f"k{i}", {"text": f"subject {s} memory {i}"}, index=True)
@@ -62,7 +67,7 @@ def test_files_on_disk_do_not_grow_with_subjects(tmp_path: Path) -> None:
             ks.memories.flush()
         counts[n] = len([p for p in files(folder) if not p.name.endswith(("-wal", "-shm"))])
         assert not (folder / "vectors").exists()
-    assert counts[40] - counts[10] == 30, counts
+    assert counts[40] - counts[10] == 30 * per_subject, counts
 
 
 def test_erasure_leaves_no_vector_row_and_no_ciphertext_in_the_catalog_file(
