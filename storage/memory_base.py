@@ -36,7 +36,7 @@ from keyshred.storage.memory_types import DELETING, VECTOR_KIND, AuditSink, _sto
 from keyshred.storage.mentions import MentionFinder
 from keyshred.storage.namespaces import Entry, NamespaceIndex
 from keyshred.storage.objects import ObjectStore
-from keyshred.storage.partition import MemoryRow, Partition, ns_key, partition_prefix
+from keyshred.storage.partition import Filed, MemoryRow, Partition, ns_key, partition_prefix
 from keyshred.storage.pme import PmeCrypto
 from keyshred.storage.policy import Policy
 from keyshred.storage.schema import assets
@@ -263,7 +263,7 @@ class MemoryStoreBase:
             self._used[subject_ref] = time.monotonic()
             return part
 
-    def _expected_ids(self, subject_ref: str) -> Callable[[Any], set[str]]:
+    def _expected_ids(self, subject_ref: str) -> Callable[[Any], Filed]:
         """What reads the memories the catalog holds for the subject, except those
         of suppressed scopes (an erasure in progress removes them from files
         first), on the cursor of the partition load's read transaction. The guard
@@ -272,7 +272,7 @@ class MemoryStoreBase:
         if guard.status != ACTIVE:
             # An erasure is under way (files go before catalog rows) and every read
             # and write is refused anyway: there is nothing to hold the files to.
-            return lambda cur: set()
+            return lambda cur: Filed(set(), complete=False)
         # Every asset stored in the partition: memories and derived assets alike.
         if self._sql is None:
             stmt = sa.select(assets.c.asset_id, assets.c.scope).where(
@@ -285,9 +285,10 @@ class MemoryStoreBase:
             {"subject_ref": subject_ref, "storage_key": _storage_key(subject_ref)},
         )
 
-        def read(cur: Any) -> set[str]:
+        def read(cur: Any) -> Filed:
             cur.execute(sql, params)
-            return {a for a, scope in cur.fetchall() if scope not in guard.scopes}
+            ids = {a for a, scope in cur.fetchall() if scope not in guard.scopes}
+            return Filed(ids, frozenset(guard.scopes))
 
         return read
 
@@ -377,7 +378,10 @@ class MemoryStoreBase:
         marked = {a.asset_id: a.kind for a in self._catalog.assets(ref, status=DELETING)}
         done = {m for m in missing if marked.get(m) not in (None, VECTOR_KIND)}
         if done and part.holds_flock:
-            part.flush()
+            # At once, as the deletion would have: the segment that held the rows
+            # must not wait out the grace period (nor a compaction into the catalog
+            # that committed before the kill be taken as nothing to do).
+            part.flush(purge=True)
             self._forget(ref, done, marked)
             if self._audit is not None:
                 self._audit.record("memory.delete_finished", subject_ref=ref, count=len(done))

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -92,7 +92,9 @@ from keyshred.storage.subject_lock import SubjectLocks
 
 __all__ = [
     "ENCRYPTED_COLUMNS",
+    "INLINE_MAX_BYTES",
     "SCHEMA",
+    "Filed",
     "MemoryRow",
     "Partition",
     "decode_record",
@@ -120,9 +122,24 @@ _CHANGES_KEPT = 4096  # changed memory ids kept before a new generation starts
 # A partition compacted into the catalog holds at most this many bytes of values
 # (a record of the catalog is read whole by every load and cold get).
 INLINE_MAX_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Filed:
+    """The memories the catalog files in a partition, read in its load's
+    transaction: ``ids`` but for those of ``hidden`` scopes (suppressed: an erasure
+    in progress removes them from the files first). ``complete``: every readable
+    row of another scope must be among them (False while the whole subject is
+    suppressed: every read is refused, and files go before catalog rows)."""
+
+    ids: set[str]
+    hidden: frozenset[str] = frozenset()
+    complete: bool = True
+
+
 # Given a subject, what reads the memories the catalog says its partition holds, on
 # the cursor of the load's read transaction (the guard is read before, outside it).
-ExpectedIds = Callable[[str], Callable[[Any], set[str]]]
+ExpectedIds = Callable[[str], Callable[[Any], Filed]]
 
 
 def partition_prefix(subject_ref: str) -> str:
@@ -179,9 +196,9 @@ def newest_row(
     crash left unfinished (the load finishes it, so its bytes and vectors wait for
     no later write), a record of a ``hidden`` scope (suppressed: not opened), one
     under a destroyed key, a malformed one, a gap, a memory the catalog files and
-    the replay lacks, or a row under an owner-set key (its co-owners' guards
-    decide). The replay is the load's: records in sequence order, the last one
-    touching a memory decides."""
+    the replay lacks or holds and the catalog does not (rows rolled back), or a row
+    under an owner-set key (its co-owners' guards decide). The replay is the
+    load's: records in sequence order, the last one touching a memory decides."""
     state = hot.newest(subject_ref, limit, storage_key)
     if state is None or state.deleting or state.segments or state.assets is None:
         return False, None
@@ -208,7 +225,11 @@ def newest_row(
         for fields in rows:
             live[fields[9]] = (fields[0], n)
     present = {mid for mid, _ in live.values()}
-    if any(aid not in present for aid, scope in state.assets if scope not in hidden):
+    filed = {aid for aid, scope in state.assets if scope not in hidden}
+    if present != filed:
+        # One filed and not replayed: a record cut away or a head moved; one
+        # replayed and not filed: the partition's rows rolled back to before a
+        # delete (or an opaque row whose asset an erasure dropped): the load decides.
         return False, None
     if lookup not in live:
         return True, None
@@ -482,8 +503,27 @@ class Partition:
             # only the retired segments the catalog names go now.
             names = at[1] if at is not None and at[0] == self._head else None
             self._cleanup(listing=self._objects.local, names=names)
+        if expected is not None and expected.complete:
+            # The other way round: a readable row the catalog does not file is not
+            # the store's (every write registers its rows' assets in the commit
+            # that adds them, every deletion removes the rows before the assets).
+            # It is the partition's catalog rows rolled back to before a delete or
+            # an update (the deleted value back; nothing else says so once the
+            # rows are all in the catalog), or a put of an old release killed
+            # before its catalog write (``keyshred repair`` registers it).
+            extra = sum(
+                1
+                for r in self.rows.values()
+                if r.memory_id not in expected.ids and r.scope not in expected.hidden
+            )
+            if extra:
+                self.invalidate()
+                raise IntegrityError(
+                    f"partition {self.subject_ref} holds {extra} memories the catalog does "
+                    "not file (its rows rolled back, or a write never registered)"
+                )
         if expected is not None:
-            missing = expected - {r.memory_id for r in self.all_rows()}
+            missing = expected.ids - {r.memory_id for r in self.all_rows()}
             if missing and self._finish_deletes is not None:
                 # Rows the store itself was deleting (marked in the catalog before
                 # their rows went) are not lost: that deletion is finished now.
@@ -500,8 +540,8 @@ class Partition:
         *,
         lenient: bool = False,
         view: bool = False,
-        also: Callable[[Any], set[str]] | None = None,
-    ) -> set[str] | None:
+        also: Callable[[Any], Filed] | None = None,
+    ) -> Filed | None:
         """Read the catalog's state; under the subject lock, first import a folder of
         the old layout if there is one (``view``: read its rows into the cache,
         commit and remove nothing — a dry-run repair). Returns what ``also`` read
@@ -621,8 +661,8 @@ class Partition:
         return list(by_lookup.values()), scopes
 
     def _read_once(
-        self, *, lenient: bool, also: Callable[[Any], set[str]] | None = None
-    ) -> set[str] | None:
+        self, *, lenient: bool, also: Callable[[Any], Filed] | None = None
+    ) -> Filed | None:
         """One read of the catalog's state and the segments it lists; ``lenient``
         (repair) takes a listed segment that is gone as holding nothing, and marks
         its scope for the next compaction, instead of reading the list again."""
@@ -650,6 +690,8 @@ class Partition:
                 self._keep_stored(row)
         folded = self._apply(records, head.base_seq, head.next_seq)
         self._folded = folded and not state.segments
+        if self._folded:
+            self._pending = 0  # as after the compaction that wrote them
         self._head = head
         self.loaded = True
         self._foreign = True  # read afresh: caches built beside the old state are stale
@@ -1065,8 +1107,9 @@ class Partition:
         )
         faults.reached("flush.after_manifest")
         self._segments = {}
-        # The records are hot rows: a compaction into segments must fold them.
-        self._dirty, self._pending = set(by_scope), len(rows)
+        # The records are hot rows: a compaction into segments must fold them. They
+        # count as no pending write (``flush_records`` counts writes since this).
+        self._dirty, self._pending = set(by_scope), 0
         self._folded = True
         self._cleanup(purge=purge)
 
