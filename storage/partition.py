@@ -960,22 +960,30 @@ class Partition:
         by_scope: dict[str, list[MemoryRow]] = {}
         for r in rows:
             by_scope.setdefault(r.scope, []).append(r)
-        head = self._head
-        records = [
-            HotRecord(
-                head.next_seq + n,
-                scope,
-                self._sealer.seal(
-                    encode_puts(part), hot_place(self.subject_ref, scope, head.next_seq + n)
-                ),
-            )
-            for n, (scope, part) in enumerate(by_scope.items())
-        ]
-        self._write(records, commit=commit)
+        self._write(self._put_records(by_scope), commit=commit)
         self._pending += len(rows)
         for r in rows:
             self._keep(r)  # a move makes the old scope dirty too
             self._dirty.add(r.scope)
+
+    def _put_records(
+        self, by_scope: dict[str, list[MemoryRow]], *, create: bool = True
+    ) -> list[HotRecord]:
+        """One sealed put record per scope (in ``by_scope``'s order), numbered from
+        the head on; ``create=False``: never a new scope key (a compaction)."""
+        start = self._head.next_seq
+        return [
+            HotRecord(
+                start + n,
+                scope,
+                self._sealer.seal(
+                    encode_puts(part),
+                    hot_place(self.subject_ref, scope, start + n),
+                    create=create,
+                ),
+            )
+            for n, (scope, part) in enumerate(by_scope.items())
+        ]
 
     def append_deletes(self, rows: Sequence[MemoryRow]) -> None:
         """Add one hot delete record per row, in one catalog transaction."""
@@ -1085,21 +1093,10 @@ class Partition:
         milliseconds) many times what reading its hot rows costs; the cold get
         (``newest_row``) reads it from the catalog alone."""
         by_scope: dict[str, list[MemoryRow]] = {}
-        for row in sorted(rows, key=lambda r: r.memory_id):
+        for row in sorted(rows, key=lambda r: (r.scope, r.memory_id)):
             by_scope.setdefault(row.scope, []).append(row)
         head = self._head
-        records = [
-            HotRecord(
-                head.next_seq + n,
-                scope,
-                self._sealer.seal(
-                    encode_puts(by_scope[scope]),
-                    hot_place(self.subject_ref, scope, head.next_seq + n),
-                    create=False,
-                ),
-            )
-            for n, scope in enumerate(sorted(by_scope))
-        ]
+        records = self._put_records(by_scope, create=False)
         retire = sorted(seg.name for seg in self._segments.values())
         faults.reached("flush.after_records")
         self._head = self._hot.publish(

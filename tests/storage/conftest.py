@@ -7,10 +7,16 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 
 from keyshred import Config, Keyshred
 from keyshred.config import ScopeSettings, StorageSettings
+from keyshred.storage.partition import hot_place
+from keyshred.storage.rowcodec import decode_record
+from keyshred.storage.schema import memory_hot
+from keyshred.storage.sealer import KeyringSealer
 
 
 def make_config(
@@ -43,6 +49,30 @@ def parquet_config(catalog_url: str | None = None, **kwargs: object) -> Config:
     (``storage.inline_max_rows = 0``): for tests of segments, their objects and
     their bytes, which a small partition would otherwise keep in the catalog."""
     return make_config(catalog_url, inline_max_rows=0, **kwargs)  # type: ignore[arg-type]
+
+
+def stored_rows(ks: Keyshred, ref: str) -> list[tuple[str, bytes]]:
+    """(memory id, value as stored: a sealed row's ciphertext) of every row the
+    subject's partition stores, in either layout: its segment objects' rows, then
+    its hot records' puts (opened with the live keyring) in sequence order, so a
+    later version of a memory comes after an earlier one."""
+    pme = ks.memories._pme
+    assert pme is not None
+    out: list[tuple[str, bytes]] = []
+    for path in sorted(ks.memories.partition_path(ref).glob("seg-*.parquet")):
+        table = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
+        ids, values = table.column("memory_id").to_pylist(), table.column("value").to_pylist()
+        out += zip(ids, values, strict=True)
+    sealer = KeyringSealer(ks.keyring)
+    with ks.catalog.engine.connect() as conn:
+        hot = conn.execute(
+            sa.select(memory_hot).where(memory_hot.c.subject_ref == ref).order_by(memory_hot.c.seq)
+        ).all()
+    for r in hot:
+        op, rows = decode_record(sealer.open(bytes(r.record), hot_place(ref, r.scope, int(r.seq))))
+        if op == "put":
+            out += [(row.memory_id, row.value) for row in rows]
+    return out
 
 
 @pytest.fixture

@@ -16,18 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import sqlalchemy as sa
 
 from keyshred import Keyshred
 from keyshred.storage.faults import POINTS
-from keyshred.storage.hot import HotRecord
 from keyshred.storage.memories import text_at
-from keyshred.storage.partition import hot_place
-from keyshred.storage.rowcodec import decode_record
-from keyshred.storage.schema import memory_hot
-from keyshred.storage.sealer import KeyringSealer
 from tests.erasure_worker import BYSTANDER, OWNER, TARGET, UPDATED
-from tests.storage.conftest import make_config, parquet_config
+from tests.storage.conftest import make_config, parquet_config, stored_rows
 from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).resolve().parents[1] / "erasure_worker.py"
@@ -92,19 +86,12 @@ def template(templates: dict[str, Template]) -> Template:
 
 def partition_bytes(ks: Keyshred, subject: str) -> bytes:
     """Every partition object of the subject, then every memory id and value its
-    hot records hold (opened: they are sealed)."""
+    partition stores (segments and hot records, opened: they are sealed)."""
     ref = ks.subject_ref(subject)
     folder = ks.memories.partition_path(ref)
     files = sorted(folder.iterdir()) if folder.exists() else []
     out = [p.read_bytes() for p in files if p.is_file()]
-    sealer = KeyringSealer(ks.keyring)
-    with ks.catalog.engine.connect() as conn:
-        hot = conn.execute(sa.select(memory_hot).where(memory_hot.c.subject_ref == ref)).all()
-    for r in hot:
-        rec = HotRecord(int(r.seq), r.scope, bytes(r.record))
-        op, rows = decode_record(sealer.open(rec.record, hot_place(ref, rec.scope, rec.seq)))
-        if op == "put":
-            out += [row.memory_id.encode() + row.value for row in rows]
+    out += [mid.encode() + value for mid, value in stored_rows(ks, ref)]
     return b"".join(out)
 
 

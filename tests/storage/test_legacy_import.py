@@ -24,7 +24,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from keyshred import Config, Keyshred
@@ -33,11 +32,8 @@ from keyshred.config import load_config
 from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.migrations import VERSION_TABLE
 from keyshred.storage.legacy import is_legacy_name
-from keyshred.storage.partition import hot_place
-from keyshred.storage.rowcodec import decode_record
-from keyshred.storage.schema import memory_hot
-from keyshred.storage.sealer import KeyringSealer
 from tests.conftest import PG_DSN
+from tests.storage.conftest import stored_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARCHIVE = DATA / "legacy_70c7cef.tar.gz"
@@ -101,27 +97,9 @@ def readable(ks: Keyshred, subject: str) -> dict[str, Any]:
 
 
 def stored(ks: Keyshred, subject: str) -> list[tuple[str, bytes]]:
-    """(memory id, value as stored) of every row in the subject's segments, then in
-    its hot records (opened) in order: opaque rows included; a partition the
-    import compacted into the catalog is its hot records alone."""
-    pme = ks.memories._pme
-    ref = ks.subject_ref(subject)
-    folder = ks.memories.partition_path(ref)
-    out: list[tuple[str, bytes]] = []
-    for path in sorted(folder.glob("seg-*.parquet")):
-        table = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
-        ids, values = table.column("memory_id").to_pylist(), table.column("value").to_pylist()
-        out += zip(ids, values, strict=True)
-    sealer = KeyringSealer(ks.keyring)
-    with ks.catalog.engine.connect() as conn:
-        hot = conn.execute(
-            sa.select(memory_hot).where(memory_hot.c.subject_ref == ref).order_by(memory_hot.c.seq)
-        ).all()
-    for r in hot:
-        op, rows = decode_record(sealer.open(bytes(r.record), hot_place(ref, r.scope, int(r.seq))))
-        assert op == "put"  # the import's compaction wrote them
-        out += [(row.memory_id, row.value) for row in rows]
-    return out
+    """Every row the subject's partition stores, opaque rows included (a partition
+    the import compacted into the catalog is its hot records alone)."""
+    return stored_rows(ks, ks.subject_ref(subject))
 
 
 def segment_ids(ks: Keyshred, subject: str) -> list[str]:

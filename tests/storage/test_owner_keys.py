@@ -25,7 +25,7 @@ from keyshred.receipts import load_receipt, verify_receipt
 from keyshred.storage.partition import decode_record, hot_place
 from keyshred.storage.schema import memory_hot
 from keyshred.storage.sealer import KeyringSealer
-from tests.storage.conftest import make_config, parquet_config
+from tests.storage.conftest import make_config, parquet_config, stored_rows
 from tests.storage.test_vectors import bag_of_words
 
 NS = ("notes",)
@@ -273,31 +273,9 @@ def test_a_row_whose_shared_key_is_destroyed_is_opaque_not_corrupt(ks: Keyshred)
 
 
 def _sealed_values(ks: Keyshred, ref: str) -> dict[str, bytes]:
-    """Each memory's value as stored (a sealed row: its ciphertext): from the
-    partition's segments, then its hot records in order (a partition compacted into
-    the catalog is those alone)."""
-    pme = ks.memories._pme
-    assert pme is not None
-    out: dict[str, bytes] = {}
-    for path in sorted(ks.memories.partition_path(ref).glob("seg-*.parquet")):
-        table = pq.ParquetFile(path, decryption_properties=pme.decryption()).read()
-        out.update(
-            zip(
-                table.column("memory_id").to_pylist(),
-                table.column("value").to_pylist(),
-                strict=True,
-            )
-        )
-    sealer = KeyringSealer(ks.keyring)
-    with ks.catalog.engine.connect() as conn:
-        hot = conn.execute(
-            sa.select(memory_hot).where(memory_hot.c.subject_ref == ref).order_by(memory_hot.c.seq)
-        ).all()
-    for r in hot:
-        op, rows = decode_record(sealer.open(bytes(r.record), hot_place(ref, r.scope, int(r.seq))))
-        if op == "put":
-            out.update((row.memory_id, row.value) for row in rows)
-    return out
+    """Each memory's value as stored (a sealed row: its ciphertext), the latest
+    version of each: from the partition's segments, then its hot records."""
+    return dict(stored_rows(ks, ref))
 
 
 def test_rows_of_one_owner_set_share_one_key_and_own_rows_use_the_scope_key(
