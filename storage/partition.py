@@ -507,10 +507,11 @@ class Partition:
             # The other way round: a readable row the catalog does not file is not
             # the store's (every write registers its rows' assets in the commit
             # that adds them, every deletion removes the rows before the assets).
-            # It is the partition's catalog rows rolled back to before a delete or
-            # an update (the deleted value back; nothing else says so once the
-            # rows are all in the catalog), or a put of an old release killed
-            # before its catalog write (``keyshred repair`` registers it).
+            # It is the partition's catalog rows rolled back to before a delete
+            # (the deleted value back; nothing else says so once the rows are all
+            # in the catalog), or a put of an old release killed before its
+            # catalog write (``keyshred repair`` registers it). Rows rolled back to
+            # before an update of a memory still filed cannot be told this way.
             extra = sum(
                 1
                 for r in self.rows.values()
@@ -1038,11 +1039,10 @@ class Partition:
         hot rows; retired objects are deleted after the grace period (``purge``:
         at once). A small partition (``inline_max_rows``, ``INLINE_MAX_BYTES``) is
         compacted into the catalog instead (``_flush_inline``)."""
-        every = self.all_rows()  # opaque rows too: carried over as they are
-        small = self._inline_fits(every)
-        if (self._folded and small) or (
-            not self._dirty and self._head.next_seq == self._head.base_seq
-        ):
+        idle = not self._dirty and self._head.next_seq == self._head.base_seq
+        every = [] if idle else self.all_rows()  # opaque rows too: carried as they are
+        small = not idle and self._inline_fits(every)
+        if idle or (self._folded and small):
             if purge:
                 # Nothing to fold, but segments an earlier compaction retired (with
                 # the values they held) still go at once, as ``purge`` promises.
