@@ -75,7 +75,9 @@ class MemoryStore(EditMixin, RepairMixin):
     # -- maintenance -------------------------------------------------------------------
 
     def flush(self, subject: Any = None) -> None:
-        """Move logged writes into Parquet segments (one subject, or every open one)."""
+        """Compact logged writes (one subject, or every open one): into Parquet
+        segments, or, for a partition of at most ``inline_max_rows`` memories, into
+        one catalog record per scope."""
         if subject is None:
             with self._lock:
                 parts = list(self._partitions.values())
@@ -100,7 +102,7 @@ class MemoryStore(EditMixin, RepairMixin):
             part.flush(purge=True)
 
     def close(self, *, flush: bool = True) -> None:
-        """Close every partition, first moving logged writes into segments unless
+        """Close every partition, first compacting logged writes (``flush``) unless
         ``flush=False`` (the logs are durable either way)."""
         with self._lock:
             parts = list(self._partitions.values())
