@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,19 @@ def _gen(ks: Keyshred, subject: str) -> int:
                 )
             ).scalar_one()
         )
+
+
+def refused(ks: Keyshred, subject: str, keys: Sequence[str], *, search: bool = True) -> None:
+    """Each get of ``keys`` (and, with ``search``, a search) of a subject whose
+    partition is read afresh raises ``IntegrityError``: cold, and loaded."""
+    for key in keys:
+        _cold(ks, subject)
+        with pytest.raises(IntegrityError):
+            ks.memories.get(subject, NS, key)
+    if search:
+        _cold(ks, subject)
+        with pytest.raises(IntegrityError):
+            ks.memories.search(subject, NS)
 
 
 def _everything(ks: Keyshred, subject: str) -> dict[str, Any]:
@@ -192,11 +206,7 @@ def test_an_older_compaction_put_back_is_refused(ks: Keyshred) -> None:
     (new,) = _hot(ks, ref)
     assert new.seq > old.seq
     _set_record(ks, ref, new.seq, bytes(old.record))
-    _cold(ks, "alice")
-    with pytest.raises(IntegrityError):
-        mem.get("alice", NS, "k")
-    with pytest.raises(IntegrityError):
-        mem.search("alice", NS)
+    refused(ks, "alice", ["k"])
 
 
 def test_a_scope_erasure_leaves_no_record_of_the_scope(ks: Keyshred) -> None:
