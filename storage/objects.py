@@ -116,6 +116,16 @@ class ObjectStore:
         start = len(self._base) + 1
         return sorted(info.path[start:] for info in self.fs.get_file_info(selector) if info.is_file)
 
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """Names of the folders (on a bucket: the common prefixes) right under
+        ``prefix``, sorted."""
+        selector = pafs.FileSelector(self.path(prefix), recursive=False, allow_not_found=True)
+        return sorted(
+            info.base_name
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.Directory
+        )
+
     def size(self, key: str) -> int:
         """The object's size in bytes; ``FileNotFoundError`` if it is gone."""
         info = self.fs.get_file_info(self.path(key))

@@ -11,19 +11,26 @@ The folder is ``tests/data/vectors_c4f07aa.tar.gz``, made by the old code with
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
+import sys
 import tarfile
+import uuid
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import sqlalchemy as sa
 
-from keyshred import Keyshred
+from keyshred import Config, Keyshred
+from keyshred.config import S3Settings, VectorSettings
 from keyshred.errors import IntegrityError
 from keyshred.storage import faults
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.schema import memory_vectors
 from keyshred.storage.vectors import space_tag
+from tests.servers import Server
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARCHIVE = DATA / "vectors_c4f07aa.tar.gz"
@@ -169,3 +176,62 @@ def test_keyshred_migrate_imports_every_dataset_at_once(tmp_path: Path) -> None:
         assert datasets(data) == set()
         assert all(rows_of(ks, ref) for ref in refs)
         assert ks.memories.import_legacy() == ([], [])
+
+
+def test_on_a_bucket_datasets_are_listed_without_lancedb_then_imported(
+    tmp_path: Path, moto: Server
+) -> None:
+    """The old layout on S3 (``vectors.uri`` a bucket prefix): the datasets are found
+    by listing the bucket (a process that touches vectors no longer imports LanceDB
+    to learn there are none), imported on first touch, and every object version of
+    an imported dataset is deleted."""
+    data = unpack(tmp_path)
+    bucket = f"ks-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    local = data / "vectors"
+    for path in local.rglob("*"):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, f"vectors/{path.relative_to(local).as_posix()}")
+    shutil.rmtree(local)
+    config = Config(
+        vectors=VectorSettings(uri=f"s3://{bucket}/vectors"),
+        s3=S3Settings(endpoint_url=moto.url, region="us-east-1"),
+    )
+
+    def on_bucket() -> set[str]:
+        listed = s3.list_object_versions(Bucket=bucket, Prefix="vectors/")
+        keys = [v["Key"] for v in [*listed.get("Versions", []), *listed.get("DeleteMarkers", [])]]
+        return {k.split("/")[1].removesuffix(".lance") for k in keys}
+
+    with Keyshred.open(data, config, embeddings=MK.embed) as ks:
+        refs = {s: ks.subject_ref(s) for s in MK.SUBJECTS}
+        assert ks.vectors.legacy_refs() == sorted(refs.values())
+        for key, value in MK.SUBJECTS["alice"].items():
+            top = ks.memories.search("alice", NS, query=value, limit=1)
+            assert [h.key for h in top] == [key]
+        assert on_bucket() == {refs["bob"], refs["carol"]}  # no version of alice's left
+        done, left = ks.memories.import_legacy()
+        assert sorted(done) == sorted([refs["bob"], refs["carol"]]) and left == []
+        assert on_bucket() == set()
+    # A fresh process on a bucket with no dataset left: a search never imports LanceDB.
+    script = (
+        "import sys\n"
+        "from keyshred import Config, Keyshred\n"
+        "from tests.storage.test_vector_import import MK, NS\n"
+        f"config = Config.model_validate_json({config.model_dump_json()!r})\n"
+        f"with Keyshred.open({str(data)!r}, config, embeddings=MK.embed) as ks:\n"
+        "    assert ks.vectors.legacy_refs() == []\n"
+        "    assert ks.memories.search('carol', NS, query='violin', limit=1)\n"
+        "assert 'lancedb' not in sys.modules, 'lancedb was imported'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
