@@ -64,11 +64,14 @@ typecheck: $(VENV)/.installed-dev .typecheck/keyshred
 # (it would run the first case again and again), so that file runs on its own after.
 SCHEMATHESIS := tests/api/test_schemathesis.py
 
+# Bytecode is written even where the environment sets PYTHONDONTWRITEBYTECODE (this
+# machine kind does): otherwise every Python process the tests start compiles the
+# package's 120 modules again, and pytest rewrites every test module on each worker.
 pytest: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
-	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 --ignore=$(SCHEMATHESIS)
-	$(VENV)/bin/pytest -q $(SCHEMATHESIS)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 --ignore=$(SCHEMATHESIS)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest -q $(SCHEMATHESIS)
 
 test: lint typecheck pytest
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from keyshred import Keyshred
+from tests import zygote
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -34,7 +34,7 @@ def _seed(data: Path, url: str | None) -> None:
 def _fill(data: Path, mode: str, limit: int, url: str | None) -> list[str]:
     """Run the writer until its first error; its acknowledged writes."""
     args = [sys.executable, str(WORKER), str(data), mode, str(limit)] + ([url] if url else [])
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    proc = zygote.run(args, capture_output=True, text=True, timeout=300, check=False)
     lines = proc.stdout.splitlines()
     errors = [line for line in lines if line.startswith("ERR ")]
     assert errors, proc.stderr[-3000:]
@@ -92,7 +92,7 @@ def test_a_file_size_limit_is_storage_full_and_loses_nothing(
 @contextlib.contextmanager
 def _tmpfs(where: Path, size: str) -> Iterator[Path]:
     where.mkdir()
-    done = subprocess.run(
+    done = zygote.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
         capture_output=True,
         check=False,
@@ -102,7 +102,7 @@ def _tmpfs(where: Path, size: str) -> Iterator[Path]:
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        zygote.run(["umount", "-l", str(where)], check=False)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -113,5 +113,5 @@ def test_a_full_file_system_is_storage_full_and_loses_nothing(mode: str, tmp_pat
         _seed(data, None)
         acked = _fill(data, mode, 0, None)
         # Space comes back: the same file system, grown.
-        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        zygote.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
         _check_all_readable(data, None, acked)

@@ -17,6 +17,7 @@ from keyshred.errors import StaleEpoch, SubjectErased, SubjectSuppressed
 from keyshred.receipts import verify_receipt
 from keyshred.storage import faults
 from keyshred.storage.faults import POINTS
+from tests import zygote
 from tests.erasure_worker import register_producers
 from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
@@ -85,7 +86,7 @@ def kill_erasure_at(point: str, tmp_path: Path, layout: str = "inline") -> Path:
 
 def run_killed(mode: str, data: Path, request_id: str, point: str, layout: str = "inline") -> None:
     """Run the worker's ``mode`` (an erasure) on ``data``; it must die at ``point``."""
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), mode, str(data), request_id, point],
         capture_output=True,
         text=True,
@@ -156,7 +157,7 @@ def test_writers_racing_the_erasure(tmp_path: Path) -> None:
     data = tmp_path / "data"
     populate(data)
     procs = [
-        subprocess.Popen(
+        zygote.Popen(
             [sys.executable, str(WORKER), "write", str(data)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -18,6 +18,7 @@ from keyshred.erasure import STEPS
 from keyshred.erasure.lease import LeaseLost, claim
 from keyshred.receipts import verify_receipt
 from keyshred.schema import deletion_requests
+from tests import zygote
 from tests.erasure_worker import register_producers
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
@@ -66,7 +67,7 @@ def test_racing_workers_run_each_step_once_and_sign_one_receipt(
         _pending(ks, "req-race")
     url = catalog_url if catalog_url.startswith("postgresql") else "-"
     racers = [
-        subprocess.Popen(
+        zygote.Popen(
             [sys.executable, str(WORKER), "resume", str(data), "req-race", url, "0.2"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -126,7 +127,7 @@ def test_a_dead_holder_on_this_machine_is_taken_over_at_once(
     with _store(catalog_url, data, lease_seconds=600.0) as ks:
         _pending(ks, "req-dead")
         # A process of this machine that held the lease and died (its pid is gone).
-        gone = subprocess.run(
+        gone = zygote.run(
             [sys.executable, "-c", "import os; print(os.getpid())"],
             capture_output=True,
             text=True,

@@ -21,6 +21,7 @@ import pytest
 
 from keyshred import Config, Keyshred
 from keyshred.erasure.eviction import PROCESS_ID
+from tests import zygote
 from tests.conftest import PG_DSN
 from tests.storage.test_vectors import bag_of_words
 
@@ -83,7 +84,7 @@ class Worker:
     the subjects (start several first, then wait: they load side by side)."""
 
     def __init__(self, folder: Path, config: Config, *subjects: str) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = zygote.Popen(
             [sys.executable, str(WORKER), str(folder), config.model_dump_json(), *subjects],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

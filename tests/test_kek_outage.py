@@ -43,6 +43,7 @@ from keyshred.errors import (  # noqa: E402
     KeyshredError,
     SubjectSuppressed,
 )
+from tests import zygote  # noqa: E402
 from tests.servers import OpenBaoFileServer, Server, openbao_file_server  # noqa: E402
 from tests.storage.test_vectors import bag_of_words  # noqa: E402
 
@@ -372,8 +373,8 @@ def test_a_cold_process_resuming_an_erasure_stops_where_the_kek_is_needed(
 # -- several processes of the shared profile ----------------------------------------------
 
 
-def _start(script_args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def _start(script_args: list[str]) -> zygote.Popen:
+    return zygote.Popen(
         [sys.executable, str(Path(__file__).resolve()), *script_args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -417,16 +418,16 @@ def test_openbao_killed_and_restarted_during_a_shared_workload(
     )
     raw = config.model_dump_json()
     stop = tmp_path / "stop"
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[zygote.Popen] = []
 
-    def worker(n: int, *args: str) -> subprocess.Popen[str]:
+    def worker(n: int, *args: str) -> zygote.Popen:
         proc = _start([str(tmp_path / f"w{n}"), raw, *args])
         procs.append(proc)
         return proc
 
     try:
         # The first worker makes the key store (ref key, live epoch) before the others.
-        first = subprocess.run(
+        first = zygote.run(
             [sys.executable, __file__, str(tmp_path / "w0"), raw, "first-write", "w0-0"],
             capture_output=True,
             text=True,
@@ -478,7 +479,7 @@ def test_openbao_killed_and_restarted_during_a_shared_workload(
         acked = [s for r in results for s in _acks(r)] + ["w0-0", "late-0"]
         assert len(acked) >= 17
 
-        reader = subprocess.run(
+        reader = zygote.run(
             [sys.executable, __file__, str(tmp_path / "r"), raw, "read-all", json.dumps(acked)],
             capture_output=True,
             text=True,

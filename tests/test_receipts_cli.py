@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from joserfc.jwk import KeySet
 from keyshred import Keyshred
 from keyshred.jose import b64url_decode, b64url_encode
 from keyshred.schema import deletion_requests
+from tests import zygote
 from tests.e2e.test_cli import run
 from tests.receipt_forms import sign_json_form
 
@@ -143,7 +143,7 @@ def test_a_json_receipt_from_before_and_rotation(tmp_path: Path) -> None:
         "\nassert obj.headers()['kid'] == " + repr(kids[1]) + "\n"
     )
     (tmp_path / "receipt.jws").write_text(new_file.read_text())
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-W", "ignore", "-c", example + check],
         cwd=tmp_path,
         capture_output=True,

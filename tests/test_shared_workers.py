@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 from keyshred import Config, Keyshred
+from tests import zygote
 from tests.conftest import PG_DSN
 from tests.servers import Server
 from tests.storage.test_vectors import bag_of_words
@@ -43,7 +44,7 @@ class Shared:
 
     def run(self, worker: int, *args: str, check_kill: bool = False) -> list[str]:
         """Run one command in worker ``worker``'s own folder; its output lines."""
-        proc = subprocess.run(
+        proc = zygote.run(
             [sys.executable, str(WORKER), str(self.tmp / f"w{worker}"), self.config, *args],
             capture_output=True,
             text=True,
@@ -56,8 +57,8 @@ class Shared:
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         return proc.stdout.splitlines()
 
-    def start(self, worker: int, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+    def start(self, worker: int, *args: str) -> zygote.Popen:
+        return zygote.Popen(
             [sys.executable, str(WORKER), str(self.tmp / f"w{worker}"), self.config, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -28,6 +28,7 @@ from keyshred.erasure import STEPS
 from keyshred.errors import SubjectErased, SubjectSuppressed
 from keyshred.receipts import verify_receipt
 from keyshred.schema import deletion_requests
+from tests import zygote
 from tests.conftest import PG_DSN
 from tests.erasure_worker import register_producers
 from tests.servers import Server
@@ -78,7 +79,7 @@ def populate(ks: Keyshred, subjects: tuple[str, ...] = (VICTIM,)) -> None:
 def run_worker(
     data: Path, config: Config, mode: str, arg: str = "", *, killed: bool = False
 ) -> str:
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), str(data), config.model_dump_json(), mode, arg],
         capture_output=True,
         text=True,
@@ -171,7 +172,7 @@ def test_two_workers_racing_run_each_step_once(catalog_url: str, tmp_path: Path)
         for n, subject in enumerate(subjects):
             ks.erasure.submit(subject, requested_by="dpo", reason="race", request_id=f"req-{n}")
     racers = [
-        subprocess.Popen(
+        zygote.Popen(
             [sys.executable, str(WORKER), str(data), config.model_dump_json(), "race"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -207,7 +208,7 @@ def test_sigterm_finishes_the_step_and_exits_0(catalog_url: str, tmp_path: Path)
     with Keyshred.init(data, config, embeddings=bag_of_words) as ks:
         populate(ks)
         ks.erasure.submit(VICTIM, requested_by="dpo", reason="term", request_id="req-term")
-    proc = subprocess.Popen(
+    proc = zygote.Popen(
         [sys.executable, str(WORKER), str(data), config.model_dump_json(), "term", "drop_vectors"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -26,6 +26,7 @@ from joserfc.jwk import OKPKey
 
 from keyshred import Config, Keyshred
 from keyshred.config import ScopeSettings, StorageSettings
+from tests import zygote
 
 ROLES = ("operator", "auditor", "requester")
 ISSUER = "https://idp.test"
@@ -181,7 +182,7 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
 def run_worker(data: Path) -> None:
     """A worker process that runs the jobs due now, then exits."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYSHRED_")}
-    subprocess.run(
+    zygote.run(
         [sys.executable, "-m", "keyshred.cli", "worker", "--once", "--path", str(data)],
         check=True,
         env=env,

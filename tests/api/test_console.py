@@ -30,6 +30,7 @@ from playwright import sync_api as playwright_api
 
 from keyshred.api.console import COOKIE, DRILL_EVENT, csrf_token
 from keyshred.schema import audit_events
+from tests import zygote
 from tests.api.conftest import ApiServer
 
 CHROMIUM = "/usr/bin/chromium"
@@ -109,9 +110,9 @@ def login(page: Any, server: ApiServer, token: str) -> None:
     scan(page)
 
 
-def worker(server: ApiServer) -> subprocess.Popen[bytes]:
+def worker(server: ApiServer) -> zygote.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYSHRED_")}
-    return subprocess.Popen(
+    return zygote.Popen(
         [KEYSHRED, "worker", "--path", str(server.data)],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -290,7 +291,7 @@ def test_the_latest_drill_is_the_one_recorded_in_the_store(
     server: ApiServer, page: Any, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYSHRED_")}
-    ran = subprocess.run(
+    ran = zygote.run(
         [
             *(KEYSHRED, "drill", "--subjects", "3", "--memories", "2", "--json"),
             *("--receipt-dir", str(tmp_path), "--record-in", str(server.data)),

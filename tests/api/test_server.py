@@ -13,10 +13,11 @@ import pytest
 from keyshred import Keyshred
 from keyshred.api.settings import load_settings
 from keyshred.errors import ConfigError
+from tests import zygote
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "keyshred.cli", "serve", *args],
         capture_output=True,
         text=True,

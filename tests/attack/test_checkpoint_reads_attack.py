@@ -51,6 +51,7 @@ from keyshred.errors import IntegrityError, KeyshredError, NotFound, SubjectSupp
 from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.keyring import schema as key_schema
 from keyshred.storage.schema import checkpoint_writes, checkpoints
+from tests import zygote
 from tests.storage.conftest import make_config
 
 PHONE = "+49 30 1234567"
@@ -506,7 +507,7 @@ def test_sigkill_inside_checkpoint_writes_with_parked_connections_elsewhere(
         script.write_text(_WORKER.format(root=str(ROOT)))
         acked: dict[str, int] = {}
         for name in ("w1", "w2"):
-            proc = subprocess.Popen(
+            proc = zygote.Popen(
                 [sys.executable, str(script), str(data), name],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

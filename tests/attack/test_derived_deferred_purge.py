@@ -24,6 +24,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.storage import faults
+from tests import zygote
 from tests.scenarios import (
     PROBE,
     VICTIM,
@@ -243,7 +244,7 @@ def _killed_retention(tmp_path: Path, point: str) -> Path:
         _derive(ks, "bob", "d2", [v], value=f"second digest of {PROBE} text", producer="dg")
     worker = tmp_path / "killed_worker.py"
     worker.write_text(_KILLED_WORKER)
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(worker), str(ROOT), str(data), point],
         capture_output=True,
         text=True,
@@ -345,7 +346,7 @@ def test_no_read_returns_a_dropped_asset_before_the_purge(
     ks.memories.flush()
     worker = tmp_path / "reader.py"
     worker.write_text(_READER)
-    reader = subprocess.Popen(
+    reader = zygote.Popen(
         [sys.executable, str(worker), str(ROOT), str(ks.path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -381,7 +382,7 @@ def test_no_read_returns_a_dropped_asset_before_the_purge(
                     },
                     "there": json.loads(reader.stdout.readline()),  # type: ignore[union-attr]
                     "fresh": json.loads(
-                        subprocess.run(
+                        zygote.run(
                             [sys.executable, str(worker), str(ROOT), str(ks.path), "once"],
                             capture_output=True,
                             text=True,

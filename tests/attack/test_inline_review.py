@@ -24,6 +24,7 @@ from keyshred.storage.memory_types import PutItem
 from keyshred.storage.partition import hot_place
 from keyshred.storage.rowcodec import decode_record, row_key_id, row_place
 from keyshred.storage.schema import memory_hot, memory_partitions, memory_segments
+from tests import zygote
 from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_inline_compaction import refused
 from tests.storage.test_keyed_get import _cold, _hot
@@ -383,7 +384,7 @@ elif op == "close":
 
 
 def _kill(data: Path, rows: int, op: str, point: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-c", WORKER, str(data), str(rows), op, point],
         capture_output=True,
         text=True,
@@ -512,7 +513,7 @@ def test_two_processes_of_either_layout_write_one_subject_at_once(tmp_path: Path
     with Keyshred.init(data, make_config(None)) as ks:
         ks.memories.put("alice", NS, "base", "base")
     procs = [
-        subprocess.Popen(
+        zygote.Popen(
             [sys.executable, "-c", RACER, str(data), rows, tag, "60"],
             cwd=ROOT,
             stdout=subprocess.PIPE,

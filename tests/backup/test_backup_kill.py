@@ -7,13 +7,13 @@ content address atomically, so a killed copy leaves none half written."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from keyshred import Keyshred
+from tests import zygote
 from tests.backup.test_backup import NS, config, contents, write_subject
 from tests.storage.test_vectors import bag_of_words
 
@@ -29,7 +29,7 @@ def test_a_backup_killed_inside_leaves_no_generation_and_the_next_one_restores(
         written = {s: write_subject(ks, s, s) for s in ("ana", "bob", "cai")}
         for s in written:
             ks.memories.flush(s)  # segments to copy, one per subject
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), str(data), point],
         capture_output=True,
         text=True,

@@ -8,7 +8,6 @@ import fcntl
 import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from keyshred import Keyshred
 from keyshred.backup.manager import RESTORE_POINTS
 from keyshred.backup.staging import RESTORING
 from keyshred.errors import SubjectErased, SubjectSuppressed
+from tests import zygote
 from tests.storage.conftest import parquet_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -133,7 +133,7 @@ def test_restore_killed_inside_leaves_no_erased_key_and_is_swept(
     probe, victims = erased.probe, erased.victims
     parent = tmp_path / "restores"
     into = parent / "r1"
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), str(data), gen, str(into), point, str(nth)],
         capture_output=True,
         text=True,

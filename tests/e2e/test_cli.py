@@ -9,11 +9,13 @@ import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from tests import zygote
+
 KEYSHRED = str(Path(sys.executable).parent / "keyshred")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [KEYSHRED, *args],
         capture_output=True,
         text=True,
@@ -106,7 +108,7 @@ def test_erasure_commands(tmp_path: Path) -> None:
         "with Keyshred.open(sys.argv[1]) as ks:\n"
         "    ks.memories.put('cli-subject@example.org', ('m',), 'k', {'v': 'x'})\n"
     )
-    subprocess.run([sys.executable, "-c", code, str(data)], check=True)
+    zygote.run([sys.executable, "-c", code, str(data)], check=True)
     out = run(
         "erase",
         "cli-subject@example.org",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.storage import faults
+from tests import zygote
 from tests.e2e.test_cli import run
 from tests.erasure_worker import BYSTANDER, OWNER, TARGET
 from tests.storage.conftest import make_config
@@ -49,7 +49,7 @@ def test_repair_reports_then_reconciles(tmp_path: Path) -> None:
     data = tmp_path / "data"
     written, target_id = populate(data)
     # A delete killed right after it marked its assets: the row is still there.
-    killed = subprocess.run(
+    killed = zygote.run(
         [sys.executable, str(WORKER), "store", str(data), "delete", "delete.after_mark"],
         capture_output=True,
         text=True,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from keyshred.storage.catalog import (
     micros,
     sqlite_url,
 )
+from tests import zygote
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -138,7 +138,7 @@ def test_guards_are_cached_until_any_process_changes_one(tmp_path: Path) -> None
             "c.suppress('ref-cached')\n"
             "c.close()\n"
         )
-        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        zygote.run([sys.executable, "-c", code], check=True, timeout=60)
         with pytest.raises(SubjectSuppressed):
             cat.check_guard(ref)
         other.set_guard(ref, ACTIVE)  # another object in this process

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from keyshred import Keyshred
+from tests import zygote
 from tests.storage.conftest import make_config
 
 WRITER = Path(__file__).with_name("crash_writer.py")
@@ -21,7 +22,7 @@ def test_acknowledged_puts_survive_sigkill(tmp_path: Path) -> None:
     rng = random.Random(1234)
     acked: dict[tuple[str, str], bool] = {}
     for round_no in range(6):
-        proc = subprocess.Popen(
+        proc = zygote.Popen(
             [sys.executable, str(WRITER), str(data), str(round_no)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

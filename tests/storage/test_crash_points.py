@@ -20,6 +20,7 @@ import pytest
 from keyshred import Keyshred
 from keyshred.storage.faults import POINTS
 from keyshred.storage.memories import text_at
+from tests import zygote
 from tests.erasure_worker import BYSTANDER, OWNER, TARGET, UPDATED
 from tests.storage.conftest import make_config, parquet_config, stored_rows
 from tests.storage.test_vectors import bag_of_words
@@ -96,7 +97,7 @@ def partition_bytes(ks: Keyshred, subject: str) -> bytes:
 
 
 def _run(layout: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, str(WORKER), *args],
         capture_output=True,
         text=True,
@@ -185,7 +186,7 @@ def test_sigkill_inside_an_update_never_ranks_the_memory_by_its_old_value(
     data = tmp_path / "data"
     shutil.copytree(template[0], data)
     target_id = template[2]
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), "store", str(data), "update", point],
         capture_output=True,
         text=True,

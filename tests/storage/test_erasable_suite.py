@@ -13,7 +13,6 @@ the resumed request completes, verification passes, nothing of the subject is le
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from keyshred.receipts import verify_receipt
 from keyshred.storage.checkpoints import CheckpointRow
 from keyshred.storage.erasable import DROP, Erasable, ErasureTarget
 from keyshred.storage.faults import ERASE_POINTS
+from tests import zygote
 from tests.erasure_worker import VICTIM, register_producers
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
@@ -228,7 +228,7 @@ def test_killed_inside_the_store_erase_then_resume_completes(
         bob = populate(ks, BOB, tmp_path)
         derive(ks, alice, bob)
     point = ERASE_POINTS[name]
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), "erase", str(data), "req-suite", point, catalog_url],
         capture_output=True,
         text=True,

@@ -5,7 +5,6 @@ writes, though they held its ACTIVE guard in their cache."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from keyshred import Keyshred
 from keyshred.errors import SubjectSuppressed
 from keyshred.storage.catalog import ACTIVE
+from tests import zygote
 from tests.storage.conftest import make_config
 
 WORKER = Path(__file__).with_name("guard_crash_worker.py")
@@ -29,7 +29,7 @@ def test_killed_between_commit_and_notice(tmp_path: Path) -> None:
         cached = ks.catalog._guards.get(ks.subject_ref("ana"))
         assert cached is not None and cached[1].status == ACTIVE
 
-        proc = subprocess.run(
+        proc = zygote.run(
             [sys.executable, str(WORKER), str(data), "ana"],
             capture_output=True,
             text=True,

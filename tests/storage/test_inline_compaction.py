@@ -7,7 +7,6 @@ changes. Both catalogs (``ks`` runs on SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from keyshred.errors import IntegrityError
 from keyshred.storage.memory_types import PutItem
 from keyshred.storage.partition import INLINE_MAX_BYTES
 from keyshred.storage.schema import memory_partitions
+from tests import zygote
 from tests.storage.conftest import make_config
 from tests.storage.test_keyed_get import _cold, _hot, _set_record, _view, loads  # noqa: F401 - a fixture
 
@@ -249,7 +249,7 @@ def test_a_kill_inside_a_compaction_into_the_catalog(tmp_path: Path, point: str)
     with Keyshred.init(data, make_config(None)) as ks:
         for i in range(4):
             ks.memories.put("alice", NS, f"k{i}", i)
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-c", WORKER, str(data), point],
         capture_output=True,
         text=True,

@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -32,6 +31,7 @@ from keyshred.config import load_config
 from keyshred.errors import IntegrityError, SubjectErased, SubjectSuppressed
 from keyshred.migrations import VERSION_TABLE
 from keyshred.storage.legacy import is_legacy_name
+from tests import zygote
 from tests.conftest import PG_DSN
 from tests.storage.conftest import stored_rows
 
@@ -328,7 +328,7 @@ def test_sigkill_inside_the_import_loses_and_duplicates_nothing(
         storage = config.storage.model_copy(update={"inline_max_rows": 0})
         config = config.model_copy(update={"storage": storage})
     (data / "config.json").write_text(config.model_dump_json())
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), str(data), point],
         capture_output=True,
         text=True,

@@ -5,7 +5,6 @@ process's puts, deletes and compactions as soon as they commit."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.storage.hot import HotTier
+from tests import zygote
 from tests.storage.conftest import make_config
 
 NS = ("notes",)
@@ -30,7 +30,7 @@ def _other_process(data: Path, code: str) -> None:
         with Keyshred.open({str(data)!r}, make_config(None, flush_records=3)) as ks:
         """
     ) + textwrap.indent(textwrap.dedent(code), "    ")
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    zygote.run([sys.executable, "-c", script], check=True, timeout=120)
 
 
 def test_reads_see_another_processes_commits_and_ask_nothing_while_none_happen(

@@ -7,7 +7,6 @@ And inside a thread's creation: its row and its asset row are one commit."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -24,6 +23,7 @@ from keyshred.integrations.langgraph import KeyshredSaver
 from keyshred.residue import residue_scan
 from keyshred.storage.faults import POINTS
 from keyshred.storage.schema import assets, checkpoint_writes, checkpoints, threads
+from tests import zygote
 from tests.storage.conftest import make_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def _killed_at(point: str, data: Path, catalog_url: str) -> None:
     """Run the worker on ``data`` and check that it died at ``point``."""
     script = data.parent / "worker.py"
     script.write_text(_WORKER.format(root=str(ROOT)))
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(script), str(data), point, catalog_url],
         check=False,
         capture_output=True,

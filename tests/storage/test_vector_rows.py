@@ -6,7 +6,6 @@ killed inside a put's vector write leaves every acknowledged vector readable."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.storage.memory_types import PutItem
+from tests import zygote
 from tests.storage import vector_kill_worker as worker
 from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words, vector_rows
@@ -117,7 +117,7 @@ def test_a_kill_inside_the_vector_write_keeps_every_acknowledged_vector(
     data = tmp_path / "data"
     url = "-" if catalog_url.startswith("sqlite") else catalog_url
     Keyshred.init(data, make_config(None if url == "-" else url), embeddings=bag_of_words).close()
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), str(data), url, point],
         capture_output=True,
         text=True,

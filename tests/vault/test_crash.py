@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from datetime import timedelta
@@ -17,6 +16,7 @@ import pytest
 
 from keyshred import Keyshred
 from keyshred.errors import UnknownToken
+from tests import zygote
 
 HOUR = timedelta(hours=1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(
 
 def _crashed_child(data: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "-c", CHILD, str(data)],
         capture_output=True,
         text=True,

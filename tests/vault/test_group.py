@@ -17,6 +17,7 @@ import pytest
 from keyshred import Config, Keyshred
 from keyshred.errors import SubjectSuppressed, TokenPurposeMismatch, UnknownToken
 from keyshred.vault.group import FLUSHER_NAME
+from tests import zygote
 from tests.vault.test_tokens import HOUR, VALUES, refusals
 from tests.vault.unheard import suppress_unheard
 
@@ -146,7 +147,6 @@ def test_a_failing_background_flush_is_counted_logged_audited_and_shown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import os
-    import subprocess
     import sys
     import threading
 
@@ -195,7 +195,7 @@ def test_a_failing_background_flush_is_counted_logged_audited_and_shown(
         _wait_for(lambda: ks.vault.status().pending == 0, "the retried flush")
         after = ks.vault.status()
         assert after.consecutive_failures == 0 and after.flush_failures >= 3
-    proc = subprocess.run(
+    proc = zygote.run(
         [str(Path(sys.executable).parent / "keyshred"), "keys", "status", "--json"],
         capture_output=True,
         text=True,
@@ -239,11 +239,10 @@ os._exit(0)  # dies holding the token: no flush, no close
 
 def _die_holding(data: Path, mode: str) -> tuple[str, int]:
     import os
-    import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    out = subprocess.run(
+    out = zygote.run(
         [sys.executable, "-c", _DIE_HOLDING, str(data), mode],
         capture_output=True,
         text=True,
@@ -405,13 +404,12 @@ def test_killed_inside_a_flush_loses_nothing_and_stores_nothing_twice(
     journal, skips what is stored, drops the suppressed subject's rows, and every
     other token resolves, each stored once."""
     import os
-    import subprocess
     import sys
 
     data = tmp_path / "d"
     Keyshred.init(data).close()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-c", _KILLED_IN_A_FLUSH, str(data), point],
         capture_output=True,
         text=True,

@@ -4,7 +4,6 @@ the next process; the format refuses corruption; forks issue their own numbers."
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 import zlib
@@ -16,6 +15,7 @@ import pytest
 from keyshred import Config, Keyshred
 from keyshred.errors import IntegrityError, UnknownToken
 from keyshred.vault.journal import TokenJournal, encode
+from tests import zygote
 from tests.vault.unheard import suppress_unheard
 
 HOUR = timedelta(hours=1)
@@ -162,7 +162,7 @@ def _crashed_child(data: Path) -> dict[str, str]:
     import json
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "-c", CHILD, str(data)],
         capture_output=True,
         text=True,
