@@ -253,13 +253,39 @@ def compile_sql(dialect: Dialect, statement: ClauseElement, *, positional: bool 
     be in the text."""
     named, by_position = _PARAMSTYLES[dialect.name]
     style = by_position if positional else named
+    # Every open of a store compiles the same few hundred statements, built afresh
+    # from the same tables: their text is remembered by SQLAlchemy's cache key of
+    # the statement (its structure, not its bound values: a statement here has none),
+    # which costs a tenth of a compilation. A statement without a key is compiled.
+    # (A statement with a constant is compiled, to be refused below.)
+    cache_key = statement._generate_cache_key()
+    key = (
+        (type(dialect), style, cache_key.key)
+        if cache_key is not None and all(b.required for b in cache_key.bindparams)
+        else None
+    )
+    if key is not None:
+        with _TEXTS_LOCK:
+            text = _TEXTS.get(key)
+        if text is not None:
+            return text
     if dialect.paramstyle != style:
         dialect = _restyled(dialect, style)
     compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
     constants = sorted(k for k, b in compiled.binds.items() if not b.required)
     if constants:
         raise ValueError(f"bind these parameters by name, not as constants: {constants}")
+    if key is not None:
+        with _TEXTS_LOCK:
+            if len(_TEXTS) >= _TEXTS_MAX:  # statements built with a varying shape
+                _TEXTS.clear()
+            _TEXTS[key] = compiled.string
     return compiled.string
+
+
+_TEXTS: dict[tuple[Any, ...], str] = {}
+_TEXTS_LOCK = threading.Lock()
+_TEXTS_MAX = 4096
 
 
 _RESTYLED: dict[tuple[type[Dialect], str], Dialect] = {}

@@ -203,3 +203,28 @@ def test_a_forked_child_leaves_the_parents_parked_connections(
     with db.cursor(engine, write=False) as cur:
         assert cur.connection is parent
         assert cur.execute("SELECT v FROM t WHERE k = 7").fetchone()[0] == "child"
+
+
+@pytest.mark.parametrize("dialect_name", ["sqlite", "postgresql"])
+def test_compiled_text_is_remembered_and_a_constant_is_still_refused(dialect_name: str) -> None:
+    """``compile_sql`` remembers a statement's text by its structure: a statement
+    built again compiles to the same text without SQLAlchemy, and the same shape
+    with a constant bound in it is refused as before."""
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    dialect = sqlite.dialect() if dialect_name == "sqlite" else postgresql.dialect()
+    table = sa.Table("ks_compile_probe", sa.MetaData(), sa.Column("a", sa.Integer))
+
+    def shaped(value: object) -> sa.Select[tuple[int]]:
+        return sa.select(table.c.a).where(table.c.a == sa.bindparam("a", value=value))
+
+    required = sa.select(table.c.a).where(table.c.a == sa.bindparam("a"))
+    first = db.compile_sql(dialect, required)
+    again = sa.select(table.c.a).where(table.c.a == sa.bindparam("a"))
+    assert db.compile_sql(dialect, again) == first
+    assert db.compile_sql(dialect, again, positional=True) != first  # its own style
+    with pytest.raises(ValueError, match="constants"):
+        db.compile_sql(dialect, shaped(5))
+    with pytest.raises(ValueError, match="constants"):
+        db.compile_sql(dialect, sa.select(table.c.a).where(table.c.a == 5))
