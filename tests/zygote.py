@@ -14,14 +14,21 @@ What a test sees is a separate process like any other: its own pid (killed with
 SIGKILL inside a step as before, by the test itself), its own standard streams (the
 pipes are passed to it over a Unix socket), the environment and working folder the
 test gave, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets them, the exit
-status as ``subprocess`` reports it (negative: the signal that ended it). At exit it
-runs what an interpreter runs: it joins non-daemon threads, runs ``atexit``
-functions and flushes its streams. What differs: the modules the zygote imported are
-not imported again, so a module that reads the environment *at import* sees the
+status as ``subprocess`` reports it (negative: the signal that ended it). It ends as
+an interpreter ends (it leaves by ``SystemExit``: non-daemon threads joined,
+``atexit`` run, streams flushed, modules finalized). What differs: the modules the
+zygote imported are not imported again, so a module that reads the environment *at import* sees the
 zygote's (``keyshred.tracing`` reads ``OTEL_PYTHON_TRACER_PROVIDER`` so: its tests
 use ``subprocess``; the command line's module is not preloaded, as its console reads
 ``COLUMNS`` at import). The zygote is single-threaded when it forks (it checks), so
 no lock is copied held.
+
+What forking cannot give a program, and no test here relies on: its own string
+hash seed (every program shares the zygote's; ``PYTHONHASHSEED`` is ignored), and
+``PYTHONWARNINGS``, locale variables and ``OPENBLAS_NUM_THREADS`` (1) as the zygote
+read them; the ``tests`` package is importable without the repository on the path;
+warning filters set by preloaded libraries stay set. What the interpreter reads at
+start-up and a test may set is applied: ``PYTHONPATH``, ``TZ``, ``PYTHONUNBUFFERED``.
 
 Each program is the grandchild of the zygote: a supervisor process forked per
 request forks the program, sends its pid, waits for it and sends its exit status;
@@ -38,6 +45,8 @@ import json
 import os
 import runpy
 import select
+import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -46,7 +55,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -92,9 +100,16 @@ PRELOAD = (
 # -- the zygote ------------------------------------------------------------------------
 
 
+# sys.path after sys.path[0] and the zygote's own PYTHONPATH: a program's path is
+# its sys.path[0], its PYTHONPATH, then these (set by _serve before the imports).
+_BASE_PATH: list[str] = []
+
+
 def _serve(path: str, parent: int) -> None:
     import importlib
 
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    _BASE_PATH[:] = sys.path[1 + len(own) :]
     for name in PRELOAD:
         with contextlib.suppress(ImportError):  # an optional extra not installed
             importlib.import_module(name)
@@ -104,6 +119,9 @@ def _serve(path: str, parent: int) -> None:
     # and OpenBLAS's workers (none here: one BLAS thread) have fork handlers.
     if threading.active_count() != 1:
         sys.exit(f"zygote: {threading.active_count()} Python threads after the imports")
+    import gc
+
+    gc.freeze()  # the imports' objects: never scanned (nor copied) by a program's collections
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(64)
@@ -152,22 +170,35 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 
 def _supervise(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    program = False
     try:
         pid = os.fork()
         if pid == 0:
+            program = True
             conn.close()
-            _program(request, fds)  # never returns
+            _program(request, fds)  # raises SystemExit: the interpreter's own exit
         for fd in fds:
             os.close(fd)
         conn.sendall(f"{pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
-        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        # Not reaped until the test has seen the status (poll, wait): a dead program
+        # stays a zombie until then, as a child of the test's own would.
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        conn.sendall(f"{code}\n".encode())
+        with contextlib.suppress(OSError):
+            conn.recv(1)  # the test saw it (or is gone)
+        os.waitpid(pid, 0)
+        conn.sendall(b"reaped\n")
     finally:
-        os._exit(0)
+        if not program:
+            os._exit(0)
 
 
 def _program(request: dict[str, Any], fds: list[int]) -> None:
-    code = 1
+    """Become the program, run it, and leave by raising SystemExit (or an uncaught
+    KeyboardInterrupt) up to the interpreter: it then does what it does at any
+    program's end (joins non-daemon threads, runs atexit, flushes the standard
+    streams, finalizes the modules, dies of SIGINT after a KeyboardInterrupt)."""
     try:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -175,87 +206,99 @@ def _program(request: dict[str, Any], fds: list[int]) -> None:
             if fd > 2:
                 os.close(fd)
         os.chdir(request["cwd"])
+        env = request["env"]
         os.environ.clear()
-        os.environ.update(request["env"])
-        # Buffered as the interpreter buffers streams that are not a terminal:
-        # stdout by blocks, stderr by lines.
-        streams = [open(fd, mode, closefd=False) for fd, mode in ((0, "rb"), (1, "wb"), (2, "wb"))]  # noqa: SIM115
-        sys.stdin = sys.__stdin__ = io.TextIOWrapper(streams[0], "utf-8")
-        sys.stdout = sys.__stdout__ = io.TextIOWrapper(streams[1], "utf-8")
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-            streams[2], "utf-8", "backslashreplace", line_buffering=True
-        )
+        os.environ.update(env)
+        # What the interpreter reads from the environment at start-up.
+        time.tzset()
+        extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = ["", *extra, *_BASE_PATH]
+        _stdio(bool(env.get("PYTHONUNBUFFERED")))
         if request["warnings"]:
             import warnings
 
             for option in request["warnings"]:
                 sys.warnoptions.append(option)
                 warnings._setoption(option)  # type: ignore[attr-defined]
-        code = _main(request)
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException as exc:  # noqa: BLE001 (the interpreter's last handler)
-        # As the interpreter prints it: from the program's first frame.
+        _main(request)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        # As the interpreter reports it: by sys.excepthook, from the program's frame.
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
             tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb)
-        code = 1
-    code = _shutdown(code)
-    os._exit(code)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if isinstance(exc, KeyboardInterrupt):
+            sys.excepthook = lambda *_: None  # printed: the interpreter only exits by SIGINT
+            raise
+        raise SystemExit(1) from None
+    raise SystemExit(0)
 
 
-def _main(request: dict[str, Any]) -> int:
+def _stdio(unbuffered: bool) -> None:
+    """The standard streams as the interpreter opens them: the zygote's encoding and
+    error handler, no newline translation; stdout by blocks and stderr by lines, or
+    both unbuffered under PYTHONUNBUFFERED."""
+    own = (sys.__stdin__, sys.__stdout__, sys.__stderr__)
+    made = []
+    for fd, stream in enumerate(own):
+        assert stream is not None
+        if fd == 0:
+            buffer: Any = open(0, "rb", closefd=False)  # noqa: SIM115
+        else:
+            buffer = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+        made.append(
+            io.TextIOWrapper(
+                buffer,
+                stream.encoding,
+                stream.errors,
+                newline="\n",
+                line_buffering=fd == 2 and not unbuffered,
+                write_through=fd > 0 and unbuffered,
+            )
+        )
+    sys.stdin = sys.__stdin__ = made[0]
+    sys.stdout = sys.__stdout__ = made[1]
+    sys.stderr = sys.__stderr__ = made[2]
+
+
+def _main(request: dict[str, Any]) -> None:
     kind, target, args = request["kind"], request["target"], request["args"]
+    # A __main__ of the program's own that stays in sys.modules to the end (for its
+    # threads and atexit functions), as the interpreter's does.
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
     if kind == "keyshred":
         sys.argv = [target, *args]
         sys.path[0] = str(Path(target).parent)
-        from keyshred.cli import main
+        from keyshred.cli import main as cli
 
-        return _exit_code(SystemExit(main()))
-    if kind == "script":
-        sys.argv = [target, *args]
-        sys.path[0] = str(Path(target).resolve().parent)
-        runpy.run_path(target, run_name="__main__")
-        return 0
+        raise SystemExit(cli())
     if kind == "module":
         sys.argv = [target, *args]
         sys.path[0] = os.getcwd()
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-        return 0
+        runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
+        return
+    if kind == "script":
+        sys.argv = [target, *args]
+        sys.path[0] = str(Path(target).resolve().parent)
+        if not os.path.isfile(target):  # a folder or a zip file with __main__.py
+            runpy.run_path(target, run_name="__main__")
+            return
+        try:
+            source = Path(target).read_bytes()
+        except OSError as exc:
+            print(f"{sys.executable}: can't open file {target!r}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        main.__file__ = target
+        main.__cached__ = None  # type: ignore[attr-defined]
+        exec(compile(source, target, "exec"), main.__dict__)  # noqa: S102
+        return
     sys.argv = ["-c", *args]
     sys.path[0] = ""
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
     exec(compile(target, "<string>", "exec"), main.__dict__)  # noqa: S102 (python -c)
-    return 0
-
-
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-def _shutdown(code: int) -> int:
-    """What the interpreter does after the main module: wait for non-daemon threads,
-    run atexit functions, flush the standard streams."""
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException:  # noqa: BLE001 (the interpreter prints and exits)
-        traceback.print_exc()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            code = code or 120  # as the interpreter does when flushing stdout fails
-    return code
 
 
 # -- the client ------------------------------------------------------------------------
@@ -300,6 +343,7 @@ class _Zygote:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _ZYGOTE = _Zygote()
@@ -352,6 +396,9 @@ class Popen:
             raise ValueError(f"not a Python program the zygote forks: {list(args)[:2]}")
         self.args = args
         self.returncode: int | None = None
+        self._text = text
+        self._output: dict[IO[Any], list[bytes]] | None = None
+        self._input = memoryview(b"")
         self.stdin: IO[Any] | None = None
         self.stdout: IO[Any] | None = None
         self.stderr: IO[Any] | None = None
@@ -404,6 +451,8 @@ class Popen:
         line = self._line(timeout)
         if line is None:
             return None
+        self._conn.sendall(b"r")  # seen: the supervisor reaps it now, as wait() would
+        self._line(None)
         self.returncode = int(line)
         self._conn.close()
         return self.returncode
@@ -420,32 +469,66 @@ class Popen:
     def communicate(
         self, input: str | bytes | None = None, timeout: float | None = None
     ) -> tuple[Any, Any]:
+        """As subprocess's: in this thread, what was read kept for a call after a
+        TimeoutExpired (which carries the output so far)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        results: dict[str, Any] = {}
-        readers = []
-        for name in ("stdout", "stderr"):
-            stream = getattr(self, name)
-            if stream is not None:
-                t = threading.Thread(
-                    target=lambda s=stream, n=name: results.__setitem__(n, s.read()), daemon=True
-                )
-                t.start()
-                readers.append(t)
-        if self.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                if input:
-                    self.stdin.write(input)
-                self.stdin.close()
-        for t in readers:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if t.is_alive():
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        if self._output is None:
+            self._output = {s: [] for s in (self.stdout, self.stderr) if s is not None}
+            if self.stdin is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    self.stdin.flush()
+                data = input.encode("utf-8") if isinstance(input, str) else input or b""
+                self._input = memoryview(data)
+                if not data:
+                    with contextlib.suppress(BrokenPipeError):
+                        self.stdin.close()
+        with selectors.DefaultSelector() as sel:
+            if self.stdin is not None and not self.stdin.closed:
+                sel.register(self.stdin, selectors.EVENT_WRITE)
+            for stream in self._output:
+                if not stream.closed:
+                    sel.register(stream, selectors.EVENT_READ)
+            while sel.get_map():
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    out, err = (self._output.get(s) for s in (self.stdout, self.stderr))
+                    raise subprocess.TimeoutExpired(
+                        self.args,
+                        timeout or 0.0,
+                        output=None if out is None else b"".join(out),
+                        stderr=None if err is None else b"".join(err),
+                    )
+                for key, _ in sel.select(wait):
+                    stream = key.fileobj
+                    if stream is self.stdin:
+                        try:
+                            self._input = self._input[os.write(key.fd, self._input[:65536]) :]
+                        except BrokenPipeError:
+                            self._input = memoryview(b"")
+                        if not self._input:
+                            sel.unregister(stream)
+                            with contextlib.suppress(BrokenPipeError):
+                                stream.close()  # type: ignore[union-attr]
+                    else:
+                        data = os.read(key.fd, 32768)
+                        if data:
+                            self._output[stream].append(data)  # type: ignore[index]
+                        else:
+                            sel.unregister(stream)
+                            stream.close()  # type: ignore[union-attr]
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        for name in ("stdout", "stderr"):
-            stream = getattr(self, name)
-            if stream is not None:
-                stream.close()
-        return results.get("stdout"), results.get("stderr")
+        results = []
+        for stream in (self.stdout, self.stderr):
+            if stream is None:
+                results.append(None)
+                continue
+            data = b"".join(self._output[stream])
+            if self._text:
+                text = data.decode("utf-8")
+                results.append(text.replace("\r\n", "\n").replace("\r", "\n"))
+            else:
+                results.append(data)
+        return results[0], results[1]
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
