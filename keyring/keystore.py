@@ -454,6 +454,7 @@ class SqlKeyStore(KeyStore):
             schema.VERSION_TABLE,
             legacy_table=self._t.dek.name,
             legacy_revision="0001",
+            models=self._t.metadata,  # a new store: built from the tables, stamped
         )
 
     @property

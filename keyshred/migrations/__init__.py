@@ -43,9 +43,11 @@ def target_metadata() -> sa.MetaData:
     return metadata
 
 
-def migrate_catalog(engine: Engine) -> None:
+def migrate_catalog(engine: Engine, *, replay: bool = False) -> None:
     """Bring the catalog database at ``engine`` to the newest revision (in one
-    transaction, one process at a time)."""
+    transaction, one process at a time). A new catalog is built from the models and
+    stamped; ``replay`` builds it by running every revision instead (the tests
+    compare the two)."""
     db.migrate(
         engine,
         SCRIPT_LOCATION,
@@ -53,6 +55,7 @@ def migrate_catalog(engine: Engine) -> None:
         legacy_table=_LEGACY_TABLE,
         legacy_revision=BASELINE,
         prepare_legacy=_prepare_legacy,
+        models=None if replay else target_metadata(),
     )
 
 

@@ -19,6 +19,7 @@ from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from keyshred import db
 from keyshred.keyring import keystore, schema
 from keyshred.keyring.envelope import Place
 from keyshred.keyring.kek.local import LocalKek
@@ -31,6 +32,7 @@ from keyshred.keyring.keystore import (
     owner_tag,
 )
 from tests.conftest import PG_DSN
+from tests.schema_report import schema_report
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "keystore"
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -226,6 +228,42 @@ def test_a_new_store_has_the_models_schema(dialect: str, tmp_path: Path) -> None
     finally:
         admin.execute(f"DROP SCHEMA {name} CASCADE")
         admin.close()
+
+
+def test_a_new_store_is_built_from_its_tables_as_the_revisions_would_build_it(
+    dialect: str, tmp_path: Path
+) -> None:
+    """A new key store is built by ``create_all`` on its tables and stamped, not by
+    replaying the revisions (raw SQL among them); both give the same schema as the
+    database reports it."""
+    urls: list[str] = []
+    schemas: list[str] = []
+    admin = None
+    if dialect == "sqlite":
+        urls = [f"sqlite:///{tmp_path / 'replayed.db'}", f"sqlite:///{tmp_path / 'built.db'}"]
+    else:
+        psycopg = pytest.importorskip("psycopg")
+        admin = psycopg.connect(PG_DSN, autocommit=True)
+        for _ in range(2):
+            schemas.append(f"ksm_{uuid.uuid4().hex[:12]}")
+            admin.execute(f"CREATE SCHEMA {schemas[-1]}")
+            urls.append(f"{PG_URL}?options=-csearch_path%3D{schemas[-1]}")
+    try:
+        replayed = db.create_engine(keystore.engine_url(urls[0]), what="key store")
+        db.migrate(replayed, schema.MIGRATIONS, schema.VERSION_TABLE)  # every revision
+        store = SqlKeyStore(urls[1])  # built from the tables
+        try:
+            assert _version(store) == _head()
+            assert schema_report(replayed) == schema_report(store.engine)
+            assert schema_report(replayed)  # not empty
+        finally:
+            store.close()
+            replayed.dispose()
+    finally:
+        if admin is not None:
+            for name in schemas:
+                admin.execute(f"DROP SCHEMA {name} CASCADE")
+            admin.close()
 
 
 # The same indexes on both dialects (before revision 0002 the tombstone table had

@@ -6,6 +6,11 @@ one the models define (autogenerate finds nothing to do)."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,6 +26,9 @@ from keyshred.migrations import SCRIPT_LOCATION, VERSION_TABLE, migrate_catalog,
 from keyshred.migrations import baseline as old
 from keyshred.storage.catalog import SUPPRESSED, Catalog, sqlite_url
 from keyshred.vault.store import TokenStore
+from tests import zygote
+from tests.conftest import PG_DSN
+from tests.schema_report import schema_report
 
 DATA = Path(__file__).with_name("data")
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -209,12 +217,83 @@ def test_a_catalog_of_the_previous_release_is_upgraded_in_place(catalog_url: str
 def test_a_new_catalog_is_built_by_the_revisions_as_the_models_define_it(
     catalog_url: str,
 ) -> None:
-    catalog = Catalog(catalog_url, migrate=migrate_catalog)
+    catalog = Catalog(catalog_url, migrate=lambda e: migrate_catalog(e, replay=True))
     try:
         assert _version(catalog.engine) == [_head()]
         assert _diff(catalog.engine) == []
     finally:
         catalog.close()
+
+
+@pytest.fixture
+def second_catalog_url(catalog_url: str, tmp_path: Path) -> Iterator[str]:
+    """Another empty catalog database of the same kind as ``catalog_url``."""
+    if catalog_url.startswith("sqlite"):
+        yield sqlite_url(tmp_path / "second.db")
+        return
+    import psycopg
+
+    schema = f"ks_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield catalog_url.split("?", maxsplit=1)[0] + f"?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_a_new_catalog_is_built_from_the_models_as_the_revisions_would_build_it(
+    catalog_url: str, second_catalog_url: str
+) -> None:
+    """A new catalog is built by ``create_all`` and stamped, not by replaying every
+    revision; both ways give the same schema as the database reports it, and later
+    opens of either find it at the newest revision."""
+    built = {}
+    for url, replay in ((catalog_url, True), (second_catalog_url, False)):
+        engine = sa.create_engine(url)
+        migrate_catalog(engine, replay=replay)
+        assert _version(engine) == [_head()]
+        built[replay] = schema_report(engine)
+        engine.dispose()
+    assert built[False] == built[True]
+    assert any(k.startswith("index") for k in built[True])  # the report is not empty
+    for url in (catalog_url, second_catalog_url):
+        catalog = Catalog(url, migrate=migrate_catalog)
+        try:
+            assert _version(catalog.engine) == [_head()] and _diff(catalog.engine) == []
+        finally:
+            catalog.close()
+
+
+def test_only_a_database_without_any_catalog_table_is_built_from_the_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The models build a database that has none of the catalog's tables (another
+    component's may be there: a key store sharing the database); one with some of
+    them and no version table is an older catalog, stamped and upgraded."""
+    from alembic import command
+
+    url = sqlite_url(tmp_path / "catalog.db")
+    with sqlite3.connect(tmp_path / "catalog.db") as conn:
+        conn.execute("CREATE TABLE ks_deks (id INTEGER PRIMARY KEY)")  # not the catalog's
+    conn.close()
+    upgrades: list[str] = []
+    real_upgrade = command.upgrade
+    monkeypatch.setattr(
+        command, "upgrade", lambda *a, **k: (upgrades.append("up"), real_upgrade(*a, **k))
+    )
+    engine = sa.create_engine(url)
+    migrate_catalog(engine)
+    assert upgrades == [] and _version(engine) == [_head()]
+    engine.dispose()
+    # Storage's tables alone (``Catalog`` without migrations): stamped and upgraded.
+    other = sqlite_url(tmp_path / "storage-only.db")
+    Catalog(other).close()
+    engine = sa.create_engine(other)
+    migrate_catalog(engine)
+    assert upgrades == ["up"] and _version(engine) == [_head()] and _diff(engine) == []
+    engine.dispose()
 
 
 def test_a_catalog_built_without_the_revisions_is_stamped_when_the_facade_opens_it(
@@ -275,3 +354,36 @@ def test_a_token_table_from_before_token_numbers_is_refused(tmp_path: Path) -> N
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     conn.close()
     assert VERSION_TABLE not in names and "ks_consents" not in names
+
+
+_OPEN_AT_ONCE = """
+import sys, time
+from keyshred.migrations import migrate_catalog
+from keyshred.storage.catalog import Catalog
+while time.time() < float(sys.argv[2]):  # start together
+    time.sleep(0.001)
+Catalog(sys.argv[1], migrate=migrate_catalog).close()
+"""
+
+
+def test_processes_opening_a_new_catalog_at_once_build_it_once(catalog_url: str) -> None:
+    """Four processes open one new catalog together: one builds it from the models
+    under the migration lock, the others find it at the newest revision; none fails
+    and the schema is whole."""
+    start = time.time() + 1.5
+    procs = [
+        zygote.Popen(
+            [sys.executable, "-c", _OPEN_AT_ONCE, catalog_url, str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+    engine = sa.create_engine(catalog_url)
+    try:
+        assert _version(engine) == [_head()] and _diff(engine) == []
+    finally:
+        engine.dispose()
