@@ -9,6 +9,7 @@ it was: registered identifiers, a memory's value and provenance, the key store."
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 import threading
@@ -231,16 +232,25 @@ def test_data_key_takes_any_owners(ks: Keyshred) -> None:
 
 
 def _cli(argv: list[str]) -> int:
+    """The command line in this process, its standard error as an interpreter's
+    (``backslashreplace``: an argument that is no valid Unicode, such as an option
+    ``-\\udcff`` a shell passed from undecodable bytes, is echoed escaped;
+    ``capsys``'s capture is strict and raised instead)."""
     from keyshred import cli
 
-    old = sys.argv
+    old, stderr = sys.argv, sys.stderr
     sys.argv = ["keyshred", *argv]
+    errors = stderr.errors if isinstance(stderr, io.TextIOWrapper) else None
+    if isinstance(stderr, io.TextIOWrapper):
+        stderr.reconfigure(errors="backslashreplace")
     try:
         cli.main()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     finally:
         sys.argv = old
+        if isinstance(stderr, io.TextIOWrapper):
+            stderr.reconfigure(errors=errors)
     return 0
 
 
