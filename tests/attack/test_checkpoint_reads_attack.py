@@ -38,7 +38,6 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +55,6 @@ from tests.storage.conftest import make_config
 
 PHONE = "+49 30 1234567"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 def _cfg(thread: str, subject: str, cid: str | None = None) -> dict[str, Any]:

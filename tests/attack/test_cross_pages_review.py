@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,6 @@ from keyshred import Keyshred
 from keyshred.integrations.langgraph import KeyshredStore
 from tests.integrations.test_langgraph_index import DIMS, hash_embed
 from tests.storage.conftest import make_config
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 def norm(result: list[Any]) -> list[Any]:

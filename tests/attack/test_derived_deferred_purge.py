@@ -16,6 +16,7 @@ import errno
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,15 @@ from tests.scenarios import (
 from tests.storage.conftest import make_config, parquet_config
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def ks(tmp_path: Path) -> Iterator[Keyshred]:
+    """The embedded default (SQLite catalog), as tests/conftest.py's ``ks``: not the
+    both-catalogs ``ks`` of tests/attack/conftest.py."""
+    store = Keyshred.init(tmp_path / "data", make_config(None))
+    yield store
+    store.close()
 
 
 def _derive(ks: Keyshred, holder: str, key: str, sources: list[str], **kw: Any) -> str:

@@ -8,22 +8,10 @@ request's suppression)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from keyshred import Keyshred
 from keyshred.errors import SubjectSuppressed
-from tests.storage.conftest import make_config
-
-
-@pytest.fixture
-def ks(tmp_path: Path, catalog_url: str) -> Iterator[Keyshred]:
-    # Every backend: SQLite and PostgreSQL (tests/conftest.py's catalog_url).
-    handle = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield handle
-    handle.close()
 
 
 def _stop_after_first_step() -> object:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +30,6 @@ from tests.storage.test_keyed_get import _cold, _hot
 
 NS = ("notes",)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    """Both catalogs (SQLite and PostgreSQL)."""
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 def _counts(ks: Keyshred, subject: str) -> tuple[int, int, int]:

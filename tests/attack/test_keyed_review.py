@@ -9,9 +9,7 @@ checks that held."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,14 +23,6 @@ from tests.storage.conftest import make_config
 from tests.storage.test_keyed_get import _cold, _hot, _set_record, _view, loads  # noqa: F401
 
 NS = ("notes",)
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    """Both catalogs (SQLite and PostgreSQL)."""
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 def _cut(ks: Keyshred, ref: str, seqs: list[int], *, rollback_head: bool) -> None:

@@ -14,8 +14,6 @@ get compares the sets, as the load does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,18 +24,9 @@ from keyshred.errors import IntegrityError, KeyshredError
 from keyshred.storage import faults
 from keyshred.storage.memory_types import PutItem
 from keyshred.storage.schema import assets, memory_hot, memory_partitions
-from tests.storage.conftest import make_config
 from tests.storage.test_keyed_get import _cold
 
 NS = ("notes",)
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    """Both catalogs (SQLite and PostgreSQL)."""
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 def _derived_drop_killed_before_its_purge(ks: Keyshred) -> None:

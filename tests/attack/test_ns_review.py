@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,17 +22,8 @@ from keyshred.errors import InvalidInput, KeyshredError, SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredSaver, KeyshredStore
 from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 from tests.integrations.test_langgraph_saver import _config, _graph
-from tests.storage.conftest import make_config
 
 PROBE = "zqprobe7731"
-
-
-@pytest.fixture
-def ks(tmp_path: Path, catalog_url: str) -> Iterator[Keyshred]:
-    # Every backend: SQLite and PostgreSQL (tests/conftest.py's catalog_url).
-    handle = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield handle
-    handle.close()
 
 
 @pytest.fixture

@@ -54,6 +54,16 @@ HOUR = timedelta(hours=1)
 NS = ("m",)
 
 
+@pytest.fixture
+def ks(tmp_path: Path) -> Iterator[Keyshred]:
+    """The embedded default (SQLite catalog), as tests/conftest.py's ``ks``: not the
+    both-catalogs ``ks`` of tests/attack/conftest.py (the parked connections are
+    SQLite's)."""
+    store = Keyshred.init(tmp_path / "data", make_config(None))
+    yield store
+    store.close()
+
+
 def _no_overflow(tmp_path: Path, pool_size: int) -> Keyshred:
     """An embedded store whose catalog pool has no overflow and a short wait, the
     vault committing every call (its kept writer is taken at the first sanitize)."""

@@ -14,7 +14,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -38,17 +37,9 @@ from tests.attack.test_thread_scope_review import (
     _put,
     _raw_checkpoints,
 )
-from tests.storage.conftest import make_config
 
 PASS = "correct horse battery staple"
 PHONE = "+44 20 7946 0958"
-
-
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
 
 
 class _Stop(Exception):

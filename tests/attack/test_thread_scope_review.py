@@ -86,13 +86,6 @@ def _decrypts(ks: Keyshred, subject_ref: str, ref: str, raw: Any, probe: str) ->
     return found
 
 
-@pytest.fixture
-def ks(catalog_url: str, tmp_path: Path) -> Iterator[Keyshred]:
-    store = Keyshred.init(tmp_path / "data", make_config(catalog_url))
-    yield store
-    store.close()
-
-
 # -- a scope's erasure and the thread keys ----------------------------------------
 
 
