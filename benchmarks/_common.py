@@ -11,7 +11,6 @@ side runs on a systematically cooler or hotter machine.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -22,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -192,23 +191,42 @@ class CheckoutFinder(importlib.abc.MetaPathFinder):
         )
 
 
-@contextlib.contextmanager
-def pg_schema(prefix: str = "ks_bench") -> Iterator[str]:
-    """A fresh PostgreSQL schema on ``PG_DSN`` (its name), dropped with everything
-    in it after the block."""
-    import uuid
+class PgSchema:
+    """A fresh PostgreSQL schema on ``PG_DSN`` (``prefix`` and ten hex digits), made
+    by ``admin`` (an autocommit connection) and dropped with everything in it at
+    ``close``, or at the end of a ``with`` block. The schema's addresses, each setting
+    ``search_path`` to it: ``url`` for SQLAlchemy (keyshred's ``catalog_url``),
+    ``uri`` a libpq URI (``PostgresKeyStore``'s ``store_url``), ``dsn`` a libpq
+    ``key=value`` string (psycopg, LangGraph's ``from_conn_string``). A server that
+    does not answer raises ``psycopg.OperationalError`` within 3 s."""
 
-    import psycopg
+    def __init__(self, prefix: str = "ks_bench") -> None:
+        import uuid
 
-    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as pg:
-        pg.execute(f"CREATE SCHEMA {schema}")
+        import psycopg
+
+        self.name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        self.admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
         try:
-            yield schema
+            self.admin.execute(f"CREATE SCHEMA {self.name}")
+        except BaseException:
+            self.admin.close()
+            raise
+        info = self.admin.info
+        server = f"{info.user}@{info.host}:{info.port}/{info.dbname}"
+        options = f"options=-csearch_path%3D{self.name}"
+        self.url = f"postgresql+psycopg://{server}?{options}"
+        self.uri = f"postgresql://{server}?{options}"
+        self.dsn = f"{PG_DSN} options=-csearch_path={self.name}"
+
+    def close(self) -> None:
+        try:
+            self.admin.execute(f"DROP SCHEMA {self.name} CASCADE")
         finally:
-            pg.execute(f"DROP SCHEMA {schema} CASCADE")
+            self.admin.close()
 
+    def __enter__(self) -> PgSchema:
+        return self
 
-def pg_catalog_url(schema: str) -> str:
-    """keyshred's catalog URL for ``schema`` of the benchmarks' PostgreSQL."""
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+    def __exit__(self, *exc: object) -> None:
+        self.close()

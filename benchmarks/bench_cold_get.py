@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import PG_DSN, CheckoutFinder, pg_catalog_url, pg_schema, run_json, uptime
+from _common import CheckoutFinder, PgSchema, run_json, uptime
 
 HERE = Path(__file__).resolve().parents[1]
 LANGGRAPH = "langgraph"
@@ -50,9 +50,9 @@ def ns(u: int) -> tuple[str, str, str]:
     return ("users", f"user-{u}", "notes")
 
 
-def _schema(catalog: str) -> contextlib.AbstractContextManager[str | None]:
-    """A fresh PostgreSQL schema (its name), dropped after; None on SQLite."""
-    return pg_schema() if catalog == "postgres" else contextlib.nullcontext()
+def _schema(catalog: str) -> contextlib.AbstractContextManager[PgSchema | None]:
+    """A fresh PostgreSQL schema, dropped after; None on SQLite."""
+    return PgSchema() if catalog == "postgres" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -64,7 +64,7 @@ def _keyshred_store(repo: str, catalog: str, tmp: Path) -> Iterator[tuple[Any, A
 
     assert Path(keyshred.storage.__file__ or "").resolve().is_relative_to(Path(repo).resolve())
     with _schema(catalog) as schema:
-        url = None if schema is None else pg_catalog_url(schema)
+        url = None if schema is None else schema.url
         cfg = Config(storage=StorageSettings(catalog_url=url, max_open_partitions=16))
         ks = keyshred.Keyshred.init(tmp / "ks", cfg)
         try:
@@ -78,11 +78,9 @@ def _langgraph_store(catalog: str, tmp: Path) -> Iterator[tuple[Any, Any]]:
     if catalog == "postgres":
         from langgraph.store.postgres import PostgresStore
 
-        with _schema(catalog) as schema:
-            dsn = f"{PG_DSN} options=-csearch_path={schema}"
-            with PostgresStore.from_conn_string(dsn) as store:
-                store.setup()
-                yield store, None
+        with PgSchema() as schema, PostgresStore.from_conn_string(schema.dsn) as store:
+            store.setup()
+            yield store, None
         return
     from langgraph.store.sqlite import SqliteStore
 

@@ -26,35 +26,32 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg
+from _common import PgSchema
 
 from keyshred import Config, Keyshred
 from tests.storage.test_vectors import bag_of_words
 from tests.test_eviction import NS, Worker
 
-PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
 WORKERS = 4
 TARGET_MS = 100.0
 
 
-def _config(schema: str, tmp: Path) -> Config:
-    options = f"options=-csearch_path%3D{schema}"
+def _config(schema: PgSchema, tmp: Path) -> Config:
     return Config.model_validate(
         {
             "profile": "distributed",
             "storage": {
-                "catalog_url": f"postgresql+psycopg://postgres@127.0.0.1:5432/test?{options}",
+                "catalog_url": schema.url,
                 "uri": str(tmp / "parts"),
                 "cache_ttl_seconds": 3600,
                 "cache_sweep_seconds": 5,
             },
             "keyring": {
-                "store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}",
+                "store_url": schema.uri,
                 "cache_ttl_seconds": 3600,
             },
             "vectors": {"uri": str(tmp / "vectors")},
@@ -73,9 +70,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    schema = f"ks_bench_{uuid.uuid4().hex[:10]}"
-    admin = psycopg.connect(PG_DSN, autocommit=True)
-    admin.execute(f"CREATE SCHEMA {schema}")
+    schema = PgSchema()
     workers: list[Worker] = []
     try:
         with tempfile.TemporaryDirectory() as raw:
@@ -110,8 +105,7 @@ def main() -> None:
         for w in workers:
             if w.proc.poll() is None:
                 w.proc.kill()
-        admin.execute(f"DROP SCHEMA {schema} CASCADE")
-        admin.close()
+        schema.close()
     print(f"eviction latency, suppression commit -> last of {WORKERS + 1} processes evicted")
     print(f"  erasures: {n} ({elapsed:.1f} s in all, whole requests)")
     print(f"  receipts counting all {WORKERS + 1} processes: {complete}/{n}")

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CheckoutFinder, pg_catalog_url, pg_schema, run_json, uptime
+from _common import CheckoutFinder, PgSchema, run_json, uptime
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -52,10 +52,8 @@ def measure(repo: str, catalog: str, subjects: int, passes: int) -> None:
     from langgraph.store.base import PutOp
 
     keyshred, store_class, config, storage = _import(repo)
-    with pg_schema() if catalog == "postgres" else contextlib.nullcontext() as schema:
-        cfg = (
-            None if schema is None else config(storage=storage(catalog_url=pg_catalog_url(schema)))
-        )
+    with PgSchema() if catalog == "postgres" else contextlib.nullcontext() as schema:
+        cfg = None if schema is None else config(storage=storage(catalog_url=schema.url))
         with tempfile.TemporaryDirectory(prefix="ks-bench-load-") as tmp:
             ks = keyshred.init(Path(tmp) / "ks", cfg) if cfg else keyshred.init(Path(tmp) / "ks")
             try:

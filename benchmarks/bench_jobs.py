@@ -23,17 +23,16 @@ import time
 import uuid
 from pathlib import Path
 
-import sqlalchemy as sa
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import PgSchema  # noqa: E402
 
 from keyshred import Config, Keyshred  # noqa: E402
 from keyshred.jobs import Job, JobOutcome  # noqa: E402
 from keyshred.schema import jobs  # noqa: E402
 from tests.storage.test_vectors import bag_of_words  # noqa: E402
 
-PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WORKER = ROOT / "tests" / "jobs_worker.py"
 
 
@@ -44,21 +43,6 @@ def _config(url: str | None) -> Config:
             "jobs": {"retention_every_seconds": 0, "backup_maintain_every_seconds": 0},
         }
     )
-
-
-def _pg_schema() -> tuple[str, sa.Engine]:
-    schema = f"ks_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    return f"{PG}?options=-csearch_path%3D{schema}", admin
-
-
-def _drop(schema_url: str, admin: sa.Engine) -> None:
-    schema = schema_url.rsplit("%3D", 1)[-1]
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-    admin.dispose()
 
 
 def bench_queue(url: str | None, n: int, tmp: Path) -> tuple[float, float]:
@@ -119,9 +103,8 @@ def main() -> None:
     n, requests, memories = (200, 12, 5) if args.quick else (1000, 40, 10)
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        pg_url, admin = _pg_schema()
-        try:
-            for name, url in (("sqlite", None), ("postgresql", pg_url)):
+        with PgSchema() as pg:
+            for name, url in (("sqlite", None), ("postgresql", pg.url)):
                 rate, base = bench_queue(url, n, tmp)
                 print(
                     f"queue {name}: {rate:.0f} jobs/s claimed+run+settled; bare UPDATE "
@@ -130,17 +113,12 @@ def main() -> None:
             rate = bench_erasure(None, requests, memories, 1, tmp)
             print(f"erasure sqlite, 1 worker: {rate:.2f} requests/s ({requests} requests)")
             for workers in (1, 2, 4):
-                url, admin2 = _pg_schema()
-                try:
-                    rate = bench_erasure(url, requests, memories, workers, tmp)
-                finally:
-                    _drop(url, admin2)
+                with PgSchema() as schema:
+                    rate = bench_erasure(schema.url, requests, memories, workers, tmp)
                 print(
                     f"erasure postgresql, {workers} worker(s): {rate:.2f} requests/s "
                     f"({requests} requests)"
                 )
-        finally:
-            _drop(pg_url, admin)
 
 
 if __name__ == "__main__":

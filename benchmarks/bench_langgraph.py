@@ -46,16 +46,23 @@ import sqlite3
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Child, count_ops, interleaved, median_of, serve, strace_syncs, uptime
-
-PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+from _common import (
+    PG_DSN,
+    Child,
+    PgSchema,
+    count_ops,
+    interleaved,
+    median_of,
+    serve,
+    strace_syncs,
+    uptime,
+)
 
 HOT = 20
 LOAD_STEPS, HOT_STEPS = 5, 100
@@ -227,27 +234,6 @@ class SqliteSide(Side):
             conn.close()
 
 
-class _Schema:
-    """A fresh PostgreSQL schema, dropped at close."""
-
-    def __init__(self) -> None:
-        import psycopg
-
-        self.admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
-        self.name = f"ks_bench_{uuid.uuid4().hex[:8]}"
-        self.admin.execute(f"CREATE SCHEMA {self.name}")
-        self.dsn = f"{PG_DSN} options=-csearch_path={self.name}"
-        info = self.admin.info
-        self.url = (
-            f"postgresql+psycopg://{info.user}@{info.host}:{info.port}/{info.dbname}"
-            f"?options=-csearch_path%3D{self.name}"
-        )
-
-    def close(self) -> None:
-        self.admin.execute(f"DROP SCHEMA {self.name} CASCADE")
-        self.admin.close()
-
-
 class KeyshredPgSide(Side):
     name = "keyshred (PostgreSQL)"
 
@@ -256,7 +242,7 @@ class KeyshredPgSide(Side):
         from keyshred import Config, Keyshred
         from keyshred.integrations.langgraph import KeyshredSaver
 
-        self.schema = _Schema()
+        self.schema = PgSchema()
         url = self.schema.url
         cfg = Config.model_validate(
             {"storage": {"catalog_url": url}, "keyring": {"store_url": url}}
@@ -279,7 +265,7 @@ class PostgresSide(Side):
         super().__init__()
         from langgraph.checkpoint.postgres import PostgresSaver
 
-        self.schema = _Schema()
+        self.schema = PgSchema()
         self.stack = contextlib.ExitStack()
         self.saver = self.stack.enter_context(PostgresSaver.from_conn_string(self.schema.dsn))
         self.saver.setup()

@@ -72,7 +72,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Child, count_ops, interleaved, median_of, serve, strace_syncs, uptime
+from _common import (
+    Child,
+    PgSchema,
+    count_ops,
+    interleaved,
+    median_of,
+    serve,
+    strace_syncs,
+    uptime,
+)
 from langgraph.store.base import PutOp
 from langgraph.store.sqlite import SqliteStore
 
@@ -89,7 +98,6 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
 NS = ("notes",)
 HOT = 20  # subjects of the "within the caches" workload
 BATCH = 100
@@ -890,7 +898,6 @@ def shared_stores(
     KEK, configured as tests/test_shared_workers.py does; yields the workers'
     config and their environment."""
     import boto3
-    import psycopg
 
     from tests.servers import moto_server, openbao_dev_server
 
@@ -912,12 +919,7 @@ def shared_stores(
                 "local_path": str(tmp / "shared-kek.json"),
                 "archive_local_path": str(tmp / "shared-archive-kek.json"),
             }
-        schema = f"ks_bench_{uuid.uuid4().hex[:10]}"
-        conn = psycopg.connect(PG_DSN, autocommit=True)
-        conn.execute(f"CREATE SCHEMA {schema}")
-        stack.callback(conn.close)
-        stack.callback(conn.execute, f"DROP SCHEMA {schema} CASCADE")
-        options = f"options=-csearch_path%3D{schema}"
+        schema = stack.enter_context(PgSchema())
         bucket = f"ks-bench-{uuid.uuid4().hex[:10]}"
         s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
         s3.create_bucket(Bucket=bucket)
@@ -926,10 +928,10 @@ def shared_stores(
             {
                 "profile": "distributed",
                 "storage": {
-                    "catalog_url": f"postgresql+psycopg://postgres@127.0.0.1:5432/test?{options}",
+                    "catalog_url": schema.url,
                     "uri": f"s3://{bucket}/parts",
                 },
-                "keyring": {"store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}"},
+                "keyring": {"store_url": schema.uri},
                 "kek": kek_doc,
                 "vectors": {"uri": f"s3://{bucket}/vectors"},
                 "s3": {"endpoint_url": moto.url, "region": "us-east-1"},

@@ -32,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import PgSchema
+
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -43,7 +45,6 @@ from keyshred.keyring.keyring import Keyring, _dek_context
 from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore
 from tests.servers import Server, moto_server, openbao_dev_server
 
-PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
 CHUNK = 50_000
 
 
@@ -116,22 +117,14 @@ def key_store(kind: str, tmp: Path) -> Iterator[KeyStore]:
         finally:
             store.close()
         return
-    import psycopg
-
     from keyshred.keyring.pgstore import PostgresKeyStore
 
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    pg = PostgresKeyStore(
-        f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-    )
-    try:
-        yield pg
-    finally:
-        pg.close()
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with PgSchema(prefix="bench") as schema:
+        pg = PostgresKeyStore(schema.uri)
+        try:
+            yield pg
+        finally:
+            pg.close()
 
 
 def fill(ring: Keyring, store: KeyStore, kind: str, n: int) -> None:

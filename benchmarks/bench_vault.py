@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tldextract
-from _common import count_ops, median_of, strace_syncs, uptime
+from _common import PgSchema, count_ops, median_of, strace_syncs, uptime
 
 # Presidio's email recognizer asks tldextract, which fetches the public suffix list
 # over the network by default; use the snapshot bundled with the package instead.
@@ -132,25 +132,16 @@ def rate(fn, texts: list[str], repeat: int = 3) -> float:  # type: ignore[no-unt
     return best
 
 
-PG_DSN = os.environ.get("KEYSHRED_BENCH_PG", "host=127.0.0.1 port=5432 dbname=test user=postgres")
-
-
-def postgres_schema() -> tuple[object, str] | None:
-    """A fresh schema on the benchmark's PostgreSQL (connection, URL), or None."""
+def postgres_schema() -> PgSchema | None:
+    """A fresh schema on the benchmark's PostgreSQL, or None."""
     try:
         import psycopg
-
-        conn = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
-    except Exception:  # noqa: BLE001 - no PostgreSQL here: the SQLite numbers only
+    except ImportError:
         return None
-    schema = f"ks_bench_{uuid.uuid4().hex[:8]}"
-    conn.execute(f"CREATE SCHEMA {schema}")
-    info = conn.info
-    url = (
-        f"postgresql+psycopg://{info.user}@{info.host}:{info.port}/{info.dbname}"
-        f"?options=-csearch_path%3D{schema}"
-    )
-    return conn, url
+    try:
+        return PgSchema()
+    except psycopg.OperationalError:  # no PostgreSQL here: the SQLite numbers only
+        return None
 
 
 def fsync_probe() -> None:
@@ -214,7 +205,7 @@ def main() -> None:
         on_pg = None
         if pg is not None:
             on_pg = Keyshred.init(
-                Path(tmp) / "pg", Config.model_validate({"storage": {"catalog_url": pg[1]}})
+                Path(tmp) / "pg", Config.model_validate({"storage": {"catalog_url": pg.url}})
             )
         stores = [ks, per_call] if on_pg is None else [ks, per_call, on_pg]
         # Steady state: the 100 subjects (and the 20 of the batches) have their keys
@@ -270,9 +261,7 @@ def main() -> None:
         per_call.close()
         if on_pg is not None and pg is not None:
             on_pg.close()
-            conn, url = pg
-            conn.execute(f"DROP SCHEMA {url.rsplit('%3D', 1)[1]} CASCADE")  # type: ignore[attr-defined]
-            conn.close()  # type: ignore[attr-defined]
+            pg.close()
     print(f"{len(texts)} messages, {mb:.2f} MB")
     print(f"uptime: {uptime()}")
     print(f"medians of {ROUNDS} rounds\n{'engine':<42}{'texts/s':>12}{'MB/s':>10}")
