@@ -39,10 +39,11 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from keyshred.keyring import _primitives as prim
+from keyshred.keyring import schema as ks_schema
 from keyshred.keyring.kek import Context, DestroyedEpoch, EpochInfo, KekProvider, WrappedKey
 from keyshred.keyring.kek.local import LocalKek
 from keyshred.keyring.keyring import Keyring, _dek_context
-from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore
+from keyshred.keyring.keystore import KeyStore, SQLiteKeyStore, SqlKeyStore
 from tests.servers import Server, moto_server, openbao_dev_server
 
 CHUNK = 50_000
@@ -139,29 +140,36 @@ def fill(ring: Keyring, store: KeyStore, kind: str, n: int) -> None:
             context = _dek_context(key_id, ring.tenant, ref, "default")
             wrapped = ring.live.wrap(prim.random_key(), context, epoch)
             rows.append((key_id, ring.tenant, ref, "default", marker, epoch, wrapped, now, ""))
-        if kind == "sqlite":
-            with store._tx() as db:  # type: ignore[attr-defined]
-                db.executemany(
+        # Rows straight into the table through the store's own engine (a raw DBAPI
+        # connection: executemany on SQLite, COPY on PostgreSQL), as fast as a
+        # bulk load gets; the keyring's put path would dominate the fill.
+        assert isinstance(store, SqlKeyStore)
+        raw = store.engine.raw_connection()
+        try:
+            if kind == "sqlite":
+                raw.cursor().executemany(
                     "INSERT INTO dek (key_id, tenant, subject_ref, scope, kek_provider, "
                     "kek_epoch, wrapped, created_at, owner_tag) VALUES (?,?,?,?,?,?,?,?,?)",
-                    [(*r[:7], r[7].isoformat(), r[8]) for r in rows],
+                    [(*r[:7], ks_schema.timestamp(r[7]), r[8]) for r in rows],
                 )
-        else:
-            columns = (
-                "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, "
-                "created_at, owner_tag"
-            )
-            with (
-                store._tx() as cur,  # type: ignore[attr-defined]
-                cur.copy(f"COPY ks_dek ({columns}) FROM STDIN") as copy,
-            ):
-                for r in rows:
-                    copy.write_row(r)
+            else:
+                columns = (
+                    "key_id, tenant, subject_ref, scope, kek_provider, kek_epoch, wrapped, "
+                    "created_at, owner_tag"
+                )
+                with (
+                    raw.driver_connection.cursor() as cur,  # type: ignore[union-attr]
+                    cur.copy(f"COPY ks_dek ({columns}) FROM STDIN") as copy,
+                ):
+                    for r in rows:
+                        copy.write_row(r)
+            raw.commit()
+        finally:
+            raw.close()
     if kind == "postgres":
-        import psycopg
-
-        with psycopg.connect(store._dsn, autocommit=True) as conn:  # type: ignore[attr-defined]
-            conn.execute("VACUUM ANALYZE ks_dek")
+        assert isinstance(store, SqlKeyStore)
+        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE ks_dek")
 
 
 def single_lineage_requests(provider: str, n: int) -> int:
