@@ -343,14 +343,20 @@ def cursor(
             elif dialect == "sqlite" and not write:
                 yield cur
             elif not write and _autocommit(conn):
+                ended = False
                 try:
                     yield cur
+                    ended = True
                 finally:
                     try:
                         conn.autocommit = False  # as the pool's other users expect it
                     except Exception:
                         fairy.invalidate()  # never back into the pool in autocommit
-                        raise
+                        # After the block raised (a Ctrl-C inside a statement leaves
+                        # it running: psycopg refuses the switch), its error is the
+                        # one to raise, not this one.
+                        if ended:
+                            raise
             else:
                 yield from _in_transaction(dialect, conn, cur)
         finally:

@@ -228,3 +228,30 @@ def test_compiled_text_is_remembered_and_a_constant_is_still_refused(dialect_nam
         db.compile_sql(dialect, shaped(5))
     with pytest.raises(ValueError, match="constants"):
         db.compile_sql(dialect, sa.select(table.c.a).where(table.c.a == 5))
+
+
+def test_an_interrupted_postgresql_read_raises_the_interrupt_and_the_pool_recovers() -> None:
+    """A Ctrl-C that lands inside a read's statement leaves the statement running:
+    psycopg then refuses to take the connection out of autocommit, and that refusal
+    (a ``ProgrammingError``, printed as a traceback by the command line) used to
+    replace the ``KeyboardInterrupt``. The interrupt is raised, the connection is
+    dropped, and the next read gets a good one (a SIGINT to a shared drill)."""
+    from tests.conftest import PG_DSN
+
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        psycopg.connect(PG_DSN, connect_timeout=3).close()
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is not reachable: {exc}")
+    engine = db.create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    try:
+        for _ in range(2):
+            with pytest.raises(KeyboardInterrupt), db.cursor(engine, write=False) as cur:
+                # As an interrupted statement leaves it: sent, its result not read.
+                cur.connection.pgconn.send_query(b"SELECT pg_sleep(0.1)")
+                raise KeyboardInterrupt
+            with db.cursor(engine, write=False) as cur:
+                cur.execute("SELECT 1")
+                assert cur.fetchone() == (1,)
+    finally:
+        engine.dispose()
