@@ -299,6 +299,7 @@ class ReadMixin(IndexMixin):
                 offset=offset,
                 embedder=embedder,
                 unscored=unscored,
+                namespace_first=namespace_first,
             )
             return part, closes, found
         hits = [row for row in list(part.rows.values()) if wanted(row)]
@@ -323,10 +324,12 @@ class ReadMixin(IndexMixin):
         offset: int,
         embedder: Embedder | None = None,
         unscored: bool = False,
+        namespace_first: NamespaceFirst | None = None,
     ) -> list[Memory]:
         """Rank the subject's vectors in the space, then keep the rows ``wanted``
         as they come up in rank order: the filter costs what the ranking reaches,
-        not a pass over every memory of the subject (issue 25)."""
+        not a pass over every memory of the subject (issue 25). The ``unscored``
+        fill orders namespaces as ``namespace_first`` tells where it knows them."""
         if not isinstance(query, str):
             raise InvalidInput("a query is a string")
         if limit == 0:
@@ -366,8 +369,12 @@ class ReadMixin(IndexMixin):
             candidates = [r for r in part.rows.values() if wanted(r)]
             have = vectors.memory_ids(ref, space)
             rest = [r for r in candidates if r.memory_id not in have]
-            # Namespaces ordered by their first candidate, ranked or not.
-            picked = _insertion_order(rest, limit - len(out), among=candidates)
+            # Namespaces ordered by when they first held a memory (the index's
+            # time; InMemoryStore's order), else by their first candidate, ranked
+            # or not: a filter can leave out a namespace's older items.
+            picked = _insertion_order(
+                rest, limit - len(out), among=candidates, first_of=namespace_first
+            )
             out += [Memory(r) for r in picked]
         return out
 

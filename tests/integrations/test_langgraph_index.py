@@ -372,6 +372,25 @@ def test_unscored_items_follow_in_namespace_order(ks: Keyshred) -> None:
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3])
+def test_unscored_items_of_an_older_namespace_come_first(ks: Keyshred, limit: int) -> None:
+    """Found by Hypothesis in the semantic store model: only unscored items match
+    the filter; ``notes`` held an item before ``prefs`` did, so InMemoryStore lists
+    ``notes``' new ``k.1`` before ``prefs``' older ``k``. keyshred gave ``k`` at
+    ``limit=1``: one subject's unscored items came in insertion order across its
+    namespaces."""
+    index = {"dims": DIMS, "embed": hash_embed, "fields": ["text", "b"]}
+    stores = [KeyshredStore(ks, subject_from=1, index=index), InMemoryStore(index=index)]  # type: ignore[arg-type]
+    for store in stores:
+        store.put(("users", "ann", "notes"), "k", {"text": "sail"})
+        store.put(("users", "ann", "prefs"), "k", {"a": 0})
+        store.put(("users", "ann", "notes"), "k.1", {"a": 0})
+    for prefix in ((), ("users",), ("users", "ann")):
+        got, want = (s.search(prefix, query="sail", filter={"a": 0}, limit=limit) for s in stores)
+        assert [i.key for i in want][:2] == ["k.1", "k"][:limit]
+        same([got], [want])
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
 def test_equal_scores_at_the_limit_come_in_insertion_order(ks: Keyshred, limit: int) -> None:
     """Two memories with the same text score the same. The vector index broke the
     tie by its row order, and a memory rewritten since moved to the end of those:

@@ -491,6 +491,7 @@ class KeyshredStore(BaseStore):
                     embedder=self._embedder,
                     # Items with no vector fill what the ranked leave (InMemoryStore).
                     unscored=semantic,
+                    namespace_first=self._ks.memories.namespace_first(ref, prefix),
                 )
             except (SubjectSuppressed, SubjectErased):
                 if len(prefix) > (self._subject_from if isinstance(self._subject_from, int) else 0):
@@ -511,9 +512,11 @@ class KeyshredStore(BaseStore):
             scored = [t for t in out if t[0] is not None]
             scored.sort(key=lambda t: (-(t[0] or 0.0), t[1]))
             scored = self._ties_in_namespace_order(scored, prefix, ref_of)
-            rest = [t for t in out if t[0] is None]
-            if len(refs) > 1:  # (one subject's come in the memory store's order)
-                rest.sort(key=lambda t: t[1])
+            # Unscored items after them, in InMemoryStore's order too: one run of
+            # equal (no) scores, by namespace first (the memory store gives one
+            # subject's in insertion order across its namespaces).
+            rest = sorted((t for t in out if t[0] is None), key=lambda t: t[1])
+            rest = self._ties_in_namespace_order(rest, prefix, ref_of)
             picked = scored[op.offset : op.offset + op.limit]
             if len(picked) < op.limit:
                 picked += rest[: op.limit - len(picked)]
