@@ -15,6 +15,8 @@ import pytest
 from keyshred import Keyshred
 from tests.servers import Server, moto_server, openbao_dev_server
 
+pytest_plugins = ["tests.xdist_text"]
+
 # moto and boto3 need credentials and a region; these are moto's documented dummies
 # and never reach AWS (every client gets an explicit loopback endpoint_url).
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
