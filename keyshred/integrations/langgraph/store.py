@@ -463,6 +463,7 @@ class KeyshredStore(BaseStore):
             return [_search_item(m) for m in found]
         refs = self._refs(prefix)
         ref_of: dict[int, str] = {}  # id(memory) -> its subject_ref
+        firsts: dict[str, Any] = {}  # subject_ref -> its namespaces' first times (lazy)
         if len(refs) == 1 and not semantic:
             # One subject: the memory store already returns insertion order; no merge.
             # Namespaces by when they first held a memory (the namespace index, asked
@@ -479,6 +480,7 @@ class KeyshredStore(BaseStore):
             )
             return [_search_item(m) for m in found]
         for ref in refs:
+            firsts[ref] = self._ks.memories.namespace_first(ref, prefix)
             try:
                 found = self._ks.memories.search_ref(
                     ref,
@@ -491,7 +493,7 @@ class KeyshredStore(BaseStore):
                     embedder=self._embedder,
                     # Items with no vector fill what the ranked leave (InMemoryStore).
                     unscored=semantic,
-                    namespace_first=self._ks.memories.namespace_first(ref, prefix),
+                    namespace_first=firsts[ref],
                 )
             except (SubjectSuppressed, SubjectErased):
                 if len(prefix) > (self._subject_from if isinstance(self._subject_from, int) else 0):
@@ -511,12 +513,12 @@ class KeyshredStore(BaseStore):
             # Best score first, ties in insertion order (InMemoryStore's stable sort).
             scored = [t for t in out if t[0] is not None]
             scored.sort(key=lambda t: (-(t[0] or 0.0), t[1]))
-            scored = self._ties_in_namespace_order(scored, prefix, ref_of)
+            scored = self._ties_in_namespace_order(scored, ref_of, firsts)
             # Unscored items after them, in InMemoryStore's order too: one run of
             # equal (no) scores, by namespace first (the memory store gives one
             # subject's in insertion order across its namespaces).
             rest = sorted((t for t in out if t[0] is None), key=lambda t: t[1])
-            rest = self._ties_in_namespace_order(rest, prefix, ref_of)
+            rest = self._ties_in_namespace_order(rest, ref_of, firsts)
             picked = scored[op.offset : op.offset + op.limit]
             if len(picked) < op.limit:
                 picked += rest[: op.limit - len(picked)]
@@ -528,21 +530,18 @@ class KeyshredStore(BaseStore):
     def _ties_in_namespace_order(
         self,
         scored: list[tuple[float | None, tuple[int, int, str], Memory]],
-        prefix: tuple[str, ...],
         ref_of: dict[int, str],
+        firsts: dict[str, Any],
     ) -> list[tuple[float | None, tuple[int, int, str], Memory]]:
         """Equal scores of several namespaces in InMemoryStore's order: namespaces
         by when they first held an item, which the namespace index knows (the
         oldest *hit* of a namespace can be younger than the namespace: a helper's
-        review found ``c`` of an older namespace after ``b`` at ``limit=1``). Asked
-        of the index only for a run of equal scores that spans namespaces."""
-        firsts: dict[str, Any] = {}
+        review found ``c`` of an older namespace after ``b`` at ``limit=1``).
+        ``firsts``: each subject's ``namespace_first``, which reads the index at its
+        first question: asked only for a run of equal scores that spans namespaces."""
 
         def first_of(m: Memory, cheap: tuple[int, int, str]) -> int:
-            ref = ref_of[id(m)]
-            if ref not in firsts:
-                firsts[ref] = self._ks.memories.namespace_first(ref, prefix)
-            known = firsts[ref](tuple(m.namespace))
+            known = firsts[ref_of[id(m)]](tuple(m.namespace))
             return cheap[0] if known is None else int(known)
 
         out: list[tuple[float | None, tuple[int, int, str], Memory]] = []
