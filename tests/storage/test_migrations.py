@@ -387,3 +387,34 @@ def test_processes_opening_a_new_catalog_at_once_build_it_once(catalog_url: str)
         assert _version(engine) == [_head()] and _diff(engine) == []
     finally:
         engine.dispose()
+
+
+_KILLED_WHILE_BUILDING = """
+import os, sys
+from alembic import command
+from keyshred.migrations import migrate_catalog
+from keyshred.storage.catalog import Catalog
+
+def killed(*args, **kwargs):  # every table made, the stamp not yet written
+    os._exit(9)
+
+command.stamp = killed
+Catalog(sys.argv[1], migrate=migrate_catalog)
+"""
+
+
+def test_a_process_killed_while_building_a_new_catalog_leaves_it_new(catalog_url: str) -> None:
+    """The build and its stamp are one transaction: a process killed between the two
+    leaves no table behind, and the next open builds the whole catalog."""
+    proc = zygote.run([sys.executable, "-c", _KILLED_WHILE_BUILDING, catalog_url], timeout=60)
+    assert proc.returncode == 9
+    engine = sa.create_engine(catalog_url)
+    try:
+        assert not set(sa.inspect(engine).get_table_names()) & set(target_metadata().tables)
+    finally:
+        engine.dispose()
+    catalog = Catalog(catalog_url, migrate=migrate_catalog)
+    try:
+        assert _version(catalog.engine) == [_head()] and _diff(catalog.engine) == []
+    finally:
+        catalog.close()
