@@ -582,9 +582,9 @@ def migrate(
     from ``models`` (``create_all``) and stamped at the newest revision, as Alembic's
     documentation advises for a new database. Replaying every revision builds the
     same tables with more statements (SQLite copies a table for each batch
-    alteration): a new catalog took 34 ms on SQLite and 140 ms on PostgreSQL that
-    way, 17 and 84 ms this way. The caller's tests compare the two schemas as the
-    database reports them (``tests/storage/test_migrations.py``,
+    alteration): a new catalog took 2.5-3.5 times as long that way
+    (``benchmarks/bench_new_database.py``). The callers' tests compare the two
+    schemas as the database reports them (``tests/storage/test_migrations.py``,
     ``tests/keyring/test_keystore_migrations.py``)."""
     try:
         from alembic import command
