@@ -5,6 +5,7 @@ test`` checks it), one fresh schema per test through ``search_path``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -64,25 +65,40 @@ PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
 BACKENDS = ["sqlite", "postgres"]
 
 
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@contextlib.contextmanager
+def pg_schema(prefix: str = "ks") -> Iterator[str]:
+    """A fresh schema on the test PostgreSQL (``prefix`` and 12 hex digits), dropped
+    with everything in it after the block; the test fails if the server is not
+    reachable. ``pg_url(name)`` is keyshred's URL for it."""
+    psycopg = pytest.importorskip("psycopg")
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    try:
+        conn = psycopg.connect(PG_DSN, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is not reachable: {exc}")
+    try:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        yield schema
+    finally:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.close()
+
+
+def pg_url(schema: str) -> str:
+    """A SQLAlchemy URL of the test PostgreSQL whose ``search_path`` is ``schema``."""
+    return f"{PG_URL}?options=-csearch_path%3D{schema}"
+
+
 @pytest.fixture(params=BACKENDS)
 def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'catalog.db'}"
         return
-    psycopg = pytest.importorskip("psycopg")
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    try:
-        conn = psycopg.connect(PG_DSN, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is not reachable: {exc}")
-    conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield (
-            f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-        )
-    finally:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.close()
+    with pg_schema() as schema:
+        yield pg_url(schema)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ schema has no difference from ``keyshred.keyring.schema`` on either dialect."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from keyshred.keyring.keystore import (
     Tombstone,
     owner_tag,
 )
-from tests.conftest import PG_DSN
+from tests.conftest import PG_DSN, pg_schema, pg_url
 from tests.schema_report import schema_report
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "keystore"
@@ -236,34 +237,19 @@ def test_a_new_store_is_built_from_its_tables_as_the_revisions_would_build_it(
     """A new key store is built by ``create_all`` on its tables and stamped, not by
     replaying the revisions (raw SQL among them); both give the same schema as the
     database reports it."""
-    urls: list[str] = []
-    schemas: list[str] = []
-    admin = None
-    if dialect == "sqlite":
-        urls = [f"sqlite:///{tmp_path / 'replayed.db'}", f"sqlite:///{tmp_path / 'built.db'}"]
-    else:
-        psycopg = pytest.importorskip("psycopg")
-        admin = psycopg.connect(PG_DSN, autocommit=True)
-        for _ in range(2):
-            schemas.append(f"ksm_{uuid.uuid4().hex[:12]}")
-            admin.execute(f"CREATE SCHEMA {schemas[-1]}")
-            urls.append(f"{PG_URL}?options=-csearch_path%3D{schemas[-1]}")
-    try:
+    with contextlib.ExitStack() as stack:
+        if dialect == "sqlite":
+            urls = [f"sqlite:///{tmp_path / 'replayed.db'}", f"sqlite:///{tmp_path / 'built.db'}"]
+        else:
+            urls = [pg_url(stack.enter_context(pg_schema("ksm"))) for _ in range(2)]
         replayed = db.create_engine(keystore.engine_url(urls[0]), what="key store")
+        stack.callback(replayed.dispose)
         db.migrate(replayed, schema.MIGRATIONS, schema.VERSION_TABLE)  # every revision
         store = SqlKeyStore(urls[1])  # built from the tables
-        try:
-            assert _version(store) == _head()
-            assert schema_report(replayed) == schema_report(store.engine)
-            assert schema_report(replayed)  # not empty
-        finally:
-            store.close()
-            replayed.dispose()
-    finally:
-        if admin is not None:
-            for name in schemas:
-                admin.execute(f"DROP SCHEMA {name} CASCADE")
-            admin.close()
+        stack.callback(store.close)
+        assert _version(store) == _head()
+        assert schema_report(replayed) == schema_report(store.engine)
+        assert schema_report(replayed)  # not empty
 
 
 # The same indexes on both dialects (before revision 0002 the tombstone table had

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,7 +26,7 @@ from keyshred.migrations import baseline as old
 from keyshred.storage.catalog import SUPPRESSED, Catalog, sqlite_url
 from keyshred.vault.store import TokenStore
 from tests import zygote
-from tests.conftest import PG_DSN
+from tests.conftest import pg_schema, pg_url
 from tests.schema_report import schema_report
 
 DATA = Path(__file__).with_name("data")
@@ -231,16 +230,8 @@ def second_catalog_url(catalog_url: str, tmp_path: Path) -> Iterator[str]:
     if catalog_url.startswith("sqlite"):
         yield sqlite_url(tmp_path / "second.db")
         return
-    import psycopg
-
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield catalog_url.split("?", maxsplit=1)[0] + f"?options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with pg_schema() as schema:
+        yield pg_url(schema)
 
 
 def test_a_new_catalog_is_built_from_the_models_as_the_revisions_would_build_it(
