@@ -435,25 +435,15 @@ class SqlKeyStore(KeyStore):
 
     def _open_schema(self) -> None:
         """Bring the tables to the newest revision; a store from before versioned
-        migrations is first brought to revision 0001 as every open did before."""
-        with db.write(self.engine) as conn:
-            if self._pg:  # the runner's lock: one process at a time migrates
-                db.advisory_xact_lock(conn, db._MIGRATION_LOCK)
-            names = set(sa.inspect(conn).get_table_names())
-            if self._t.dek.name in names and schema.VERSION_TABLE not in names:
-                unversioned_to_0001(conn)
-            elif schema.VERSION_TABLE in names:
-                current = conn.execute(
-                    sa.text(f"SELECT version_num FROM {schema.VERSION_TABLE}")  # noqa: S608
-                ).scalar()
-                if current == _HEAD:
-                    return  # the common case: no Alembic start-up on every open
+        migrations is first brought to revision 0001 as every open did before. A
+        store already at the newest revision costs one read (``keyshred.db.migrate``)."""
         db.migrate(
             self.engine,
             schema.MIGRATIONS,
             schema.VERSION_TABLE,
             legacy_table=self._t.dek.name,
             legacy_revision="0001",
+            prepare_legacy=unversioned_to_0001,
             models=self._t.metadata,  # a new store: built from the tables, stamped
         )
 
@@ -954,7 +944,6 @@ def _busy_typed() -> Iterator[None]:
         ) from None
 
 
-_HEAD = "0003"  # the newest revision in keyshred.keyring:migrations (a test checks it)
 _STORES: weakref.WeakSet[SqlKeyStore] = weakref.WeakSet()
 
 

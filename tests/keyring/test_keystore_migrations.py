@@ -136,10 +136,6 @@ def _index_names(store: SqlKeyStore) -> set[str]:
     return names
 
 
-def test_the_store_module_names_the_newest_revision() -> None:
-    assert _head() == keystore._HEAD
-
-
 def _seed(url: str, dialect: str, tmp_path: Path) -> tuple[bytes, bytes]:
     """Keys and secrets a keyring wrote (real wrapped bytes), copied row by row into
     the fae494a tables: that release wrote the same columns and values. Returns a
