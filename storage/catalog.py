@@ -117,6 +117,9 @@ class Catalog(AssetsMixin, IdentifiersMixin, ConsentsMixin):
             except BaseException:
                 self.engine.dispose()
                 raise
+        # Every table of the catalog database, the layers above included, is at the
+        # newest revision: they need not create or check their own (the vault's).
+        self.migrated = create and migrate is not None
         self._guard_setup()
         self.on_stale = None
         # The vault's tokens as assets, set by the vault (``keyshred.vault.store``),

@@ -180,8 +180,10 @@ class TokenVault:
         self._audit = audit
         self._recognizers = recognizers
         self._clock = clock
-        # The token rows, in the catalog's database; it lists them as assets.
-        self._store = TokenStore(catalog, self.number_of, create_tables=True)
+        # The token rows, in the catalog's database; it lists them as assets. Its
+        # migrations made the tables (and refused a table from before token numbers)
+        # when they ran: checking again cost every open a reflection (14 ms on PostgreSQL).
+        self._store = TokenStore(catalog, self.number_of, create_tables=not catalog.migrated)
         # Reads of token assets first store what this process holds (read-your-writes).
         catalog.token_assets = self._assets
         catalog.token_asset = self._asset

@@ -432,3 +432,23 @@ def test_a_token_of_another_process_resolves_at_once_and_a_forged_number_never(
     finally:
         a.close()
         b.close()
+
+
+def test_the_vault_of_a_migrated_catalog_does_not_create_or_reflect_its_tables(
+    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog's migrations made the vault's tables (and refuse a token table from
+    before token numbers): an open leaves them to it, new or existing folder."""
+    from keyshred.vault import store as token_store
+
+    def refuse(engine: object) -> None:
+        raise AssertionError("the vault created or reflected its tables itself")
+
+    monkeypatch.setattr(token_store, "create", refuse)
+    Keyshred.init(tmp_path / "data", make_config(catalog_url)).close()
+    ks = Keyshred.open(tmp_path / "data")
+    try:
+        s = ks.vault.sanitize(TEXT, "alice", "support", HOUR)
+        assert ks.vault.restore(s.text, "support", "agent-7") == TEXT
+    finally:
+        ks.close()
