@@ -393,106 +393,103 @@ def test_openbao_killed_and_restarted_during_a_shared_workload(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import boto3
-    import psycopg
 
-    from tests.conftest import PG_DSN
+    from tests.conftest import pg_schema, pg_url
 
     monkeypatch.setenv("VAULT_TOKEN", bao.token)
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    conn = psycopg.connect(PG_DSN, autocommit=True)
-    conn.execute(f"CREATE SCHEMA {schema}")
-    bucket = f"ks-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1").create_bucket(Bucket=bucket)
-    options = f"options=-csearch_path%3D{schema}"
-    config = _vault_config(
-        bao,
-        f"postgresql://{PG}?{options}",
-        profile="distributed",
-        storage={
-            "catalog_url": f"postgresql+psycopg://{PG}?{options}",
-            "uri": f"s3://{bucket}/parts",
-            "flush_records": 20,
-        },
-        vectors={"uri": f"s3://{bucket}/vectors"},
-        s3={"endpoint_url": moto.url, "region": "us-east-1"},
-    )
-    raw = config.model_dump_json()
-    stop = tmp_path / "stop"
-    procs: list[zygote.Popen] = []
-
-    def worker(n: int, *args: str) -> zygote.Popen:
-        proc = _start([str(tmp_path / f"w{n}"), raw, *args])
-        procs.append(proc)
-        return proc
-
-    try:
-        # The first worker makes the key store (ref key, live epoch) before the others.
-        first = zygote.run(
-            [sys.executable, __file__, str(tmp_path / "w0"), raw, "first-write", "w0-0"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+    with pg_schema() as schema:
+        bucket = f"ks-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1").create_bucket(
+            Bucket=bucket
         )
-        assert first.returncode == 0, first.stderr[-3000:]
-        writers = [worker(i, "write", f"w{i}", str(stop)) for i in (1, 2, 3)]
-        out: dict[int, list[str]] = {i: [] for i in range(len(writers))}
-        # Each writer acknowledges writes before the outage.
-        for i, proc in enumerate(writers):
-            assert proc.stdout is not None
-            while len(_acks(out[i])) < 5:
-                line = proc.stdout.readline()
-                assert line, proc.stderr.read() if proc.stderr else ""
-                out[i].append(line.strip())
-
-        bao.kill()
-        # A fresh process starts while OpenBao is down: it opens, and its first write
-        # (a new subject: it needs the live epoch key, so the KEK) is refused with a
-        # clear error until OpenBao is back, then acknowledged without a restart.
-        late = worker(9, "first-write", "late-0")
-        assert late.stdout is not None
-        late_lines = [late.stdout.readline().strip() for _ in range(3)]
-        assert late_lines[0] == "OPEN", late_lines
-        assert all(x.startswith("ERR Kek") for x in late_lines[1:]), late_lines
-        bao.start()
-        late_out, late_err = late.communicate(timeout=300)
-        late_lines += late_out.splitlines()
-        assert late.returncode == 0, late_err[-3000:]
-        assert _acks(late_lines) == ["late-0"]
-
-        # The warm writers kept going through the outage (0 provider calls for a
-        # new subject once the live epoch key is unwrapped); stop them.
-        stop.touch()
-        results = []
-        for i, proc in enumerate(writers):
-            rest, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-            out[i] += rest.splitlines()
-            results.append(out[i])
-        lines = [x for r in results for x in r] + late_lines
-        errors = [x for x in lines if x.startswith("ERR ")]
-        for e in errors:  # typed, clear, and never a subject id
-            kind, message = e.split(" ", 2)[1:]
-            assert kind in {"KekUnavailable", "KekCircuitOpen"}, e
-            assert "Vault/OpenBao" in message or "KEK service (vault) is down" in message, e
-            assert "w1-" not in message and "late-" not in message, e
-        acked = [s for r in results for s in _acks(r)] + ["w0-0", "late-0"]
-        assert len(acked) >= 17
-
-        reader = zygote.run(
-            [sys.executable, __file__, str(tmp_path / "r"), raw, "read-all", json.dumps(acked)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
+        options = f"options=-csearch_path%3D{schema}"
+        config = _vault_config(
+            bao,
+            f"postgresql://{PG}?{options}",
+            profile="distributed",
+            storage={
+                "catalog_url": pg_url(schema),
+                "uri": f"s3://{bucket}/parts",
+                "flush_records": 20,
+            },
+            vectors={"uri": f"s3://{bucket}/vectors"},
+            s3={"endpoint_url": moto.url, "region": "us-east-1"},
         )
-        assert reader.returncode == 0, reader.stderr[-3000:]
-        (line,) = [x for x in reader.stdout.splitlines() if x.startswith("READ ")]
-        assert sorted(json.loads(line.removeprefix("READ "))) == sorted(acked)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.close()
+        raw = config.model_dump_json()
+        stop = tmp_path / "stop"
+        procs: list[zygote.Popen] = []
+
+        def worker(n: int, *args: str) -> zygote.Popen:
+            proc = _start([str(tmp_path / f"w{n}"), raw, *args])
+            procs.append(proc)
+            return proc
+
+        try:
+            # The first worker makes the key store (ref key, live epoch) before the others.
+            first = zygote.run(
+                [sys.executable, __file__, str(tmp_path / "w0"), raw, "first-write", "w0-0"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert first.returncode == 0, first.stderr[-3000:]
+            writers = [worker(i, "write", f"w{i}", str(stop)) for i in (1, 2, 3)]
+            out: dict[int, list[str]] = {i: [] for i in range(len(writers))}
+            # Each writer acknowledges writes before the outage.
+            for i, proc in enumerate(writers):
+                assert proc.stdout is not None
+                while len(_acks(out[i])) < 5:
+                    line = proc.stdout.readline()
+                    assert line, proc.stderr.read() if proc.stderr else ""
+                    out[i].append(line.strip())
+
+            bao.kill()
+            # A fresh process starts while OpenBao is down: it opens, and its first write
+            # (a new subject: it needs the live epoch key, so the KEK) is refused with a
+            # clear error until OpenBao is back, then acknowledged without a restart.
+            late = worker(9, "first-write", "late-0")
+            assert late.stdout is not None
+            late_lines = [late.stdout.readline().strip() for _ in range(3)]
+            assert late_lines[0] == "OPEN", late_lines
+            assert all(x.startswith("ERR Kek") for x in late_lines[1:]), late_lines
+            bao.start()
+            late_out, late_err = late.communicate(timeout=300)
+            late_lines += late_out.splitlines()
+            assert late.returncode == 0, late_err[-3000:]
+            assert _acks(late_lines) == ["late-0"]
+
+            # The warm writers kept going through the outage (0 provider calls for a
+            # new subject once the live epoch key is unwrapped); stop them.
+            stop.touch()
+            results = []
+            for i, proc in enumerate(writers):
+                rest, err = proc.communicate(timeout=300)
+                assert proc.returncode == 0, err[-3000:]
+                out[i] += rest.splitlines()
+                results.append(out[i])
+            lines = [x for r in results for x in r] + late_lines
+            errors = [x for x in lines if x.startswith("ERR ")]
+            for e in errors:  # typed, clear, and never a subject id
+                kind, message = e.split(" ", 2)[1:]
+                assert kind in {"KekUnavailable", "KekCircuitOpen"}, e
+                assert "Vault/OpenBao" in message or "KEK service (vault) is down" in message, e
+                assert "w1-" not in message and "late-" not in message, e
+            acked = [s for r in results for s in _acks(r)] + ["w0-0", "late-0"]
+            assert len(acked) >= 17
+
+            reader = zygote.run(
+                [sys.executable, __file__, str(tmp_path / "r"), raw, "read-all", json.dumps(acked)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert reader.returncode == 0, reader.stderr[-3000:]
+            (line,) = [x for x in reader.stdout.splitlines() if x.startswith("READ ")]
+            assert sorted(json.loads(line.removeprefix("READ "))) == sorted(acked)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()

@@ -26,12 +26,12 @@ import sqlalchemy as sa
 
 from keyshred import Config, Keyshred
 from tests import zygote
-from tests.conftest import PG_DSN
+from tests.conftest import pg_schema, pg_url
 from tests.servers import Server
 from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).resolve().parent / "shared_worker.py"
-psycopg = pytest.importorskip("psycopg")
+pytest.importorskip("psycopg")
 
 
 @dataclass
@@ -109,34 +109,28 @@ def shared(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Shared]:
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    conn = psycopg.connect(PG_DSN, autocommit=True)
-    conn.execute(f"CREATE SCHEMA {schema}")
-    options = f"options=-csearch_path%3D{schema}"
-    bucket = f"ks-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-    s3.create_bucket(Bucket=bucket)
-    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    catalog_url = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?{options}"
-    config = Config.model_validate(
-        {
-            "profile": "distributed",
-            "storage": {
-                "catalog_url": catalog_url,
-                "uri": f"s3://{bucket}/parts",
-                "flush_records": 50,
-            },
-            "keyring": {"store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}"},
-            "kek": _kek(request, tmp_path, monkeypatch),
-            "vectors": {"uri": f"s3://{bucket}/vectors"},
-            "s3": {"endpoint_url": moto.url, "region": "us-east-1"},
-        }
-    )
-    try:
+    with pg_schema() as schema:
+        options = f"options=-csearch_path%3D{schema}"
+        bucket = f"ks-{uuid.uuid4().hex[:12]}"
+        s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        catalog_url = pg_url(schema)
+        config = Config.model_validate(
+            {
+                "profile": "distributed",
+                "storage": {
+                    "catalog_url": catalog_url,
+                    "uri": f"s3://{bucket}/parts",
+                    "flush_records": 50,
+                },
+                "keyring": {"store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}"},
+                "kek": _kek(request, tmp_path, monkeypatch),
+                "vectors": {"uri": f"s3://{bucket}/vectors"},
+                "s3": {"endpoint_url": moto.url, "region": "us-east-1"},
+            }
+        )
         yield Shared(config.model_dump_json(), catalog_url, bucket, moto, tmp_path)
-    finally:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.close()
 
 
 def _kek(

@@ -29,7 +29,7 @@ from keyshred.errors import SubjectErased, SubjectSuppressed
 from keyshred.receipts import verify_receipt
 from keyshred.schema import deletion_requests
 from tests import zygote
-from tests.conftest import PG_DSN
+from tests.conftest import pg_schema, pg_url
 from tests.erasure_worker import register_producers
 from tests.servers import Server
 from tests.storage.conftest import make_config
@@ -286,39 +286,32 @@ def test_requests_list_by_state_through_the_cli(tmp_path: Path) -> None:
 def shared_config(
     openbao: Server, moto: Server, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Config]:
-    psycopg = pytest.importorskip("psycopg")
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    conn = psycopg.connect(PG_DSN, autocommit=True)
-    conn.execute(f"CREATE SCHEMA {schema}")
-    options = f"options=-csearch_path%3D{schema}"
-    bucket = f"ks-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-    s3.create_bucket(Bucket=bucket)
-    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    monkeypatch.setenv("VAULT_TOKEN", openbao.token)  # the workers inherit it
-    base = _config(f"postgresql+psycopg://postgres@127.0.0.1:5432/test?{options}")
-    config = Config.model_validate(
-        {
-            **base.model_dump(),
-            "profile": "distributed",
-            "storage": {
-                **base.storage.model_dump(),
-                "uri": f"s3://{bucket}/parts",
-            },
-            "keyring": {"store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}"},
-            "kek": {
-                "provider": "vault",
-                "vault": {"url": openbao.url, "key": f"ks-jobs-{uuid.uuid4().hex[:10]}"},
-            },
-            "vectors": {"uri": f"s3://{bucket}/vectors"},
-            "s3": {"endpoint_url": moto.url, "region": "us-east-1"},
-        }
-    )
-    try:
+    with pg_schema() as schema:
+        options = f"options=-csearch_path%3D{schema}"
+        bucket = f"ks-{uuid.uuid4().hex[:12]}"
+        s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        monkeypatch.setenv("VAULT_TOKEN", openbao.token)  # the workers inherit it
+        base = _config(pg_url(schema))
+        config = Config.model_validate(
+            {
+                **base.model_dump(),
+                "profile": "distributed",
+                "storage": {
+                    **base.storage.model_dump(),
+                    "uri": f"s3://{bucket}/parts",
+                },
+                "keyring": {"store_url": f"postgresql://postgres@127.0.0.1:5432/test?{options}"},
+                "kek": {
+                    "provider": "vault",
+                    "vault": {"url": openbao.url, "key": f"ks-jobs-{uuid.uuid4().hex[:10]}"},
+                },
+                "vectors": {"uri": f"s3://{bucket}/vectors"},
+                "s3": {"endpoint_url": moto.url, "region": "us-east-1"},
+            }
+        )
         yield config
-    finally:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.close()
 
 
 @pytest.mark.parametrize("step", STEPS)

@@ -30,6 +30,7 @@ from keyshred.errors import (
 )
 from keyshred.keyring.kek import WrappedKey
 from keyshred.keyring.keystore import SQLiteKeyStore
+from tests.conftest import pg_schema
 from tests.storage.conftest import make_config, parquet_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -757,18 +758,12 @@ def test_a_backup_never_holds_the_catalog_password(tmp_path: Path) -> None:
     settings from it); a password in a database URL must not travel with it. The
     machine's PostgreSQL trusts loopback, so the URL's password is accepted and
     ignored."""
-    pytest.importorskip("psycopg")
-    import psycopg
-
     secret = f"pw{uuid.uuid4().hex}"
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {schema}")
-    url = (
-        f"postgresql+psycopg://postgres:{secret}@127.0.0.1:5432/test"
-        f"?options=-csearch_path%3D{schema}"
-    )
-    try:
+    with pg_schema() as schema:
+        url = (
+            f"postgresql+psycopg://postgres:{secret}@127.0.0.1:5432/test"
+            f"?options=-csearch_path%3D{schema}"
+        )
         with Keyshred.init(tmp_path / "data", config(url), embeddings=bag_of_words) as ks:
             write_subject(ks, "ana", "probe-ana")
             ks.backup.create()
@@ -777,6 +772,3 @@ def test_a_backup_never_holds_the_catalog_password(tmp_path: Path) -> None:
         assert files
         for f in files:
             assert secret.encode() not in f.read_bytes(), f.name
-    finally:
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-            c.execute(f"DROP SCHEMA {schema} CASCADE")

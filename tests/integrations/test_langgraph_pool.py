@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -18,6 +19,7 @@ from keyshred import Config, Keyshred, db
 from keyshred.config import KeyringSettings, StorageSettings
 from keyshred.integrations.langgraph import KeyshredSaver, KeyshredStore
 from tests.conftest import PG_DSN
+from tests.conftest import pg_schema as fresh_pg_schema
 from tests.storage.conftest import make_config
 
 INVOKES = 300
@@ -80,14 +82,9 @@ def test_sqlite_open_files_stay_bounded(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def pg_schema() -> Any:
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-        try:
-            yield schema
-        finally:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+def pg_schema() -> Iterator[str]:
+    with fresh_pg_schema() as schema:
+        yield schema
 
 
 def test_postgres_connections_stay_bounded(tmp_path: Path, pg_schema: str) -> None:

@@ -26,9 +26,9 @@ explicit here (each one named where it is applied):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from keyshred.errors import InvalidInput, KeyshredError, SubjectSuppressed
 from keyshred.integrations.langgraph import KeyshredStore
 from keyshred.integrations.langgraph.store import SHARED_SUBJECT
 from keyshred.vault.detect import detect
-from tests.conftest import PG_DSN
+from tests.conftest import pg_schema, pg_url
 from tests.integrations.test_langgraph_index import DIMS, hash_embed
 from tests.model_machine import MODEL_TIMEOUT, model_settings
 
@@ -463,17 +463,13 @@ class PostgresStoreModel(StoreModel):
     schema per example, dropped after it)."""
 
     def __init__(self) -> None:
-        psycopg = pytest.importorskip("psycopg")
-        self.schema = f"ks_model_{uuid.uuid4().hex[:12]}"
-        self.admin = psycopg.connect(PG_DSN, autocommit=True)
-        self.admin.execute(f"CREATE SCHEMA {self.schema}")
-        super().__init__()
+        with contextlib.ExitStack() as stack:
+            self.schema = stack.enter_context(pg_schema("ks_model"))
+            super().__init__()
+            self._drop_schema = stack.pop_all()  # closed by teardown
 
     def config(self) -> Config:
-        url = (
-            "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-            f"?options=-csearch_path%3D{self.schema}"
-        )
+        url = pg_url(self.schema)
         return Config.model_validate(
             {"storage": {"catalog_url": url}, "keyring": {"store_url": url}}
         )
@@ -482,8 +478,7 @@ class PostgresStoreModel(StoreModel):
         try:
             super().teardown()
         finally:
-            self.admin.execute(f"DROP SCHEMA {self.schema} CASCADE")
-            self.admin.close()
+            self._drop_schema.close()
 
 
 class AsyncTwins:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,17 +56,11 @@ def old_url(dialect: str, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{path}"
         return
     psycopg = pytest.importorskip("psycopg")
-    name = f"ksm_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(PG_DSN, autocommit=True)
-    admin.execute(f"CREATE SCHEMA {name}")
-    try:
+    with pg_schema("ksm") as name:
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             conn.execute(f"SET search_path TO {name}")
             conn.execute(ddl)
         yield f"{PG_URL}?options=-csearch_path%3D{name}"
-    finally:
-        admin.execute(f"DROP SCHEMA {name} CASCADE")
-        admin.close()
 
 
 def _old_rows(url: str, dialect: str, key_id: bytes, wrapped: bytes, created: datetime) -> None:
@@ -212,19 +205,12 @@ def test_a_new_store_has_the_models_schema(dialect: str, tmp_path: Path) -> None
         finally:
             store.close()
         return
-    psycopg = pytest.importorskip("psycopg")
-    name = f"ksm_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(PG_DSN, autocommit=True)
-    admin.execute(f"CREATE SCHEMA {name}")
-    try:
+    with pg_schema("ksm") as name:
         store = SqlKeyStore(f"{PG_URL}?options=-csearch_path%3D{name}")
         try:
             _check_fresh(store)
         finally:
             store.close()
-    finally:
-        admin.execute(f"DROP SCHEMA {name} CASCADE")
-        admin.close()
 
 
 def test_a_new_store_is_built_from_its_tables_as_the_revisions_would_build_it(

@@ -8,7 +8,6 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,21 +26,12 @@ from keyshred.keyring.keystore import (
     Tombstone,
     owner_tag,
 )
-from tests.conftest import PG_DSN
+from tests.conftest import pg_schema, pg_url
 
 
-@contextmanager
-def pg_schema() -> Iterator[str]:
-    """A fresh schema on the machine's PostgreSQL; its search_path URL options."""
-    psycopg = pytest.importorskip("psycopg")
-    schema = f"ksk_{uuid.uuid4().hex[:12]}"
-    conn = psycopg.connect(PG_DSN, autocommit=True)
-    conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"options=-csearch_path%3D{schema}"
-    finally:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.close()
+def store_url_of(schema: str) -> str:
+    """The key store's ``postgresql://`` URL of a schema made by ``pg_schema``."""
+    return f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -49,8 +39,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | 
     if request.param == "sqlite":
         yield None
         return
-    with pg_schema() as options:
-        yield f"postgresql://postgres@127.0.0.1:5432/test?{options}"
+    with pg_schema("ksk") as schema:
+        yield store_url_of(schema)
 
 
 def open_store(url: str | None, tmp_path: Path) -> KeyStore:
@@ -151,12 +141,8 @@ def test_keyring_erasure_on_each_store(store: KeyStore, tmp_path: Path) -> None:
 def test_distributed_profile_end_to_end(tmp_path: Path) -> None:
     """Catalog and key store on PostgreSQL: two workers share keys and data; erase;
     back up; restore (into an embedded copy) with replay."""
-    with pg_schema() as options:
-        _distributed(
-            f"postgresql+psycopg://postgres@127.0.0.1:5432/test?{options}",
-            f"postgresql://postgres@127.0.0.1:5432/test?{options}",
-            tmp_path,
-        )
+    with pg_schema("ksk") as schema:
+        _distributed(pg_url(schema), store_url_of(schema), tmp_path)
 
 
 def _distributed(catalog_url: str, store_url: str, tmp_path: Path) -> None:
@@ -251,8 +237,8 @@ def test_a_forked_child_opens_its_own_postgres_key_store_connection() -> None:
 
     from keyshred.keyring.pgstore import PostgresKeyStore
 
-    with pg_schema() as options:
-        store = PostgresKeyStore(f"postgresql://postgres@127.0.0.1:5432/test?{options}")
+    with pg_schema("ksk") as schema:
+        store = PostgresKeyStore(store_url_of(schema))
         try:
             parent = _backend_pid(store)
             r, w = os.pipe()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,6 +31,7 @@ from keyshred.errors import SubjectErased
 from keyshred.keyring.envelope import Place
 from keyshred.keyring.keystore import KeyRecord
 from tests.conftest import PG_DSN
+from tests.conftest import pg_schema as fresh_pg_schema
 
 SCOPES = ("default", "support/health", "s3", "s4", "s5")
 PERIOD = timedelta(minutes=61)  # past the default live period of 60 minutes
@@ -94,15 +94,10 @@ def _check_recovered(ks: Keyshred, victim: Victim, recovered: list[KeyRecord]) -
 
 @pytest.fixture
 def pg_schema() -> Iterator[str]:
-    psycopg = pytest.importorskip("psycopg")
-    schema = f"ksr_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
+    """A fresh schema (``ksr_...``), dropped after the test; also the fixture of
+    test_pg_identifier_residue_attack.py."""
+    with fresh_pg_schema("ksr") as schema:
         yield schema
-    finally:
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def _raw_pages(table: str) -> list[bytes]:

@@ -6,39 +6,31 @@ pools ping a connection at checkout and replace a dead one)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from keyshred import Config, Keyshred
 from keyshred.config import KeyringSettings, StorageSettings
 from keyshred.errors import BackendUnavailable, KeyshredError
 from keyshred.keyring.pgstore import PostgresKeyStore
-from tests.conftest import PG_DSN
+from tests.conftest import pg_schema
 from tests.storage.conftest import make_config
 from tests.tcp_proxy import TcpProxy
 
 
 @pytest.fixture
 def proxied_url() -> Iterator[tuple[TcpProxy, str]]:
-    schema = f"ks_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-        try:
-            with TcpProxy("127.0.0.1", 5432) as proxy:
-                yield (
-                    proxy,
-                    (
-                        f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/test"
-                        f"?options=-csearch_path%3D{schema}&connect_timeout=5"
-                    ),
-                )
-        finally:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    with pg_schema() as schema, TcpProxy("127.0.0.1", 5432) as proxy:
+        yield (
+            proxy,
+            (
+                f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/test"
+                f"?options=-csearch_path%3D{schema}&connect_timeout=5"
+            ),
+        )
 
 
 def _all_refused(calls: list[Callable[[], Any]]) -> None:
