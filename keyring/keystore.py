@@ -402,6 +402,9 @@ class SqlKeyStore(KeyStore):
         except sa.exc.DBAPIError:
             self.engine.dispose()
             raise KeyshredError(f"the key store at {self._where()} cannot be opened") from None
+        except BaseException:  # refused (ConfigError): no pooled connection stays open
+            self.engine.dispose()
+            raise
 
     def _prepare(self) -> None:
         """The hot paths' statements, built once with bound parameters: building a
@@ -445,6 +448,7 @@ class SqlKeyStore(KeyStore):
             legacy_revision="0001",
             prepare_legacy=unversioned_to_0001,
             models=self._t.metadata,  # a new store: built from the tables, stamped
+            what="key store",
         )
 
     @property
@@ -891,7 +895,7 @@ class SqlKeyStore(KeyStore):
             rows = [[dict(r._mapping) for r in conn.execute(sa.select(table))] for table in order]
         image = db.create_engine("sqlite://", what="key store snapshot")
         try:
-            db.migrate(image, schema.MIGRATIONS, schema.VERSION_TABLE)
+            db.migrate(image, schema.MIGRATIONS, schema.VERSION_TABLE, what="key store")
             lite = schema.tables("")
             targets = (
                 lite.dek,

@@ -583,7 +583,8 @@ def _versions(engine: Engine, version_table: str) -> frozenset[str] | None:
     newest revision is decided again under it."""
     try:
         with engine.connect() as conn:
-            query = sa.select(sa.column("version_num")).select_from(sa.table(version_table))
+            version: sa.ColumnClause[str] = sa.column("version_num")
+            query = sa.select(version).select_from(sa.table(version_table))
             rows = conn.execute(query).scalars()
             return frozenset(str(r) for r in rows)
     except sa.exc.DBAPIError:  # no such table (one that cannot be reached raises
@@ -599,8 +600,10 @@ def migrate(
     legacy_revision: str | None = None,
     prepare_legacy: Callable[[Connection], None] | None = None,
     models: sa.MetaData | None = None,
+    what: str = "database",
 ) -> None:
-    """Bring ``engine``'s tables of one component to the newest revision in
+    """Bring ``engine``'s tables of one component (``what``: "catalog", "key store")
+    to the newest revision in
     ``script_location`` (``"keyshred.keyring:migrations"``).
 
     A database written before versioned migrations (it has ``legacy_table`` but no
@@ -623,7 +626,10 @@ def migrate(
     A database already at the newest revision (every open after the first) is told
     by one read of its version table, without the lock or Alembic. One whose version
     table names a revision this code does not have (a newer keyshred wrote it) is
-    refused with ``ConfigError``; Alembic's own error is not a ``KeyshredError``."""
+    refused with ``ConfigError``; Alembic's own error is not a ``KeyshredError``. So
+    is a schema change the database refuses (a PostgreSQL role that may not create
+    tables in the schema: a role that may only read and write rows opens a database
+    already at the newest revision)."""
     try:
         from alembic import command
         from alembic.config import Config as AlembicConfig
@@ -640,23 +646,35 @@ def migrate(
             f"{version_table} names a revision this keyshred does not have: a newer "
             "keyshred wrote this database; open it with that version"
         )
-    with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
-        if conn.dialect.name == "postgresql":
-            advisory_xact_lock(conn, _MIGRATION_LOCK)
-        cfg.attributes["connection"] = conn
-        cfg.attributes["version_table"] = version_table
-        names = set(sa.inspect(conn).get_table_names())
-        if models is not None and version_table not in names and names.isdisjoint(models.tables):
-            models.create_all(conn, checkfirst=False)
-            command.stamp(cfg, "head")
-            return
-        if (
-            legacy_table is not None
-            and legacy_revision is not None
-            and legacy_table in names
-            and version_table not in names
-        ):
-            if prepare_legacy is not None:
-                prepare_legacy(conn)
-            command.stamp(cfg, legacy_revision)
-        command.upgrade(cfg, "head")
+    try:
+        with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
+            if conn.dialect.name == "postgresql":
+                advisory_xact_lock(conn, _MIGRATION_LOCK)
+            cfg.attributes["connection"] = conn
+            cfg.attributes["version_table"] = version_table
+            names = set(sa.inspect(conn).get_table_names())
+            if models is not None and not names & {version_table, *models.tables}:
+                models.create_all(conn, checkfirst=False)
+                command.stamp(cfg, "head")
+                return
+            if (
+                legacy_table is not None
+                and legacy_revision is not None
+                and legacy_table in names
+                and version_table not in names
+            ):
+                if prepare_legacy is not None:
+                    prepare_legacy(conn)
+                command.stamp(cfg, legacy_revision)
+            command.upgrade(cfg, "head")
+    except sa.exc.DBAPIError as exc:  # the driver's message quotes the statement
+        denied = getattr(exc.orig, "sqlstate", None) == "42501"  # insufficient_privilege
+        raise ConfigError(
+            f"the {what} database refused its schema change ({type(exc.orig).__name__})"
+            + (
+                ": the first open and each upgrade need a role that may create tables "
+                "in the schema (its owner); after that, reading and writing rows is enough"
+                if denied
+                else ""
+            )
+        ) from None

@@ -2,30 +2,39 @@
 the key store, on SQLite and PostgreSQL): a database at the newest revision is
 opened with one read of its version table and no lock or Alembic; one at an older
 revision is upgraded to the schema a new one has; one a newer keyshred wrote is
-refused with a ``ConfigError`` that changes nothing."""
+refused with a ``ConfigError`` that changes nothing. On PostgreSQL, a role that may
+not create tables is told what the first open needs, and a role that may only read
+and write rows runs a store whose tables its owner made."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from alembic.config import Config
+from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
 
-from keyshred import db
+from keyshred import Keyshred, db
+from keyshred.config import Config, KeyringSettings, StorageSettings
 from keyshred.errors import ConfigError
 from keyshred.keyring import schema as keystore_schema
 from keyshred.keyring.keystore import SqlKeyStore
 from keyshred.migrations import SCRIPT_LOCATION, VERSION_TABLE, migrate_catalog
 from keyshred.storage.catalog import Catalog
-from tests.conftest import pg_schema, pg_url
+from tests.conftest import PG_DSN, pg_schema, pg_url
 from tests.schema_report import schema_report
+from tests.storage.test_vectors import bag_of_words
+
+HOUR = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -35,8 +44,8 @@ class Component:
     version_table: str
     open: Callable[[str], None]  # opens the component's database at the URL, closes it
 
-    def config(self) -> Config:
-        cfg = Config()
+    def config(self) -> AlembicConfig:
+        cfg = AlembicConfig()
         cfg.set_main_option("script_location", self.script_location)
         return cfg
 
@@ -168,3 +177,80 @@ def test_a_database_a_newer_keyshred_wrote_is_refused_and_left_as_it_is(
         assert schema_report(engine) == before
     finally:
         engine.dispose()
+
+
+@contextmanager
+def _role(schema: str) -> Iterator[str]:
+    """A login role that may use ``schema`` and nothing more; a URL of the test
+    PostgreSQL as that role is ``pg_url(schema)`` with its name for ``postgres``."""
+    role = f"ks_role_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        try:
+            yield role
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
+def _as(role: str, url: str) -> str:
+    assert "//postgres@" in url
+    return url.replace("//postgres@", f"//{role}@", 1)
+
+
+def test_a_role_that_may_not_create_tables_is_told_what_the_first_open_needs(
+    component: Component,
+) -> None:
+    with pg_schema() as schema, _role(schema) as role:
+        with pytest.raises(ConfigError, match="need a role that may create tables") as caught:
+            component.open(_as(role, pg_url(schema)))
+        assert "CREATE" not in str(caught.value)  # not the driver's message, which quotes SQL
+        with psycopg.connect(PG_DSN) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (schema,)
+            ).fetchone()
+        assert tables == (0,)
+
+
+def test_a_role_that_only_reads_and_writes_rows_runs_a_store_its_owner_made(
+    tmp_path: Path,
+) -> None:
+    """The owner's first open makes the tables; a role with row privileges alone then
+    opens the store (no schema change is needed) and writes, searches, sanitizes and
+    erases through it."""
+    with pg_schema() as schema, _role(schema) as role:
+        url = pg_url(schema)
+        folder = tmp_path / "data"
+        Keyshred.init(
+            folder,
+            Config(
+                storage=StorageSettings(catalog_url=url), keyring=KeyringSettings(store_url=url)
+            ),
+        ).close()
+        with psycopg.connect(PG_DSN, autocommit=True) as admin:
+            admin.execute(
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
+            )
+            admin.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
+        rows = _as(role, url)
+        ks = Keyshred.open(
+            folder,
+            Config(
+                storage=StorageSettings(catalog_url=rows), keyring=KeyringSettings(store_url=rows)
+            ),
+            embeddings=bag_of_words,
+        )
+        try:
+            for who in ("ann", "bob"):
+                ks.memories.put(who, ("notes",), "trip", f"{who} goes to Oslo by train", index=True)
+            assert ks.memories.get("bob", ("notes",), "trip").value == "bob goes to Oslo by train"
+            found = ks.memories.search("ann", ("notes",), query="train to Oslo", limit=1)
+            assert [m.key for m in found] == ["trip"]
+            s = ks.vault.sanitize("call 555-0100 or ann@example.com", "ann", "support", HOUR)
+            assert "ann@example.com" not in s.text
+            receipt = ks.erase("ann", requested_by="dpo", reason="role test")
+            assert receipt.state == "completed"
+            assert ks.memories.get("bob", ("notes",), "trip").value == "bob goes to Oslo by train"
+        finally:
+            ks.close()

@@ -56,6 +56,7 @@ def migrate_catalog(engine: Engine, *, replay: bool = False) -> None:
         legacy_revision=BASELINE,
         prepare_legacy=_prepare_legacy,
         models=None if replay else target_metadata(),
+        what="catalog",
     )
 
 
