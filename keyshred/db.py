@@ -583,8 +583,11 @@ def _versions(engine: Engine, version_table: str) -> frozenset[str] | None:
     newest revision is decided again under it."""
     try:
         with engine.connect() as conn:
+            # On PostgreSQL the current schema's table, where Alembic keeps it: a bare
+            # name would also find one further down the search path.
+            schema = current_schema(conn) if conn.dialect.name == "postgresql" else None
             version: sa.ColumnClause[str] = sa.column("version_num")
-            query = sa.select(version).select_from(sa.table(version_table))
+            query = sa.select(version).select_from(sa.table(version_table, schema=schema))
             rows = conn.execute(query).scalars()
             return frozenset(str(r) for r in rows)
     except sa.exc.DBAPIError:  # no such table (one that cannot be reached raises
@@ -650,9 +653,14 @@ def migrate(
         with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
             if conn.dialect.name == "postgresql":
                 advisory_xact_lock(conn, _MIGRATION_LOCK)
+            # On PostgreSQL the current schema's tables alone: without a schema,
+            # SQLAlchemy and Alembic see every table on the search path, and another
+            # store's tables further down it would pass for this one's.
+            schema = current_schema(conn) if conn.dialect.name == "postgresql" else None
             cfg.attributes["connection"] = conn
             cfg.attributes["version_table"] = version_table
-            names = set(sa.inspect(conn).get_table_names())
+            cfg.attributes["version_table_schema"] = schema
+            names = set(sa.inspect(conn).get_table_names(schema=schema))
             if models is not None and not names & {version_table, *models.tables}:
                 models.create_all(conn, checkfirst=False)
                 command.stamp(cfg, "head")

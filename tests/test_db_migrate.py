@@ -8,6 +8,7 @@ and write rows runs a store whose tables its owner made."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from keyshred.keyring import schema as keystore_schema
 from keyshred.keyring.keystore import SqlKeyStore
 from keyshred.migrations import SCRIPT_LOCATION, VERSION_TABLE, migrate_catalog
 from keyshred.storage.catalog import Catalog
-from tests.conftest import PG_DSN, pg_schema, pg_url
+from tests.conftest import PG_DSN, PG_URL, pg_schema, pg_url
 from tests.schema_report import schema_report
 from tests.storage.test_vectors import bag_of_words
 
@@ -120,7 +121,8 @@ def test_a_database_at_the_newest_revision_is_opened_with_one_read(
     finally:
         sa.event.remove(sa.Engine, "before_cursor_execute", record)
     touching = [" ".join(s.split()) for s in statements if component.version_table in s]
-    assert touching == [f"SELECT version_num FROM {component.version_table}"]
+    assert len(touching) == 1, touching  # on PostgreSQL, qualified by the current schema
+    assert re.fullmatch(rf"SELECT version_num FROM (\w+\.)?{component.version_table}", touching[0])
     assert not [s for s in statements if s.lstrip().upper().startswith(("CREATE", "ALTER"))]
     assert _versions(catalog_url, component) == [component.head()]
 
@@ -177,6 +179,23 @@ def test_a_database_a_newer_keyshred_wrote_is_refused_and_left_as_it_is(
         assert schema_report(engine) == before
     finally:
         engine.dispose()
+
+
+def test_a_version_table_further_down_the_search_path_is_another_databases(
+    component: Component,
+) -> None:
+    """PostgreSQL finds a bare table name in any schema of the search path: the
+    version table of a store in a later schema must not pass for this one's (its
+    tables would then be used as this store's)."""
+    with pg_schema() as other, pg_schema() as mine:
+        component.open(pg_url(other))  # at the newest revision, in the later schema
+        component.open(f"{PG_URL}?options=-csearch_path%3D{mine}%2C{other}")
+        with psycopg.connect(PG_DSN) as conn:
+            row = conn.execute(
+                f"SELECT version_num FROM {mine}.{component.version_table}"
+            ).fetchone()
+        assert row == (component.head(),)
+        assert _versions(pg_url(mine), component) == [component.head()]
 
 
 @contextmanager
