@@ -44,6 +44,7 @@ def _keystore(replay: bool) -> Callable[[Engine], None]:
             engine,
             keystore_schema.MIGRATIONS,
             keystore_schema.VERSION_TABLE,
+            head=keystore_schema.HEAD,
             models=None if replay else tables.metadata,
         )
 

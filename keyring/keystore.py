@@ -447,6 +447,7 @@ class SqlKeyStore(KeyStore):
             legacy_table=self._t.dek.name,
             legacy_revision="0001",
             prepare_legacy=unversioned_to_0001,
+            head=schema.HEAD,
             models=self._t.metadata,  # a new store: built from the tables, stamped
             what="key store",
         )
@@ -895,7 +896,9 @@ class SqlKeyStore(KeyStore):
             rows = [[dict(r._mapping) for r in conn.execute(sa.select(table))] for table in order]
         image = db.create_engine("sqlite://", what="key store snapshot")
         try:
-            db.migrate(image, schema.MIGRATIONS, schema.VERSION_TABLE, what="key store")
+            db.migrate(
+                image, schema.MIGRATIONS, schema.VERSION_TABLE, head=schema.HEAD, what="key store"
+            )
             lite = schema.tables("")
             targets = (
                 lite.dek,

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 __all__ = [
+    "HEAD",
     "MIGRATIONS",
     "VERSION_TABLE",
     "KeyStoreTables",
@@ -34,6 +35,9 @@ __all__ = [
 # the key store and the catalog can share one PostgreSQL schema).
 MIGRATIONS = "keyshred.keyring:migrations"
 VERSION_TABLE = "ks_alembic_keys"
+# The newest revision in migrations/versions/ (``keyshred.db.migrate``'s head; a test
+# compares it with Alembic's).
+HEAD = "0003"
 
 _PREFIXES = {"sqlite": "", "postgresql": "ks_"}
 

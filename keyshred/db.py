@@ -557,24 +557,10 @@ def advisory_xact_lock(conn: Connection, base: int) -> None:
     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({key})")
 
 
-# Each script folder's newest revisions and every revision it has, read once per
-# process: Alembic compiles and runs every revision file to learn them (16 for the
-# catalog: about 70 % of an upgrade that finds nothing to do).
-_REVISIONS: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+def _known_revisions(cfg: Any) -> frozenset[str]:
+    from alembic.script import ScriptDirectory
 
-
-def _revisions(cfg: Any, script_location: str) -> tuple[frozenset[str], frozenset[str]]:
-    known = _REVISIONS.get(script_location)
-    if known is None:
-        from alembic.script import ScriptDirectory
-
-        script = ScriptDirectory.from_config(cfg)
-        known = (
-            frozenset(script.get_heads()),
-            frozenset(r.revision for r in script.walk_revisions()),
-        )
-        _REVISIONS[script_location] = known
-    return known
+    return frozenset(r.revision for r in ScriptDirectory.from_config(cfg).walk_revisions())
 
 
 def _versions(engine: Engine, version_table: str) -> frozenset[str] | None:
@@ -602,6 +588,7 @@ def migrate(
     legacy_table: str | None = None,
     legacy_revision: str | None = None,
     prepare_legacy: Callable[[Connection], None] | None = None,
+    head: str,
     models: sa.MetaData | None = None,
     what: str = "database",
 ) -> None:
@@ -626,13 +613,20 @@ def migrate(
     schemas as the database reports them (``tests/storage/test_migrations.py``,
     ``tests/keyring/test_keystore_migrations.py``).
 
-    A database already at the newest revision (every open after the first) is told
-    by one read of its version table, without the lock or Alembic. One whose version
+    A database already at ``head``, the newest revision (every open after the
+    first), is told by one read of its version table, without the lock and without
+    importing Alembic: its import and the compiling of every revision file to learn
+    the head cost a process's first open about 180 ms. Each caller names its head
+    as a constant that a test compares with Alembic's (``tests/test_db_migrate.py``).
+    One whose version
     table names a revision this code does not have (a newer keyshred wrote it) is
     refused with ``ConfigError``; Alembic's own error is not a ``KeyshredError``. So
     is a schema change the database refuses (a PostgreSQL role that may not create
     tables in the schema: a role that may only read and write rows opens a database
     already at the newest revision)."""
+    current = _versions(engine, version_table)
+    if current == frozenset((head,)):
+        return  # every open after the first: no lock, no Alembic
     try:
         from alembic import command
         from alembic.config import Config as AlembicConfig
@@ -640,11 +634,7 @@ def migrate(
         raise MissingExtraError("core", "alembic") from None
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", script_location)
-    heads, known = _revisions(cfg, script_location)
-    current = _versions(engine, version_table)
-    if current == heads:
-        return  # every open after the first: no lock, no Alembic
-    if current is not None and not current <= known:
+    if current is not None and not current <= _known_revisions(cfg):
         raise ConfigError(  # the unknown value is not quoted: it is the database's text
             f"{version_table} names a revision this keyshred does not have: a newer "
             "keyshred wrote this database; open it with that version"

@@ -24,10 +24,21 @@ from keyshred import db
 from keyshred.errors import ConfigError
 from keyshred.storage.schema import DECLARED, VERSION_TABLE, metadata
 
-__all__ = ["BASELINE", "SCRIPT_LOCATION", "VERSION_TABLE", "migrate_catalog", "target_metadata"]
+__all__ = [
+    "BASELINE",
+    "HEAD",
+    "SCRIPT_LOCATION",
+    "VERSION_TABLE",
+    "migrate_catalog",
+    "target_metadata",
+]
 
 SCRIPT_LOCATION = "keyshred:migrations"
 BASELINE = "0001"  # the schema of the last release without versioned migrations
+# The newest revision in versions/: an open that finds it in the version table needs
+# neither the lock nor Alembic (``keyshred.db.migrate``; a test compares it with
+# Alembic's head, so a new revision cannot be added without it).
+HEAD = "0016"
 _LEGACY_TABLE = "ks_assets"
 # The modules that define the catalog database's tables: storage's, the vault's
 # (its tokens) and the services' (erasure requests, holds, the audit chain).
@@ -55,6 +66,7 @@ def migrate_catalog(engine: Engine, *, replay: bool = False) -> None:
         legacy_table=_LEGACY_TABLE,
         legacy_revision=BASELINE,
         prepare_legacy=_prepare_legacy,
+        head=HEAD,
         models=None if replay else target_metadata(),
         what="catalog",
     )

@@ -226,7 +226,9 @@ def test_a_new_store_is_built_from_its_tables_as_the_revisions_would_build_it(
             urls = [pg_url(stack.enter_context(pg_schema("ksm"))) for _ in range(2)]
         replayed = db.create_engine(keystore.engine_url(urls[0]), what="key store")
         stack.callback(replayed.dispose)
-        db.migrate(replayed, schema.MIGRATIONS, schema.VERSION_TABLE)  # every revision
+        db.migrate(  # every revision
+            replayed, schema.MIGRATIONS, schema.VERSION_TABLE, head=schema.HEAD
+        )
         store = SqlKeyStore(urls[1])  # built from the tables
         stack.callback(store.close)
         assert _version(store) == _head()
