@@ -630,6 +630,7 @@ def migrate(
     try:
         from alembic import command
         from alembic.config import Config as AlembicConfig
+        from alembic.util import CommandError
     except ImportError:  # a core dependency: only a broken install lacks it
         raise MissingExtraError("core", "alembic") from None
     cfg = AlembicConfig()
@@ -647,6 +648,16 @@ def migrate(
             # SQLAlchemy and Alembic see every table on the search path, and another
             # store's tables further down it would pass for this one's.
             schema = current_schema(conn) if conn.dialect.name == "postgresql" else None
+            if schema is not None:
+                # The revisions and the legacy steps inspect and alter bare names
+                # (``get_table_names()``, ``ALTER TABLE ks_token_blocks``): for this
+                # transaction the search path is the current schema alone, or a
+                # table another store has further down it is taken for this one's
+                # (not created here, or altered there).
+                conn.execute(
+                    sa.text("SELECT set_config('search_path', :path, true)"),
+                    {"path": '"' + schema.replace('"', '""') + '"'},
+                )
             cfg.attributes["connection"] = conn
             cfg.attributes["version_table"] = version_table
             cfg.attributes["version_table_schema"] = schema
@@ -665,6 +676,12 @@ def migrate(
                     prepare_legacy(conn)
                 command.stamp(cfg, legacy_revision)
             command.upgrade(cfg, "head")
+    except CommandError:  # its message quotes the version table's rows
+        raise ConfigError(
+            f"{version_table} names revisions this keyshred cannot upgrade from "
+            "together (it holds one row; this one was altered by hand): restore the "
+            "row of the revision the tables are at"
+        ) from None
     except sa.exc.DBAPIError as exc:  # the driver's message quotes the statement
         denied = getattr(exc.orig, "sqlstate", None) == "42501"  # insufficient_privilege
         raise ConfigError(
