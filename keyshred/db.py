@@ -644,16 +644,13 @@ def migrate(
         with engine.connect().execution_options(ks_write=True) as conn, conn.begin():
             if conn.dialect.name == "postgresql":
                 advisory_xact_lock(conn, _MIGRATION_LOCK)
-            # On PostgreSQL the current schema's tables alone: without a schema,
-            # SQLAlchemy and Alembic see every table on the search path, and another
-            # store's tables further down it would pass for this one's.
+            # On PostgreSQL the current schema alone: SQLAlchemy's table names,
+            # Alembic's version table check, the revisions and the legacy steps all
+            # use bare names, which find a table anywhere on the search path (another
+            # store's further down would pass for this one's, or be altered). For
+            # this transaction the search path is that schema alone.
             schema = current_schema(conn) if conn.dialect.name == "postgresql" else None
             if schema is not None:
-                # The revisions and the legacy steps inspect and alter bare names
-                # (``get_table_names()``, ``ALTER TABLE ks_token_blocks``): for this
-                # transaction the search path is the current schema alone, or a
-                # table another store has further down it is taken for this one's
-                # (not created here, or altered there).
                 conn.execute(
                     sa.text("SELECT set_config('search_path', :path, true)"),
                     {"path": '"' + schema.replace('"', '""') + '"'},
@@ -679,16 +676,17 @@ def migrate(
     except CommandError:  # its message quotes the version table's rows
         raise ConfigError(
             f"{version_table} names revisions this keyshred cannot upgrade from "
-            "together (it holds one row; this one was altered by hand): restore the "
-            "row of the revision the tables are at"
+            "together: it holds one row, the revision the tables are at; restore it"
         ) from None
     except sa.exc.DBAPIError as exc:  # the driver's message quotes the statement
         denied = getattr(exc.orig, "sqlstate", None) == "42501"  # insufficient_privilege
         raise ConfigError(
-            f"the {what} database refused its schema change ({type(exc.orig).__name__})"
+            f"the {what} database could not be checked or brought to the newest schema "
+            f"({type(exc.orig).__name__})"
             + (
-                ": the first open and each upgrade need a role that may create tables "
-                "in the schema (its owner); after that, reading and writing rows is enough"
+                ": the role lacks a privilege; the first open and each upgrade need a "
+                "role that may create tables in the schema (its owner), after that "
+                "reading and writing rows is enough"
                 if denied
                 else ""
             )
