@@ -1,11 +1,14 @@
-"""The facade's components as callers reach them: closed handles and full disks.
+"""The facade's components as callers reach them: closed handles, full disks and
+failed database statements.
 
 ``Keyshred`` hands out its components (``ks.memories``, ``ks.vault``, ``ks.backup``
 ...) wrapped in a ``Guarded`` view. Every method called through the view first
 checks that the handle is open (``HandleClosed`` otherwise, before anything is
 read or written) and turns a full disk, whichever layer hit it, into one typed
-``StorageFull``. Components keep references to each other's real objects, so the
-checks cost one function call per public call, not one per internal step.
+``StorageFull``, and any other driver error of the catalog or key store database
+(a damaged or hand-altered database) into ``DatabaseError``: only ``KeyshredError``
+leaves a public call. Components keep references to each other's real objects, so
+the checks cost one function call per public call, not one per internal step.
 """
 
 from __future__ import annotations
@@ -18,19 +21,22 @@ import os
 import re
 import resource
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from keyshred.errors import HandleClosed, KeyshredError, StorageFull
+from keyshred.errors import DatabaseError, HandleClosed, KeyshredError, StorageFull
 
 __all__ = [
     "Guarded",
     "check_open",
-    "disk_full_mapped",
     "disk_full_test",
     "guarded",
     "is_disk_full",
+    "typed",
+    "typed_errors",
+    "typed_method",
 ]
 
 T = TypeVar("T")
@@ -137,6 +143,34 @@ def _storage_full() -> StorageFull:
     )
 
 
+def _is_driver_error(exc: BaseException) -> bool:
+    """A database driver's error, raw or as SQLAlchemy wraps it. The optional
+    drivers' and SQLAlchemy's classes are looked up only if already imported: an
+    error of a module never imported cannot have been raised."""
+    if isinstance(exc, sqlite3.Error):
+        return True
+    for module, name in (("sqlalchemy.exc", "DBAPIError"), ("psycopg", "Error")):
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(exc, getattr(loaded, name)):
+            return True
+    return False
+
+
+def typed(exc: Exception, full: Callable[[BaseException], bool] = is_disk_full) -> Exception:
+    """What a public call raises for ``exc``, an error that is not a
+    ``KeyshredError``: ``StorageFull`` for a full disk, ``DatabaseError`` for any
+    other driver error (the driver's message is not kept: it can quote a
+    statement), ``exc`` itself otherwise."""
+    if full(exc):
+        return _storage_full()
+    if _is_driver_error(exc):
+        return DatabaseError(
+            f"a catalog or key store statement failed ({type(exc).__name__}): the "
+            "database may be damaged or altered by hand; nothing of the call is reported done"
+        )
+    return exc
+
+
 class Guarded:
     """A view of one component: calls check the handle and map a full disk.
 
@@ -201,15 +235,16 @@ def check_open(closed: bool) -> None:
 
 
 @contextlib.contextmanager
-def disk_full_mapped(full: Callable[[BaseException], bool] = is_disk_full) -> Iterator[None]:
-    """Turn a full disk met inside the block into ``StorageFull`` (other errors pass)."""
+def typed_errors(full: Callable[[BaseException], bool] = is_disk_full) -> Iterator[None]:
+    """Type a full disk or a driver error met inside the block (``typed``)."""
     try:
         yield
     except KeyshredError:
         raise  # typed already (an IntegrityError stays one, whatever it met before)
     except Exception as exc:
-        if full(exc):
-            raise _storage_full() from None
+        mapped = typed(exc, full)
+        if mapped is not exc:
+            raise mapped from None
         raise
 
 
@@ -226,11 +261,35 @@ def _guard_call(
         except KeyshredError:
             raise
         except Exception as exc:
-            if full(exc):
-                raise _storage_full() from None
+            mapped = typed(exc, full)
+            if mapped is not exc:
+                raise mapped from None
             raise
 
     return call
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def typed_method(fn: F) -> F:
+    """A ``Keyshred`` method that raises only ``KeyshredError`` (``typed``, with the
+    handle's own full-disk test): the facade's entry points that are not reached
+    through a ``Guarded`` view (``erase``, ``close`` ...)."""
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except KeyshredError:
+            raise
+        except Exception as exc:
+            mapped = typed(exc, getattr(self, "_full", is_disk_full))
+            if mapped is not exc:
+                raise mapped from None
+            raise
+
+    return cast(F, call)
 
 
 def guarded(

@@ -35,6 +35,9 @@ class (or a branch of it) and never see a backend's own exception type::
     │                               (connection refused or dropped, server restarting,
     │                               pool exhausted, SQLite locked too long); nothing was
     │                               changed, the next call may succeed
+    ├── DatabaseError               a catalog or key store statement failed otherwise: the
+    │                               database was damaged or altered by hand (a table or
+    │                               column missing); names the driver's error class only
     ├── SubjectSuppressed           the subject is suppressed or erased: nothing is read
     │   └── StaleEpoch              or written; a job carrying an older deletion epoch
     │                               is refused with StaleEpoch
@@ -64,6 +67,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "ConsentRequired",
+    "DatabaseError",
     "EpochInUse",
     "HandleClosed",
     "IntegrityError",
@@ -205,6 +209,14 @@ class BackendUnavailable(KeyshredError):
     """The catalog or key store database cannot be reached right now (connection
     refused or dropped, server restarting, every pooled connection busy, SQLite
     locked too long). The operation did not happen; retrying later may succeed."""
+
+
+class DatabaseError(KeyshredError):
+    """A statement on the catalog or key store database failed for another reason than
+    an unreachable server or a full disk: the database was damaged or altered by hand
+    (a table or column missing, a constraint broken). The message names the driver's
+    error class only (its text can quote a statement); the call did not complete.
+    Public calls raise it for any driver error that reaches them."""
 
 
 class SubjectSuppressed(KeyshredError):

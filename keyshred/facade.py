@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from keyshred._backends import KEYS_DIR, make_archive_kek, make_kek, make_keystore
-from keyshred._handle import check_open, disk_full_mapped, disk_full_test, guarded
+from keyshred._handle import check_open, disk_full_test, guarded, typed_errors, typed_method
 from keyshred.audit import AuditLog
 from keyshred.backup.manager import BackupManager
 from keyshred.config import CONFIG_FILE, Config, load_config, save_config
@@ -299,6 +299,7 @@ class Keyshred:
     def _guard(self, component: T) -> T:
         return guarded(component, self._is_closed, self._full)
 
+    @typed_method
     def erase(
         self,
         subject: SubjectLike,
@@ -383,6 +384,7 @@ class Keyshred:
             raise
         return restored
 
+    @typed_method
     def destroy_kek_epochs_before(self, epoch: int, *, force: bool = False) -> list[DestroyedEpoch]:
         """Destroy live KEK epochs older than ``epoch``: ``EpochInUse`` while an
         unexpired backup generation is sealed under one, unless ``force`` (then
@@ -442,6 +444,13 @@ class Keyshred:
     def _assemble(
         cls, root: Path, config: Config, *, create: bool, embeddings: Any = None
     ) -> Keyshred:
+        with typed_errors():  # a driver error opening a damaged store: DatabaseError
+            return cls._build(root, config, create=create, embeddings=embeddings)
+
+    @classmethod
+    def _build(
+        cls, root: Path, config: Config, *, create: bool, embeddings: Any = None
+    ) -> Keyshred:
         kek = trace_instance(make_kek(config, root, create=create), "kek", _TRACED_KEK)
         keyring = Keyring(
             make_keystore(config, root),
@@ -481,7 +490,7 @@ class Keyshred:
         """Write the subject's data (access / portability request) as a sealed,
         expiring package; see ``keyshred.export``."""
         check_open(self._closed)
-        with disk_full_mapped(self._full):
+        with typed_errors(self._full):
             return export_subject(
                 self,
                 subject,
@@ -491,6 +500,7 @@ class Keyshred:
                 expires_in=expires_in,
             )
 
+    @typed_method
     def open_export(
         self,
         package: bytes,
@@ -503,6 +513,7 @@ class Keyshred:
         check_open(self._closed)
         return open_export(self, package, passphrase=passphrase, private_key=private_key)
 
+    @typed_method
     def subject_ref(self, subject: SubjectLike) -> str:
         """The pseudonymous reference that stands for ``subject`` everywhere."""
         check_open(self._closed)
@@ -519,6 +530,7 @@ class Keyshred:
             check_not_reserved(s.id)
         return self._keyring.subject_ref(s.id, s.tenant)
 
+    @typed_method
     def receipts_jwks(self) -> dict[str, list[dict[str, str]]]:
         """The receipt signing keys as a JWK Set (RFC 7517): one OKP/Ed25519 JWK
         (``kid`` its RFC 7638 thumbprint, ``use: sig``, ``alg: EdDSA``) for every
@@ -527,12 +539,14 @@ class Keyshred:
         check_open(self._closed)
         return jwks(self._keyring.signing_public_keys())
 
+    @typed_method
     def deletion_epoch(self, subject: SubjectLike) -> int:
         """The subject's current deletion epoch; jobs carry it into their writes
         (``epoch=``) so that a write planned before an erasure is refused after it."""
         check_open(self._closed)
         return self._catalog.check_guard(self._subject_ref(subject))
 
+    @typed_method
     def close(self, *, flush: bool = True) -> None:
         """Close; ``flush=False`` leaves logged writes in their logs (still durable).
         Every later call on this handle raises ``HandleClosed``; closing again is a

@@ -26,6 +26,7 @@ PUBLIC = [
     "ConfigError",
     "ConsentRecord",
     "ConsentRequired",
+    "DatabaseError",
     "DestroyedEpoch",
     "EpochInUse",
     "Erasable",
