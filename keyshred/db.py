@@ -563,6 +563,20 @@ def _known_revisions(cfg: Any) -> frozenset[str]:
     return frozenset(r.revision for r in ScriptDirectory.from_config(cfg).walk_revisions())
 
 
+def _stores_on_path(conn: Connection, version_table: str, schema: str) -> list[str]:
+    """The other schemas of the connection's search path with a ``version_table``."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT n.nspname FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relname = :table AND n.nspname <> :schema "
+            "AND n.nspname = ANY (current_schemas(false)) ORDER BY n.nspname"
+        ),
+        {"table": version_table, "schema": schema},
+    )
+    return [str(name) for name in rows.scalars()]
+
+
 def _versions(engine: Engine, version_table: str) -> frozenset[str] | None:
     """The revisions the version table names, ``None`` if there is none (a new or
     unversioned database). Read without the migration lock: whatever is not the
@@ -650,6 +664,7 @@ def migrate(
             # store's further down would pass for this one's, or be altered). For
             # this transaction the search path is that schema alone.
             schema = current_schema(conn) if conn.dialect.name == "postgresql" else None
+            elsewhere = [] if schema is None else _stores_on_path(conn, version_table, schema)
             if schema is not None:
                 conn.execute(
                     sa.text("SELECT set_config('search_path', :path, true)"),
@@ -659,6 +674,16 @@ def migrate(
             cfg.attributes["version_table"] = version_table
             cfg.attributes["version_table_schema"] = schema
             names = set(sa.inspect(conn).get_table_names(schema=schema))
+            ours = {version_table, *([] if legacy_table is None else [legacy_table])}
+            if elsewhere and not names & (ours | set(models.tables if models else ())):
+                # A new store here would leave that one's data in place, unseen: an
+                # erasure here would not reach it (a schema named after the role,
+                # created later, comes first in PostgreSQL's default search path).
+                raise ConfigError(
+                    f"schema {schema!r}, the first of the search_path, has no {what}, and "
+                    f"{', '.join(repr(e) for e in elsewhere)} further down it has one: set "
+                    "the search_path to the one schema to use (options=-csearch_path=NAME)"
+                )
             if models is not None and not names & {version_table, *models.tables}:
                 models.create_all(conn, checkfirst=False)
                 command.stamp(cfg, "head")

@@ -212,20 +212,25 @@ def test_a_database_a_newer_keyshred_wrote_is_refused_and_left_as_it_is(
         engine.dispose()
 
 
-def test_a_version_table_further_down_the_search_path_is_another_databases(
+def test_a_store_further_down_the_search_path_is_neither_taken_nor_hidden_by_a_new_one(
     component: Component,
 ) -> None:
-    """PostgreSQL finds a bare table name in any schema of the search path: the
-    version table of a store in a later schema must not pass for this one's (its
-    tables would then be used as this store's)."""
+    """PostgreSQL finds a bare table name in any schema of the search path. A store
+    in a later schema must not pass for this one's (its tables would be used as
+    this store's), and a new store must not be built in front of it either (its
+    data would stay, unseen by every later read and erasure): the open is refused,
+    naming the schemas, and builds nothing."""
     with pg_schema() as other, pg_schema() as mine:
         component.open(pg_url(other))  # at the newest revision, in the later schema
-        component.open(f"{PG_URL}?options=-csearch_path%3D{mine}%2C{other}")
+        with pytest.raises(ConfigError, match="further down") as caught:
+            component.open(f"{PG_URL}?options=-csearch_path%3D{mine}%2C{other}")
+        assert mine in str(caught.value) and other in str(caught.value)
         with psycopg.connect(PG_DSN) as conn:
-            row = conn.execute(
-                f"SELECT version_num FROM {mine}.{component.version_table}"
+            count = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (mine,)
             ).fetchone()
-        assert row == (component.head(),)
+        assert count == (0,)
+        component.open(pg_url(mine))  # named alone: a new store there
         assert _versions(pg_url(mine), component) == [component.head()]
 
 

@@ -260,7 +260,8 @@ def _login_role() -> Iterator[str]:
 def test_a_user_search_path_opens_the_roles_schema_when_it_exists_and_the_next_one_if_not() -> None:
     """``search_path = "$user", other`` (PostgreSQL's default form): without a schema
     named after the role the open uses ``other``'s store (at the newest revision:
-    one read); with one, a new store is built there and ``other`` is left alone."""
+    one read); once one is created, the open is refused rather than building a new
+    store in front of ``other``'s (whose data it would hide), and builds nothing."""
     with pg_schema() as other, _login_role() as role:
         with psycopg.connect(PG_DSN, autocommit=True) as admin:
             admin.execute(f"GRANT ALL ON SCHEMA {other} TO {role}")
@@ -272,8 +273,9 @@ def test_a_user_search_path_opens_the_roles_schema_when_it_exists_and_the_next_o
         with psycopg.connect(PG_DSN, autocommit=True) as admin:
             admin.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
         db._SCHEMAS.clear()  # the schema was created after this process asked
-        Catalog(url, migrate=migrate_catalog).close()
-        assert _tables(role) == theirs
+        with pytest.raises(ConfigError, match="further down"):
+            Catalog(url, migrate=migrate_catalog).close()
+        assert _tables(role) == set()
         assert _tables(other) == theirs
 
 
