@@ -87,6 +87,31 @@ def pg_schema(prefix: str = "ks") -> Iterator[str]:
         conn.close()
 
 
+@contextlib.contextmanager
+def pg_role(*schemas: str) -> Iterator[str]:
+    """A login role on the test PostgreSQL that may use ``schemas`` and nothing more;
+    dropped after the block with what it owns (a schema named after it included).
+    ``pg_url(schema)`` with its name for ``postgres`` connects as it (``as_role``)."""
+    psycopg = pytest.importorskip("psycopg")
+    role = f"ks_role_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            for schema in schemas:
+                admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+            yield role
+        finally:
+            admin.execute(f"DROP SCHEMA IF EXISTS {role} CASCADE")
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
+def as_role(role: str, url: str) -> str:
+    """``url`` (one of ``pg_url``'s) connecting as ``role``."""
+    assert "//postgres@" in url
+    return url.replace("//postgres@", f"//{role}@", 1)
+
+
 def pg_url(schema: str) -> str:
     """A SQLAlchemy URL of the test PostgreSQL whose ``search_path`` is ``schema``."""
     return f"{PG_URL}?options=-csearch_path%3D{schema}"

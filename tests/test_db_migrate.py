@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from keyshred.keyring import schema as keystore_schema
 from keyshred.keyring.keystore import SqlKeyStore
 from keyshred.migrations import SCRIPT_LOCATION, VERSION_TABLE, migrate_catalog
 from keyshred.storage.catalog import Catalog
-from tests.conftest import PG_DSN, PG_URL, pg_schema, pg_url
+from tests.conftest import PG_DSN, PG_URL, as_role, pg_role, pg_schema, pg_url
 from tests.schema_report import schema_report
 from tests.storage.test_vectors import bag_of_words
 
@@ -234,32 +233,12 @@ def test_a_store_further_down_the_search_path_is_neither_taken_nor_hidden_by_a_n
         assert _versions(pg_url(mine), component) == [component.head()]
 
 
-@contextmanager
-def _role(schema: str) -> Iterator[str]:
-    """A login role that may use ``schema`` and nothing more; a URL of the test
-    PostgreSQL as that role is ``pg_url(schema)`` with its name for ``postgres``."""
-    role = f"ks_role_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN")
-        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
-        try:
-            yield role
-        finally:
-            admin.execute(f"DROP OWNED BY {role}")
-            admin.execute(f"DROP ROLE {role}")
-
-
-def _as(role: str, url: str) -> str:
-    assert "//postgres@" in url
-    return url.replace("//postgres@", f"//{role}@", 1)
-
-
 def test_a_role_that_may_not_create_tables_is_told_what_the_first_open_needs(
     component: Component,
 ) -> None:
-    with pg_schema() as schema, _role(schema) as role:
+    with pg_schema() as schema, pg_role(schema) as role:
         with pytest.raises(ConfigError, match="need a role that may create tables") as caught:
-            component.open(_as(role, pg_url(schema)))
+            component.open(as_role(role, pg_url(schema)))
         assert "CREATE" not in str(caught.value)  # not the driver's message, which quotes SQL
         with psycopg.connect(PG_DSN) as conn:
             tables = conn.execute(
@@ -274,7 +253,7 @@ def test_a_role_that_only_reads_and_writes_rows_runs_a_store_its_owner_made(
     """The owner's first open makes the tables; a role with row privileges alone then
     opens the store (no schema change is needed) and writes, searches, sanitizes and
     erases through it."""
-    with pg_schema() as schema, _role(schema) as role:
+    with pg_schema() as schema, pg_role(schema) as role:
         url = pg_url(schema)
         folder = tmp_path / "data"
         Keyshred.init(
@@ -288,7 +267,7 @@ def test_a_role_that_only_reads_and_writes_rows_runs_a_store_its_owner_made(
                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
             )
             admin.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
-        rows = _as(role, url)
+        rows = as_role(role, url)
         ks = Keyshred.open(
             folder,
             Config(

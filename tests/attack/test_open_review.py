@@ -46,7 +46,7 @@ from keyshred.migrations import SCRIPT_LOCATION, VERSION_TABLE, migrate_catalog
 from keyshred.migrations import baseline as old
 from keyshred.storage.catalog import Catalog
 from tests import zygote
-from tests.conftest import PG_DSN, PG_URL, pg_schema, pg_url
+from tests.conftest import PG_DSN, PG_URL, as_role, pg_role, pg_schema, pg_url
 from tests.schema_report import schema_report
 
 CATALOG_HEAD = "0016"
@@ -98,8 +98,9 @@ def _run(url: str, *sql: str) -> None:
         engine.dispose()
 
 
-def _upgrade_to(url: str, revision: str) -> None:
-    """A new catalog database built by Alembic up to ``revision``, as that release did."""
+def _alembic(url: str, action: str, revision: str) -> None:
+    """Alembic's ``upgrade`` or ``downgrade`` of the catalog at ``url`` to ``revision``
+    (an upgrade of a new database builds it as that release did)."""
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", SCRIPT_LOCATION)
     engine = db.create_engine(url, what="catalog")
@@ -107,20 +108,7 @@ def _upgrade_to(url: str, revision: str) -> None:
         with engine.connect() as conn, conn.begin():
             cfg.attributes["connection"] = conn
             cfg.attributes["version_table"] = VERSION_TABLE
-            command.upgrade(cfg, revision)
-    finally:
-        engine.dispose()
-
-
-def _downgrade_catalog(url: str, revision: str) -> None:
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", SCRIPT_LOCATION)
-    engine = db.create_engine(url, what="catalog")
-    try:
-        with engine.connect() as conn, conn.begin():
-            cfg.attributes["connection"] = conn
-            cfg.attributes["version_table"] = VERSION_TABLE
-            command.downgrade(cfg, revision)
+            getattr(command, action)(cfg, revision)
     finally:
         engine.dispose()
 
@@ -172,7 +160,7 @@ def test_an_older_catalog_upgraded_beside_a_newer_store_later_on_the_path_gets_i
     ``ks_erasure_items``, and the store's vectors went to ``other``'s table."""
     with pg_schema() as other, pg_schema() as mine:
         Catalog(pg_url(other), migrate=migrate_catalog).close()
-        _upgrade_to(pg_url(mine), "0012")
+        _alembic(pg_url(mine), "upgrade", "0012")
         before = _tables(other)
         url = f"{PG_URL}?options=-csearch_path%3D{mine}%2C{other}"
         Catalog(url, migrate=migrate_catalog).close()
@@ -244,25 +232,12 @@ def test_a_legacy_key_store_beside_a_newer_one_later_on_the_path_gets_its_own_ta
         ]
 
 
-@contextmanager
-def _login_role() -> Iterator[str]:
-    role = f"ks_role_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN")
-        try:
-            yield role
-        finally:
-            admin.execute(f"DROP SCHEMA IF EXISTS {role} CASCADE")
-            admin.execute(f"DROP OWNED BY {role}")
-            admin.execute(f"DROP ROLE {role}")
-
-
 def test_a_user_search_path_opens_the_roles_schema_when_it_exists_and_the_next_one_if_not() -> None:
     """``search_path = "$user", other`` (PostgreSQL's default form): without a schema
     named after the role the open uses ``other``'s store (at the newest revision:
     one read); once one is created, the open is refused rather than building a new
     store in front of ``other``'s (whose data it would hide), and builds nothing."""
-    with pg_schema() as other, _login_role() as role:
+    with pg_schema() as other, pg_role() as role:
         with psycopg.connect(PG_DSN, autocommit=True) as admin:
             admin.execute(f"GRANT ALL ON SCHEMA {other} TO {role}")
         url = f"postgresql+psycopg://{role}@127.0.0.1:5432/test?options=-csearch_path%3D%24user%2C{other}"
@@ -304,7 +279,7 @@ def test_a_role_that_may_not_read_the_version_table_is_refused_with_a_config_err
     read fails, the locked path's Alembic read fails too, and the open is a
     ``ConfigError`` that quotes no SQL. (Its hint speaks of creating tables, which
     is not what this role lacks: a wording nit, not a bug.)"""
-    with pg_schema() as schema, _login_role() as role:
+    with pg_schema() as schema, pg_role() as role:
         Catalog(pg_url(schema), migrate=migrate_catalog).close()
         with psycopg.connect(PG_DSN, autocommit=True) as admin:
             admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
@@ -312,7 +287,7 @@ def test_a_role_that_may_not_read_the_version_table_is_refused_with_a_config_err
                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
             )
             admin.execute(f"REVOKE ALL ON {schema}.{VERSION_TABLE} FROM {role}")
-        url = pg_url(schema).replace("//postgres@", f"//{role}@", 1)
+        url = as_role(role, pg_url(schema))
         with pytest.raises(ConfigError) as caught:
             Catalog(url, migrate=migrate_catalog)
         _no_leak(caught.value, VERSION_TABLE + " ")
@@ -321,10 +296,10 @@ def test_a_role_that_may_not_read_the_version_table_is_refused_with_a_config_err
 def test_a_rows_only_role_opening_a_store_that_needs_an_upgrade_is_told_and_changes_nothing() -> (
     None
 ):
-    with pg_schema() as schema, _login_role() as role:
+    with pg_schema() as schema, pg_role() as role:
         url = pg_url(schema)
         Catalog(url, migrate=migrate_catalog).close()
-        _downgrade_catalog(url, "0015")
+        _alembic(url, "downgrade", "0015")
         engine = sa.create_engine(url)
         try:
             before = schema_report(engine)
@@ -336,7 +311,7 @@ def test_a_rows_only_role_opening_a_store_that_needs_an_upgrade_is_told_and_chan
                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
             )
         with pytest.raises(ConfigError, match="need a role that may create tables") as caught:
-            Catalog(url.replace("//postgres@", f"//{role}@", 1), migrate=migrate_catalog)
+            Catalog(as_role(role, url), migrate=migrate_catalog)
         _no_leak(caught.value)
         engine = sa.create_engine(url)
         try:
@@ -550,7 +525,7 @@ def _older_store(kind: str, tmp_path: Path) -> Iterator[tuple[Path, str | None]]
         finally:
             ks.close()
         catalog, keys = _urls(folder, url)
-        _downgrade_catalog(catalog, "0012")
+        _alembic(catalog, "downgrade", "0012")
         _downgrade_keystore(keys)
         yield folder, url
 
