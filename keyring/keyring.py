@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import NoReturn, TypeVar
+from typing import ClassVar, NoReturn, TypeVar
 
 from keyshred.errors import (
     ConfigError,
@@ -282,6 +282,9 @@ def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> Non
 
 class Keyring:
     """Per-subject DEKs wrapped by a KEK provider and kept in a key store."""
+
+    # ``ks.keyring.store`` is guarded as ``ks.keyring`` is (keyshred._handle.Guarded).
+    GUARDED_PARTS: ClassVar[tuple[str, ...]] = ("store",)
 
     def __init__(
         self,

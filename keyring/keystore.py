@@ -50,7 +50,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from keyshred import db
 from keyshred._pooling import sqlite_busy
-from keyshred.errors import BackendUnavailable, ConfigError, KekEpochDestroyed, KeyshredError
+from keyshred.errors import (
+    BackendUnavailable,
+    ConfigError,
+    IntegrityError,
+    KekEpochDestroyed,
+    KeyshredError,
+)
 from keyshred.keyring import schema
 from keyshred.keyring.migrations import statements as migration_statements
 from keyshred.keyring.migrations import unversioned_to_0001
@@ -301,37 +307,63 @@ def _aware(value: datetime | str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def _record(row: Sequence[Any]) -> KeyRecord:
-    """A key row (columns in ``_DEK_COLUMNS`` order)."""
-    key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created, tag = row[:9]
-    return KeyRecord(
-        bytes(key_id),
-        str(tenant),
-        str(subject_ref),
-        str(scope),
-        str(provider),
-        int(epoch),
-        bytes(wrapped),
-        _aware(created),
-        str(tag or ""),
+def _altered(what: str) -> IntegrityError:
+    # The value is not quoted: it is (part of) a wrapped key.
+    return IntegrityError(
+        f"a {what} row of the key store does not hold its columns' types "
+        "(the table was altered by hand)"
     )
+
+
+def _blob(value: Any) -> bytes:
+    """A BLOB/BYTEA column's value: a ``str`` is what a column changed to text
+    returns (``bytes`` would raise TypeError on it, and decode nothing)."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError("not a binary value")
+    return bytes(value)
+
+
+def _record(row: Sequence[Any]) -> KeyRecord:
+    """A key row (columns in ``_DEK_COLUMNS`` order); ``IntegrityError`` for a row
+    whose columns were altered to other types."""
+    key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created, tag = row[:9]
+    try:
+        return KeyRecord(
+            _blob(key_id),
+            str(tenant),
+            str(subject_ref),
+            str(scope),
+            str(provider),
+            int(epoch),
+            _blob(wrapped),
+            _aware(created),
+            str(tag or ""),
+        )
+    except (TypeError, ValueError):
+        raise _altered("key") from None
 
 
 def _epoch_record(row: Sequence[Any]) -> EpochKeyRecord:
     lineage, epoch, provider, provider_epoch, wrapped, created = row
-    return EpochKeyRecord(
-        str(lineage),
-        int(epoch),
-        str(provider),
-        int(provider_epoch),
-        bytes(wrapped),
-        _aware(created),
-    )
+    try:
+        return EpochKeyRecord(
+            str(lineage),
+            int(epoch),
+            str(provider),
+            int(provider_epoch),
+            _blob(wrapped),
+            _aware(created),
+        )
+    except (TypeError, ValueError):
+        raise _altered("epoch key") from None
 
 
 def _secret(row: Sequence[Any]) -> SecretRecord:
     name, provider, epoch, wrapped = row
-    return SecretRecord(str(name), str(provider), int(epoch), bytes(wrapped))
+    try:
+        return SecretRecord(str(name), str(provider), int(epoch), _blob(wrapped))
+    except (TypeError, ValueError):
+        raise _altered("secret") from None
 
 
 def _chunks(items: Sequence[bytes]) -> Iterator[list[bytes]]:

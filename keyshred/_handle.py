@@ -22,7 +22,8 @@ import re
 import resource
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import types
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -205,7 +206,11 @@ class Guarded:
         target = object.__getattribute__(self, "_target")
         value = getattr(target, name)
         if not _is_routine(value):
-            return value  # data, sub-objects, classes: as they are
+            if name in getattr(type(target), "GUARDED_PARTS", ()):
+                # A part callers reach through the component (``ks.jobs.queue``,
+                # ``ks.keyring.store``): its calls are checked and typed alike.
+                return Guarded(value, closed, object.__getattribute__(self, "_full"))
+            return value  # data, other sub-objects, classes: as they are
         wrapper = _guard_call(value, closed, object.__getattribute__(self, "_full"))
         if inspect.ismethod(value) and name not in getattr(target, "__dict__", {}):
             # A method of the class, not set on the instance: stable.
@@ -257,7 +262,7 @@ def _guard_call(
         if closed():
             check_open(True)
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except KeyshredError:
             raise
         except Exception as exc:
@@ -265,8 +270,28 @@ def _guard_call(
             if mapped is not exc:
                 raise mapped from None
             raise
+        if type(result) is types.GeneratorType:
+            # A generator method's statements run as the caller iterates, after
+            # this call returned: its steps are typed alike.
+            return _typed_steps(result, full)
+        return result
 
     return call
+
+
+def _typed_steps(
+    steps: Generator[Any, Any, Any], full: Callable[[BaseException], bool]
+) -> Generator[Any, Any, Any]:
+    """``steps`` (a guarded method's generator), raising what the call would."""
+    try:
+        return (yield from steps)
+    except KeyshredError:
+        raise
+    except Exception as exc:
+        mapped = typed(exc, full)
+        if mapped is not exc:
+            raise mapped from None
+        raise
 
 
 F = TypeVar("F", bound=Callable[..., Any])

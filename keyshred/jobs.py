@@ -41,7 +41,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -471,6 +471,9 @@ class JobQueue:
 
 class JobRunner:
     """``ks.jobs``: the queue and the handlers by kind; runs claimed jobs."""
+
+    # ``ks.jobs.queue`` is guarded as ``ks.jobs`` is (keyshred._handle.Guarded).
+    GUARDED_PARTS: ClassVar[tuple[str, ...]] = ("queue",)
 
     def __init__(self, queue: JobQueue, *, on_retry: Callable[[str], None] | None = None) -> None:
         self.queue = queue

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+from keyshred._handle import typed_errors
 from keyshred.errors import KeyshredError, SubjectSuppressed
 from keyshred.jobs import Job, JobOutcome
 from keyshred.storage.catalog import Catalog
@@ -277,7 +278,10 @@ class Lifecycle:
         def loop() -> None:
             while not self._stop.wait(minutes * 60):
                 try:
-                    self.run()
+                    # Typed as a public call is: a driver error (a table dropped or
+                    # altered by hand) is DatabaseError, not the end of the loop.
+                    with typed_errors():
+                        self.run()
                 except KeyshredError:
                     continue  # retried at the next interval; the audit log has the runs
 
