@@ -283,15 +283,8 @@ def _typed_steps(
     steps: Generator[Any, Any, Any], full: Callable[[BaseException], bool]
 ) -> Generator[Any, Any, Any]:
     """``steps`` (a guarded method's generator), raising what the call would."""
-    try:
+    with typed_errors(full):
         return (yield from steps)
-    except KeyshredError:
-        raise
-    except Exception as exc:
-        mapped = typed(exc, full)
-        if mapped is not exc:
-            raise mapped from None
-        raise
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -304,15 +297,8 @@ def typed_method(fn: F) -> F:
 
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with typed_errors(getattr(self, "_full", is_disk_full)):
             return fn(self, *args, **kwargs)
-        except KeyshredError:
-            raise
-        except Exception as exc:
-            mapped = typed(exc, getattr(self, "_full", is_disk_full))
-            if mapped is not exc:
-                raise mapped from None
-            raise
 
     return cast(F, call)
 

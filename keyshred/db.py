@@ -632,12 +632,12 @@ def migrate(
     importing Alembic: its import and the compiling of every revision file to learn
     the head cost a process's first open about 180 ms. Each caller names its head
     as a constant that a test compares with Alembic's (``tests/test_db_migrate.py``).
-    One whose version
-    table names a revision this code does not have (a newer keyshred wrote it) is
-    refused with ``ConfigError``; Alembic's own error is not a ``KeyshredError``. So
-    is a schema change the database refuses (a PostgreSQL role that may not create
-    tables in the schema: a role that may only read and write rows opens a database
-    already at the newest revision)."""
+    One whose version table names a revision this code does not have (a newer
+    keyshred wrote it) is refused with ``ConfigError``; Alembic's own error is not a
+    ``KeyshredError``. So is a schema change the database refuses (a PostgreSQL role
+    that may not create tables in the schema: a role that may only read and write
+    rows opens a database already at the newest revision), and, on PostgreSQL, a new
+    store in front of another one further down the search path."""
     current = _versions(engine, version_table)
     if current == frozenset((head,)):
         return  # every open after the first: no lock, no Alembic
@@ -672,10 +672,10 @@ def migrate(
                 )
             cfg.attributes["connection"] = conn
             cfg.attributes["version_table"] = version_table
-            cfg.attributes["version_table_schema"] = schema
             names = set(sa.inspect(conn).get_table_names(schema=schema))
-            ours = {version_table, *([] if legacy_table is None else [legacy_table])}
-            if elsewhere and not names & (ours | set(models.tables if models else ())):
+            ours = {version_table, legacy_table, *(models.tables if models else ())}
+            new = not names & ours
+            if new and elsewhere:
                 # A new store here would leave that one's data in place, unseen: an
                 # erasure here would not reach it (a schema named after the role,
                 # created later, comes first in PostgreSQL's default search path).
@@ -684,7 +684,7 @@ def migrate(
                     f"{', '.join(repr(e) for e in elsewhere)} further down it has one: set "
                     "the search_path to the one schema to use (options=-csearch_path=NAME)"
                 )
-            if models is not None and not names & {version_table, *models.tables}:
+            if new and models is not None:
                 models.create_all(conn, checkfirst=False)
                 command.stamp(cfg, "head")
                 return

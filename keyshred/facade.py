@@ -478,6 +478,7 @@ class Keyshred:
             raise
         return cls(root, config, keyring, catalog, embeddings=embeddings)
 
+    @typed_method
     def export(
         self,
         subject: SubjectLike,
@@ -490,15 +491,14 @@ class Keyshred:
         """Write the subject's data (access / portability request) as a sealed,
         expiring package; see ``keyshred.export``."""
         check_open(self._closed)
-        with typed_errors(self._full):
-            return export_subject(
-                self,
-                subject,
-                dest,
-                passphrase=passphrase,
-                recipient_public_key=recipient_public_key,
-                expires_in=expires_in,
-            )
+        return export_subject(
+            self,
+            subject,
+            dest,
+            passphrase=passphrase,
+            recipient_public_key=recipient_public_key,
+            expires_in=expires_in,
+        )
 
     @typed_method
     def open_export(

@@ -14,7 +14,6 @@ context.configure(
     connection=connection,
     target_metadata=tables(prefix_for(connection.dialect.name)).metadata,
     version_table=config.attributes["version_table"],
-    version_table_schema=config.attributes.get("version_table_schema"),
     compare_type=True,
 )
 with context.begin_transaction():

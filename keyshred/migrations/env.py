@@ -16,7 +16,6 @@ def run() -> None:
         connection=connection,
         target_metadata=target_metadata(),
         version_table=config.attributes["version_table"],
-        version_table_schema=config.attributes.get("version_table_schema"),
         # SQLite alters most of a table by copying it: revisions use batch mode.
         render_as_batch=connection.dialect.name == "sqlite",
     )
