@@ -134,7 +134,11 @@ def key_id_of(ciphertext: bytes | bytearray | memoryview) -> bytes:
     Raises ``IntegrityError`` for anything that is not a well-formed version-1
     envelope (wrong magic, unknown version or algorithm, too short).
     """
-    if len(ciphertext) < OVERHEAD_BYTES or bytes(ciphertext[:4]) != _PREFIX:
+    if (
+        not isinstance(ciphertext, bytes | bytearray | memoryview)  # a column altered to text
+        or len(ciphertext) < OVERHEAD_BYTES
+        or bytes(ciphertext[:4]) != _PREFIX
+    ):
         raise IntegrityError()
     return bytes(ciphertext[4:HEADER_BYTES])
 

@@ -315,27 +315,19 @@ def _altered(what: str) -> IntegrityError:
     )
 
 
-def _blob(value: Any) -> bytes:
-    """A BLOB/BYTEA column's value: a ``str`` is what a column changed to text
-    returns (``bytes`` would raise TypeError on it, and decode nothing)."""
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise TypeError("not a binary value")
-    return bytes(value)
-
-
 def _record(row: Sequence[Any]) -> KeyRecord:
     """A key row (columns in ``_DEK_COLUMNS`` order); ``IntegrityError`` for a row
     whose columns were altered to other types."""
     key_id, tenant, subject_ref, scope, provider, epoch, wrapped, created, tag = row[:9]
     try:
         return KeyRecord(
-            _blob(key_id),
+            db.blob(key_id),
             str(tenant),
             str(subject_ref),
             str(scope),
             str(provider),
             int(epoch),
-            _blob(wrapped),
+            db.blob(wrapped),
             _aware(created),
             str(tag or ""),
         )
@@ -351,7 +343,7 @@ def _epoch_record(row: Sequence[Any]) -> EpochKeyRecord:
             int(epoch),
             str(provider),
             int(provider_epoch),
-            _blob(wrapped),
+            db.blob(wrapped),
             _aware(created),
         )
     except (TypeError, ValueError):
@@ -361,7 +353,7 @@ def _epoch_record(row: Sequence[Any]) -> EpochKeyRecord:
 def _secret(row: Sequence[Any]) -> SecretRecord:
     name, provider, epoch, wrapped = row
     try:
-        return SecretRecord(str(name), str(provider), int(epoch), _blob(wrapped))
+        return SecretRecord(str(name), str(provider), int(epoch), db.blob(wrapped))
     except (TypeError, ValueError):
         raise _altered("secret") from None
 

@@ -44,10 +44,17 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from keyshred._pooling import replace_hung_up, unreachable
-from keyshred.errors import BackendUnavailable, ConfigError, KeyshredError, MissingExtraError
+from keyshred.errors import (
+    BackendUnavailable,
+    ConfigError,
+    IntegrityError,
+    KeyshredError,
+    MissingExtraError,
+)
 
 __all__ = [
     "Micros",
+    "blob",
     "compile_sql",
     "create_engine",
     "cursor",
@@ -67,6 +74,18 @@ SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL", "secure_delete=ON")
 
 def sqlite_url(path: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(path)}"
+
+
+def blob(value: object) -> bytes:
+    """A BLOB/BYTEA column's value as bytes; ``IntegrityError`` for anything else.
+    SQLite keeps any type in any column: a sealed value rewritten as text by hand
+    (``UPDATE ... SET record = hex(record)``) reads back as ``str``, which
+    ``bytes()`` refuses with a TypeError, not as the altered record it is."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise IntegrityError("a stored binary value is not binary: the database was altered")
 
 
 def micros(value: datetime) -> int:

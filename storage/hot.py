@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 
+from keyshred import db
 from keyshred.errors import IntegrityError
 from keyshred.storage.catalog import Catalog
 from keyshred.storage.schema import assets, memory_hot, memory_partitions, memory_segments
@@ -355,7 +356,7 @@ class HotTier:
         head = Head(int(gen), int(base), int(nxt))
         records = sorted(
             (
-                HotRecord(int(seq), scope, bytes(record))
+                HotRecord(int(seq), scope, db.blob(record))
                 for *_, seq, scope, record in head_rows
                 if seq is not None
             ),
@@ -372,7 +373,9 @@ class HotTier:
 
     def _records(self, cur: Any, ref: str, start: int) -> list[HotRecord]:
         cur.execute(self._sql["hot_from"], {"ref": ref, "start": start})
-        return [HotRecord(int(seq), scope, bytes(record)) for seq, scope, record in cur.fetchall()]
+        return [
+            HotRecord(int(seq), scope, db.blob(record)) for seq, scope, record in cur.fetchall()
+        ]
 
     def segment_names(self, ref: str) -> dict[str, int | None]:
         """Every segment object the catalog names for ``ref``: name -> retired_at (a

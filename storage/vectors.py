@@ -69,6 +69,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
+from keyshred import db
 from keyshred._handle import is_disk_full
 from keyshred.errors import IntegrityError, InvalidInput, KeyshredError, SubjectErased
 from keyshred.keyring.envelope import OVERHEAD_BYTES, Place, PlaceTemplate
@@ -310,7 +311,7 @@ class VectorIndex:
                 list(scopes),
                 list(fields),
                 list(updated),
-                [bytes(v) for v in vecs],
+                [db.blob(v) for v in vecs],
             ],
             schema=VEC_SCHEMA,
         )

@@ -66,6 +66,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from keyshred import db
 from keyshred._validate import check_text, check_text_size
 from keyshred.errors import (
     IntegrityError,
@@ -562,7 +563,7 @@ class TokenVault:
             key = self._keyring.data_key(row.subject_ref, row.scope, create=False)
         except KeyNotFound:
             raise UnknownToken("the token's key is gone") from None
-        value = bytes(row.value)
+        value = db.blob(row.value)
         key_id = key_id_of(value)
         if key_id != key.key_id:
             # Sealed under a key shared with the subjects the value identifies: gone

@@ -286,18 +286,40 @@ def test_a_key_row_of_another_type_is_an_integrity_error(
         _close(ks)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="open: a catalog BLOB column changed to text still raises TypeError "
-    "(bytes(str)) out of ks.memories.get; every decode site would need a check",
+def _search(ks: Keyshred) -> object:
+    return ks.memories.search("bob", ("facts",), query="tea", limit=1)
+
+
+@pytest.mark.parametrize(
+    ("column", "call"),
+    [
+        ("ks_mem_hot.record", lambda ks, token: ks.memories.get("bob", ("notes",), "trip")),
+        ("ks_tokens.value", lambda ks, token: ks.vault.detokenize(token, "support", "agent")),
+        (
+            "ks_checkpoints.data",
+            lambda ks, token: (
+                __import__("keyshred.integrations.langgraph", fromlist=["KeyshredSaver"])
+                .KeyshredSaver(ks)
+                .get_tuple(THREAD)
+            ),
+        ),
+        ("ks_mem_vectors.vec", lambda ks, token: _search(ks)),
+    ],
 )
-def test_a_hot_record_changed_to_text_is_typed(store: tuple[Path, str]) -> None:
-    root, _ = store
-    _sql(_catalog(root), "UPDATE ks_mem_hot SET record = hex(record)")
+def test_a_sealed_column_changed_to_text_is_an_integrity_error(
+    store: tuple[Path, str], column: str, call: Callable[[Keyshred, str], object]
+) -> None:
+    """A catalog BLOB column whose values were rewritten as text (SQLite keeps any
+    type in any column): the read raises ``IntegrityError``, as any other altered
+    sealed value does, not ``TypeError`` out of a ``bytes(str)``."""
+    root, token = store
+    with _open(root) as ks:  # bob's indexed memory, for the vectors' row
+        ks.memories.put("bob", ("facts",), "drink", "bob drinks tea", index=True)
+    table, name = column.split(".")
+    _sql(_catalog(root), f"UPDATE {table} SET {name} = hex({name})")
     ks = _open(root)
     try:
-        ks.memories.get("bob", ("notes",), "trip")
+        assert isinstance(_typed(lambda: call(ks, token)), IntegrityError)
     finally:
         _close(ks)
 
