@@ -81,6 +81,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from keyshred import db
 from keyshred._extras import require
 from keyshred.backup.generations import TARGETS_FILE
 from keyshred.errors import (
@@ -944,7 +945,7 @@ class _Scanner:
                     root,
                     label,
                     TOKEN,
-                    partial(self._keyring.open_at, bytes(value), token_place(ref, scope), token),
+                    partial(self._keyring.open_at, db.blob(value), token_place(ref, scope), token),
                 )
         if threads.name in names:
             t = threads.c
@@ -968,7 +969,7 @@ class _Scanner:
                     Place(ref, thread_scope(thread_ref), "checkpoints", record, "data")
                     for record in checkpoint_records(thread_ref, ns, cid, parent)
                 ]
-                opener = partial(self._open_either, bytes(data), places)
+                opener = partial(self._open_either, db.blob(data), places)
                 self._open(root, label, CHECKPOINT, opener)
         if memory_hot.name in names:
             h = memory_hot.c
@@ -981,7 +982,7 @@ class _Scanner:
             by_ref: dict[str, dict[bytes, tuple[str, str, str, str]]] = defaultdict(dict)
             for row in conn.execute(query):
                 by_ref[str(row[0])].setdefault(
-                    bytes(row[1]), (str(row[2]), str(row[3]), str(row[4]), str(row[5]))
+                    db.blob(row[1]), (str(row[2]), str(row[3]), str(row[4]), str(row[5]))
                 )
             for ref, seen in by_ref.items():
                 self._sealed_vectors(root, label, ref, seen)
@@ -1068,7 +1069,7 @@ class _Scanner:
         label = root.rel(file)
         for _epoch, row in rows:
             token, ref, scope, value = row[1], row[2], row[3], row[10]
-            opener = partial(self._keyring.open_at, bytes(value), token_place(ref, scope), token)
+            opener = partial(self._keyring.open_at, db.blob(value), token_place(ref, scope), token)
             self._open(root, label, TOKEN_JOURNAL, opener)
 
     # -- exports -----------------------------------------------------------------------

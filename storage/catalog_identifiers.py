@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from keyshred import db
 from keyshred.storage.catalog_guard import GuardMixin
 from keyshred.storage.schema import identifier_key_version, identifier_kinds, identifiers
 
@@ -105,7 +106,7 @@ class IdentifiersMixin(GuardMixin):
                 if sealed is None:
                     kept += 1
                     continue
-                new = rehash(str(ref), str(kind), bytes(sealed))
+                new = rehash(str(ref), str(kind), db.blob(sealed))
                 if new is None:
                     gone.append({"o": old, "r": ref})
                 elif new != old:

@@ -38,6 +38,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from keyshred import db
 from keyshred.errors import IntegrityError, KeyNotFound, SubjectErased
 from keyshred.keyring import _primitives as prim
 from keyshred.keyring.datakey import DataKey
@@ -403,7 +404,7 @@ class NamespaceIndex:
                     str(r.key_id),
                     str(r.scope),
                     int(r.first_us),
-                    bytes(r.labels) if labels else None,
+                    db.blob(r.labels) if labels else None,
                 )
             )
         return out

@@ -290,6 +290,12 @@ def _search(ks: Keyshred) -> object:
     return ks.memories.search("bob", ("facts",), query="tea", limit=1)
 
 
+def _namespaces(ks: Keyshred) -> object:
+    from keyshred.integrations.langgraph import KeyshredStore
+
+    return KeyshredStore(ks).list_namespaces()
+
+
 @pytest.mark.parametrize(
     ("column", "call"),
     [
@@ -304,6 +310,7 @@ def _search(ks: Keyshred) -> object:
             ),
         ),
         ("ks_mem_vectors.vec", lambda ks, token: _search(ks)),
+        ("ks_mem_namespaces.labels", lambda ks, token: _namespaces(ks)),
     ],
 )
 def test_a_sealed_column_changed_to_text_is_an_integrity_error(
