@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,6 +124,24 @@ def openbao_dev_server() -> Iterator[Server]:
         with urllib.request.urlopen(req, timeout=10):  # noqa: S310
             pass
         yield Server(url, token, log)
+
+
+def s3_client(server: Server) -> Any:
+    """A boto3 S3 client of moto's server (``moto_server``)."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=server.url, region_name="us-east-1")
+
+
+def new_bucket(server: Server, *, versioned: bool = True) -> str:
+    """A new bucket (``ks-`` and 12 hex digits) on moto's server, versioned unless
+    ``versioned=False``; its name."""
+    name = f"ks-{uuid.uuid4().hex[:12]}"
+    s3 = s3_client(server)
+    s3.create_bucket(Bucket=name)
+    if versioned:
+        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    return name
 
 
 @contextmanager

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from keyshred import Config, Keyshred
@@ -31,24 +30,11 @@ from keyshred.config import BackupSettings, S3Settings, StorageSettings, VectorS
 from keyshred.errors import InvalidInput
 from keyshred.residue import ResidueHit, ResidueReport
 from tests.e2e.test_cli import run
-from tests.servers import Server
+from tests.servers import Server, new_bucket, s3_client
 from tests.storage.test_vectors import bag_of_words
 from tests.test_residue import assert_no_probe
 
 NS = ("profile",)
-
-
-def _client(moto: Server) -> Any:
-    return boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-
-
-def _bucket(moto: Server, *, versioned: bool = True) -> str:
-    name = f"ks-{uuid.uuid4().hex[:12]}"
-    s3 = _client(moto)
-    s3.create_bucket(Bucket=name)
-    if versioned:
-        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-    return name
 
 
 def _config(catalog_url: str | None, bucket: str, moto: Server) -> Config:
@@ -92,7 +78,7 @@ def _by_root(report: ResidueReport, url: str) -> list[ResidueHit]:
 
 def _versions(moto: Server, bucket: str, key: str) -> dict[str, bool]:
     """version id -> is the current one, of one object."""
-    page = _client(moto).list_object_versions(Bucket=bucket, Prefix=key)
+    page = s3_client(moto).list_object_versions(Bucket=bucket, Prefix=key)
     return {
         v["VersionId"]: bool(v["IsLatest"]) for v in page.get("Versions", []) if v["Key"] == key
     }
@@ -107,7 +93,7 @@ def test_objects_and_noncurrent_versions_are_scanned_and_an_erased_subject_left_
     name = f"Zoë Ørsted-Ñúñez {run_id}"  # the victim's
     planted = f"planted.{run_id}@example.net"  # only in objects the test uploads
     probes = [phone, email, name, planted]
-    bucket = _bucket(moto)
+    bucket = new_bucket(moto)
     parts, vectors, backups = (f"s3://{bucket}/{p}" for p in ("parts", "vectors", "backups"))
     with Keyshred.init(
         tmp_path / "data", _config(catalog_url, bucket, moto), embeddings=bag_of_words
@@ -138,7 +124,7 @@ def test_objects_and_noncurrent_versions_are_scanned_and_an_erased_subject_left_
 
         # Someone copies the keeper's segment inside the bucket and deletes the copy:
         # the versioned bucket keeps it as a noncurrent version.
-        s3 = _client(moto)
+        s3 = s3_client(moto)
         live = next(
             o["Key"]
             for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"parts/subject={keeper}/")[
@@ -190,15 +176,15 @@ def test_an_s3_prefix_given_as_a_path(moto: Server, tmp_path: Path, scratch: lis
     """``s3://bucket/prefix`` is a path like a folder (reached through [s3]): every
     version of every object under it is searched, whatever its key."""
     probe = f"leak.{uuid.uuid4().hex[:8]}@example.org"
-    bucket = _bucket(moto)
-    s3 = _client(moto)
+    bucket = new_bucket(moto)
+    s3 = s3_client(moto)
     first = s3.put_object(Bucket=bucket, Key="dump/a.bin", Body=f"<{probe}>".encode())
     s3.put_object(Bucket=bucket, Key="dump/a.bin", Body=b"overwritten")
     # A key that is a file and a folder at once, and one beside the prefix.
     s3.put_object(Bucket=bucket, Key="dump/x", Body=probe.encode().hex().encode())
     s3.put_object(Bucket=bucket, Key="dump/x/y", Body=probe.encode("utf-16-be"))
     s3.put_object(Bucket=bucket, Key="dumpster/z", Body=probe.encode())
-    plain = _bucket(moto, versioned=False)
+    plain = new_bucket(moto, versioned=False)
     s3.put_object(Bucket=plain, Key="k/v.txt", Body=probe.encode())
     cfg = Config(s3=S3Settings(endpoint_url=moto.url, region="us-east-1"))
     with Keyshred.init(tmp_path / "data", cfg, embeddings=bag_of_words) as ks:

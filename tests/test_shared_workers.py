@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from keyshred import Config, Keyshred
 from tests import zygote
 from tests.conftest import pg_schema, pg_url
-from tests.servers import Server
+from tests.servers import Server, new_bucket
 from tests.storage.test_vectors import bag_of_words
 
 WORKER = Path(__file__).resolve().parent / "shared_worker.py"
@@ -111,10 +111,7 @@ def shared(
 ) -> Iterator[Shared]:
     with pg_schema() as schema:
         options = f"options=-csearch_path%3D{schema}"
-        bucket = f"ks-{uuid.uuid4().hex[:12]}"
-        s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-        s3.create_bucket(Bucket=bucket)
-        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        bucket = new_bucket(moto)
         catalog_url = pg_url(schema)
         config = Config.model_validate(
             {

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
@@ -31,7 +30,7 @@ from keyshred.schema import deletion_requests
 from tests import zygote
 from tests.conftest import pg_schema, pg_url
 from tests.erasure_worker import register_producers
-from tests.servers import Server
+from tests.servers import Server, new_bucket
 from tests.storage.conftest import make_config
 from tests.storage.test_vectors import bag_of_words
 
@@ -288,10 +287,7 @@ def shared_config(
 ) -> Iterator[Config]:
     with pg_schema() as schema:
         options = f"options=-csearch_path%3D{schema}"
-        bucket = f"ks-{uuid.uuid4().hex[:12]}"
-        s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-        s3.create_bucket(Bucket=bucket)
-        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        bucket = new_bucket(moto)
         monkeypatch.setenv("VAULT_TOKEN", openbao.token)  # the workers inherit it
         base = _config(pg_url(schema))
         config = Config.model_validate(

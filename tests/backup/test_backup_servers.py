@@ -16,22 +16,11 @@ from keyshred import Keyshred
 from keyshred.backup import S3Target
 from keyshred.config import AwsSettings, BackupSettings, Config, KekSettings, VaultSettings
 from keyshred.errors import KekEpochDestroyed, SubjectSuppressed
-from tests.servers import Server
+from tests.servers import Server, new_bucket
 from tests.storage.conftest import make_config
 
 NS = ("notes",)
 pytestmark = pytest.mark.aws
-
-
-def _bucket(server: Server, versioned: bool = True) -> str:
-    import boto3
-
-    name = f"ks-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1")
-    s3.create_bucket(Bucket=name)
-    if versioned:
-        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-    return name
 
 
 def _config(kek: KekSettings, **backup: Any) -> Config:
@@ -50,7 +39,7 @@ def _aws(server: Server) -> KekSettings:
 
 
 def test_s3_versioned_bucket_multipart_erase_restore(moto: Server, tmp_path: Path) -> None:
-    bucket = _bucket(moto)
+    bucket = new_bucket(moto)
     cfg = _config(
         _aws(moto),
         target=f"s3://{bucket}/prod/backups",

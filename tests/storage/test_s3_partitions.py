@@ -6,13 +6,11 @@ versioned bucket, and verification says it listed the bucket."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from keyshred import Config, Keyshred
@@ -21,23 +19,15 @@ from keyshred.errors import ConfigError, KeyshredError, SubjectSuppressed
 from keyshred.storage.erasable import ErasureTarget
 from keyshred.storage.objects import ObjectStore
 from keyshred.storage.s3 import open_partition_store
-from tests.servers import Server
+from tests.servers import Server, new_bucket, s3_client
 from tests.storage.test_vectors import bag_of_words
 
 NS = ("notes",)
 
 
-def _client(moto: Server) -> Any:
-    return boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-
-
 @pytest.fixture
 def bucket(moto: Server) -> str:
-    name = f"ks-{uuid.uuid4().hex[:12]}"
-    s3 = _client(moto)
-    s3.create_bucket(Bucket=name)
-    s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-    return name
+    return new_bucket(moto)
 
 
 def s3_config(catalog_url: str | None, bucket: str, moto: Server, **storage: Any) -> Config:
@@ -62,7 +52,7 @@ def ks(catalog_url: str, bucket: str, moto: Server, tmp_path: Path) -> Iterator[
 def versions(moto: Server, bucket: str, prefix: str) -> list[tuple[str, str]]:
     out = []
     for page in (
-        _client(moto).get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix)
+        s3_client(moto).get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix)
     ):
         for item in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
             out.append((item["Key"], item["VersionId"]))
@@ -71,7 +61,7 @@ def versions(moto: Server, bucket: str, prefix: str) -> list[tuple[str, str]]:
 
 def _current(moto: Server, bucket: str, prefix: str) -> list[str]:
     """Current objects under ``prefix`` (no folder markers, no older versions)."""
-    page = _client(moto).list_objects_v2(Bucket=bucket, Prefix=prefix)
+    page = s3_client(moto).list_objects_v2(Bucket=bucket, Prefix=prefix)
     return [o["Key"] for o in page.get("Contents", []) if o["Key"][-1] != "/"]
 
 
@@ -148,7 +138,7 @@ def test_an_object_left_in_the_bucket_fails_verification(
     target = ErasureTarget(ref)
     assert all(c.passed for c in ks.memories.verify(target))
     # Another worker's upload of the subject after the erasure, say.
-    _client(moto).put_object(Bucket=bucket, Key=f"parts/subject={ref}/seg-x.parquet", Body=b"x")
+    s3_client(moto).put_object(Bucket=bucket, Key=f"parts/subject={ref}/seg-x.parquet", Body=b"x")
     assert not all(c.passed for c in ks.memories.verify(target))
 
 
@@ -326,7 +316,7 @@ def test_a_reads_first_load_does_not_list_the_bucket_and_a_compaction_removes_le
         ref = ks.subject_ref("kim")
     prefix = f"parts/subject={ref}/"
     stray = f"{prefix}seg-default-killed.parquet"
-    _client(moto).put_object(Bucket=bucket, Key=stray, Body=b"left by a killed compaction")
+    s3_client(moto).put_object(Bucket=bucket, Key=stray, Body=b"left by a killed compaction")
     listed: list[str] = []
     real = ObjectStore.list_keys
 

@@ -15,11 +15,9 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import sqlalchemy as sa
 
@@ -30,7 +28,7 @@ from keyshred.storage import faults
 from keyshred.storage.embeddings import Embedder
 from keyshred.storage.schema import memory_vectors
 from keyshred.storage.vectors import space_tag
-from tests.servers import Server
+from tests.servers import Server, new_bucket, s3_client
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARCHIVE = DATA / "vectors_c4f07aa.tar.gz"
@@ -186,10 +184,8 @@ def test_on_a_bucket_datasets_are_listed_without_lancedb_then_imported(
     to learn there are none), imported on first touch, and every object version of
     an imported dataset is deleted."""
     data = unpack(tmp_path)
-    bucket = f"ks-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-    s3.create_bucket(Bucket=bucket)
-    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    bucket = new_bucket(moto)
+    s3 = s3_client(moto)
     local = data / "vectors"
     for path in local.rglob("*"):
         if path.is_file():
