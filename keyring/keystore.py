@@ -406,7 +406,7 @@ class SqlKeyStore(KeyStore):
         )
         self.dialect = self.engine.dialect.name
         self._pg = self.dialect == "postgresql"
-        self._path = Path(self.engine.url.database or "") if not self._pg else None
+        self._path = Path(db.sqlite_file(self.engine.url) or "") if not self._pg else None
         if not self._pg:
             # A key written is a key the data sealed under it needs: the commit is on
             # disk before the caller seals (WAL's NORMAL could lose it on power loss).

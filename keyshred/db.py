@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,6 +63,7 @@ __all__ = [
     "migrate",
     "parked_connections",
     "read",
+    "sqlite_file",
     "sqlite_url",
     "utc",
     "write",
@@ -74,6 +76,22 @@ SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL", "secure_delete=ON")
 
 def sqlite_url(path: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(path)}"
+
+
+def sqlite_file(url: sa.engine.URL) -> str | None:
+    """The file of a SQLite URL; None for an in-memory database or another dialect.
+    A URI-form URL (``sqlite:///file:/path/x.db?mode=ro&uri=true``) names its file
+    after ``file:``: taken literally, side files (the guard generation, the subject
+    locks, the events bus) went to a ``file:`` folder under the working directory."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    database = str(url.database)
+    if str(url.query.get("uri", "")).lower() in ("true", "1") and database.startswith("file:"):
+        if url.query.get("mode") == "memory":
+            return None
+        path = urllib.parse.unquote(urllib.parse.urlsplit(database).path)
+        return path or None
+    return database
 
 
 def blob(value: object) -> bytes:
@@ -124,7 +142,7 @@ def utc(value: datetime | str | None) -> datetime | None:
 def _pool_options(
     url: sa.engine.URL, pool_size: int, max_overflow: int, pool_timeout: float, pre_ping: bool
 ) -> dict[str, Any]:
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+    if url.get_backend_name() == "sqlite" and sqlite_file(url) is None:
         return {}  # in memory: SQLAlchemy's one-connection pool, nothing to bound
     options: dict[str, Any] = {
         "poolclass": QueuePool,
@@ -188,7 +206,7 @@ def create_engine(
         replace_hung_up(engine)
     elif dialect == "sqlite":
         _sqlite_setup(engine, busy_timeout_ms, durable)
-        if engine.url.database not in (None, "", ":memory:") and pool_size > 1:
+        if sqlite_file(engine.url) is not None and pool_size > 1:
             parked = _Parked(min(4, pool_size - 1), pool_size + max_overflow)
             engine.__dict__["_ks_parked"] = parked
             event.listen(engine, "engine_disposed", lambda _: parked.dispose())
@@ -214,8 +232,8 @@ def _watch_errors(engine: Engine, what: str) -> None:
 
 
 def _sqlite_setup(engine: Engine, busy_timeout_ms: int, durable: bool = False) -> None:
-    path = engine.url.database
-    if path and path != ":memory:":
+    path = sqlite_file(engine.url)
+    if path is not None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.exists():  # owner-only from the first byte

@@ -15,6 +15,7 @@ from pathlib import Path, PurePath
 from types import TracebackType
 from typing import Any, TypeVar
 
+from keyshred import db
 from keyshred._backends import KEYS_DIR, make_archive_kek, make_kek, make_keystore
 from keyshred._handle import check_open, disk_full_test, guarded, typed_errors, typed_method
 from keyshred.audit import AuditLog
@@ -593,8 +594,9 @@ def _sqlite_folders(root: Path, catalog: Catalog) -> list[Path]:
     """Folders of the SQLite databases (key store, embedded catalog): where a
     "disk I/O error" may mean a full disk (``keyshred._handle``)."""
     folders = [root / KEYS_DIR]
-    if catalog.dialect == "sqlite" and catalog.engine.url.database:
-        folders.append(Path(catalog.engine.url.database).parent)
+    database = db.sqlite_file(catalog.engine.url)
+    if database is not None:
+        folders.append(Path(database).parent)
     return folders
 
 

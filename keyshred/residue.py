@@ -928,8 +928,8 @@ class _Scanner:
         if not root.path.is_dir() or not _inside(self._ks.path, root.path):
             return
         catalog = self._ks.catalog
-        database = catalog.engine.url.database
-        if catalog.dialect == "sqlite" and database and _inside(Path(database), root.path):
+        database = db.sqlite_file(catalog.engine.url)
+        if database is not None and _inside(Path(database), root.path):
             return  # found in the walk
         with catalog.engine.connect() as conn:
             self._catalog(root, LIVE_CATALOG, conn)

@@ -59,8 +59,8 @@ class GuardMixin(CatalogBase):
         # events of other processes' changes, what a long read watches to read the
         # guard again (``CheckpointStore.checkpoints``).
         self.guard_changes = 0
-        path = self.engine.url.database
-        if self.dialect == "sqlite" and path and path != ":memory:":
+        path = db.sqlite_file(self.engine.url)
+        if path is not None:
             p = Path(path)
             self._generation = _GuardGeneration(p.with_name(p.name + ".guardgen"))
 

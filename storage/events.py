@@ -43,6 +43,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from keyshred import db
+
 __all__ = ["CHANNEL", "EvictionEvent", "Listener", "channel", "deliver", "publish", "subscribe"]
 
 CHANNEL = "keyshred_evict"  # the channel's prefix: ``channel`` adds the schema's digest
@@ -191,11 +193,8 @@ _BUSES_LOCK = threading.Lock()
 def _bus(engine: Engine) -> _Bus:
     """The bus of ``engine``'s database file (its real path: two URLs of one file
     share it); an in-memory database is its engine's alone."""
-    database = engine.url.database
-    if database and database != ":memory:":
-        name = os.path.realpath(database)
-    else:
-        name = f":memory:{id(engine)}"
+    database = db.sqlite_file(engine.url)
+    name = os.path.realpath(database) if database is not None else f":memory:{id(engine)}"
     with _BUSES_LOCK:
         bus = _BUSES.get(name)
         if bus is None:

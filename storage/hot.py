@@ -155,8 +155,7 @@ class HotTier:
         self._watch: sqlite3.Connection | None = None
         self._watch_pid = 0
         self._watch_lock = threading.Lock()
-        database = catalog.engine.url.database if catalog.dialect == "sqlite" else None
-        self._watch_path = database if database and database != ":memory:" else None
+        self._watch_path = db.sqlite_file(catalog.engine.url)
         h, hot, seg = memory_partitions, memory_hot, memory_segments
         self._sql = catalog.compile(
             {

@@ -55,8 +55,8 @@ class SubjectLocks:
         self._fd: int | None = None
         self._pid = os.getpid()
         self._schema: str | None = None  # PostgreSQL: the catalog's, asked once
-        database = engine.url.database if self._dialect == "sqlite" else None
-        self._file = Path(f"{database}-locks") if database and database != ":memory:" else None
+        database = db.sqlite_file(engine.url)
+        self._file = Path(f"{database}-locks") if database is not None else None
 
     @contextlib.contextmanager
     def hold(self, subject_ref: str) -> Iterator[None]:

@@ -255,3 +255,18 @@ def test_an_interrupted_postgresql_read_raises_the_interrupt_and_the_pool_recove
                 assert cur.fetchone() == (1,)
     finally:
         engine.dispose()
+
+
+def test_sqlite_file_names_the_file_of_every_url_form(tmp_path: Path) -> None:
+    from sqlalchemy.engine import make_url
+
+    path = tmp_path / "a b" / "catalog.db"
+    assert db.sqlite_file(make_url(db.sqlite_url(path))) == str(path)
+    quoted = str(path).replace(" ", "%20")
+    assert db.sqlite_file(make_url(f"sqlite:///file:{quoted}?mode=ro&uri=true")) == str(path)
+    assert db.sqlite_file(make_url(f"sqlite:///file:{quoted}?mode=rw&uri=1")) == str(path)
+    for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"):
+        assert db.sqlite_file(make_url(memory)) is None
+    assert db.sqlite_file(make_url("postgresql+psycopg://u@h/d")) is None
+    # Without uri=true SQLite takes the name literally, and so does keyshred.
+    assert db.sqlite_file(make_url("sqlite:///file:x.db")) == "file:x.db"

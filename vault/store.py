@@ -33,7 +33,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from keyshred._pooling import unreachable
-from keyshred.db import unavailable, utc
+from keyshred.db import sqlite_file, unavailable, utc
 from keyshred.storage.catalog import AssetRow, Catalog
 from keyshred.storage.catalog_base import OPEN
 from keyshred.vault.schema import TOKEN_BLOCK, TOKEN_COLUMNS, TOKEN_KIND, create, token_blocks
@@ -69,9 +69,8 @@ class TokenStore:
         if create_tables:
             create(catalog.engine)
         self._sqlite = catalog.dialect == "sqlite"
-        database = catalog.engine.url.database
         # In memory the pool has one connection per thread: nothing to keep.
-        self._keep = self._sqlite and database not in (None, "", ":memory:")
+        self._keep = sqlite_file(catalog.engine.url) is not None
         self._writer: Any = None  # the kept pool connection (its proxy)
         self._write_lock = threading.Lock()
         self._mark = "?" if self._sqlite else "%s"

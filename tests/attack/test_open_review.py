@@ -428,14 +428,17 @@ def test_a_file_that_is_not_sqlite_is_a_config_error(store: Path, which: str) ->
 def test_a_read_only_sqlite_catalog_opens_at_the_newest_revision_and_is_refused_below_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """(The tests run as root: a read-only file is SQLite's ``mode=ro``. The catalog
-    takes such a URL's path literally for its side files, ``file:/...guardgen``
-    under the working folder: an aside, older than this change.)"""
+    """(The tests run as root: a read-only file is SQLite's ``mode=ro``.) The URI
+    form names the same file: its side files are the file's (they went to a
+    ``file:`` folder under the working directory before ``db.sqlite_file``)."""
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "catalog.db"
     Catalog(db.sqlite_url(path), migrate=migrate_catalog).close()
     ro = f"sqlite:///file:{path}?mode=ro&uri=true"
+    assert db.sqlite_file(sa.engine.make_url(ro)) == str(path)
     Catalog(ro, migrate=migrate_catalog).close()  # one read: no write needed
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("file:")]
+    assert (tmp_path / "catalog.db.guardgen").exists()
     _run(db.sqlite_url(path), f"UPDATE {VERSION_TABLE} SET version_num = '0015'")
     with pytest.raises(ConfigError) as caught:
         Catalog(ro, migrate=migrate_catalog)
